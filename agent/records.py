@@ -1,0 +1,197 @@
+"""Value types that flow through the agent: Reading, Window, Score, Alert, Aggregate.
+
+Conventions (the same everywhere in the agent):
+    * wall-clock timestamps are float epoch seconds, UTC (``time.time()``); they become ISO 8601
+      strings with ``Z`` only on the wire (:func:`iso_utc`);
+    * sensor values are ``numpy.float64`` arrays of shape ``(C,)`` in the stream's channel order;
+    * a window is ``float32`` of shape ``(W, C)``: W samples (oldest first) by C channels.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+Float32Array = npt.NDArray[np.float32]
+
+
+def iso_utc(ts: float) -> str:
+    """Format epoch seconds as ISO 8601 UTC with millisecond precision and a ``Z`` suffix.
+
+    >>> iso_utc(0.0)
+    '1970-01-01T00:00:00.000Z'
+    """
+    return _dt.datetime.fromtimestamp(ts, tz=_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[
+        :-3
+    ] + "Z"
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """One multichannel sample from a source.
+
+    Attributes:
+        stream: Name of the stream (from the config) that produced it.
+        ts: Sample time, epoch seconds UTC (from the record, or the receive time).
+        values: Shape ``(C,)``, float64, finite, in the stream's channel order.
+        received_mono: ``time.monotonic()`` when the agent received it (latency measurement).
+    """
+
+    stream: str
+    ts: float
+    values: FloatArray
+    received_mono: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """A sliding window over one stream.
+
+    Attributes:
+        stream: Stream name.
+        seq: Window sequence number within the stream, from 0, monotonic.
+        start_ts: Timestamp of the first sample, epoch seconds UTC.
+        end_ts: Timestamp of the last sample, epoch seconds UTC.
+        data: Shape ``(W, C)``, float32, raw (unscaled) values, oldest sample first.
+        received_mono: Monotonic receive time of the newest sample.
+    """
+
+    stream: str
+    seq: int
+    start_ts: float
+    end_ts: float
+    data: Float32Array
+    received_mono: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Score:
+    """The detector's verdict on one window.
+
+    Attributes:
+        window: The window scored.
+        score: Anomaly score (dimensionless; larger is more anomalous), after smoothing.
+        threshold: Threshold in the same units; NaN while calibrating.
+        contributions: Shape ``(C,)``, float64, per-channel share of the score, sums to 1.
+        calibrating: True while the stream is still in its calibration period.
+    """
+
+    window: Window
+    score: float
+    threshold: float
+    contributions: FloatArray
+    calibrating: bool = False
+
+    @property
+    def is_anomalous(self) -> bool:
+        """True when calibrated and the score exceeds the threshold."""
+        return (not self.calibrating) and self.score > self.threshold
+
+
+@dataclass(frozen=True, slots=True)
+class TopChannel:
+    """A channel that contributed to an alert and its share of the score (0..1)."""
+
+    channel: str
+    contribution: float
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    """An anomaly alert, as stored in the outbox and published over MQTT.
+
+    Attributes:
+        alert_id: Unique and stable across retries: ``<device>:<stream>:<seq>``.
+        device_id: The gateway's device id.
+        stream: Stream name.
+        seq: Per-stream alert sequence number, monotonic across restarts (from the store).
+        model_name: Name of the model package that scored the window.
+        model_version: Integer version of that package.
+        score: Score of the window that raised the alert.
+        threshold: Threshold in force.
+        window_start: First sample time of the triggering window, epoch seconds UTC.
+        window_end: Last sample time of the triggering window, epoch seconds UTC.
+        raised_at: When the alert was raised, epoch seconds UTC.
+        top_channels: Channels that contributed most, largest first.
+    """
+
+    alert_id: str
+    device_id: str
+    stream: str
+    seq: int
+    model_name: str
+    model_version: int
+    score: float
+    threshold: float
+    window_start: float
+    window_end: float
+    raised_at: float
+    top_channels: tuple[TopChannel, ...] = field(default_factory=tuple)
+
+    def to_payload(self) -> dict[str, object]:
+        """Return the documented JSON payload (schema version 1) for MQTT and the fleet."""
+        return {
+            "schema": 1,
+            "alert_id": self.alert_id,
+            "device_id": self.device_id,
+            "stream": self.stream,
+            "seq": self.seq,
+            "model": {"name": self.model_name, "version": self.model_version},
+            "score": round(float(self.score), 6),
+            "threshold": round(float(self.threshold), 6),
+            "window_start": iso_utc(self.window_start),
+            "window_end": iso_utc(self.window_end),
+            "raised_at": iso_utc(self.raised_at),
+            "top_channels": [
+                {"channel": t.channel, "contribution": round(t.contribution, 4)}
+                for t in self.top_channels
+            ],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelStats:
+    """Per-channel statistics over one aggregate interval (units of the channel)."""
+
+    channel: str
+    count: int
+    min: float
+    max: float
+    mean: float
+    std: float
+
+
+@dataclass(frozen=True, slots=True)
+class Aggregate:
+    """Per-stream summary over one interval ``[interval_start, interval_start + interval_s)``.
+
+    Attributes:
+        device_id: The gateway's device id.
+        stream: Stream name.
+        interval_start: Interval start, epoch seconds UTC, aligned to ``interval_s``.
+        interval_s: Interval length in seconds.
+        count: Readings in the interval.
+        channels: Per-channel stats, in channel order.
+        max_score: Largest window score in the interval (NaN when none was scored).
+        windows: Windows scored in the interval.
+        alert_count: Alerts raised in the interval.
+    """
+
+    device_id: str
+    stream: str
+    interval_start: float
+    interval_s: float
+    count: int
+    channels: tuple[ChannelStats, ...]
+    max_score: float
+    windows: int
+    alert_count: int
+
+    @property
+    def aggregate_id(self) -> str:
+        """Stable id: ``<device>:<stream>:<interval_start as integer ms>``."""
+        return f"{self.device_id}:{self.stream}:{int(round(self.interval_start * 1000))}"
