@@ -1,0 +1,120 @@
+"""Every Prometheus metric the agent exports, in one place.
+
+Components receive a :class:`Metrics` instance through their constructor (tests pass one built on
+a fresh ``CollectorRegistry``). Names follow Prometheus conventions: ``_total`` for counters,
+base units (seconds, bytes) in the name.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+# Buckets in seconds for sub-millisecond to 100 ms latencies.
+LATENCY_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.08, 0.1, 0.25, 1.0,
+)
+
+
+class Metrics:
+    """The agent's metrics, registered on ``registry``.
+
+    Args:
+        registry: Where to register; a fresh ``CollectorRegistry()`` per agent (and per test).
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.info = Info("edge_agent", "Agent build information.", registry=r)
+        # sources
+        self.readings_total = Counter(
+            "edge_agent_readings_total", "Readings accepted.", ["stream"], registry=r
+        )
+        self.records_rejected_total = Counter(
+            "edge_agent_records_rejected_total",
+            "Input records rejected, by reason.",
+            ["stream", "reason"],
+            registry=r,
+        )
+        self.source_errors_total = Counter(
+            "edge_agent_source_errors_total",
+            "Source failures (port gone, file missing) that triggered a retry.",
+            ["stream"],
+            registry=r,
+        )
+        self.source_up = Gauge(
+            "edge_agent_source_up", "1 while the source is reading.", ["stream"], registry=r
+        )
+        # pipeline
+        self.windows_total = Counter(
+            "edge_agent_windows_total", "Windows scored.", ["stream"], registry=r
+        )
+        self.alerts_total = Counter(
+            "edge_agent_alerts_total", "Alerts raised.", ["stream"], registry=r
+        )
+        self.inference_seconds = Histogram(
+            "edge_agent_inference_seconds",
+            "Model inference time per window.",
+            ["stream", "backend"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.read_to_score_seconds = Histogram(
+            "edge_agent_read_to_score_seconds",
+            "From receipt of a window's newest reading to its score.",
+            ["stream"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.read_to_alert_seconds = Histogram(
+            "edge_agent_read_to_alert_seconds",
+            "From receipt of the newest reading of an alert's window to the broker's PUBACK.",
+            ["stream"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.calibrating = Gauge(
+            "edge_agent_calibrating",
+            "1 while the stream is in its calibration period.",
+            ["stream"],
+            registry=r,
+        )
+        self.threshold = Gauge(
+            "edge_agent_threshold", "Score threshold in force.", ["stream"], registry=r
+        )
+        self.queue_depth = Gauge(
+            "edge_agent_queue_depth", "Readings waiting for the pipeline.", registry=r
+        )
+        self.dropped_total = Counter(
+            "edge_agent_dropped_total",
+            "Records dropped, by reason (never silently).",
+            ["kind", "reason"],
+            registry=r,
+        )
+        # store and publish
+        self.outbox_depth = Gauge(
+            "edge_agent_outbox_depth", "Alerts waiting for a PUBACK.", registry=r
+        )
+        self.outbox_oldest_age_seconds = Gauge(
+            "edge_agent_outbox_oldest_age_seconds",
+            "Age of the oldest alert waiting for a PUBACK.",
+            registry=r,
+        )
+        self.store_errors_total = Counter(
+            "edge_agent_store_errors_total", "SQLite write failures.", ["op"], registry=r
+        )
+        self.aggregates_total = Counter(
+            "edge_agent_aggregates_total", "Aggregates written.", ["stream"], registry=r
+        )
+        self.mqtt_connected = Gauge(
+            "edge_agent_mqtt_connected", "1 while connected to the broker.", registry=r
+        )
+        self.mqtt_published_total = Counter(
+            "edge_agent_mqtt_published_total", "Alerts acknowledged by the broker.", registry=r
+        )
+        self.mqtt_disconnects_total = Counter(
+            "edge_agent_mqtt_disconnects_total", "Broker connection losses.", registry=r
+        )
+        self.model_info = Info(
+            "edge_agent_model", "Active model per stream.", ["stream"], registry=r
+        )

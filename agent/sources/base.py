@@ -1,0 +1,36 @@
+"""The Source role: one interface every ingest plugin implements.
+
+A source runs in its own thread, started by the supervisor (:mod:`agent.services.supervisor`).
+It calls ``emit`` for every accepted reading and ``reject`` for every record it refuses; it never
+logs per record (the supervisor counts and rate-limits). It returns when ``stop`` is set, and
+raises :class:`agent.errors.SourceError` when its input fails (retryable: the supervisor retries
+with backoff) or :class:`agent.errors.SourceExhausted` when a finite input ends.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Protocol
+
+from agent.errors import RecordError
+from agent.records import Reading
+
+Emit = Callable[[Reading], None]
+Reject = Callable[[RecordError], None]
+
+
+class Source(Protocol):
+    """A stream of multichannel readings.
+
+    Attributes:
+        stream: The stream name the readings carry.
+        channels: Channel names, in the order of ``Reading.values``.
+    """
+
+    stream: str
+    channels: tuple[str, ...]
+
+    def run(self, emit: Emit, reject: Reject, stop: threading.Event) -> None:
+        """Read until ``stop`` is set; see the module docstring for the error contract."""
+        ...
