@@ -5,19 +5,25 @@ It calls ``emit`` for every accepted reading and ``reject`` for every record it 
 logs per record (the supervisor counts and rate-limits). It returns when ``stop`` is set, and
 raises :class:`agent.errors.SourceError` when its input fails (retryable: the supervisor retries
 with backoff) or :class:`agent.errors.SourceExhausted` when a finite input ends.
+
+A source that heals its own input inside ``run`` (the serial port reconnects by itself) also
+implements :class:`ReportsStatus`, so the supervisor can still count, log and expose its outages:
+it calls the listener with a :class:`agent.errors.SourceError` for every failed attempt and with
+``None`` once the input works again.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
-from agent.errors import RecordError
+from agent.errors import RecordError, SourceError
 from agent.records import Reading
 
 Emit = Callable[[Reading], None]
 Reject = Callable[[RecordError], None]
+StatusListener = Callable[[SourceError | None], None]
 
 
 class Source(Protocol):
@@ -33,4 +39,13 @@ class Source(Protocol):
 
     def run(self, emit: Emit, reject: Reject, stop: threading.Event) -> None:
         """Read until ``stop`` is set; see the module docstring for the error contract."""
+        ...
+
+
+@runtime_checkable
+class ReportsStatus(Protocol):
+    """Optional: a source that retries internally and reports its outages and recoveries."""
+
+    def set_status_listener(self, listener: StatusListener | None) -> None:
+        """Call ``listener(error)`` per failed attempt and ``listener(None)`` on recovery."""
         ...
