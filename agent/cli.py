@@ -1,0 +1,160 @@
+"""The ``edge-agent`` command line.
+
+Commands::
+
+    edge-agent run [--config FILE]        run the agent (no --config: the embedded defaults)
+    edge-agent check-config FILE          validate a config; print every problem
+    edge-agent print-default-config       the default config as commented TOML
+    edge-agent version                    print the version
+
+Exit codes: 0 success, 78 (``EX_CONFIG``) invalid configuration, 1 any other failure,
+130 interrupted (Ctrl-C). systemd's ``RestartPreventExitStatus=78`` keeps a unit with a broken
+config from restarting in a loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TextIO
+
+from agent import __version__
+from agent.config.loader import dump_default_config, load_config
+from agent.config.schema import AgentConfig, default_config
+from agent.errors import AgentError, ConfigError
+
+EX_OK = 0
+EX_FAILURE = 1
+EX_CONFIG = 78
+EX_INTERRUPTED = 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one ``edge-agent`` command.
+
+    Args:
+        argv: Arguments without the program name; ``None`` = ``sys.argv[1:]``.
+
+    Returns:
+        The process exit code (see the module docstring).
+    """
+    parser = _parser()
+    args = parser.parse_args(argv)
+    command: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return command(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EX_INTERRUPTED
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="edge-agent", description="Edge anomaly-detection agent for factory gateways."
+    )
+    parser.add_argument("--version", action="version", version=f"edge-agent {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run the agent")
+    run.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="TOML config file (default: the embedded defaults: one simulator stream, "
+        "console alerts, no broker)",
+    )
+    run.set_defaults(func=_cmd_run)
+
+    check = sub.add_parser("check-config", help="validate a config file and print every problem")
+    check.add_argument("file", type=Path, metavar="FILE")
+    check.set_defaults(func=_cmd_check_config)
+
+    dump = sub.add_parser("print-default-config", help="print the default config as commented TOML")
+    dump.set_defaults(func=_cmd_print_default_config)
+
+    version = sub.add_parser("version", help="print the version")
+    version.set_defaults(func=_cmd_version)
+    return parser
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    config_file: Path | None = args.config
+    try:
+        if config_file is None:
+            config, config_dir = default_config(), Path.cwd()
+        else:
+            config, config_dir = load_config(config_file), config_file.resolve().parent
+    except ConfigError as exc:
+        return _report_config_error(exc, config_file, sys.stderr)
+    try:
+        app = importlib.import_module("agent.app")
+    except ModuleNotFoundError as exc:
+        if exc.name != "agent.app":
+            raise
+        print(
+            "error: agent.app (the composition root) is not available in this build",
+            file=sys.stderr,
+        )
+        return EX_FAILURE
+    try:
+        result = app.run(config, config_dir)
+    except ConfigError as exc:
+        return _report_config_error(exc, config_file, sys.stderr)
+    except AgentError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EX_FAILURE
+    return result if isinstance(result, int) else EX_OK
+
+
+def _cmd_check_config(args: argparse.Namespace) -> int:
+    config_file: Path = args.file
+    try:
+        config = load_config(config_file)
+    except ConfigError as exc:
+        return _report_config_error(exc, config_file, sys.stderr)
+    print(f"OK: {summarize(config)}")
+    return EX_OK
+
+
+def _cmd_print_default_config(args: argparse.Namespace) -> int:
+    sys.stdout.write(dump_default_config())
+    return EX_OK
+
+
+def _cmd_version(args: argparse.Namespace) -> int:
+    print(f"edge-agent {__version__}")
+    return EX_OK
+
+
+def _report_config_error(exc: ConfigError, config_file: Path | None, out: TextIO) -> int:
+    """Print every problem, one per line, prefixed with the file name; return 78."""
+    prefix = f"{config_file}: " if config_file is not None else ""
+    for problem in exc.problems or [str(exc)]:
+        print(f"{prefix}{problem}", file=out)
+    return EX_CONFIG
+
+
+def summarize(config: AgentConfig) -> str:
+    """One line describing a config, e.g. for ``check-config``.
+
+    >>> summarize(default_config())
+    "device 'edge-demo', 1 stream (demo: simulator, 8 channels), mqtt off, metrics off"
+    """
+    streams = ", ".join(
+        f"{s.name}: {s.source.kind}"
+        + (f", {len(s.source.channels)} channels" if s.source.channels else "")
+        for s in config.streams
+    )
+    count = len(config.streams)
+    mqtt = f"mqtt {config.mqtt.host}:{config.mqtt.port}" if config.mqtt.enabled else "mqtt off"
+    port = config.agent.metrics_port
+    metrics = f"metrics :{port}" if port is not None else "metrics off"
+    noun = "stream" if count == 1 else "streams"
+    return f"device '{config.agent.device_id}', {count} {noun} ({streams}), {mqtt}, {metrics}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,438 @@
+"""The agent's whole configuration as strict pydantic models (one TOML file).
+
+TOML shape::
+
+    [agent]          AgentSection   device identity, state directory, logging, metrics port
+    [[streams]]      StreamConfig   one per input stream (at least one)
+      [streams.source]              Replay-, Serial- or SimulatorConfig, chosen by ``kind``
+      [streams.rules]  RulesConfig  k-of-n alerting, hysteresis, cooldown
+    [store]          StoreSection   SQLite store and aggregation interval
+    [mqtt]           MqttSection    alert publisher (off by default)
+
+Relative paths:
+    Paths in the file (``agent.state_dir``, ``streams.model``, a replay ``path``,
+    ``mqtt.password_file``, ``mqtt.ca_file``) are relative to the directory of the config file;
+    ``store.path`` is relative to ``agent.state_dir``. A model value ``builtin:<name>`` names a
+    package shipped in the repository's ``models/`` directory. :meth:`AgentConfig.resolved`
+    returns a copy with every path absolute; the composition root calls it once.
+
+The models validate only what can be known from the file itself: whether ``window``/``hop`` fit
+the model package or a model directory exists is checked when the package is loaded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import (
+    Field,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from agent.config.base import StrictModel
+from agent.sources.replay import ReplayConfig
+from agent.sources.serial import SerialConfig
+from agent.sources.simulator import SimulatorConfig
+
+#: Names that end up in MQTT topics, metric labels and file names.
+NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+
+#: Prefix of a model value naming a package shipped in the repository's ``models/`` directory.
+BUILTIN_PREFIX = "builtin:"
+
+#: Where ``builtin:<name>`` models live: ``<repo>/models`` (next to the ``agent`` package).
+BUILTIN_MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
+
+SourceConfig = Annotated[ReplayConfig | SerialConfig | SimulatorConfig, Field(discriminator="kind")]
+"""One source config; the ``kind`` key selects the class."""
+
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+
+
+def _problem(
+    kind: str, message: str, loc: tuple[str | int, ...], value: object
+) -> InitErrorDetails:
+    """Build one located validation error (raised together through ``ValidationError``)."""
+    return InitErrorDetails(type=PydanticCustomError(kind, message), loc=loc, input=value)
+
+
+def _raise_problems(title: str, problems: list[InitErrorDetails]) -> None:
+    """Raise ``problems`` as one ValidationError; pydantic prefixes each with the field's path."""
+    if problems:
+        raise ValidationError.from_exception_data(title, problems)
+
+
+class AgentSection(StrictModel):
+    """Device identity, state directory, logging and metrics."""
+
+    device_id: str = Field(
+        "edge-demo",
+        pattern=NAME_PATTERN,
+        description="Device name used in MQTT topics and uploads: 1-64 of A-Z a-z 0-9 _ . -",
+    )
+    state_dir: str = Field(
+        "./state",
+        min_length=1,
+        description="Directory for the store and calibration state; a relative path is relative "
+        "to the config file's directory.",
+    )
+    log_level: LogLevel = Field("INFO", description="Log level: DEBUG, INFO, WARNING or ERROR.")
+    log_format: Literal["text", "json"] = Field(
+        "text", description="Log format: 'text' (human) or 'json' (one object per line)."
+    )
+    console_alerts: bool = Field(True, description="Print every alert on stdout.")
+    metrics_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        examples=[9100],
+        description="TCP port of the Prometheus /metrics endpoint; unset = no endpoint.",
+    )
+
+
+class RulesConfig(StrictModel):
+    """When a stream's scores become an alert, and when the episode ends."""
+
+    k: int = Field(
+        3, ge=1, description="Alert when k of the last n windows score above the threshold."
+    )
+    n: int = Field(5, ge=1, description="Number of recent windows the k-of-n rule looks at.")
+    clear_ratio: float = Field(
+        0.9,
+        gt=0.0,
+        le=1.0,
+        description="Hysteresis: an episode ends only after the score stays below "
+        "clear_ratio x threshold for clear_windows consecutive windows (0 < clear_ratio <= 1).",
+    )
+    clear_windows: int = Field(
+        5, ge=1, description="Consecutive windows below the clear level that end an episode."
+    )
+    cooldown_s: float = Field(
+        60.0,
+        ge=0.0,
+        description="Minimum seconds between two alerts of one stream, in the stream's own time.",
+    )
+    top_channels: int = Field(
+        3, ge=0, description="Channels with the largest contribution named in an alert (0 = none)."
+    )
+
+    @model_validator(mode="after")
+    def _k_within_n(self) -> RulesConfig:
+        if self.k > self.n:
+            _raise_problems(
+                "RulesConfig",
+                [
+                    _problem(
+                        "k_greater_than_n",
+                        f"k ({self.k}) must not exceed n ({self.n}): alert when k of the last "
+                        "n windows are above the threshold",
+                        ("k",),
+                        self.k,
+                    )
+                ],
+            )
+        return self
+
+
+class StreamConfig(StrictModel):
+    """One input stream: where readings come from, which model scores them, when to alert."""
+
+    name: str = Field(
+        pattern=NAME_PATTERN,
+        description="Stream name, unique per agent (MQTT topics, metric labels): "
+        "1-64 of A-Z a-z 0-9 _ . -",
+    )
+    source: SourceConfig = Field(
+        description="Where readings come from; 'kind' selects replay, serial or simulator."
+    )
+    model: str = Field(
+        "builtin:skab-ae",
+        min_length=1,
+        description="Model package directory, relative to the config file's directory; "
+        "'builtin:<name>' = the package shipped in the repository's models/ directory.",
+    )
+    window: int | None = Field(
+        None,
+        ge=2,
+        examples=[64],
+        description="Samples per window; unset = the model package's window.",
+    )
+    hop: int | None = Field(
+        None,
+        ge=1,
+        examples=[8],
+        description="Samples between window starts (<= window); unset = the model package's hop.",
+    )
+    calibration_samples: int = Field(
+        400,
+        ge=1,
+        description="Readings used on the device to fit the scaler and threshold before scoring "
+        "(400 = the SKAB protocol's anomaly-free prefix).",
+    )
+    threshold_quantile: float | None = Field(
+        None,
+        ge=0.5,
+        lt=1.0,
+        examples=[0.99],
+        description="Quantile of calibration scores used as the threshold (0.5 <= q < 1); "
+        "unset = the model package's.",
+    )
+    rules: RulesConfig = Field(
+        default_factory=RulesConfig, description="Alert rules of this stream."
+    )
+
+    @field_validator("model")
+    @classmethod
+    def _builtin_name(cls, value: str) -> str:
+        if value.startswith(BUILTIN_PREFIX):
+            resolve_model_path(value, Path())  # raises ValueError for a bad builtin name
+        return value
+
+    @model_validator(mode="after")
+    def _hop_within_window(self) -> StreamConfig:
+        if self.window is not None and self.hop is not None and self.hop > self.window:
+            _raise_problems(
+                "StreamConfig",
+                [
+                    _problem(
+                        "hop_greater_than_window",
+                        f"hop ({self.hop}) must not exceed window ({self.window})",
+                        ("hop",),
+                        self.hop,
+                    )
+                ],
+            )
+        return self
+
+
+class StoreSection(StrictModel):
+    """The local SQLite store (alert outbox, aggregates)."""
+
+    path: str = Field(
+        "agent.db",
+        min_length=1,
+        description="SQLite database file; a relative path is relative to agent.state_dir.",
+    )
+    aggregate_interval_s: float = Field(
+        60.0, gt=0.0, description="Seconds of stream time summarised in one aggregate row."
+    )
+
+
+class MqttSection(StrictModel):
+    """The MQTT alert publisher (QoS 1, from the store's outbox).
+
+    Kept here until :mod:`agent.publish.mqtt` defines ``MqttConfig``; then that class is used.
+    """
+
+    enabled: bool = Field(False, description="Publish alerts to an MQTT broker.")
+    host: str = Field("127.0.0.1", min_length=1, description="Broker host name or address.")
+    port: int = Field(1883, ge=1, le=65535, description="Broker TCP port (8883 is usual for TLS).")
+    client_id: str | None = Field(
+        None,
+        examples=["edge-agent-line1"],
+        description="MQTT client id; unset = 'edge-agent-<device_id>'.",
+    )
+    topic_prefix: str = Field(
+        "edge",
+        min_length=1,
+        description="First topic level; alerts go to <topic_prefix>/<device_id>/...",
+    )
+    qos: Literal[1] = Field(1, description="Publish QoS; only 1 (at least once) is supported.")
+    keepalive_s: int = Field(30, ge=1, description="MQTT keepalive in seconds.")
+    username: str | None = Field(
+        None, examples=["edge-line1"], description="User name; unset = anonymous."
+    )
+    password_file: str | None = Field(
+        None,
+        examples=["/etc/edge-agent/mqtt.password"],
+        description="File holding the password (first line), relative to the config file's "
+        "directory; unset = no password.",
+    )
+    tls: bool = Field(False, description="Connect with TLS.")
+    ca_file: str | None = Field(
+        None,
+        examples=["/etc/edge-agent/ca.pem"],
+        description="CA bundle for TLS, relative to the config file's directory; unset = the "
+        "system's trust store.",
+    )
+    max_inflight: int = Field(
+        20, ge=1, description="Alerts published but not yet acknowledged (PUBACK), at most."
+    )
+    reconnect_min_s: float = Field(1.0, gt=0.0, description="First reconnect delay in seconds.")
+    reconnect_max_s: float = Field(30.0, gt=0.0, description="Largest reconnect delay in seconds.")
+
+    @model_validator(mode="after")
+    def _reconnect_order(self) -> MqttSection:
+        if self.reconnect_max_s < self.reconnect_min_s:
+            _raise_problems(
+                "MqttSection",
+                [
+                    _problem(
+                        "reconnect_order",
+                        f"reconnect_max_s ({self.reconnect_max_s}) must not be smaller than "
+                        f"reconnect_min_s ({self.reconnect_min_s})",
+                        ("reconnect_max_s",),
+                        self.reconnect_max_s,
+                    )
+                ],
+            )
+        return self
+
+
+MqttConfig = MqttSection
+
+
+class AgentConfig(StrictModel):
+    """The whole agent configuration (one TOML file)."""
+
+    agent: AgentSection = Field(
+        default_factory=AgentSection, description="Device identity, state, logging, metrics."
+    )
+    streams: list[StreamConfig] = Field(
+        min_length=1, description="Input streams, each with its source, model and alert rules."
+    )
+    store: StoreSection = Field(default_factory=StoreSection, description="Local SQLite store.")
+    mqtt: MqttConfig = Field(default_factory=MqttConfig, description="MQTT alert publisher.")
+
+    @field_validator("streams", mode="wrap")
+    @classmethod
+    def _unique_stream_names(
+        cls, value: object, handler: ValidatorFunctionWrapHandler
+    ) -> list[StreamConfig]:
+        # Wraps the list's own validation so that duplicates are reported together with any
+        # other problem inside the streams (an "after" validator would run only if all are valid).
+        problems = _duplicate_names(value)
+        try:
+            streams: list[StreamConfig] = handler(value)
+        except ValidationError as exc:
+            inner = [
+                _problem(str(err["type"]), str(err["msg"]), tuple(err["loc"]), err["input"])
+                for err in exc.errors()
+            ]
+            _raise_problems("streams", inner + problems)
+            raise  # pragma: no cover - _raise_problems always raises a non-empty list
+        _raise_problems("streams", problems)
+        return streams
+
+    def resolved(self, config_dir: Path) -> AgentConfig:
+        """Return a copy with every path absolute (see the module docstring for the rules).
+
+        Args:
+            config_dir: Directory of the config file (the current directory for the embedded
+                defaults).
+
+        Returns:
+            A new config; ``agent.state_dir``, ``store.path``, each stream's ``model`` and replay
+            ``path``, ``mqtt.password_file`` and ``mqtt.ca_file`` are absolute path strings.
+        """
+        state_dir = resolve_path(self.agent.state_dir, config_dir)
+        streams = []
+        for stream in self.streams:
+            source = stream.source
+            if isinstance(source, ReplayConfig):
+                source = source.model_copy(
+                    update={"path": str(resolve_path(source.path, config_dir))}
+                )
+            model = str(resolve_model_path(stream.model, config_dir))
+            streams.append(stream.model_copy(update={"source": source, "model": model}))
+        mqtt_paths = {
+            key: str(resolve_path(value, config_dir))
+            for key in ("password_file", "ca_file")
+            if isinstance(value := getattr(self.mqtt, key), str)
+        }
+        return self.model_copy(
+            update={
+                "agent": self.agent.model_copy(update={"state_dir": str(state_dir)}),
+                "streams": streams,
+                "store": self.store.model_copy(
+                    update={"path": str(resolve_path(self.store.path, state_dir))}
+                ),
+                "mqtt": self.mqtt.model_copy(update=mqtt_paths),
+            }
+        )
+
+
+def _duplicate_names(value: object) -> list[InitErrorDetails]:
+    """Located problems for every stream whose name an earlier stream already uses."""
+    if not isinstance(value, list):
+        return []
+    seen: set[str] = set()
+    problems: list[InitErrorDetails] = []
+    for index, item in enumerate(value):
+        name = item.get("name") if isinstance(item, dict) else getattr(item, "name", None)
+        if not isinstance(name, str):
+            continue
+        if name in seen:
+            problems.append(
+                _problem(
+                    "duplicate_stream_name",
+                    f"duplicate stream name '{name}'",
+                    (index, "name"),
+                    name,
+                )
+            )
+        seen.add(name)
+    return problems
+
+
+def resolve_path(value: str, base: Path) -> Path:
+    """Resolve a config path: ``~`` expanded, relative paths joined to ``base``.
+
+    Args:
+        value: The path as written in the config.
+        base: Directory relative paths are relative to.
+
+    Returns:
+        An absolute, normalised path (symlinks are not resolved; the file need not exist).
+    """
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        path = base / path
+    return Path(*_normalise(path.absolute().parts))
+
+
+def _normalise(parts: tuple[str, ...]) -> list[str]:
+    """Drop ``.`` and fold ``..`` lexically (like ``os.path.normpath``, without symlinks)."""
+    out: list[str] = []
+    for part in parts:
+        if part == "..":
+            if len(out) > 1:
+                out.pop()
+        elif part != ".":
+            out.append(part)
+    return out
+
+
+def resolve_model_path(
+    value: str, config_dir: Path, builtin_dir: Path = BUILTIN_MODELS_DIR
+) -> Path:
+    """Resolve a stream's ``model`` value to a package directory.
+
+    Args:
+        value: ``builtin:<name>`` for a package shipped in the repository's ``models/``
+            directory, or a path (relative paths are relative to ``config_dir``).
+        config_dir: Directory of the config file.
+        builtin_dir: Where builtin packages live (tests pass their own).
+
+    Returns:
+        The absolute package directory; whether it exists is checked by the package loader.
+
+    Raises:
+        ValueError: ``builtin:`` without a name, or with a name containing a path separator.
+    """
+    if value.startswith(BUILTIN_PREFIX):
+        name = value.removeprefix(BUILTIN_PREFIX)
+        if not name or "/" in name or "\\" in name or name in {".", ".."}:
+            raise ValueError(f"invalid builtin model name {name!r}")
+        return builtin_dir / name
+    return resolve_path(value, config_dir)
+
+
+def default_config() -> AgentConfig:
+    """The embedded default: one simulator stream, console alerts, no broker, no metrics port."""
+    return AgentConfig(streams=[StreamConfig(name="demo", source=SimulatorConfig())])
