@@ -1,0 +1,110 @@
+"""SQLite schema of the agent's store and its migrations, keyed by ``PRAGMA user_version``.
+
+``MIGRATIONS[i]`` takes a database from ``user_version == i`` to ``i + 1``. Each step runs in
+its own ``BEGIN IMMEDIATE`` transaction together with the ``user_version`` bump, so a crash or a
+full disk leaves the database at the previous version, never half-migrated. Steps are append-only:
+never edit a released step, add a new one.
+
+Tables (version 1):
+    alerts:     the MQTT outbox and the alert history. ``id`` order is outbox order;
+                ``published_at`` is set on the broker's PUBACK; ``uploaded_at`` is reserved for the
+                cloud uploader.
+    aggregates: per-stream interval summaries waiting for (or done with) the cloud upload.
+    counters:   named monotonic counters (per-stream alert sequence numbers) that survive restarts.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+Migration = tuple[str, ...]
+
+MIGRATIONS: tuple[Migration, ...] = (
+    # 0 -> 1: initial schema.
+    (
+        """
+        CREATE TABLE alerts (
+            id           INTEGER PRIMARY KEY,
+            alert_id     TEXT    NOT NULL UNIQUE,
+            stream       TEXT    NOT NULL,
+            seq          INTEGER NOT NULL,
+            payload      TEXT    NOT NULL,
+            created_at   REAL    NOT NULL,
+            published_at REAL,
+            uploaded_at  REAL
+        )
+        """,
+        "CREATE INDEX alerts_pending ON alerts (id) WHERE published_at IS NULL",
+        "CREATE INDEX alerts_stream ON alerts (stream, id)",
+        """
+        CREATE TABLE aggregates (
+            id             INTEGER PRIMARY KEY,
+            aggregate_id   TEXT    NOT NULL UNIQUE,
+            device_id      TEXT    NOT NULL,
+            stream         TEXT    NOT NULL,
+            interval_start REAL    NOT NULL,
+            interval_s     REAL    NOT NULL,
+            count          INTEGER NOT NULL,
+            channels       TEXT    NOT NULL,
+            max_score      REAL,
+            windows        INTEGER NOT NULL,
+            alert_count    INTEGER NOT NULL,
+            uploaded_at    REAL
+        )
+        """,
+        "CREATE INDEX aggregates_stream_start ON aggregates (stream, interval_start)",
+        """
+        CREATE TABLE counters (
+            name  TEXT    PRIMARY KEY,
+            value INTEGER NOT NULL
+        )
+        """,
+    ),
+)
+
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def user_version(conn: sqlite3.Connection) -> int:
+    """Return the database's ``PRAGMA user_version`` (0 for a new file)."""
+    row = conn.execute("PRAGMA user_version").fetchone()
+    return int(row[0])
+
+
+def migrate(
+    conn: sqlite3.Connection, migrations: tuple[Migration, ...] = MIGRATIONS
+) -> tuple[int, int]:
+    """Apply every pending migration step, one transaction per step.
+
+    Args:
+        conn: A connection in autocommit mode (``isolation_level=None``).
+        migrations: The steps; tests may pass their own.
+
+    Returns:
+        ``(version_before, version_after)``.
+
+    Raises:
+        RuntimeError: The database is newer than this code (a downgrade); nothing is changed.
+        sqlite3.Error: A step failed; that step is rolled back, earlier steps stay applied.
+    """
+    before = user_version(conn)
+    if before > len(migrations):
+        raise RuntimeError(
+            f"database schema version {before} is newer than this agent's {len(migrations)}"
+        )
+    for version in range(before, len(migrations)):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            # Another process may have migrated while we waited for the write lock.
+            if user_version(conn) != version:
+                conn.execute("ROLLBACK")
+                continue
+            for statement in migrations[version]:
+                conn.execute(statement)
+            # PRAGMA takes no parameters; the value is an int we computed.
+            conn.execute(f"PRAGMA user_version = {version + 1:d}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+    return before, user_version(conn)
