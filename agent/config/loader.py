@@ -98,7 +98,7 @@ def parse_config(
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError("invalid configuration", [_toml_problem(exc)], path=source) from exc
+        raise ConfigError("invalid configuration", [_toml_problem(exc, text)], path=source) from exc
     data, problems = substitute_env(data, os.environ if env is None else env)
     bad_keys = {p.split(": ", 1)[0] for p in problems}
     try:
@@ -185,7 +185,7 @@ def format_error(err: ErrorDetails) -> tuple[str, str]:
     elif kind == "missing":
         message = "required key is missing"
     elif kind == "union_tag_not_found":
-        message = "'kind' is missing: " + _expected_tags(err)
+        message = "'kind' is missing: " + _expected_tags(parent, path)
     elif kind == "value_error":
         message = message.removeprefix("Value error, ")
     elif kind.endswith("_type") and type(err["input"]) in _TOML_TYPES:
@@ -193,10 +193,12 @@ def format_error(err: ErrorDetails) -> tuple[str, str]:
     return format_key_path(path), message
 
 
-def _expected_tags(err: ErrorDetails) -> str:
-    ctx = err.get("ctx") or {}
-    tags = ctx.get("expected_tags")
-    return f"one of {tags}" if tags else "required to choose the kind"
+def _expected_tags(parent: type[BaseModel] | None, path: KeyPath) -> str:
+    """``one of 'replay', 'serial', 'simulator'`` for the union field at ``path``."""
+    field = parent.model_fields.get(str(path[-1])) if parent is not None and path else None
+    members = _model_union_members(field.annotation) if field is not None else []
+    tags = ", ".join(repr(_tag_of(m)) for m in members)
+    return f"one of {tags}" if tags else "it selects the kind of this table"
 
 
 def format_key_path(path: KeyPath) -> str:
@@ -256,11 +258,15 @@ def _tag_of(model: type[BaseModel]) -> object:
     return field.default if field is not None else None
 
 
-def _toml_problem(exc: tomllib.TOMLDecodeError) -> str:
+def _toml_problem(exc: tomllib.TOMLDecodeError, text: str) -> str:
     match = _TOML_POSITION.match(str(exc))
     if match is None:
         return f"TOML syntax error: {exc}"
-    return f"TOML syntax error at {match['where']}: {match['msg']}"
+    where = match["where"]
+    if where == "end of document":
+        lines = text.split("\n")
+        where = f"line {len(lines)}, column {len(lines[-1]) + 1} (end of document)"
+    return f"TOML syntax error at {where}: {match['msg']}"
 
 
 # ---------------------------------------------------------------------------------------------
