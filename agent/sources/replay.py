@@ -171,6 +171,7 @@ class ReplaySource:
         self,
         config: ReplayConfig,
         stream: str,
+        *,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], object] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
