@@ -1,0 +1,280 @@
+"""The source supervisor: runs one source in a daemon thread with retry, metrics and logging.
+
+Sources stay simple (:mod:`agent.sources.base`); this wraps any of them:
+
+* a retryable :class:`agent.errors.SourceError` (or an unexpected exception, a plugin bug) counts
+  ``source_errors_total``, sets ``source_up`` to 0 and is retried after an exponential backoff
+  with jitter (:class:`agent.sources.backoff.Backoff`). An outage is logged once at WARNING when
+  it starts and once at INFO when it ends (the first reading after it, or the source reporting
+  recovery), never per retry;
+* :class:`agent.errors.SourceExhausted` (a finite replay ended) is logged at INFO and ends the
+  thread with :attr:`SourceSupervisor.done` set; any other non-retryable
+  :class:`agent.errors.AgentError` is logged at ERROR and ends it with ``error`` set;
+* every rejected record counts ``records_rejected_total{stream, reason}`` and is logged at most
+  once per reason per ``reject_log_interval_s`` (the next line says how many were suppressed);
+* every accepted reading counts ``readings_total``, refreshes :attr:`last_progress_mono` (for a
+  watchdog) and is handed to ``emit``.
+
+A source that reconnects by itself (:class:`agent.sources.base.ReportsStatus`, e.g. the serial
+port) reports its failed attempts and its recovery; they are counted and logged the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+
+from agent.errors import AgentError, RecordError, SourceError, SourceExhausted
+from agent.metrics import Metrics
+from agent.records import Reading
+from agent.sources.backoff import Backoff
+from agent.sources.base import Emit, ReportsStatus, Source
+
+
+class RateLimiter:
+    """Allows one event per key per interval and counts the ones it suppresses.
+
+    Args:
+        interval_s: Seconds between two allowed events of the same key.
+        monotonic: Monotonic clock in seconds.
+
+    >>> now = [0.0]
+    >>> rl = RateLimiter(60.0, lambda: now[0])
+    >>> rl.hit("x"), rl.hit("x"), rl.hit("x")
+    (0, None, None)
+    >>> now[0] = 61.0; rl.hit("x")
+    2
+    """
+
+    def __init__(self, interval_s: float, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s = interval_s
+        self._monotonic = monotonic
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def hit(self, key: str) -> int | None:
+        """Record one event.
+
+        Returns:
+            None when the event should be suppressed; otherwise the number of events of this key
+            suppressed since the last allowed one.
+        """
+        now = self._monotonic()
+        last = self._last.get(key)
+        if last is not None and now - last < self.interval_s:
+            self._suppressed[key] = self._suppressed.get(key, 0) + 1
+            return None
+        self._last[key] = now
+        return self._suppressed.pop(key, 0)
+
+    def drain(self) -> dict[str, int]:
+        """Return and clear the counts of suppressed events not yet reported, by key."""
+        pending, self._suppressed = self._suppressed, {}
+        return pending
+
+
+class SourceSupervisor:
+    """Runs ``source.run`` in a daemon thread and keeps it going.
+
+    Args:
+        source: The source to run.
+        emit: Receives every accepted reading (called in the supervisor's thread).
+        metrics: Where readings, rejects, errors and ``source_up`` are counted.
+        stop: Set to stop the source; the thread ends soon after (within the source's read
+            timeout or pacing wait, and at once during a backoff wait).
+        logger: Where to log; default ``logging.getLogger(__name__)``.
+        backoff_initial_s: First retry delay after a failure, seconds.
+        backoff_max_s: Largest retry delay, seconds.
+        backoff_multiplier: Growth of the delay per consecutive failure.
+        backoff_jitter: Fraction by which each delay is randomly shortened, in [0, 1].
+        reject_log_interval_s: At most one warning per reject reason per this many seconds.
+        sleep: ``sleep(seconds)`` between retries; default ``stop.wait`` (wakes on stop).
+        monotonic: Monotonic clock in seconds.
+        rng: Random source for the jitter.
+
+    Attributes:
+        stream: The source's stream name.
+        last_progress_mono: ``monotonic()`` of the last accepted reading, None before the first.
+        error: The fatal error that ended the thread, if any.
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        emit: Emit,
+        metrics: Metrics,
+        stop: threading.Event,
+        logger: logging.Logger | None = None,
+        *,
+        backoff_initial_s: float = 1.0,
+        backoff_max_s: float = 60.0,
+        backoff_multiplier: float = 2.0,
+        backoff_jitter: float = 0.5,
+        reject_log_interval_s: float = 60.0,
+        sleep: Callable[[float], object] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.source = source
+        self.stream = source.stream
+        self._emit_downstream = emit
+        self._metrics = metrics
+        self._stop = stop
+        self._log = logger if logger is not None else logging.getLogger(__name__)
+        self._backoff = Backoff(
+            backoff_initial_s, backoff_max_s, backoff_multiplier, backoff_jitter, rng
+        )
+        self._limiter = RateLimiter(reject_log_interval_s, monotonic)
+        self._sleep = sleep if sleep is not None else stop.wait
+        self._monotonic = monotonic
+        self._readings = metrics.readings_total.labels(stream=self.stream)
+        self._errors = metrics.source_errors_total.labels(stream=self.stream)
+        self._up = metrics.source_up.labels(stream=self.stream)
+        self._thread: threading.Thread | None = None
+        self._done = False
+        self._in_outage = False
+        self._outage_since = 0.0
+        self._outage_failures = 0
+        self.last_progress_mono: float | None = None
+        self.error: BaseException | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the daemon thread.
+
+        Raises:
+            RuntimeError: When already started.
+        """
+        if self._thread is not None:
+            raise RuntimeError(f"supervisor for stream {self.stream!r} already started")
+        if isinstance(self.source, ReportsStatus):
+            self.source.set_status_listener(self._on_status)
+        self._thread = threading.Thread(
+            target=self._run, name=f"source-{self.stream}", daemon=True
+        )
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait up to ``timeout`` seconds for the thread to end (set ``stop`` first)."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def is_alive(self) -> bool:
+        """True while the thread runs."""
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def done(self) -> bool:
+        """True once a finite source is exhausted (the thread has ended for good)."""
+        return self._done
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            self._up.set(0)
+            for reason, count in self._limiter.drain().items():
+                self._log.warning(
+                    "stream %s: %d more rejected records (%s) were not logged",
+                    self.stream,
+                    count,
+                    reason,
+                )
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            if not self._in_outage:
+                self._up.set(1)
+            try:
+                self.source.run(self._emit, self._reject, self._stop)
+            except SourceExhausted as exc:
+                self._log.info("stream %s: source finished: %s", self.stream, exc)
+                self._done = True
+                return
+            except AgentError as exc:
+                if not exc.retryable:
+                    self._log.error("stream %s: source failed for good: %s", self.stream, exc)
+                    self.error = exc
+                    return
+                self._on_failure(exc)
+            except Exception as exc:  # a plugin bug: keep the stream alive, log the traceback
+                self._on_failure(exc)
+            else:
+                if not self._stop.is_set():
+                    self._log.warning(
+                        "stream %s: source returned without being stopped; not restarting",
+                        self.stream,
+                    )
+                    self._done = True
+                return
+            self._sleep(self._backoff.next_delay())
+
+    # -- callbacks (all called in the supervisor's thread) -----------------------------------
+
+    def _emit(self, reading: Reading) -> None:
+        self._readings.inc()
+        self.last_progress_mono = self._monotonic()
+        if self._in_outage:
+            self._on_recovery()
+        self._emit_downstream(reading)
+
+    def _reject(self, error: RecordError) -> None:
+        self._metrics.records_rejected_total.labels(stream=self.stream, reason=error.reason).inc()
+        suppressed = self._limiter.hit(error.reason)
+        if suppressed is None:
+            return
+        if suppressed:
+            self._log.warning(
+                "stream %s: record rejected (%s): %s [%d more like it suppressed in the last "
+                "%.0f s]",
+                self.stream,
+                error.reason,
+                error,
+                suppressed,
+                self._limiter.interval_s,
+            )
+        else:
+            self._log.warning(
+                "stream %s: record rejected (%s): %s", self.stream, error.reason, error
+            )
+
+    def _on_status(self, error: SourceError | None) -> None:
+        if error is None:
+            self._on_recovery()
+        else:
+            self._on_failure(error)
+
+    def _on_failure(self, error: BaseException) -> None:
+        self._errors.inc()
+        self._up.set(0)
+        if self._in_outage:
+            self._outage_failures += 1
+            return
+        self._in_outage = True
+        self._outage_since = self._monotonic()
+        self._outage_failures = 1
+        self._log.warning(
+            "stream %s: source down: %s; retrying with backoff (logged again on recovery)",
+            self.stream,
+            error,
+            exc_info=None if isinstance(error, AgentError) else error,
+        )
+
+    def _on_recovery(self) -> None:
+        self._backoff.reset()
+        self._up.set(1)
+        if not self._in_outage:
+            return
+        self._in_outage = False
+        self._log.info(
+            "stream %s: source recovered after %.1f s and %d failed attempt(s)",
+            self.stream,
+            self._monotonic() - self._outage_since,
+            self._outage_failures,
+        )
