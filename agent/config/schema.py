@@ -7,7 +7,7 @@ TOML shape::
       [streams.source]              Replay-, Serial- or SimulatorConfig, chosen by ``kind``
       [streams.rules]  RulesConfig  k-of-n alerting, hysteresis, cooldown
     [store]          StoreSection   SQLite store and aggregation interval
-    [mqtt]           MqttSection    alert publisher (off by default)
+    [mqtt]           MqttConfig     alert publisher (off by default; agent.publish.mqtt)
 
 Relative paths:
     Paths in the file (``agent.state_dir``, ``streams.model``, a replay ``path``,
@@ -35,6 +35,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from agent.config.base import StrictModel
+from agent.publish.mqtt import MqttConfig
 from agent.sources.replay import ReplayConfig
 from agent.sources.serial import SerialConfig
 from agent.sources.simulator import SimulatorConfig
@@ -221,70 +222,6 @@ class StoreSection(StrictModel):
     aggregate_interval_s: float = Field(
         60.0, gt=0.0, description="Seconds of stream time summarised in one aggregate row."
     )
-
-
-class MqttSection(StrictModel):
-    """The MQTT alert publisher (QoS 1, from the store's outbox).
-
-    Kept here until :mod:`agent.publish.mqtt` defines ``MqttConfig``; then that class is used.
-    """
-
-    enabled: bool = Field(False, description="Publish alerts to an MQTT broker.")
-    host: str = Field("127.0.0.1", min_length=1, description="Broker host name or address.")
-    port: int = Field(1883, ge=1, le=65535, description="Broker TCP port (8883 is usual for TLS).")
-    client_id: str | None = Field(
-        None,
-        examples=["edge-agent-line1"],
-        description="MQTT client id; unset = 'edge-agent-<device_id>'.",
-    )
-    topic_prefix: str = Field(
-        "edge",
-        min_length=1,
-        description="First topic level; alerts go to <topic_prefix>/<device_id>/...",
-    )
-    qos: Literal[1] = Field(1, description="Publish QoS; only 1 (at least once) is supported.")
-    keepalive_s: int = Field(30, ge=1, description="MQTT keepalive in seconds.")
-    username: str | None = Field(
-        None, examples=["edge-line1"], description="User name; unset = anonymous."
-    )
-    password_file: str | None = Field(
-        None,
-        examples=["/etc/edge-agent/mqtt.password"],
-        description="File holding the password (first line), relative to the config file's "
-        "directory; unset = no password.",
-    )
-    tls: bool = Field(False, description="Connect with TLS.")
-    ca_file: str | None = Field(
-        None,
-        examples=["/etc/edge-agent/ca.pem"],
-        description="CA bundle for TLS, relative to the config file's directory; unset = the "
-        "system's trust store.",
-    )
-    max_inflight: int = Field(
-        20, ge=1, description="Alerts published but not yet acknowledged (PUBACK), at most."
-    )
-    reconnect_min_s: float = Field(1.0, gt=0.0, description="First reconnect delay in seconds.")
-    reconnect_max_s: float = Field(30.0, gt=0.0, description="Largest reconnect delay in seconds.")
-
-    @model_validator(mode="after")
-    def _reconnect_order(self) -> MqttSection:
-        if self.reconnect_max_s < self.reconnect_min_s:
-            _raise_problems(
-                "MqttSection",
-                [
-                    _problem(
-                        "reconnect_order",
-                        f"reconnect_max_s ({self.reconnect_max_s}) must not be smaller than "
-                        f"reconnect_min_s ({self.reconnect_min_s})",
-                        ("reconnect_max_s",),
-                        self.reconnect_max_s,
-                    )
-                ],
-            )
-        return self
-
-
-MqttConfig = MqttSection
 
 
 class AgentConfig(StrictModel):

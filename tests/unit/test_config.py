@@ -22,6 +22,7 @@ from agent.config.schema import (
     resolve_model_path,
 )
 from agent.errors import ConfigError
+from agent.sources.registry import REGISTRY
 from agent.sources.replay import ReplayConfig
 from agent.sources.serial import SerialConfig
 from agent.sources.simulator import SimulatorConfig
@@ -237,6 +238,17 @@ def test_unreadable_file(tmp_path: Path) -> None:
     assert info.value.problems == ["cannot read file: No such file or directory"]
 
 
+def test_section_level_value_error_has_no_pydantic_prefix() -> None:
+    assert problems_of(MINIMAL + '[mqtt]\nca_file = "ca.pem"') == [
+        "mqtt: ca_file is set but tls is false"
+    ]
+
+
+def test_schema_union_covers_every_registered_source_kind() -> None:
+    union = StreamConfig.model_fields["source"].annotation
+    assert set(get_args(union)) == {config for config, _ in REGISTRY.values()}
+
+
 def test_invalid_builtin_model_name() -> None:
     (problem,) = problems_of(MINIMAL.replace('name = "s1"', 'name = "s1"\nmodel = "builtin:"'))
     assert problem.startswith("streams[0].model: invalid builtin model name")
@@ -335,6 +347,7 @@ name = "r"
 model = "models/m"
 source = { kind = "replay", path = "../data/x.csv" }
 [mqtt]
+tls = true
 ca_file = "ca.pem"
 """
     config = parse_config(text, env={}).resolved(tmp_path / "etc")
