@@ -106,7 +106,8 @@ def test_stuck_holds_value() -> None:
 
 
 def test_fault_on_unknown_channel_is_a_config_error() -> None:
-    cfg = SimulatorConfig(faults=[FaultConfig(kind="spike", channel="Nope", start_s=0, duration_s=1)])
+    fault = FaultConfig(kind="spike", channel="Nope", start_s=0, duration_s=1)
+    cfg = SimulatorConfig(faults=[fault])
     with pytest.raises(ConfigError, match="Nope"):
         SimulatorSource(cfg, "sim")
 

@@ -164,8 +164,9 @@ def test_reject_counting_and_rate_limited_logging(caplog: pytest.LogCaptureFixtu
     h = Harness(ScriptedSource([many_rejects]), monotonic=lambda: 0.0)
     with caplog.at_level(logging.WARNING, logger="test.supervisor"):
         h.run()
-    assert value(h.metrics, "edge_agent_records_rejected_total", stream="s", reason="non_numeric") == 500
-    assert value(h.metrics, "edge_agent_records_rejected_total", stream="s", reason="too_long") == 3
+    rejected = "edge_agent_records_rejected_total"
+    assert value(h.metrics, rejected, stream="s", reason="non_numeric") == 500
+    assert value(h.metrics, rejected, stream="s", reason="too_long") == 3
     msgs = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
     first = [m for m in msgs if "record rejected (non_numeric)" in m]
     assert len(first) == 1 and "bad value 0" in first[0]
