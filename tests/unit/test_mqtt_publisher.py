@@ -1,0 +1,351 @@
+"""MqttPublisher with a fake paho client: exact outbox semantics, config errors, logging."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import pytest
+from paho.mqtt.client import ConnectFlags, DisconnectFlags
+from paho.mqtt.enums import MQTTErrorCode
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.reasoncodes import ReasonCode
+from prometheus_client import CollectorRegistry
+
+from agent.errors import ConfigError
+from agent.metrics import Metrics
+from agent.publish.mqtt import MqttConfig, MqttPublisher
+from agent.records import Alert
+from agent.store.sqlite import Store
+
+ALERTS = "edge/gw1/alerts"
+AVAIL = "edge/gw1/availability"
+
+
+class FakeInfo:
+    def __init__(self, mid: int, rc: MQTTErrorCode) -> None:
+        self.mid = mid
+        self.rc = rc
+
+    def wait_for_publish(self, timeout: float | None = None) -> None:
+        return None
+
+
+class FakeClient:
+    """Records what the publisher does; the test fires paho's callbacks by hand."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.kwargs = kwargs
+        self.lock = threading.Lock()
+        self.published: list[tuple[int, str, bytes, int, bool]] = []
+        self.is_up = False
+        self.next_mid = 1
+        self.calls: list[str] = []
+        self.auth: tuple[str, str | None] | None = None
+        self.will: tuple[str, str, int, bool] | None = None
+        self.on_connect: Callable[..., None] | None = None
+        self.on_connect_fail: Callable[..., None] | None = None
+        self.on_disconnect: Callable[..., None] | None = None
+        self.on_publish: Callable[..., None] | None = None
+
+    # paho API used by the publisher
+    def username_pw_set(self, username: str, password: str | None = None) -> None:
+        self.auth = (username, password)
+
+    def tls_set(self, ca_certs: str | None = None) -> None:
+        self.calls.append("tls_set")
+
+    def will_set(self, topic: str, payload: str, qos: int, retain: bool) -> None:
+        self.will = (topic, payload, qos, retain)
+
+    def reconnect_delay_set(self, min_delay: int, max_delay: int) -> None:
+        self.calls.append(f"reconnect_delay_set({min_delay},{max_delay})")
+
+    def max_inflight_messages_set(self, n: int) -> None:
+        self.calls.append(f"max_inflight({n})")
+
+    def connect_async(self, host: str, port: int, keepalive: int) -> None:
+        self.calls.append(f"connect_async({host},{port},{keepalive})")
+
+    def loop_start(self) -> None:
+        self.calls.append("loop_start")
+
+    def loop_stop(self) -> None:
+        self.calls.append("loop_stop")
+
+    def disconnect(self) -> None:
+        self.calls.append("disconnect")
+        was_up, self.is_up = self.is_up, False
+        if was_up and self.on_disconnect is not None:
+            self.on_disconnect(self, None, DisconnectFlags(False), ReasonCode(
+                PacketTypes.DISCONNECT, "Normal disconnection"), None)
+
+    def publish(self, topic: str, payload: bytes | str, qos: int = 0,
+                retain: bool = False) -> FakeInfo:
+        data = payload.encode() if isinstance(payload, str) else payload
+        with self.lock:
+            mid, self.next_mid = self.next_mid, self.next_mid + 1
+            self.published.append((mid, topic, data, qos, retain))
+            rc = MQTTErrorCode.MQTT_ERR_SUCCESS if self.is_up else MQTTErrorCode.MQTT_ERR_NO_CONN
+        return FakeInfo(mid, rc)
+
+    # test drivers
+    def fire_connect(self) -> None:
+        self.is_up = True
+        assert self.on_connect is not None
+        self.on_connect(self, None, ConnectFlags(False), ReasonCode(PacketTypes.CONNACK,
+                                                                    "Success"), None)
+
+    def fire_disconnect(self) -> None:
+        self.is_up = False
+        assert self.on_disconnect is not None
+        self.on_disconnect(self, None, DisconnectFlags(False), ReasonCode(
+            PacketTypes.DISCONNECT, "Unspecified error"), None)
+
+    def fire_connect_fail(self) -> None:
+        assert self.on_connect_fail is not None
+        self.on_connect_fail(self, None)
+
+    def ack(self, mid: int) -> None:
+        assert self.on_publish is not None
+        self.on_publish(self, None, mid, ReasonCode(PacketTypes.PUBACK, "Success"), None)
+
+    def alert_publishes(self) -> list[tuple[int, str]]:
+        with self.lock:
+            return [(m, json.loads(p)["alert_id"]) for m, t, p, _, _ in self.published
+                    if t == ALERTS]
+
+
+def wait_until(pred: Callable[[], bool], timeout_s: float = 3.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+def alert(seq: int) -> Alert:
+    return Alert(f"gw1:pump1:{seq}", "gw1", "pump1", seq, "ae", 1, 2.0, 1.0, 10.0, 11.0, 12.0)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store(tmp_path / "agent.db")
+    yield s
+    s.close()
+
+
+class Rig:
+    def __init__(self, store: Store, **config: Any) -> None:
+        self.registry = CollectorRegistry()
+        self.clients: list[FakeClient] = []
+        self.store = store
+
+        def factory(**kw: Any) -> FakeClient:
+            client = FakeClient(**kw)
+            self.clients.append(client)
+            return client
+
+        self.pub = MqttPublisher(
+            MqttConfig(**{"enabled": True, **config}),
+            store,
+            "gw1",
+            Metrics(self.registry),
+            client_factory=factory,
+            logger=logging.getLogger("test.fake_mqtt"),
+        )
+
+    @property
+    def client(self) -> FakeClient:
+        return self.clients[0]
+
+    def add(self, seq: int, received_mono: float | None = None) -> None:
+        self.store.add_alert(alert(seq))
+        self.pub.notify(f"gw1:pump1:{seq}", received_mono)
+
+    def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
+        return self.registry.get_sample_value(name, labels or {}) or 0.0
+
+
+@pytest.fixture
+def rig(store: Store) -> Iterator[Rig]:
+    r = Rig(store, max_inflight=3)
+    yield r
+    r.pub.stop()
+
+
+def test_construction_configures_the_client(rig: Rig) -> None:
+    c = rig.client
+    assert c.kwargs["client_id"] == "edge-agent-gw1"
+    assert c.kwargs["clean_session"] is True
+    assert c.will == (AVAIL, "offline", 1, True)
+    assert "max_inflight(3)" in c.calls
+    assert "reconnect_delay_set(1,30)" in c.calls
+    assert rig.pub.alerts_topic == ALERTS
+    rig.pub.start()
+    assert "connect_async(127.0.0.1,1883,30)" in c.calls and "loop_start" in c.calls
+
+
+def test_marked_published_only_on_puback(rig: Rig) -> None:
+    rig.pub.start()
+    rig.client.fire_connect()
+    for seq in (1, 2, 3):
+        rig.add(seq)
+    wait_until(lambda: len(rig.client.alert_publishes()) == 3, what="3 publishes")
+    mids = [m for m, _ in rig.client.alert_publishes()]
+    assert rig.store.outbox_stats()[0] == 3
+    rig.client.ack(mids[1])
+    wait_until(lambda: rig.store.outbox_stats()[0] == 2, what="one row published")
+    assert [r.alert_id for r in rig.store.pending_alerts(10)] == ["gw1:pump1:1", "gw1:pump1:3"]
+    rig.client.ack(mids[0])
+    rig.client.ack(mids[2])
+    assert rig.pub.flush(3.0)
+    assert rig.metric("edge_agent_mqtt_published_total") == 3
+
+
+def test_window_limits_unacknowledged_publishes(rig: Rig) -> None:
+    rig.pub.start()
+    rig.client.fire_connect()
+    for seq in range(1, 8):
+        rig.add(seq)
+    wait_until(lambda: len(rig.client.alert_publishes()) == 3, what="window filled")
+    assert not rig.pub.flush(0.2)  # bounded wait: nothing more goes out without an ack
+    assert len(rig.client.alert_publishes()) == 3
+    for acked in range(1, 8):
+        pubs = rig.client.alert_publishes()
+        assert len(pubs) - (acked - 1) <= 3  # never more than max_inflight unacknowledged
+        rig.client.ack(pubs[acked - 1][0])
+        wait_until(
+            lambda k=acked: len(rig.client.alert_publishes()) == min(k + 3, 7)
+            and rig.store.outbox_stats()[0] == 7 - k,
+            what=f"state after ack {acked}",
+        )
+    assert rig.pub.flush(3.0)
+    assert [a for _, a in rig.client.alert_publishes()] == [f"gw1:pump1:{i}" for i in range(1, 8)]
+
+
+def test_reconnect_restarts_from_oldest_unacknowledged(rig: Rig) -> None:
+    rig.pub.start()
+    rig.client.fire_connect()
+    for seq in (1, 2, 3):
+        rig.add(seq)
+    wait_until(lambda: len(rig.client.alert_publishes()) == 3, what="3 publishes")
+    first = rig.client.alert_publishes()
+    rig.client.ack(first[0][0])
+    wait_until(lambda: rig.store.outbox_stats()[0] == 2, what="row 1 published")
+
+    rig.client.fire_disconnect()
+    rig.add(4)
+    assert not rig.pub.flush(0.2)  # bounded wait: nothing is published while disconnected
+    assert len(rig.client.alert_publishes()) == 3
+    assert rig.metric("edge_agent_mqtt_disconnects_total") == 1
+    assert rig.metric("edge_agent_mqtt_connected") == 0
+
+    rig.client.fire_connect()
+    wait_until(lambda: len(rig.client.alert_publishes()) == 6, what="re-sent window")
+    again = rig.client.alert_publishes()[3:]
+    assert [a for _, a in again] == ["gw1:pump1:2", "gw1:pump1:3", "gw1:pump1:4"]
+    # paho re-sends its own copy of row 2 and acks the old mid: that counts once.
+    rig.client.ack(first[1][0])
+    for mid, _ in again:
+        rig.client.ack(mid)
+    assert rig.pub.flush(3.0)
+    assert rig.metric("edge_agent_mqtt_published_total") == 4
+    avail = [p for _, t, p, _, _ in rig.client.published if t == AVAIL]
+    assert avail == [b"online", b"online"]
+
+
+def test_latency_observed_on_first_puback(store: Store) -> None:
+    r = Rig(store)
+    clock = [50.0]
+    r.pub._monotonic = lambda: clock[0]
+    r.pub.start()
+    r.client.fire_connect()
+    r.add(1, received_mono=49.75)
+    wait_until(lambda: len(r.client.alert_publishes()) == 1, what="publish")
+    r.client.ack(r.client.alert_publishes()[0][0])
+    wait_until(lambda: store.outbox_stats()[0] == 0, what="ack saved")
+    labels = {"stream": "pump1"}
+    assert r.metric("edge_agent_read_to_alert_seconds_count", labels) == 1
+    assert r.metric("edge_agent_read_to_alert_seconds_sum", labels) == pytest.approx(0.25)
+    r.pub._monotonic = time.monotonic
+    r.pub.stop()
+
+
+def test_loss_and_recovery_logged_once(rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="test.fake_mqtt")
+    rig.pub.start()
+    for _ in range(3):
+        rig.client.fire_connect_fail()
+    rig.client.fire_connect()
+    rig.client.fire_disconnect()
+    for _ in range(3):
+        rig.client.fire_connect_fail()
+    rig.client.fire_connect()
+    texts = [r.getMessage() for r in caplog.records]
+    assert sum("unreachable" in t for t in texts) == 1
+    assert sum("lost the MQTT broker" in t for t in texts) == 1
+    assert sum("reachable again" in t for t in texts) == 2
+
+
+def test_stop_publishes_offline_then_disconnects(rig: Rig) -> None:
+    rig.pub.start()
+    rig.client.fire_connect()
+    rig.pub.stop()
+    assert rig.client.published[-1][1:] == (AVAIL, b"offline", 1, True)
+    assert rig.client.calls[-2:] == ["disconnect", "loop_stop"]
+    assert rig.metric("edge_agent_mqtt_disconnects_total") == 0
+    rig.pub.stop()  # idempotent
+
+
+def test_disabled_publisher_does_not_connect(store: Store) -> None:
+    r = Rig(store, enabled=False)
+    r.pub.start()
+    assert not any(c.startswith("connect_async") for c in r.client.calls)
+    r.pub.stop()
+
+
+def test_password_file(store: Store, tmp_path: Path) -> None:
+    secret = tmp_path / "pw"
+    secret.write_text("s3cret\n")
+    r = Rig(store, username="edge", password_file=str(secret))
+    assert r.client.auth == ("edge", "s3cret")
+    with pytest.raises(ConfigError, match=r"mqtt\.password_file"):
+        Rig(store, username="edge", password_file=str(tmp_path / "missing"))
+    (tmp_path / "empty").write_text("")
+    with pytest.raises(ConfigError, match="empty"):
+        Rig(store, username="edge", password_file=str(tmp_path / "empty"))
+
+
+def test_bad_device_id(store: Store) -> None:
+    with pytest.raises(ConfigError, match="topic level"):
+        MqttPublisher(MqttConfig(), store, "a/b", Metrics(CollectorRegistry()))
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"qos": 0},
+        {"qos": 2},
+        {"host": "h", "hots": "typo"},
+        {"ca_file": "/ca.pem"},
+        {"password_file": "/pw"},
+        {"reconnect_min_s": 10.0, "reconnect_max_s": 1.0},
+        {"topic_prefix": "edge/#"},
+        {"topic_prefix": "edge//x"},
+        {"port": "1883"},
+    ],
+)
+def test_config_rejects(values: dict[str, Any]) -> None:
+    with pytest.raises(pydantic.ValidationError):
+        MqttConfig(**values)
+
+
+def test_every_config_field_is_described() -> None:
+    assert all(f.description for f in MqttConfig.model_fields.values())
