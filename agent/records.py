@@ -25,7 +25,7 @@ def iso_utc(ts: float) -> str:
     >>> iso_utc(0.0)
     '1970-01-01T00:00:00.000Z'
     """
-    return _dt.datetime.fromtimestamp(ts, tz=_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[
+    return _dt.datetime.fromtimestamp(ts, tz=_dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[
         :-3
     ] + "Z"
 
@@ -194,4 +194,4 @@ class Aggregate:
     @property
     def aggregate_id(self) -> str:
         """Stable id: ``<device>:<stream>:<interval_start as integer ms>``."""
-        return f"{self.device_id}:{self.stream}:{int(round(self.interval_start * 1000))}"
+        return f"{self.device_id}:{self.stream}:{round(self.interval_start * 1000)}"

@@ -1,0 +1,182 @@
+"""Load and verify a model package directory (format: :mod:`cloud_sync.manifest`).
+
+Verification before anything runs: the manifest parses against the schema; every artefact's size
+and sha256 match; the chosen artefact reproduces the golden outputs within the tolerance. A package
+that fails any check raises :class:`agent.errors.ModelError` and is never used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from pydantic import ValidationError
+
+from agent.errors import ModelError
+from agent.inference.base import Backend
+from agent.pipeline.detector import DetectorSpec
+from cloud_sync.manifest import Artefact, Manifest
+
+MANIFEST = "manifest.json"
+
+
+@dataclass(frozen=True)
+class ModelPackage:
+    """A verified package on disk.
+
+    Attributes:
+        path: The package directory.
+        manifest: The parsed manifest.
+    """
+
+    path: Path
+    manifest: Manifest
+
+    @property
+    def label(self) -> str:
+        """``name@version`` for logs and metrics."""
+        return f"{self.manifest.name}@{self.manifest.version}"
+
+    def artefact(self, runtime: str, precision: str) -> Artefact:
+        """The artefact for ``runtime`` and ``precision``.
+
+        Raises:
+            ModelError: the package has none.
+        """
+        for art in self.manifest.artefacts:
+            if art.runtime == runtime and art.precision == precision:
+                return art
+        have = [f"{a.runtime}/{a.precision}" for a in self.manifest.artefacts]
+        raise ModelError(
+            f"no {runtime}/{precision} artefact (package has {have})", model=self.label
+        )
+
+    def detector_spec(
+        self,
+        *,
+        window: int | None = None,
+        hop: int | None = None,
+        calibration_samples: int | None = None,
+        threshold_quantile: float | None = None,
+        threshold_factor: float | None = None,
+    ) -> DetectorSpec:
+        """Build the detector spec, with optional per-stream overrides.
+
+        Raises:
+            ModelError: an override conflicts with the artefact (the window is baked into the
+                ONNX graph's shape, so it cannot change).
+        """
+        m = self.manifest
+        if window is not None and window != m.input.window:
+            raise ModelError(
+                f"window {window} differs from the model's fixed window {m.input.window}",
+                model=self.label,
+            )
+        return DetectorSpec(
+            channels=tuple(m.input.channels),
+            window=m.input.window,
+            hop=hop if hop is not None else m.input.hop,
+            calibration_samples=calibration_samples or m.preprocessing.calibration_samples,
+            scale_floor=np.asarray(m.preprocessing.scale_floor, dtype=np.float64),
+            n_features=len(m.score.features),
+            top_k=m.score.top_k,
+            feature_std_floor=np.asarray(m.score.feature_std_floor, dtype=np.float64),
+            threshold_quantile=threshold_quantile or m.score.threshold.quantile,
+            threshold_factor=threshold_factor or m.score.threshold.factor,
+        )
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 16), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def load_package(path: Path) -> ModelPackage:
+    """Read and verify ``path/manifest.json`` and the artefacts' sizes and hashes.
+
+    Raises:
+        ModelError: missing directory or manifest, invalid JSON or schema, a shape mismatch
+            between manifest fields, a missing artefact, or a size/sha256 mismatch.
+    """
+    mpath = path / MANIFEST
+    if not mpath.is_file():
+        raise ModelError("model package has no manifest.json", path=path)
+    try:
+        manifest = Manifest.model_validate(json.loads(mpath.read_text(encoding="utf-8")))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelError(f"manifest.json is not valid JSON: {exc}", path=path) from exc
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        raise ModelError(f"manifest.json does not match the schema: {problems}", path=path) from exc
+    c = len(manifest.input.channels)
+    f = len(manifest.score.features) * c
+    if (
+        len(manifest.input.units) != c
+        or len(manifest.preprocessing.scale_floor) != c
+        or len(manifest.score.feature_std_floor) != f
+    ):
+        raise ModelError("manifest field lengths disagree with the channel count", path=path)
+    label = f"{manifest.name}@{manifest.version}"
+    for art in manifest.artefacts:
+        apath = path / art.path
+        if not apath.is_file() or apath.resolve().parent != path.resolve():
+            raise ModelError(f"artefact {art.path} is missing", model=label)
+        if apath.stat().st_size != art.size_bytes:
+            raise ModelError(
+                f"artefact {art.path} has {apath.stat().st_size} bytes, manifest says "
+                f"{art.size_bytes}",
+                model=label,
+            )
+        if _sha256(apath) != art.sha256:
+            raise ModelError(f"artefact {art.path} fails its sha256 check", model=label)
+    return ModelPackage(path, manifest)
+
+
+def check_golden(package: ModelPackage, backend: Backend) -> float:
+    """Run the golden inputs through ``backend`` and compare with the expected outputs.
+
+    Returns:
+        The largest absolute error.
+
+    Raises:
+        ModelError: an output differs by more than the package's tolerance.
+    """
+    g = package.manifest.golden
+    x = np.asarray(g.inputs, dtype=np.float32)
+    want = np.asarray(g.outputs, dtype=np.float32)
+    got = backend.run(x)
+    if got.shape != want.shape:
+        raise ModelError(
+            f"golden output shape {got.shape} != expected {want.shape}", model=package.label
+        )
+    err = float(np.abs(got - want).max())
+    if not err <= g.atol:
+        raise ModelError(
+            f"golden vectors differ by {err:.4g} > tolerance {g.atol} "
+            f"({backend.name}/{backend.precision})",
+            model=package.label,
+        )
+    return err
+
+
+def open_backend(package: ModelPackage, precision: str = "int8", threads: int = 1) -> Backend:
+    """Load the ONNX Runtime artefact of ``precision`` and verify it on the golden vectors.
+
+    Raises:
+        ModelError: no such artefact, it does not load, or it fails the golden check.
+        agent.errors.BackendUnavailable: onnxruntime is missing.
+    """
+    from agent.inference.onnxruntime import OnnxRuntimeBackend  # noqa: PLC0415 - lazy runtime
+
+    art = package.artefact("onnxruntime", precision)
+    backend = OnnxRuntimeBackend(package.path / art.path, precision, intra_op_threads=threads)
+    check_golden(package, backend)
+    return backend

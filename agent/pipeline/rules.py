@@ -1,0 +1,82 @@
+"""Alert rules: debounce (k of the last n windows), hysteresis and cooldown.
+
+One alert per anomaly episode:
+
+* **debounce**: an episode starts when at least ``k`` of the last ``n`` windows score above the
+  threshold (the "k-of-n" rule of alarm management, ISA-18.2 / EEMUA 191 alarm delay);
+* **hysteresis**: the episode ends only after ``clear_windows`` consecutive windows score below
+  ``clear_ratio × threshold`` (a deadband, so a score hovering at the threshold raises one alert);
+* **cooldown**: a new episode raises an alert only if ``cooldown_s`` seconds (stream time) passed
+  since the previous alert.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class RuleParams:
+    """Rule parameters (see the module docstring); validated by the config schema."""
+
+    k: int = 3
+    n: int = 5
+    clear_ratio: float = 0.9
+    clear_windows: int = 5
+    cooldown_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.k <= self.n:
+            raise ValueError(f"need 1 <= k <= n, got k={self.k} n={self.n}")
+        if not 0 < self.clear_ratio <= 1 or self.clear_windows < 1 or self.cooldown_s < 0:
+            raise ValueError("clear_ratio in (0, 1], clear_windows >= 1, cooldown_s >= 0")
+
+
+class AlertRules:
+    """Stateful rule evaluation for one stream.
+
+    >>> r = AlertRules(RuleParams(k=2, n=3, clear_ratio=0.5, clear_windows=2, cooldown_s=0))
+    >>> [r.update(s, 1.0, t) for t, s in enumerate([2, 0, 2, 2, 0.8, 0.4, 0.4, 2, 2])]
+    [False, False, True, False, False, False, False, False, True]
+    """
+
+    def __init__(self, params: RuleParams) -> None:
+        self.params = params
+        self._recent: deque[bool] = deque(maxlen=params.n)
+        self._above = 0
+        self.active = False
+        self._below = 0
+        self._last_alert_ts: float | None = None
+
+    def update(self, score: float, threshold: float, ts: float) -> bool:
+        """Feed one window's score; return True when this window raises an alert.
+
+        Args:
+            score: The window's score.
+            threshold: Threshold in force (NaN while calibrating: never alerts).
+            ts: The window's end time, epoch seconds (stream time, for the cooldown).
+        """
+        if math.isnan(threshold):  # calibrating
+            return False
+        above = score > threshold
+        if len(self._recent) == self._recent.maxlen and self._recent[0]:
+            self._above -= 1
+        self._recent.append(above)
+        self._above += above
+        p = self.params
+        if self.active:
+            self._below = self._below + 1 if score < p.clear_ratio * threshold else 0
+            if self._below >= p.clear_windows:
+                self.active = False
+                self._below = 0
+            return False
+        if self._above < p.k:
+            return False
+        self.active = True
+        self._below = 0
+        if self._last_alert_ts is not None and ts - self._last_alert_ts < p.cooldown_s:
+            return False
+        self._last_alert_ts = ts
+        return True

@@ -1,0 +1,204 @@
+"""One stream's pipeline: windows → calibration → detector → alert rules → aggregates.
+
+Pure code: no I/O, no clocks. The composition root feeds blocks of readings and persists what
+comes out (alerts to the outbox, aggregates to the store).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from agent.pipeline.aggregates import IntervalAggregator
+from agent.pipeline.detector import Calibration, DetectorSpec, FeatureDeviationDetector
+from agent.pipeline.rules import AlertRules, RuleParams
+from agent.pipeline.windowing import SlidingWindower, WindowBatch
+from agent.records import Aggregate, FloatArray, TopChannel
+
+
+@dataclass(frozen=True, slots=True)
+class AlertEvent:
+    """An alert decided by the rules, before the store gives it a sequence number.
+
+    Attributes:
+        stream: Stream name.
+        score: Score of the triggering window.
+        threshold: Threshold in force.
+        window_start: First sample time of the window, epoch s UTC.
+        window_end: Last sample time of the window, epoch s UTC.
+        top_channels: Largest contributors first.
+        received_mono: Monotonic receive time of the window's newest reading (0 if unknown).
+    """
+
+    stream: str
+    score: float
+    threshold: float
+    window_start: float
+    window_end: float
+    top_channels: tuple[TopChannel, ...]
+    received_mono: float
+
+
+@dataclass(slots=True)
+class StreamOutput:
+    """What one ``process_block`` call produced.
+
+    Attributes:
+        end_index: Shape ``(K,)``, index in the block of each window's last sample.
+        scores: Shape ``(K,)``, float64; NaN for windows inside the calibration period.
+        threshold: Threshold in force at the end of the block (NaN while calibrating).
+        alerts: Alerts raised.
+        aggregates: Intervals closed.
+        calibrated: A calibration finished during this block.
+    """
+
+    end_index: npt.NDArray[np.int64]
+    scores: FloatArray
+    threshold: float
+    alerts: list[AlertEvent] = field(default_factory=list)
+    aggregates: list[Aggregate] = field(default_factory=list)
+    calibrated: Calibration | None = None
+
+
+class StreamPipeline:
+    """Process one stream's readings block by block.
+
+    Args:
+        stream: Stream name.
+        device_id: Device id (stamped on aggregates).
+        spec: Detector spec (window, hop, calibration length ...).
+        detector: The calibrated-scoring detector.
+        rules: Alert rule parameters.
+        aggregate_interval_s: Aggregate interval in seconds.
+        top_channels: How many channels an alert names.
+        calibration: A calibration to start from (e.g. restored after a restart); None =
+            calibrate on the first ``spec.calibration_samples`` samples.
+    """
+
+    def __init__(
+        self,
+        stream: str,
+        device_id: str,
+        spec: DetectorSpec,
+        detector: FeatureDeviationDetector,
+        rules: RuleParams,
+        aggregate_interval_s: float = 60.0,
+        top_channels: int = 3,
+        calibration: Calibration | None = None,
+    ) -> None:
+        if spec.calibration_samples < spec.window + 1:
+            raise ValueError(
+                f"calibration_samples ({spec.calibration_samples}) must exceed the window "
+                f"({spec.window})"
+            )
+        self.stream = stream
+        self.spec = spec
+        self.detector = detector
+        self.rules = AlertRules(rules)
+        self.top_channels = top_channels
+        self.windower = SlidingWindower(spec.window, spec.hop, len(spec.channels))
+        self.aggregator = IntervalAggregator(device_id, stream, spec.channels,
+                                             aggregate_interval_s)
+        self.calibration = calibration
+        self._cal_buf: list[FloatArray] = []
+        self._cal_count = 0
+
+    @property
+    def calibrating(self) -> bool:
+        """True until the calibration period is complete."""
+        return self.calibration is None
+
+    @property
+    def threshold(self) -> float:
+        """Threshold in force (NaN while calibrating)."""
+        return self.calibration.threshold if self.calibration is not None else math.nan
+
+    def process_block(
+        self, values: FloatArray, ts: FloatArray, received_mono: float = 0.0
+    ) -> StreamOutput:
+        """Feed readings.
+
+        Args:
+            values: Shape ``(N, C)``, float64, in channel order.
+            ts: Shape ``(N,)``, epoch seconds UTC, non-decreasing.
+            received_mono: Monotonic receive time of the newest reading.
+
+        Raises:
+            ValueError: shape mismatch.
+            agent.errors.ModelError: the backend failed.
+        """
+        n = values.shape[0]
+        out = StreamOutput(np.zeros(0, np.int64), np.zeros(0), math.nan)
+        if n == 0:
+            return out
+        # split the block where the aggregate interval changes, so scores and alerts land in the
+        # interval of their window's last sample
+        slots = np.floor(ts / self.aggregator.interval_s)
+        cuts = (np.flatnonzero(np.diff(slots)) + 1).tolist()
+        ends: list[npt.NDArray[np.int64]] = []
+        scores: list[FloatArray] = []
+        for a, b in zip([0, *cuts], [*cuts, n], strict=True):
+            out.aggregates += self.aggregator.add_readings(values[a:b], ts[a:b])
+            e, s = self._process(values[a:b], ts[a:b], received_mono, out)
+            ends.append(e + a)
+            scores.append(s)
+        out.end_index = np.concatenate(ends)
+        out.scores = np.concatenate(scores)
+        out.threshold = self.threshold
+        return out
+
+    def _process(
+        self, values: FloatArray, ts: FloatArray, received_mono: float, out: StreamOutput
+    ) -> tuple[npt.NDArray[np.int64], FloatArray]:
+        seen_before = self.windower.samples_seen
+        if self.calibration is None:
+            need = self.spec.calibration_samples - self._cal_count
+            take = values[:need]
+            self._cal_buf.append(np.array(take, dtype=np.float64))
+            self._cal_count += take.shape[0]
+        batch = self.windower.push_block(values, ts)
+        scores = np.full(len(batch), math.nan)
+        if self.calibration is None and self._cal_count >= self.spec.calibration_samples:
+            self.calibration = self.detector.calibrate(np.concatenate(self._cal_buf))
+            self._cal_buf = []
+            out.calibrated = self.calibration
+        if self.calibration is None or len(batch) == 0:
+            self.aggregator.add_scores(scores, 0)
+            return batch.end_index, scores
+        # windows ending inside the calibration period stay unscored
+        absolute_end = seen_before + batch.end_index
+        live = absolute_end >= self.spec.calibration_samples
+        alerts = 0
+        if live.any():
+            scored = self.detector.score(batch.data[live], self.calibration)
+            scores[live] = scored.scores
+            thr = self.calibration.threshold
+            for j, i in enumerate(np.flatnonzero(live)):
+                if self.rules.update(float(scored.scores[j]), thr, float(batch.end_ts[i])):
+                    out.alerts.append(self._event(batch, int(i), scored.scores[j],
+                                                  scored.contributions[j], received_mono))
+                    alerts += 1
+        self.aggregator.add_scores(scores, alerts)
+        return batch.end_index, scores
+
+    def _event(
+        self, batch: WindowBatch, i: int, score: float, contrib: FloatArray, mono: float
+    ) -> AlertEvent:
+        order = np.argsort(-contrib)[: self.top_channels]
+        top = tuple(TopChannel(self.spec.channels[c], float(contrib[c])) for c in order)
+        return AlertEvent(
+            stream=self.stream,
+            score=float(score),
+            threshold=self.threshold,
+            window_start=float(batch.start_ts[i]),
+            window_end=float(batch.end_ts[i]),
+            top_channels=top,
+            received_mono=mono,
+        )
+
+    def flush(self) -> list[Aggregate]:
+        """Close the open aggregate interval (shutdown)."""
+        return self.aggregator.flush()

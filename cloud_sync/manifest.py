@@ -1,0 +1,118 @@
+"""Model package manifest (format 1): the contract shared by the fleet, the agent and operators.
+
+A model package is a directory holding ``manifest.json`` and the artefacts it names. The manifest
+says what the model expects (channels, units, sample rate, window and hop), how the device
+calibrates it, how its output becomes a score and a threshold, one artefact per runtime and
+precision with its sha256, golden input vectors with expected outputs and a tolerance, the latency
+budget, and the lineage (training data, FP32-vs-INT8 agreement). Signing (Ed25519 over the
+canonical manifest bytes) is added by the model-loop issue; ``signature`` is reserved for it.
+
+The canonical bytes of a manifest are ``json.dumps(obj, sort_keys=True, separators=(",", ":"),
+ensure_ascii=False).encode("utf-8")`` of the manifest without its ``signature`` key
+(:func:`canonical_bytes`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+FORMAT_VERSION = 1
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class InputSpec(_Strict):
+    """What the model reads: a window of ``window`` samples by ``len(channels)`` channels."""
+
+    channels: list[str] = Field(min_length=1, description="Channel names, in input order.")
+    units: list[str] = Field(description="Unit of each channel (same order), e.g. 'g', 'bar'.")
+    sample_rate_hz: float = Field(gt=0, description="Nominal sample rate the model was built for.")
+    window: int = Field(ge=2, description="Window length in samples.")
+    hop: int = Field(ge=1, description="Samples between the starts of consecutive windows.")
+
+
+class Preprocessing(_Strict):
+    """Input scaling. ``calibrate_on_device``: z = (x - mean) / max(std, scale_floor), fitted on
+    the first ``calibration_samples`` samples of each stream."""
+
+    scaler: Literal["calibrate_on_device"] = Field(description="How the input scaler is fitted.")
+    calibration_samples: int = Field(ge=2, description="Samples in the calibration period.")
+    scale_floor: list[float] = Field(
+        description="Per-channel lower bound of the std, in channel units (keeps a channel that "
+        "was flat during calibration from turning noise into alarms)."
+    )
+
+
+class ThresholdSpec(_Strict):
+    """threshold = quantile(calibration scores, ``quantile``) × ``factor``."""
+
+    kind: Literal["calibration_quantile"] = Field(description="How the threshold is fitted.")
+    quantile: float = Field(gt=0, le=1, description="Quantile of calibration-window scores.")
+    factor: float = Field(gt=0, description="Margin multiplied onto that quantile.")
+
+
+class ScoreSpec(_Strict):
+    """How model outputs become a score.
+
+    ``feature_deviation``: the model outputs F = len(features) × C window features (feature-major:
+    all channels of feature 0, then feature 1, ...). On device, each feature is standardised
+    against its calibration-window mean and std (std floored at ``feature_std_floor``) and the
+    score is the mean of the ``top_k`` largest absolute z values.
+    """
+
+    kind: Literal["feature_deviation"] = Field(description="Score definition.")
+    features: list[str] = Field(min_length=1, description="Per-channel features the model emits.")
+    top_k: int = Field(ge=1, description="How many of the largest |z| are averaged.")
+    feature_std_floor: list[float] = Field(description="Lower bound of each feature's std (F,).")
+    threshold: ThresholdSpec
+
+
+class Artefact(_Strict):
+    """One runnable file of the package."""
+
+    runtime: Literal["onnxruntime", "openvino", "litert"] = Field(description="Runtime.")
+    precision: Literal["int8", "fp32"] = Field(description="Numeric precision.")
+    path: str = Field(description="Path relative to the package directory.")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="Hex sha256 of the file.")
+    size_bytes: int = Field(ge=1, description="File size in bytes.")
+
+
+class Golden(_Strict):
+    """Golden vectors: scaled input windows and the FP32 model's outputs for them."""
+
+    inputs: list[list[list[float]]] = Field(description="Shape (N, window, C), scaled inputs.")
+    outputs: list[list[float]] = Field(description="Shape (N, F), expected model outputs.")
+    atol: float = Field(gt=0, description="Absolute tolerance for every artefact.")
+
+
+class Manifest(_Strict):
+    """The whole manifest of a model package (format 1)."""
+
+    format: Literal[1] = Field(description="Manifest format version.")
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$", description="Model name.")
+    version: int = Field(ge=1, description="Monotonic integer version.")
+    kind: Literal["sensor"] = Field(description="Input kind.")
+    description: str = Field(description="One line for operators.")
+    input: InputSpec
+    preprocessing: Preprocessing
+    score: ScoreSpec
+    artefacts: list[Artefact] = Field(min_length=1)
+    golden: Golden
+    latency_budget_ms_p99: float = Field(gt=0, description="p99 budget for one window, in ms.")
+    lineage: dict[str, Any] = Field(description="Training data, recipe, FP32-vs-INT8 agreement.")
+    signature: str | None = Field(None, description="Reserved: Ed25519 signature (base64).")
+
+
+def canonical_bytes(manifest: dict[str, Any]) -> bytes:
+    """Canonical JSON bytes of ``manifest`` without its ``signature`` key (what gets signed).
+
+    >>> canonical_bytes({"b": 1, "a": "é", "signature": "x"})
+    b'{"a":"\\xc3\\xa9","b":1}'
+    """
+    body = {k: v for k, v in manifest.items() if k != "signature"}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
