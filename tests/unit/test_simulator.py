@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Literal
 
 import numpy as np
 import pytest
@@ -10,6 +11,8 @@ import pytest
 from agent.errors import ConfigError, SourceExhausted
 from agent.records import Reading
 from agent.sources.simulator import FaultConfig, SimulatorConfig, SimulatorSource
+
+FaultKind = Literal["spike", "drift", "noise", "stuck", "offset"]
 
 
 def simulate(config: SimulatorConfig, clock: float = 1000.0) -> list[Reading]:
@@ -70,7 +73,7 @@ def test_channels_are_correlated() -> None:
 
 
 @pytest.mark.parametrize("kind", ["spike", "drift", "noise", "stuck", "offset"])
-def test_fault_changes_only_the_hit_channel_in_its_interval(kind: str) -> None:
+def test_fault_changes_only_the_hit_channel_in_its_interval(kind: FaultKind) -> None:
     base_cfg = SimulatorConfig(speed=0, duration_s=60, seed=3)
     fault = FaultConfig(kind=kind, channel="Pressure", start_s=20, duration_s=20, magnitude=6.0)
     base = matrix(simulate(base_cfg))

@@ -27,8 +27,8 @@ def reading(i: int = 0) -> Reading:
 class ScriptedSource:
     """Each call to run() performs the next step of the script; then it is exhausted."""
 
-    stream = "s"
-    channels = ("x",)
+    stream: str = "s"
+    channels: tuple[str, ...] = ("x",)
 
     def __init__(self, steps: list[Step]) -> None:
         self.steps = steps
@@ -236,8 +236,8 @@ def test_default_sleep_is_interrupted_by_stop() -> None:
 class StatusSource:
     """Heals itself inside run() and reports through the status listener."""
 
-    stream = "s"
-    channels = ("x",)
+    stream: str = "s"
+    channels: tuple[str, ...] = ("x",)
 
     def __init__(self) -> None:
         self.listener: StatusListener | None = None
