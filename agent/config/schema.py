@@ -38,7 +38,7 @@ from agent.config.base import StrictModel
 from agent.publish.mqtt import MqttConfig
 from agent.sources.replay import ReplayConfig
 from agent.sources.serial import SerialConfig
-from agent.sources.simulator import SimulatorConfig
+from agent.sources.simulator import FaultConfig, SimulatorConfig
 
 #: Names that end up in MQTT topics, metric labels and file names.
 NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
@@ -152,7 +152,7 @@ class StreamConfig(StrictModel):
         description="Where readings come from; 'kind' selects replay, serial or simulator."
     )
     model: str = Field(
-        "builtin:skab-ae",
+        "builtin:skab-wstat",
         min_length=1,
         description="Model package directory, relative to the config file's directory; "
         "'builtin:<name>' = the package shipped in the repository's models/ directory.",
@@ -371,5 +371,18 @@ def resolve_model_path(
 
 
 def default_config() -> AgentConfig:
-    """The embedded default: one simulator stream, console alerts, no broker, no metrics port."""
-    return AgentConfig(streams=[StreamConfig(name="demo", source=SimulatorConfig())])
+    """The embedded default: one simulator stream, console alerts, no broker, no metrics port.
+
+    The simulator runs 20x faster than real time, so the 400-sample calibration takes 20 s and
+    the first injected fault (a drop in flow, 600 simulated seconds in) is flagged about 30 s
+    after start; a vibration fault follows at 1200 s.
+    """
+    demo = SimulatorConfig(
+        faults=[
+            FaultConfig(kind="offset", channel="Volume Flow RateRMS", start_s=600.0,
+                        duration_s=180.0, magnitude=-8.0),
+            FaultConfig(kind="noise", channel="Accelerometer1RMS", start_s=1200.0,
+                        duration_s=180.0, magnitude=6.0),
+        ]
+    )
+    return AgentConfig(streams=[StreamConfig(name="demo", source=demo)])

@@ -107,8 +107,8 @@ PUMP_CHANNELS: dict[str, ChannelModel] = {
     "Accelerometer2RMS": ChannelModel(0.265, 0.004, 0.002, 900.0, 0.006, 0.6),  # g
     "Current": ChannelModel(0.5, 0.05, 0.02, 300.0, 2.1, 0.4),  # A, duty cycles 0.5..2.6
     "Pressure": ChannelModel(0.2, 0.03, 0.02, 300.0, 0.07, 0.4),  # bar
-    "Temperature": ChannelModel(80.0, 0.05, 1.5, 3600.0, 0.0, 0.1),  # degC, slow drift
-    "Thermocouple": ChannelModel(28.0, 0.05, 0.4, 1800.0, 0.0, 0.1),  # degC
+    "Temperature": ChannelModel(80.0, 0.05, 0.05, 3600.0, 0.0, 0.1),  # degC, slow drift
+    "Thermocouple": ChannelModel(28.0, 0.05, 0.03, 1800.0, 0.0, 0.1),  # degC
     "Voltage": ChannelModel(230.0, 1.5, 1.0, 240.0, -1.0, 0.2),  # V, sags a little under load
     "Volume Flow RateRMS": ChannelModel(31.0, 0.3, 0.2, 300.0, 1.5, 0.5),  # l/min
 }

@@ -61,7 +61,7 @@ def test_minimal_config_takes_every_default() -> None:
     assert config.mqtt.enabled is False
     stream = config.streams[0]
     assert isinstance(stream.source, SimulatorConfig)
-    assert (stream.model, stream.window, stream.hop) == ("builtin:skab-ae", None, None)
+    assert (stream.model, stream.window, stream.hop) == ("builtin:skab-wstat", None, None)
     assert stream.calibration_samples == 400
     assert (stream.rules.k, stream.rules.n, stream.rules.clear_ratio) == (3, 5, 0.9)
     assert config.store.path == "agent.db"
@@ -363,7 +363,7 @@ ca_file = "ca.pem"
 
 def test_resolve_model_path(tmp_path: Path) -> None:
     builtin = tmp_path / "models"
-    assert resolve_model_path("builtin:skab-ae", tmp_path, builtin) == builtin / "skab-ae"
+    assert resolve_model_path("builtin:skab-wstat", tmp_path, builtin) == builtin / "skab-wstat"
     assert resolve_model_path("pkg", tmp_path / "etc") == tmp_path / "etc" / "pkg"
     assert resolve_model_path("/abs/pkg", tmp_path) == Path("/abs/pkg")
     with pytest.raises(ValueError, match="invalid builtin model name"):

@@ -1,0 +1,367 @@
+"""Composition root: build every component from the config, run, stop cleanly.
+
+Threads: one per source (its supervisor), paho's network loop and the MQTT outbox drain; the
+pipeline runs in the thread that calls :meth:`Agent.run` (the main thread under the CLI, where
+signals arrive). Sources hand readings over a bounded queue; a full queue blocks the source
+(backpressure) rather than dropping a reading.
+
+Shutdown (SIGTERM/SIGINT, or every finite source exhausted): stop the sources, score what is
+queued, close open aggregate intervals, wait up to ``SHUTDOWN_FLUSH_S`` for the outbox to drain,
+publish ``offline``, close the store. Alerts not acknowledged by then stay in the outbox for the
+next start.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import TextIO
+
+import numpy as np
+
+from agent import __version__
+from agent.config.schema import AgentConfig, StreamConfig, resolve_model_path
+from agent.errors import ConfigError, ModelError, StoreError
+from agent.inference.base import Backend
+from agent.inference.package import ModelPackage, load_package, open_backend
+from agent.logs import setup_logging
+from agent.metrics import Metrics
+from agent.pipeline.detector import FeatureDeviationDetector
+from agent.pipeline.rules import RuleParams
+from agent.pipeline.stream import AlertEvent, StreamPipeline
+from agent.publish.mqtt import MqttPublisher
+from agent.records import Aggregate, Alert, Float32Array, Reading, iso_utc
+from agent.services.supervisor import SourceSupervisor
+from agent.sources.registry import build_source
+from agent.store.sqlite import Store
+from agent.systemd import Notifier
+
+log = logging.getLogger("agent")
+
+QUEUE_SIZE = 65_536
+BATCH_MAX = 4_096
+SHUTDOWN_FLUSH_S = 10.0
+WATCHDOG_INTERVAL_S = 5.0
+
+
+class _TimedBackend:
+    """Wrap a backend to observe ``inference_seconds`` per call (per window: call / batch)."""
+
+    def __init__(self, inner: Backend, observe: Callable[[float], None]) -> None:
+        self._inner = inner
+        self._observe = observe
+        self.name = inner.name
+        self.precision = inner.precision
+
+    def run(self, windows: Float32Array) -> Float32Array:
+        t0 = time.perf_counter()
+        out = self._inner.run(windows)
+        self._observe((time.perf_counter() - t0) / max(1, windows.shape[0]))
+        return out
+
+
+@dataclass
+class _Stream:
+    config: StreamConfig
+    package: ModelPackage
+    pipeline: StreamPipeline
+    order: np.ndarray  # source column index for each model channel
+    supervisor: SourceSupervisor
+    pending: list[Reading] = field(default_factory=list)
+
+
+class Agent:
+    """The running agent.
+
+    Args:
+        config: A config whose paths are already absolute (``AgentConfig.resolved``).
+        metrics: Metrics registry holder.
+        console: Where alerts are printed when ``agent.console_alerts`` is on.
+        notifier: systemd notifier.
+        clock: Wall clock, epoch seconds UTC.
+
+    Raises:
+        ConfigError: a stream's source and model do not fit together.
+        ModelError: a model package is missing, corrupt or fails its golden vectors.
+        StoreError: the store cannot be opened.
+    """
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        metrics: Metrics | None = None,
+        console: TextIO | None = sys.stdout,
+        notifier: Notifier | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics if metrics is not None else Metrics()
+        self.metrics.info.info({"version": __version__, "device_id": config.agent.device_id})
+        self.console = console if config.agent.console_alerts else None
+        self.notifier = notifier if notifier is not None else Notifier()
+        self.clock = clock
+        self.stop_event = threading.Event()
+        self.queue: queue.Queue[Reading] = queue.Queue(maxsize=QUEUE_SIZE)
+        state_dir = Path(config.agent.state_dir)
+        store_path = Path(config.store.path)
+        if not store_path.is_absolute():
+            store_path = state_dir / store_path
+        self.store = Store(store_path, clock, metrics=self.metrics)
+        self.publisher: MqttPublisher | None = None
+        if config.mqtt.enabled:
+            self.publisher = MqttPublisher(
+                config.mqtt, self.store, config.agent.device_id, self.metrics, clock=clock
+            )
+        self.streams: dict[str, _Stream] = {}
+        for sc in config.streams:
+            self.streams[sc.name] = self._build_stream(sc)
+        self.alerts_raised = 0
+        self.aggregates_written = 0
+
+    # -- construction ---------------------------------------------------------------------------
+
+    def _build_stream(self, sc: StreamConfig) -> _Stream:
+        package = load_package(resolve_model_path(sc.model, Path.cwd()))
+        backend = open_backend(package, "int8")
+        hist = self.metrics.inference_seconds.labels(stream=sc.name, backend=backend.name)
+        spec = package.detector_spec(
+            window=sc.window,
+            hop=sc.hop,
+            calibration_samples=sc.calibration_samples,
+            threshold_quantile=sc.threshold_quantile,
+        )
+        source = build_source(sc.source, sc.name)
+        missing = [c for c in spec.channels if c not in source.channels]
+        if missing:
+            msg = (
+                f"streams.{sc.name}: model {package.label} needs channels {missing} that the "
+                f"source does not provide (source channels: {list(source.channels)})"
+            )
+            raise ConfigError(msg, problems=[msg])
+        order = np.array([source.channels.index(c) for c in spec.channels], dtype=np.int64)
+        r = sc.rules
+        pipeline = StreamPipeline(
+            sc.name,
+            self.config.agent.device_id,
+            spec,
+            FeatureDeviationDetector(spec, _TimedBackend(backend, hist.observe)),
+            RuleParams(r.k, r.n, r.clear_ratio, r.clear_windows, r.cooldown_s),
+            aggregate_interval_s=self.config.store.aggregate_interval_s,
+            top_channels=r.top_channels,
+        )
+        supervisor = SourceSupervisor(source, self._enqueue, self.metrics, self.stop_event)
+        self.metrics.model_info.labels(stream=sc.name).info(
+            {"name": package.manifest.name, "version": str(package.manifest.version),
+             "backend": backend.name, "precision": backend.precision}
+        )
+        self.metrics.calibrating.labels(stream=sc.name).set(1)
+        log.info(
+            "stream %s: source %s, model %s (%s/%s, window %d, hop %d), calibrating on the "
+            "first %d readings",
+            sc.name, sc.source.kind, package.label, backend.name, backend.precision,
+            spec.window, spec.hop, spec.calibration_samples,
+        )
+        return _Stream(sc, package, pipeline, order, supervisor)
+
+    def _enqueue(self, reading: Reading) -> None:
+        # Backpressure: block the source while the pipeline is behind; never drop.
+        while not self.stop_event.is_set():
+            try:
+                self.queue.put(reading, timeout=0.5)
+                return
+            except queue.Full:
+                continue
+
+    # -- running --------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Run until stopped or every source is exhausted; returns the exit code (0)."""
+        if self.publisher is not None:
+            self.publisher.start()
+        for s in self.streams.values():
+            s.supervisor.start()
+        self.notifier.ready(f"running {len(self.streams)} stream(s)")
+        log.info("agent %s running as device %s", __version__, self.config.agent.device_id)
+        last_watchdog = 0.0
+        try:
+            while not self.stop_event.is_set():
+                self._drain_once(timeout=0.2)
+                now = time.monotonic()
+                if now - last_watchdog >= WATCHDOG_INTERVAL_S:
+                    last_watchdog = now
+                    self._heartbeat()
+                if all(s.supervisor.done for s in self.streams.values()) and self.queue.empty():
+                    log.info("every source is exhausted; shutting down")
+                    break
+        finally:
+            self.shutdown()
+        return 0
+
+    def _heartbeat(self) -> None:
+        self.metrics.queue_depth.set(self.queue.qsize())
+        alive = all(s.supervisor.is_alive() or s.supervisor.done for s in self.streams.values())
+        if alive:
+            self.notifier.watchdog()
+        cal = sum(s.pipeline.calibrating for s in self.streams.values())
+        self.notifier.status(
+            f"{len(self.streams)} stream(s), {cal} calibrating, {self.alerts_raised} alert(s)"
+        )
+
+    def _drain_once(self, timeout: float) -> None:
+        try:
+            first = self.queue.get(timeout=timeout)
+        except queue.Empty:
+            return
+        batch = [first]
+        while len(batch) < BATCH_MAX:
+            try:
+                batch.append(self.queue.get_nowait())
+            except queue.Empty:
+                break
+        for r in batch:
+            self.streams[r.stream].pending.append(r)
+        for s in self.streams.values():
+            if s.pending:
+                self._process(s)
+
+    def _process(self, s: _Stream) -> None:
+        readings, s.pending = s.pending, []
+        values = np.stack([r.values for r in readings])[:, s.order]
+        ts = np.fromiter((r.ts for r in readings), dtype=np.float64, count=len(readings))
+        mono = readings[-1].received_mono
+        was_calibrating = s.pipeline.calibrating
+        out = s.pipeline.process_block(values, ts, mono)
+        name = s.config.name
+        if was_calibrating and out.calibrated is not None:
+            self.metrics.calibrating.labels(stream=name).set(0)
+            self.metrics.threshold.labels(stream=name).set(out.calibrated.threshold)
+            log.info("stream %s: calibrated on %d readings, threshold %.3f", name,
+                     s.pipeline.spec.calibration_samples, out.calibrated.threshold)
+        n_scored = int(np.count_nonzero(~np.isnan(out.scores)))
+        if n_scored:
+            self.metrics.windows_total.labels(stream=name).inc(n_scored)
+            if mono:
+                self.metrics.read_to_score_seconds.labels(stream=name).observe(
+                    time.monotonic() - mono
+                )
+        for event in out.alerts:
+            self._raise(s, event)
+        for agg in out.aggregates:
+            self._write_aggregate(agg)
+
+    def _raise(self, s: _Stream, event: AlertEvent) -> None:
+        device = self.config.agent.device_id
+        m = s.package.manifest
+        try:
+            seq = self.store.next_alert_seq(event.stream)
+            alert = Alert(
+                alert_id=f"{device}:{event.stream}:{seq}",
+                device_id=device,
+                stream=event.stream,
+                seq=seq,
+                model_name=m.name,
+                model_version=m.version,
+                score=event.score,
+                threshold=event.threshold,
+                window_start=event.window_start,
+                window_end=event.window_end,
+                raised_at=self.clock(),
+                top_channels=event.top_channels,
+            )
+            self.store.add_alert(alert)
+        except StoreError as exc:
+            # The alert cannot be persisted: count it and say so; the pipeline keeps running.
+            self.metrics.dropped_total.labels(kind="alert", reason="store_error").inc()
+            log.error("stream %s: alert not stored: %s", event.stream, exc)
+            return
+        self.alerts_raised += 1
+        self.metrics.alerts_total.labels(stream=event.stream).inc()
+        if self.publisher is not None:
+            self.publisher.notify(alert.alert_id, event.received_mono or None)
+        if self.console is not None:
+            top = ", ".join(f"{t.channel} {t.contribution:.0%}" for t in alert.top_channels)
+            print(
+                f"ALERT {alert.alert_id} score {alert.score:.2f} > threshold "
+                f"{alert.threshold:.2f} window {iso_utc(alert.window_start)} .. "
+                f"{iso_utc(alert.window_end)} top: {top}",
+                file=self.console,
+                flush=True,
+            )
+
+    def _write_aggregate(self, agg: Aggregate) -> None:
+        try:
+            self.store.add_aggregate(agg)
+            self.aggregates_written += 1
+        except StoreError as exc:
+            self.metrics.dropped_total.labels(kind="aggregate", reason="store_error").inc()
+            log.error("stream %s: aggregate not stored: %s", agg.stream, exc)
+
+    def request_stop(self) -> None:
+        """Ask the agent to stop (signal handler, tests)."""
+        self.stop_event.set()
+
+    def shutdown(self) -> None:
+        """Stop sources, score what is queued, flush aggregates and the outbox, close."""
+        self.notifier.stopping()
+        self.stop_event.set()
+        for s in self.streams.values():
+            s.supervisor.join(timeout=5.0)
+        while not self.queue.empty():
+            self._drain_once(timeout=0.0)
+        for s in self.streams.values():
+            for agg in s.pipeline.flush():
+                self._write_aggregate(agg)
+        if self.publisher is not None:
+            if self.publisher.connected and not self.publisher.flush(SHUTDOWN_FLUSH_S):
+                log.warning("outbox not empty at shutdown; the rest is sent at next start")
+            self.publisher.stop()
+        depth, _ = self.store.outbox_stats()
+        log.info(
+            "stopped: %d alert(s) raised, %d aggregate(s) written, %d alert(s) still in the "
+            "outbox", self.alerts_raised, self.aggregates_written,
+            depth if self.publisher is not None else 0,
+        )
+        self.store.close()
+        self.notifier.close()
+
+
+def run(config: AgentConfig, config_dir: Path) -> int:
+    """CLI entry: resolve paths, set up logging and signals, run the agent.
+
+    Raises:
+        ConfigError, ModelError, StoreError: start-up failed (the CLI maps them to exit codes).
+    """
+    config = config.resolved(config_dir)
+    setup_logging(config.agent.log_level, config.agent.log_format)
+    metrics = Metrics()
+    if config.agent.metrics_port is not None:
+        from prometheus_client import start_http_server  # noqa: PLC0415
+
+        start_http_server(config.agent.metrics_port, addr="127.0.0.1", registry=metrics.registry)
+        log.info("metrics on http://127.0.0.1:%d/metrics", config.agent.metrics_port)
+    try:
+        agent = Agent(config, metrics)
+    except (ModelError, StoreError) as exc:
+        log.error("cannot start: %s", exc)
+        raise
+    previous: dict[signal.Signals, object] = {}
+
+    def _stop(signum: int, _frame: FrameType | None) -> None:
+        log.info("signal %s received; stopping", signal.Signals(signum).name)
+        agent.request_stop()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        previous[sig] = signal.signal(sig, _stop)
+    try:
+        return agent.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
