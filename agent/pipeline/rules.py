@@ -69,8 +69,12 @@ class AlertRules:
         if self.active:
             self._below = self._below + 1 if score < p.clear_ratio * threshold else 0
             if self._below >= p.clear_windows:
+                # a new episode needs k fresh exceedances: the debounce history still holds this
+                # episode's windows, which would otherwise start one on a below-threshold window
                 self.active = False
                 self._below = 0
+                self._recent.clear()
+                self._above = 0
             return False
         if self._above < p.k:
             return False
