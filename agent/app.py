@@ -19,7 +19,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -40,6 +40,7 @@ from agent.pipeline.stream import AlertEvent, StreamPipeline
 from agent.publish.mqtt import MqttPublisher
 from agent.records import Aggregate, Alert, Float32Array, Reading, iso_utc
 from agent.services.supervisor import SourceSupervisor
+from agent.sources.base import Source
 from agent.sources.registry import build_source
 from agent.store.sqlite import Store
 from agent.systemd import Notifier
@@ -87,9 +88,13 @@ class Agent:
         console: Where alerts are printed when ``agent.console_alerts`` is on.
         notifier: systemd notifier.
         clock: Wall clock, epoch seconds UTC.
+        sources: Ready-made sources by stream name, used instead of building one from that
+            stream's ``source`` config (benchmarks, tests, embedding); the source's channels are
+            checked against the model the same way.
 
     Raises:
-        ConfigError: a stream's source and model do not fit together.
+        ConfigError: a stream's source and model do not fit together, or ``sources`` names
+            a stream that is not configured or holds a source stamping another stream name.
         ModelError: a model package is missing, corrupt or fails its golden vectors.
         StoreError: the store cannot be opened.
     """
@@ -101,7 +106,13 @@ class Agent:
         console: TextIO | None = sys.stdout,
         notifier: Notifier | None = None,
         clock: Callable[[], float] = time.time,
+        sources: Mapping[str, Source] | None = None,
     ) -> None:
+        given = dict(sources) if sources is not None else {}
+        unknown = sorted(set(given) - {sc.name for sc in config.streams})
+        if unknown:
+            msg = f"sources given for unknown stream(s) {unknown}"
+            raise ConfigError(msg, problems=[msg])
         self.config = config
         self.metrics = metrics if metrics is not None else Metrics()
         self.metrics.info.info({"version": __version__, "device_id": config.agent.device_id})
@@ -122,13 +133,13 @@ class Agent:
             )
         self.streams: dict[str, _Stream] = {}
         for sc in config.streams:
-            self.streams[sc.name] = self._build_stream(sc)
+            self.streams[sc.name] = self._build_stream(sc, given.get(sc.name))
         self.alerts_raised = 0
         self.aggregates_written = 0
 
     # -- construction ---------------------------------------------------------------------------
 
-    def _build_stream(self, sc: StreamConfig) -> _Stream:
+    def _build_stream(self, sc: StreamConfig, source: Source | None = None) -> _Stream:
         package = load_package(resolve_model_path(sc.model, Path.cwd()))
         backend = open_backend(package, "int8")
         hist = self.metrics.inference_seconds.labels(stream=sc.name, backend=backend.name)
@@ -138,7 +149,11 @@ class Agent:
             calibration_samples=sc.calibration_samples,
             threshold_quantile=sc.threshold_quantile,
         )
-        source = build_source(sc.source, sc.name)
+        if source is None:
+            source = build_source(sc.source, sc.name)
+        elif source.stream != sc.name:
+            msg = f"streams.{sc.name}: the given source stamps stream {source.stream!r}"
+            raise ConfigError(msg, problems=[msg])
         missing = [c for c in spec.channels if c not in source.channels]
         if missing:
             msg = (
