@@ -1,0 +1,74 @@
+"""The exception tree of :mod:`cloud_sync` (the agent-side fleet client).
+
+Whether a failure is worth retrying is a property of the class (``retryable``)::
+
+    FleetError                      base of every error the client raises on purpose
+    ├── FleetUnavailable            (retryable) connection refused/reset, timeout, 429, 503,
+    │                                          any other 5xx; ``retry_after_s`` from Retry-After
+    ├── FleetRejected               (fatal for the batch) a 4xx: the fleet refuses this request;
+    │   │                                      ``status`` and ``detail`` say why
+    │   └── FleetAuthError          (retryable, slowly) 401/403: token unknown or revoked; an
+    │                                          operator may re-enroll the device
+    └── FleetProtocolError          (retryable) a 200 whose body is not a valid IngestResult, or
+                                               whose results do not cover every index exactly once
+
+Nothing here imports from ``agent`` or ``fleet``.
+"""
+
+from __future__ import annotations
+
+
+class FleetError(Exception):
+    """Base class of every error :mod:`cloud_sync` raises on purpose.
+
+    Attributes:
+        retryable: True when the same request may succeed later unchanged.
+    """
+
+    retryable: bool = False
+
+
+class FleetUnavailable(FleetError):
+    """The fleet could not be reached or shed load; try again later.
+
+    Args:
+        message: What happened (no secrets).
+        retry_after_s: The server's ``Retry-After`` in seconds (from delta-seconds or an
+            HTTP-date), or None when it gave none.
+        status: HTTP status, or None for a connection error or timeout.
+    """
+
+    retryable = True
+
+    def __init__(
+        self, message: str, retry_after_s: float | None = None, status: int | None = None
+    ) -> None:
+        self.retry_after_s = retry_after_s
+        self.status = status
+        super().__init__(message)
+
+
+class FleetRejected(FleetError):
+    """The fleet refused the request with a 4xx status.
+
+    Args:
+        status: HTTP status code (400..499).
+        detail: The server's explanation (JSON ``detail`` or the body's start).
+    """
+
+    def __init__(self, status: int, detail: str) -> None:
+        self.status = status
+        self.detail = detail
+        super().__init__(f"fleet rejected the request: HTTP {status}: {detail}")
+
+
+class FleetAuthError(FleetRejected):
+    """401/403: the device token is missing, unknown, revoked or not allowed to write this."""
+
+    retryable = True
+
+
+class FleetProtocolError(FleetError):
+    """A 200 response that breaks the wire contract (the records' fate is unknown)."""
+
+    retryable = True
