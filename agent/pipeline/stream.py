@@ -105,6 +105,9 @@ class StreamPipeline:
         self.calibration = calibration
         self._cal_buf: list[FloatArray] = []
         self._cal_count = 0
+        # windows whose last sample index is below this are calibration windows (unscored); a
+        # restored calibration scores from the first window
+        self._score_from = 0 if calibration is not None else spec.calibration_samples
 
     @property
     def calibrating(self) -> bool:
@@ -170,7 +173,7 @@ class StreamPipeline:
             return batch.end_index, scores
         # windows ending inside the calibration period stay unscored
         absolute_end = seen_before + batch.end_index
-        live = absolute_end >= self.spec.calibration_samples
+        live = absolute_end >= self._score_from
         alerts = 0
         if live.any():
             scored = self.detector.score(batch.data[live], self.calibration)
