@@ -104,6 +104,8 @@ def load_package(path: Path) -> ModelPackage:
         ModelError: missing directory or manifest, invalid JSON or schema, a shape mismatch
             between manifest fields, a missing artefact, or a size/sha256 mismatch.
     """
+    if not path.is_dir():
+        raise ModelError("model package directory does not exist", path=path)
     mpath = path / MANIFEST
     if not mpath.is_file():
         raise ModelError("model package has no manifest.json", path=path)
