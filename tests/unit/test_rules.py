@@ -1,0 +1,130 @@
+"""Alert rules: k-of-n debounce, hysteresis, cooldown in stream time."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from agent.pipeline.rules import AlertRules, RuleParams
+
+
+def run(rules: AlertRules, scores: Sequence[float], threshold: float = 1.0, dt: float = 1.0,
+        t0: float = 0.0) -> list[int]:
+    """Feed ``scores`` at ts = t0, t0 + dt, ...; return the indices that raised an alert."""
+    return [i for i, s in enumerate(scores) if rules.update(s, threshold, t0 + i * dt)]
+
+
+def test_k_of_n_needs_k_above_within_last_n() -> None:
+    p = RuleParams(k=3, n=5, clear_ratio=0.9, clear_windows=5, cooldown_s=0)
+    # 2 above in any 5: never
+    assert run(AlertRules(p), [2, 0, 0, 0, 2, 0, 0, 0, 0, 2, 0, 0, 0, 0, 2]) == []
+    # 3 above spread over exactly 5 windows: alert on the third
+    assert run(AlertRules(p), [2, 0, 2, 0, 2]) == [4]
+    # 3 above spread over 6 windows: the first has left the window -> no alert
+    assert run(AlertRules(p), [2, 0, 0, 2, 0, 2, 0]) == []
+    # consecutive: alert on the k-th
+    assert run(AlertRules(p), [0, 0, 2, 2, 2, 2, 2]) == [4]
+
+
+def test_k_equals_one_alerts_on_first_exceedance() -> None:
+    p = RuleParams(k=1, n=1, clear_windows=1, cooldown_s=0)
+    assert run(AlertRules(p), [0.5, 1.0, 1.0001]) == [2]  # strictly above the threshold
+
+
+def test_hysteresis_hovering_score_raises_one_alert() -> None:
+    p = RuleParams(k=2, n=3, clear_ratio=0.9, clear_windows=3, cooldown_s=0)
+    rng = np.random.default_rng(0)
+    hover = (1.0 + rng.uniform(-0.08, 0.08, size=500)).tolist()  # never below 0.9 x threshold
+    rules = AlertRules(p)
+    assert len(run(rules, hover)) == 1
+    assert rules.active
+
+
+def test_episode_clears_after_clear_windows_below_ratio() -> None:
+    p = RuleParams(k=1, n=1, clear_ratio=0.5, clear_windows=3, cooldown_s=0)
+    r = AlertRules(p)
+    # alert, then 0.6 (inside the deadband) resets the clear counter, then 3 below 0.5 clear it
+    seq = [2, 0.4, 0.4, 0.6, 0.4, 0.4, 2, 0.4, 0.4, 0.4, 2]
+    assert run(r, seq) == [0, 10]
+
+
+def test_no_new_alert_right_after_clear_from_stale_debounce_history() -> None:
+    # n > clear_windows: after the episode clears, the debounce window still remembers the
+    # episode's above-threshold windows; a *below*-threshold window must not start a new episode.
+    p = RuleParams(k=2, n=10, clear_ratio=0.9, clear_windows=2, cooldown_s=0)
+    r = AlertRules(p)
+    seq = [2.0] * 5 + [0.1] * 10
+    assert run(r, seq) == [1]
+    assert not r.active
+    # a genuine new episode still alerts
+    assert run(r, [2.0, 2.0], t0=100) == [1]
+
+
+def test_cooldown_in_stream_time() -> None:
+    p = RuleParams(k=1, n=1, clear_ratio=0.9, clear_windows=1, cooldown_s=60)
+    r = AlertRules(p)
+    assert r.update(2, 1, 1000.0)  # episode 1: alert
+    assert not r.update(0, 1, 1001.0)  # cleared
+    assert not r.update(2, 1, 1030.0)  # episode 2, 30 s later: suppressed by the cooldown
+    assert r.active  # ... but it is an episode: staying above does not alert at 60 s either
+    assert not r.update(2, 1, 1070.0)
+    assert not r.update(0, 1, 1071.0)  # cleared
+    assert r.update(2, 1, 1072.0)  # episode 3, 72 s after the last alert: alert
+    assert not r.update(0, 1, 1073.0)
+    assert not r.update(2, 1, 1131.9)  # 59.9 s: suppressed
+    assert not r.update(0, 1, 1132.0)
+    assert r.update(2, 1, 1132.0)  # exactly 60 s: allowed
+
+
+def test_cooldown_uses_the_given_timestamps_not_the_call_count() -> None:
+    p = RuleParams(k=1, n=1, clear_windows=1, cooldown_s=10)
+    fast = AlertRules(p)
+    slow = AlertRules(p)
+    seq = [2, 0] * 15
+    assert run(fast, seq, dt=0.5) == [0, 20]  # 10 s apart in stream time
+    assert run(slow, seq, dt=10.0) == list(range(0, 30, 2))
+
+
+def test_nan_threshold_never_alerts_and_is_not_remembered() -> None:
+    p = RuleParams(k=2, n=3, clear_windows=1, cooldown_s=0)
+    r = AlertRules(p)
+    assert run(r, [100.0] * 50, threshold=math.nan) == []
+    assert not r.active
+    # calibrating windows did not count towards the debounce: k fresh windows needed
+    assert not r.update(100.0, 1.0, 50.0)
+    assert r.update(100.0, 1.0, 51.0)
+
+
+def test_nan_score_is_not_above() -> None:
+    r = AlertRules(RuleParams(k=1, n=1, clear_windows=1, cooldown_s=0))
+    assert not r.update(math.nan, 1.0, 0.0)
+    assert not r.active
+
+
+def test_default_params_are_valid() -> None:
+    p = RuleParams()
+    assert (p.k, p.n) == (3, 5)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"k": 0},
+        {"k": 6, "n": 5},
+        {"k": 1, "n": 0},
+        {"clear_ratio": 0.0},
+        {"clear_ratio": 1.5},
+        {"clear_windows": 0},
+        {"cooldown_s": -1.0},
+    ],
+)
+def test_rule_params_validation(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        RuleParams(**kwargs)  # type: ignore[arg-type]
+
+
+def test_rule_params_edges_are_accepted() -> None:
+    RuleParams(k=5, n=5, clear_ratio=1.0, clear_windows=1, cooldown_s=0.0)
