@@ -40,6 +40,7 @@ from agent.pipeline.stream import AlertEvent, StreamPipeline
 from agent.publish.mqtt import MqttPublisher
 from agent.records import Aggregate, Alert, Float32Array, Reading, iso_utc
 from agent.services.supervisor import SourceSupervisor
+from agent.services.uploader import Uploader, read_token
 from agent.sources.base import Source
 from agent.sources.registry import build_source
 from agent.store.sqlite import Store
@@ -50,6 +51,7 @@ log = logging.getLogger("agent")
 QUEUE_SIZE = 65_536
 BATCH_MAX = 4_096
 SHUTDOWN_FLUSH_S = 10.0
+UPLOAD_STOP_S = 5.0
 WATCHDOG_INTERVAL_S = 5.0
 
 
@@ -125,7 +127,16 @@ class Agent:
         store_path = Path(config.store.path)
         if not store_path.is_absolute():
             store_path = state_dir / store_path
-        self.store = Store(store_path, clock, metrics=self.metrics)
+        self.store = Store(
+            store_path,
+            clock,
+            metrics=self.metrics,
+            budget_bytes=config.store.budget_bytes,
+            uploads=config.fleet.enabled,
+        )
+        self.uploader: Uploader | None = None
+        if config.fleet.enabled:
+            self.uploader = _build_uploader(config, self.store, self.metrics, clock)
         self.publisher: MqttPublisher | None = None
         if config.mqtt.enabled:
             self.publisher = MqttPublisher(
@@ -201,6 +212,8 @@ class Agent:
         """Run until stopped or every source is exhausted; returns the exit code (0)."""
         if self.publisher is not None:
             self.publisher.start()
+        if self.uploader is not None:
+            self.uploader.start()
         for s in self.streams.values():
             s.supervisor.start()
         self.notifier.ready(f"running {len(self.streams)} stream(s)")
@@ -301,6 +314,8 @@ class Agent:
         self.metrics.alerts_total.labels(stream=event.stream).inc()
         if self.publisher is not None:
             self.publisher.notify(alert.alert_id, event.received_mono or None)
+        if self.uploader is not None:
+            self.uploader.notify()
         if self.console is not None:
             top = ", ".join(f"{t.channel} {t.contribution:.0%}" for t in alert.top_channels)
             print(
@@ -338,6 +353,8 @@ class Agent:
             if self.publisher.connected and not self.publisher.flush(SHUTDOWN_FLUSH_S):
                 log.warning("outbox not empty at shutdown; the rest is sent at next start")
             self.publisher.stop()
+        if self.uploader is not None and not self.uploader.stop(UPLOAD_STOP_S):
+            log.warning("fleet upload still busy at shutdown; the rest is sent at next start")
         depth, _ = self.store.outbox_stats()
         log.info(
             "stopped: %d alert(s) raised, %d aggregate(s) written, %d alert(s) still in the "
@@ -346,6 +363,25 @@ class Agent:
         )
         self.store.close()
         self.notifier.close()
+
+
+def _build_uploader(
+    config: AgentConfig, store: Store, metrics: Metrics, clock: Callable[[], float]
+) -> Uploader:
+    """The fleet client and uploader for ``config.fleet`` (enabled); ConfigError on no token."""
+    from cloud_sync.client import FleetClient  # noqa: PLC0415 - requests only when enabled
+
+    fc = config.fleet
+    assert fc.url is not None  # FleetConfig requires it when enabled
+    client = FleetClient(
+        fc.url, read_token(fc), connect_timeout_s=fc.connect_timeout_s,
+        read_timeout_s=fc.read_timeout_s, clock=clock,
+    )
+    return Uploader(
+        store, client, config.agent.device_id, metrics, batch_records=fc.batch_records,
+        interval_s=fc.interval_s, backoff_max_s=fc.backoff_max_s,
+        max_bytes_per_s=fc.max_bytes_per_s, clock=clock,
+    )
 
 
 def run(config: AgentConfig, config_dir: Path) -> int:

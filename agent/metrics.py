@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
+# Buckets in seconds for one HTTP upload (a batch of up to 5,000 records).
+UPLOAD_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
 # Buckets in seconds for sub-millisecond to 100 ms latencies.
 LATENCY_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.08, 0.1, 0.25, 1.0,
@@ -117,4 +120,45 @@ class Metrics:
         )
         self.model_info = Info(
             "edge_agent_model", "Active model per stream.", ["stream"], registry=r
+        )
+        self.store_bytes = Gauge(
+            "edge_agent_store_bytes",
+            "Live bytes of the SQLite store (used pages plus WAL), as of the last budget check.",
+            registry=r,
+        )
+        self.store_quarantined_total = Counter(
+            "edge_agent_store_quarantined_total",
+            "Corrupt store files renamed aside at start (the agent started on a fresh store).",
+            registry=r,
+        )
+        # fleet upload
+        self.upload_records_total = Counter(
+            "edge_agent_upload_records_total",
+            "Records the fleet answered for, by status (accepted, duplicate, rejected).",
+            ["kind", "status"],
+            registry=r,
+        )
+        self.upload_failures_total = Counter(
+            "edge_agent_upload_failures_total",
+            "Upload attempts that failed, by reason (unavailable, auth, rejected, protocol, "
+            "store).",
+            ["reason"],
+            registry=r,
+        )
+        self.upload_backlog = Gauge(
+            "edge_agent_upload_backlog",
+            "Records stored but not yet acknowledged by the fleet.",
+            ["kind"],
+            registry=r,
+        )
+        self.sync_lag_seconds = Gauge(
+            "edge_agent_sync_lag_seconds",
+            "Age of the oldest record not yet acknowledged by the fleet (0 when none).",
+            registry=r,
+        )
+        self.upload_seconds = Histogram(
+            "edge_agent_upload_seconds",
+            "Duration of one ingest request (successful or not).",
+            buckets=UPLOAD_BUCKETS,
+            registry=r,
         )

@@ -8,13 +8,15 @@ TOML shape::
       [streams.rules]  RulesConfig  k-of-n alerting, hysteresis, cooldown
     [store]          StoreSection   SQLite store and aggregation interval
     [mqtt]           MqttConfig     alert publisher (off by default; agent.publish.mqtt)
+    [fleet]          FleetConfig    cloud upload (off by default; agent.services.uploader)
 
 Relative paths:
     Paths in the file (``agent.state_dir``, ``streams.model``, a replay ``path``,
-    ``mqtt.password_file``, ``mqtt.ca_file``) are relative to the directory of the config file;
-    ``store.path`` is relative to ``agent.state_dir``. A model value ``builtin:<name>`` names a
-    package shipped in the repository's ``models/`` directory. :meth:`AgentConfig.resolved`
-    returns a copy with every path absolute; the composition root calls it once.
+    ``mqtt.password_file``, ``mqtt.ca_file``, ``fleet.token_file``) are relative to the directory
+    of the config file; ``store.path`` is relative to ``agent.state_dir``. A model value
+    ``builtin:<name>`` names a package shipped in the repository's ``models/`` directory.
+    :meth:`AgentConfig.resolved` returns a copy with every path absolute; the composition root
+    calls it once.
 
 The models validate only what can be known from the file itself: whether ``window``/``hop`` fit
 the model package or a model directory exists is checked when the package is loaded.
@@ -36,6 +38,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from agent.config.base import StrictModel
 from agent.publish.mqtt import MqttConfig
+from agent.services.uploader import FleetConfig
 from agent.sources.replay import ReplayConfig
 from agent.sources.serial import SerialConfig
 from agent.sources.simulator import FaultConfig, SimulatorConfig
@@ -222,6 +225,12 @@ class StoreSection(StrictModel):
     aggregate_interval_s: float = Field(
         60.0, gt=0.0, description="Seconds of stream time summarised in one aggregate row."
     )
+    budget_bytes: int = Field(
+        512 * 1024 * 1024,
+        ge=1024 * 1024,
+        description="Disk budget of the store in bytes (at least 1 MiB): above it the oldest "
+        "rows are evicted, uploaded aggregates first and unacknowledged alerts last.",
+    )
 
 
 class AgentConfig(StrictModel):
@@ -235,6 +244,9 @@ class AgentConfig(StrictModel):
     )
     store: StoreSection = Field(default_factory=StoreSection, description="Local SQLite store.")
     mqtt: MqttConfig = Field(default_factory=MqttConfig, description="MQTT alert publisher.")
+    fleet: FleetConfig = Field(
+        default_factory=FleetConfig, description="Upload of alerts and aggregates to the fleet."
+    )
 
     @field_validator("streams", mode="wrap")
     @classmethod
@@ -290,6 +302,11 @@ class AgentConfig(StrictModel):
                     update={"path": str(resolve_path(self.store.path, state_dir))}
                 ),
                 "mqtt": self.mqtt.model_copy(update=mqtt_paths),
+                "fleet": self.fleet.model_copy(
+                    update={"token_file": str(resolve_path(self.fleet.token_file, config_dir))}
+                    if self.fleet.token_file is not None
+                    else {}
+                ),
             }
         )
 

@@ -11,6 +11,12 @@ Tables (version 1):
                 cloud uploader.
     aggregates: per-stream interval summaries waiting for (or done with) the cloud upload.
     counters:   named monotonic counters (per-stream alert sequence numbers) that survive restarts.
+
+Version 2 (cloud upload):
+    dead_letter: records the fleet rejected (never resent): kind, record id, the JSON body sent,
+                 the fleet's reason and when (epoch seconds).
+    alerts_unuploaded, aggregates_unuploaded: partial indexes over rows the fleet has not
+                 acknowledged yet (the uploader's queue, oldest first).
 """
 
 from __future__ import annotations
@@ -59,6 +65,21 @@ MIGRATIONS: tuple[Migration, ...] = (
             value INTEGER NOT NULL
         )
         """,
+    ),
+    # 1 -> 2: cloud upload (dead letters, upload queue indexes).
+    (
+        """
+        CREATE TABLE dead_letter (
+            id        INTEGER PRIMARY KEY,
+            kind      TEXT    NOT NULL,
+            record_id TEXT    NOT NULL,
+            payload   TEXT    NOT NULL,
+            reason    TEXT    NOT NULL,
+            failed_at REAL    NOT NULL
+        )
+        """,
+        "CREATE INDEX alerts_unuploaded ON alerts (id) WHERE uploaded_at IS NULL",
+        "CREATE INDEX aggregates_unuploaded ON aggregates (id) WHERE uploaded_at IS NULL",
     ),
 )
 

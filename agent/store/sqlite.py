@@ -16,16 +16,25 @@ with ``synchronous=FULL`` for their own transaction: ``next_alert_seq`` (an aler
 reused after a restart) and ``add_alert`` (an alert may be published as soon as it is stored).
 Alerts are rare, so the extra fsync costs nothing measurable.
 
-Schema and migrations: :mod:`agent.store.schema`.
+Schema and migrations: :mod:`agent.store.schema`. Integrity check at open (a corrupt file is
+renamed aside and a fresh store started), the disk budget with its eviction order, and WAL
+bounds: :mod:`agent.store.maintenance`.
+
+Cloud upload (the uploader thread): ``pending_uploads`` (alerts first, then aggregates, each
+oldest first), ``mark_uploaded`` (rows the fleet acknowledged), ``dead_letter`` (rows it
+rejected), ``upload_backlog`` and ``oldest_pending_upload``.
 
 Errors: every ``sqlite3`` failure becomes :class:`agent.errors.StoreError` (retryable) with the
 operation and path as context; a full disk says so in the message. When ``metrics`` is given the
 store counts ``store_errors_total{op}`` itself; callers must not count the same error again.
+When ``add_alert`` hits a full disk the store first evicts a step of aggregates (budget order)
+and retries once: alerts are worth more than summaries.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sqlite3
 import threading
@@ -34,14 +43,20 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from agent.errors import StoreError
 from agent.metrics import Metrics
 from agent.records import Aggregate, Alert
+from agent.store import maintenance as mt
 from agent.store.schema import migrate
 
 Clock = Callable[[], float]
+RecordKind = Literal["alert", "aggregate"]
+
+log = logging.getLogger("agent.store")
+
+_TABLES: dict[str, str] = {"alert": "alerts", "aggregate": "aggregates"}
 
 _ALERT_SEQ_PREFIX = "alert_seq:"
 
@@ -65,6 +80,25 @@ class OutboxRow:
     created_at: float
 
 
+@dataclass(frozen=True, slots=True)
+class UploadRow:
+    """One stored record the fleet has not acknowledged yet.
+
+    Attributes:
+        kind: ``"alert"`` or ``"aggregate"``.
+        row_id: Row id in its table (what :meth:`Store.mark_uploaded` takes).
+        record_id: The record's stable wire id (``alert_id`` / ``aggregate_id``).
+        body: The wire body: an ``AlertBody`` or ``AggregateBody`` of
+            :mod:`cloud_sync.protocol` as a dict (NaN stored as None, ``interval_start`` in epoch
+            seconds).
+    """
+
+    kind: RecordKind
+    row_id: int
+    record_id: str
+    body: dict[str, Any]
+
+
 def _finite_or_none(value: float) -> float | None:
     return float(value) if math.isfinite(value) else None
 
@@ -83,6 +117,13 @@ def _describe(exc: sqlite3.Error) -> str:
     return f"SQLite store failed ({exc})"
 
 
+def _table(kind: str) -> str:
+    try:
+        return _TABLES[kind]
+    except KeyError:
+        raise ValueError(f"unknown record kind {kind!r} (alert or aggregate)") from None
+
+
 class Store:
     """SQLite-backed outbox, aggregate buffer and counters.
 
@@ -90,13 +131,22 @@ class Store:
         path: Database file; its parent directory is created if missing. ``":memory:"`` works
             for tests (no WAL then).
         clock: Wall clock, epoch seconds UTC; stamps ``created_at``.
-        metrics: Optional; when given, ``store_errors_total{op}`` and ``aggregates_total{stream}``
-            are counted here.
+        metrics: Optional; when given, ``store_errors_total{op}``, ``aggregates_total{stream}``,
+            ``dropped_total{kind, reason="budget"}``, ``store_bytes`` and
+            ``store_quarantined_total`` are counted here.
         busy_timeout_s: How long a write waits for another process's lock before failing.
+        budget_bytes: Disk budget in bytes (live pages plus WAL); None = unlimited. Checked at
+            most every ``maintenance_interval_s`` after writes (and by :meth:`enforce_budget`).
+        uploads: A cloud uploader is configured: alerts count as done only once uploaded too
+            (eviction order, :mod:`agent.store.maintenance`).
+        monotonic: Monotonic clock (maintenance intervals).
+        maintenance_interval_s: Least seconds between two budget checks / WAL checkpoints.
 
     Raises:
-        StoreError: The file cannot be opened, is not a database, or its schema is newer than
-            this code.
+        StoreError: The file cannot be opened or created, or its schema is newer than this code.
+            A corrupt file or one that is not a database is renamed to
+            ``<name>.corrupt-<UTC timestamp>`` and a fresh store is created instead (one ERROR
+            log line; ``store_quarantined_total``); ``quarantined`` then holds the new name.
     """
 
     def __init__(
@@ -106,23 +156,68 @@ class Store:
         *,
         metrics: Metrics | None = None,
         busy_timeout_s: float = 5.0,
+        budget_bytes: int | None = None,
+        uploads: bool = True,
+        monotonic: Clock = time.monotonic,
+        maintenance_interval_s: float = 1.0,
     ) -> None:
         self.path = str(path)
         self._clock = clock
         self._metrics = metrics
         self._lock = threading.RLock()
+        self.budget_bytes = budget_bytes
+        self._classes = mt.eviction_classes(uploads)
+        self._monotonic = monotonic
+        self._maintenance_interval_s = maintenance_interval_s
+        self._next_check = 0.0
+        self._last_checkpoint = monotonic()
+        self._evicting = False
+        self._episode_evicted: dict[str, int] = {}
+        self.quarantined: str | None = None
+        self._conn: sqlite3.Connection | None = self._open(busy_timeout_s)
+
+    def _connect(self, busy_timeout_s: float) -> sqlite3.Connection:
         try:
             if self.path != ":memory:":
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(
                 self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
             )
+            conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000):d}")
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"cannot open the SQLite store: {exc}", path=self.path) from exc
+        return conn
+
+    def _open(self, busy_timeout_s: float) -> sqlite3.Connection:
+        conn = self._connect(busy_timeout_s)
         try:
-            conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000):d}")
+            problem = mt.quick_check(conn)
+        except sqlite3.DatabaseError as exc:
+            if not mt.is_corruption(exc):
+                conn.close()
+                raise StoreError(_describe(exc), op="open", path=self.path) from exc
+            problem = str(exc)
+        if problem is not None and self.path != ":memory:":
+            conn.close()
+            try:
+                self.quarantined = mt.quarantine(self.path, self._clock())
+            except OSError as exc:
+                raise StoreError(
+                    f"corrupt SQLite store ({problem}) cannot be moved aside: {exc}",
+                    path=self.path,
+                ) from exc
+            log.error(
+                "SQLite store %s is corrupt (%s): moved to %s; starting on a fresh store",
+                self.path, problem, self.quarantined,
+            )
+            if self._metrics is not None:
+                self._metrics.store_quarantined_total.inc()
+            conn = self._connect(busy_timeout_s)
+        try:
+            mt.prepare_new_file(conn)
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute(f"PRAGMA journal_size_limit = {mt.JOURNAL_SIZE_LIMIT:d}")
             migrate(conn)
         except sqlite3.Error as exc:
             conn.close()
@@ -130,7 +225,15 @@ class Store:
         except RuntimeError as exc:
             conn.close()
             raise StoreError(str(exc), op="open", path=self.path) from exc
-        self._conn: sqlite3.Connection | None = conn
+        try:
+            if not mt.ensure_incremental_vacuum(conn, self.path) and self.path != ":memory:":
+                log.warning(
+                    "SQLite store %s uses auto_vacuum=NONE and there is no room to convert it: "
+                    "evicted rows free pages for reuse but do not shrink the file", self.path,
+                )
+        except sqlite3.Error as exc:
+            log.warning("SQLite store %s: cannot switch on incremental vacuum: %s", self.path, exc)
+        return conn
 
     # -- plumbing -------------------------------------------------------------------------------
 
@@ -206,6 +309,16 @@ class Store:
         payload = json.dumps(
             alert.to_payload(), ensure_ascii=False, separators=(",", ":"), allow_nan=False
         )
+        try:
+            inserted = self._insert_alert(alert, payload)
+        except StoreError as exc:
+            if not mt.is_disk_full(exc) or not self._make_room():
+                raise
+            inserted = self._insert_alert(alert, payload)
+        self._maintain()
+        return inserted
+
+    def _insert_alert(self, alert: Alert, payload: str) -> bool:
         with self._use("add_alert", durable=True) as conn:
             cur = conn.execute(
                 "INSERT OR IGNORE INTO alerts (alert_id, stream, seq, payload, created_at) "
@@ -363,6 +476,7 @@ class Store:
             inserted = cur.rowcount == 1
         if inserted and self._metrics is not None:
             self._metrics.aggregates_total.labels(stream=agg.stream).inc()
+        self._maintain()
         return inserted
 
     def aggregates(
@@ -402,6 +516,279 @@ class Store:
         for item in out:
             item["channels"] = json.loads(item["channels"])
         return out
+
+
+    # -- cloud upload ---------------------------------------------------------------------------
+
+    def pending_uploads(self, limit: int) -> list[UploadRow]:
+        """Return up to ``limit`` records the fleet has not acknowledged: alerts first (oldest
+        first: live alerts go before the aggregate backlog), then aggregates, oldest first.
+
+        Raises:
+            StoreError: The read failed.
+        """
+        out: list[UploadRow] = []
+        with self._use("pending_uploads") as conn:
+            for row_id, alert_id, payload in conn.execute(
+                "SELECT id, alert_id, payload FROM alerts WHERE uploaded_at IS NULL "
+                "ORDER BY id LIMIT ?",
+                (limit,),
+            ):
+                out.append(UploadRow("alert", int(row_id), alert_id, json.loads(payload)))
+            if len(out) >= limit:
+                return out
+            rows = conn.execute(
+                "SELECT id, aggregate_id, device_id, stream, interval_start, interval_s, count,"
+                " channels, max_score, windows, alert_count FROM aggregates "
+                "WHERE uploaded_at IS NULL ORDER BY id LIMIT ?",
+                (limit - len(out),),
+            ).fetchall()
+        for r in rows:
+            body = {
+                "device_id": r[2],
+                "stream": r[3],
+                "interval_start": float(r[4]),
+                "interval_s": float(r[5]),
+                "count": int(r[6]),
+                "channels": json.loads(r[7]),
+                "max_score": None if r[8] is None else float(r[8]),
+                "windows": int(r[9]),
+                "alert_count": int(r[10]),
+            }
+            out.append(UploadRow("aggregate", int(r[0]), r[1], body))
+        return out
+
+    def mark_uploaded(self, kind: RecordKind, row_ids: Sequence[int], at: float) -> int:
+        """Set ``uploaded_at = at`` (epoch seconds) on rows the fleet acknowledged.
+
+        Returns:
+            Rows changed (rows already marked, or gone, are not counted).
+
+        Raises:
+            ValueError: Unknown ``kind``.
+            StoreError: The write failed; no row changed.
+        """
+        table = _table(kind)
+        if not row_ids:
+            return 0
+        with self._use("mark_uploaded", transaction=True) as conn:
+            before = conn.total_changes
+            conn.executemany(
+                f"UPDATE {table} SET uploaded_at = ? "  # noqa: S608 - fixed table names
+                "WHERE id = ? AND uploaded_at IS NULL",
+                [(at, int(i)) for i in row_ids],
+            )
+            changed = conn.total_changes - before
+        self._maintain()
+        return changed
+
+    def dead_letter(self, kind: RecordKind, row_ids: Sequence[int], reason: str) -> int:
+        """Move rows the fleet rejected to ``dead_letter`` (never resent), in one transaction.
+
+        Aggregates and already published alerts are deleted from their table; an alert still
+        waiting for its MQTT PUBACK stays in the outbox, marked uploaded, so MQTT delivery is
+        unaffected.
+
+        Args:
+            kind: ``"alert"`` or ``"aggregate"``.
+            row_ids: Row ids in that table.
+            reason: The fleet's reason (stored with each row).
+
+        Returns:
+            Rows moved.
+
+        Raises:
+            ValueError: Unknown ``kind``.
+            StoreError: The write failed; nothing moved.
+        """
+        _table(kind)  # validates kind
+        if not row_ids:
+            return 0
+        now = self._clock()
+        ids = [(int(i),) for i in row_ids]
+        if kind == "alert":
+            select = "SELECT 'alert', alert_id, payload, ?, ? FROM alerts WHERE id = ?"
+            delete = "DELETE FROM alerts WHERE id = ? AND published_at IS NOT NULL"
+            keep = "UPDATE alerts SET uploaded_at = ? WHERE id = ?"
+        else:
+            select = (
+                "SELECT 'aggregate', aggregate_id, json_object('device_id', device_id,"
+                " 'stream', stream, 'interval_start', interval_start, 'interval_s', interval_s,"
+                " 'count', count, 'channels', json(channels), 'max_score', max_score,"
+                " 'windows', windows, 'alert_count', alert_count), ?, ? "
+                "FROM aggregates WHERE id = ?"
+            )
+            delete = "DELETE FROM aggregates WHERE id = ?"
+            keep = ""
+        with self._use("dead_letter", transaction=True) as conn:
+            before = conn.total_changes
+            conn.executemany(
+                "INSERT INTO dead_letter (kind, record_id, payload, reason, failed_at) " + select,
+                [(reason, now, i) for (i,) in ids],
+            )
+            moved = conn.total_changes - before
+            if keep:
+                conn.executemany(keep, [(now, i) for (i,) in ids])
+            conn.executemany(delete, ids)
+        return moved
+
+    def dead_letters(self, limit: int = 1000) -> list[dict[str, Any]]:
+        """Return dead-lettered records, oldest first (``payload`` parsed).
+
+        Raises:
+            StoreError: The read failed.
+        """
+        with self._use("dead_letters") as conn:
+            rows = conn.execute(
+                "SELECT id, kind, record_id, payload, reason, failed_at FROM dead_letter "
+                "ORDER BY id LIMIT ?",
+                (limit,),
+            ).fetchall()
+        keys = ("id", "kind", "record_id", "payload", "reason", "failed_at")
+        out = [dict(zip(keys, r, strict=True)) for r in rows]
+        for item in out:
+            item["payload"] = json.loads(item["payload"])
+        return out
+
+    def upload_backlog(self) -> tuple[int, int]:
+        """Return ``(alerts, aggregates)`` not yet acknowledged by the fleet.
+
+        Raises:
+            StoreError: The read failed.
+        """
+        with self._use("upload_backlog") as conn:
+            alerts = conn.execute(
+                "SELECT COUNT(*) FROM alerts WHERE uploaded_at IS NULL"
+            ).fetchone()[0]
+            aggregates = conn.execute(
+                "SELECT COUNT(*) FROM aggregates WHERE uploaded_at IS NULL"
+            ).fetchone()[0]
+        return int(alerts), int(aggregates)
+
+    def oldest_pending_upload(self) -> float | None:
+        """Wall-clock time of the oldest record the fleet has not acknowledged, or None.
+
+        An alert counts from ``created_at``; an aggregate from the end of its interval.
+
+        Raises:
+            StoreError: The read failed.
+        """
+        with self._use("oldest_pending_upload") as conn:
+            a = conn.execute(
+                "SELECT created_at FROM alerts WHERE uploaded_at IS NULL ORDER BY id LIMIT 1"
+            ).fetchone()
+            g = conn.execute(
+                "SELECT interval_start + interval_s FROM aggregates WHERE uploaded_at IS NULL "
+                "ORDER BY id LIMIT 1"
+            ).fetchone()
+        times = [float(r[0]) for r in (a, g) if r is not None]
+        return min(times) if times else None
+
+    # -- disk budget ----------------------------------------------------------------------------
+
+    def size_bytes(self) -> int:
+        """Live bytes of the store: used pages plus the WAL file.
+
+        Raises:
+            StoreError: The read failed.
+        """
+        with self._use("size") as conn:
+            return mt.store_bytes(conn, self.path)
+
+    def _maintain(self) -> None:
+        """After a write: run :meth:`enforce_budget` when the interval has passed (never raises)."""
+        if self.path == ":memory:" or self._monotonic() < self._next_check:
+            return
+        try:
+            self.enforce_budget()
+        except StoreError as exc:
+            log.warning("store maintenance failed: %s", exc)
+
+    def enforce_budget(self) -> int:
+        """Checkpoint the WAL when due and evict rows while over the budget.
+
+        Returns:
+            Rows evicted by this call.
+
+        Raises:
+            StoreError: A statement failed (what was evicted before stays evicted).
+        """
+        now = self._monotonic()
+        self._next_check = now + self._maintenance_interval_s
+        evicted = 0
+        with self._use("budget") as conn:
+            if (
+                mt.wal_bytes(self.path) > mt.JOURNAL_SIZE_LIMIT
+                or now - self._last_checkpoint >= mt.CHECKPOINT_EVERY_S
+            ):
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+                self._last_checkpoint = now
+            used = mt.store_bytes(conn, self.path)
+            budget = self.budget_bytes
+            if budget is not None and used > budget:
+                evicted = self._evict_to(conn, int(budget * mt.LOW_WATER), used)
+                used = mt.store_bytes(conn, self.path)
+            elif self._evicting and (budget is None or used <= budget * mt.LOW_WATER):
+                self._end_episode(used)
+        if self._metrics is not None:
+            self._metrics.store_bytes.set(used)
+        return evicted
+
+    def _evict_to(self, conn: sqlite3.Connection, target: int, used: int) -> int:
+        evicted = 0
+        for cls in self._classes:
+            while used > target:
+                total = sum(
+                    int(conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0])  # noqa: S608
+                    for t in ("alerts", "aggregates")
+                )
+                n = mt.evict(conn, cls, mt.rows_to_evict(used - target, used, total))
+                if n == 0:
+                    break
+                evicted += n
+                self._count_eviction(cls.kind, n)
+                mt.reclaim(conn)
+                self._last_checkpoint = self._monotonic()
+                used = mt.store_bytes(conn, self.path)
+        return evicted
+
+    def _count_eviction(self, kind: str, n: int) -> None:
+        if self._metrics is not None:
+            self._metrics.dropped_total.labels(kind=kind, reason="budget").inc(n)
+        if not self._evicting:
+            self._evicting = True
+            self._episode_evicted = {}
+            log.warning(
+                "SQLite store %s is over its budget of %d bytes: evicting oldest rows "
+                "(uploaded aggregates first, unacknowledged alerts last)",
+                self.path, self.budget_bytes,
+            )
+        self._episode_evicted[kind] = self._episode_evicted.get(kind, 0) + n
+
+    def _end_episode(self, used: int) -> None:
+        self._evicting = False
+        log.warning(
+            "SQLite store %s back under budget (%d bytes); evicted %s",
+            self.path, used,
+            ", ".join(f"{n} {k}(s)" for k, n in sorted(self._episode_evicted.items())),
+        )
+
+    def _make_room(self) -> bool:
+        """On a full disk: evict one step of aggregates and reclaim; True if anything went."""
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                return False
+            try:
+                for cls in self._classes[:2]:
+                    n = mt.evict(conn, cls, 4 * mt.MIN_EVICT_ROWS)
+                    if n:
+                        self._count_eviction(cls.kind, n)
+                        mt.reclaim(conn)
+                        return True
+            except sqlite3.Error as exc:
+                log.warning("disk full and eviction failed: %s", exc)
+        return False
 
     # -- lifecycle ------------------------------------------------------------------------------
 

@@ -1,0 +1,491 @@
+"""Store-and-forward upload of alerts and aggregates to the fleet (``[fleet]``).
+
+One thread (``fleet-uploader``) loops: read up to ``batch_records`` un-acknowledged rows from the
+store (alerts first, then the aggregate backlog, each oldest first), build an
+:class:`~cloud_sync.protocol.IngestBatch`, post it with :class:`~cloud_sync.client.FleetClient`,
+and apply the fleet's per-record verdict:
+
+* ``accepted`` and ``duplicate`` rows are marked uploaded (never deleted here; the disk budget
+  evicts them first when space runs short);
+* ``rejected`` rows move to the store's dead-letter table with the fleet's reason, counted in
+  ``upload_records_total{status="rejected"}`` and logged once per reason.
+
+Nothing lost, nothing duplicated: a row leaves the queue only when a 200 response names its index.
+A crash between the fleet storing a batch and the store marking it just resends the batch; the
+fleet's ingest is idempotent on ``(kind, id)`` and answers ``duplicate``, which clears the rows.
+
+Failures (:mod:`cloud_sync.errors`): :class:`FleetUnavailable` and :class:`FleetProtocolError`
+back off exponentially with full jitter (``delay = U(0, min(max, initial * 2**n))``; Marc Brooker,
+"Exponential Backoff And Jitter", AWS Architecture Blog, 2015) but wait at least the server's
+``Retry-After``. :class:`FleetAuthError` (401/403) is logged once and retried every
+``backoff_max_s`` (an operator may re-enroll the device). A 413, or a 400/422 for a whole batch,
+halves the batch until the offending record stands alone; a single record refused that way is
+dead-lettered. Other 4xx back off like an outage. Outage start and end are logged once each.
+
+Bandwidth: with ``max_bytes_per_s`` a token bucket on the compressed body size delays each send
+until the budget allows it (bursts up to one second's worth, a single larger body goes into debt).
+
+Wake-up: :meth:`Uploader.notify` (a new alert) ends the idle wait early, never a backoff wait.
+:meth:`Uploader.stop` ends the loop; records that arrived during the last idle wait get one
+final attempt, bounded by ``stop``'s timeout (rows not acknowledged by then stay in the store).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from pydantic import Field, ValidationError, model_validator
+
+from agent import __version__
+from agent.config.base import StrictModel
+from agent.errors import ConfigError, StoreError
+from agent.metrics import Metrics
+from agent.sources.backoff import Backoff
+from agent.store.sqlite import RecordKind, Store, UploadRow
+from cloud_sync.errors import (
+    FleetAuthError,
+    FleetProtocolError,
+    FleetRejected,
+    FleetUnavailable,
+)
+from cloud_sync.protocol import MAX_BATCH_RECORDS, IngestBatch, IngestResult
+
+KIND = "fleet"
+
+log = logging.getLogger("agent.uploader")
+
+#: Least seconds between two refreshes of the backlog gauges (two COUNTs over the store).
+BACKLOG_REFRESH_S = 2.0
+#: Distinct rejection reasons remembered for log-once (then every new one is logged again).
+REASONS_REMEMBERED = 256
+_SPLIT_STATUSES = (400, 413, 422)
+
+
+class FleetConfig(StrictModel):
+    """Config of the fleet uploader (``[fleet]``)."""
+
+    enabled: bool = Field(False, description="Upload alerts and aggregates to the fleet service.")
+    url: str | None = Field(
+        None,
+        examples=["https://fleet.example.com:8443"],
+        description="Fleet base URL (http or https); required when enabled.",
+    )
+    token_file: str | None = Field(
+        None,
+        examples=["/etc/edge-agent/fleet.token"],
+        description="File holding the device token (first line); the token is never inline. "
+        "Exactly one of token_file and token_env when enabled.",
+    )
+    token_env: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        examples=["EDGE_FLEET_TOKEN"],
+        description="Name of the environment variable holding the device token.",
+    )
+    batch_records: int = Field(
+        500, ge=1, le=MAX_BATCH_RECORDS,
+        description=f"Records per upload request (1..{MAX_BATCH_RECORDS}).",
+    )
+    interval_s: float = Field(
+        5.0, gt=0.0, description="Seconds between uploads while idle (new alerts wake it early)."
+    )
+    connect_timeout_s: float = Field(5.0, gt=0.0, description="TCP/TLS connect timeout, seconds.")
+    read_timeout_s: float = Field(
+        30.0, gt=0.0, description="Seconds to wait for the fleet's response to one request."
+    )
+    max_bytes_per_s: int | None = Field(
+        None, ge=1024, examples=[65536],
+        description="Upload bandwidth cap on compressed bytes per second; unset = unlimited.",
+    )
+    backoff_max_s: float = Field(
+        300.0, gt=0.0, description="Longest wait between retries while the fleet is unreachable."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FleetConfig:
+        if self.enabled:
+            if self.url is None:
+                raise ValueError("url is required when the fleet uploader is enabled")
+            if (self.token_file is None) == (self.token_env is None):
+                raise ValueError("set exactly one of token_file and token_env when enabled")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"url {self.url!r} must start with http:// or https://")
+        return self
+
+
+def read_token(config: FleetConfig, env: Mapping[str, str] | None = None) -> str:
+    """Return the device token named by ``config`` (file's first line, or the env variable).
+
+    Raises:
+        ConfigError: The file is unreadable or empty, or the variable is unset or empty.
+    """
+    environ = os.environ if env is None else env
+    if config.token_env is not None:
+        token = environ.get(config.token_env, "").strip()
+        where = f"fleet.token_env: environment variable {config.token_env}"
+    elif config.token_file is not None:
+        where = f"fleet.token_file: {config.token_file!r}"
+        try:
+            lines = Path(config.token_file).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            msg = f"{where}: cannot read: {exc}"
+            raise ConfigError(msg, problems=[msg]) from exc
+        token = lines[0].strip() if lines else ""
+    else:
+        msg = "fleet: no token_file or token_env"
+        raise ConfigError(msg, problems=[msg])
+    if not token:
+        msg = f"{where} is empty or unset"
+        raise ConfigError(msg, problems=[msg])
+    return token
+
+
+class IngestClient(Protocol):
+    """What the uploader needs from :class:`cloud_sync.client.FleetClient`."""
+
+    def encode(self, batch: IngestBatch) -> bytes: ...
+
+    def send(self, body: bytes, n_records: int) -> IngestResult: ...
+
+
+class TokenBucket:
+    """Token bucket on bytes: ``rate`` per second, bursts up to ``capacity``.
+
+    Args:
+        rate: Bytes per second, > 0.
+        capacity: Largest burst in bytes; default one second's worth.
+        monotonic: Monotonic clock, seconds.
+
+    >>> t = [0.0]
+    >>> b = TokenBucket(100.0, monotonic=lambda: t[0])
+    >>> b.reserve(100), b.reserve(50)
+    (0.0, 0.5)
+    >>> t[0] = 1.5; b.reserve(100)
+    0.0
+    """
+
+    def __init__(
+        self,
+        rate: float,
+        capacity: float | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if rate <= 0:
+            raise ValueError(f"rate must be positive, got {rate}")
+        self.rate = rate
+        self.capacity = capacity if capacity is not None else rate
+        self._monotonic = monotonic
+        self._tokens = self.capacity
+        self._last = monotonic()
+
+    def reserve(self, n: float) -> float:
+        """Take ``n`` bytes; return the seconds to wait before sending them (0 = now)."""
+        now = self._monotonic()
+        self._tokens = min(self.capacity, self._tokens + (now - self._last) * self.rate)
+        self._last = now
+        self._tokens -= n
+        return 0.0 if self._tokens >= 0 else -self._tokens / self.rate
+
+
+@dataclass
+class _Outage:
+    """Log-once state of a failure episode."""
+
+    since: float | None = None
+    attempts: int = 0
+    auth_logged: bool = False
+    reasons: set[str] = field(default_factory=set)
+
+
+class Uploader:
+    """The upload loop (see the module docstring).
+
+    Args:
+        store: The agent's store (the upload queue).
+        client: The fleet client (``encode`` + ``send``; one attempt per call).
+        device_id: This gateway's id (batch header).
+        metrics: Where ``upload_*``, ``sync_lag_seconds`` are counted.
+        batch_records: Records per request, 1..``MAX_BATCH_RECORDS``.
+        interval_s: Idle wait between polls of the store, seconds.
+        backoff_initial_s: First retry delay after a failure, seconds.
+        backoff_max_s: Largest retry delay (and the retry period after 401/403), seconds.
+        max_bytes_per_s: Cap on compressed bytes sent per second; None = unlimited.
+        agent_version: Sent in every batch.
+        clock: Wall clock, epoch seconds UTC (``sent_at``, ``uploaded_at``, sync lag).
+        monotonic: Monotonic clock (bandwidth bucket, upload duration).
+        stop_event: Set to stop the loop (shared with the agent); a new one when None.
+        rng: Random source for the jitter (seeded in tests).
+
+    Raises:
+        ValueError: ``batch_records`` outside 1..MAX_BATCH_RECORDS, or a bad backoff range.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        client: IngestClient,
+        device_id: str,
+        metrics: Metrics,
+        *,
+        batch_records: int = 500,
+        interval_s: float = 5.0,
+        backoff_initial_s: float = 1.0,
+        backoff_max_s: float = 300.0,
+        max_bytes_per_s: float | None = None,
+        agent_version: str = __version__,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        stop_event: threading.Event | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        if not 1 <= batch_records <= MAX_BATCH_RECORDS:
+            raise ValueError(f"batch_records must be 1..{MAX_BATCH_RECORDS}, got {batch_records}")
+        self.store = store
+        self.client = client
+        self.device_id = device_id
+        self.metrics = metrics
+        self.batch_records = batch_records
+        self.interval_s = interval_s
+        self.agent_version = agent_version
+        self.clock = clock
+        self.monotonic = monotonic
+        self.stop_event = stop_event if stop_event is not None else threading.Event()
+        self._backoff = Backoff(backoff_initial_s, backoff_max_s, jitter=1.0, rng=rng)
+        self._bucket = (
+            TokenBucket(max_bytes_per_s, monotonic=monotonic) if max_bytes_per_s else None
+        )
+        self._wake = threading.Event()
+        self._limit = batch_records
+        self._failing = False
+        self._outage = _Outage()
+        self._backlog = (0, 0)
+        self._backlog_at = -BACKLOG_REFRESH_S
+        self._thread: threading.Thread | None = None
+
+    # -- thread ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the upload thread (idempotent)."""
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="fleet-uploader", daemon=True)
+            self._thread.start()
+
+    def notify(self) -> None:
+        """A new record was stored: end the idle wait early (not a backoff wait)."""
+        self._wake.set()
+
+    def stop(self, timeout: float = 5.0) -> bool:
+        """Stop the loop after one final attempt; wait up to ``timeout`` seconds.
+
+        Returns:
+            True when the thread ended in time (rows not acknowledged stay in the store).
+        """
+        self.stop_event.set()
+        self._wake.set()
+        if self._thread is None:
+            return True
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        while not self.stop_event.is_set():
+            delay = self.run_once()
+            if delay <= 0:
+                continue
+            if self._failing:
+                self.stop_event.wait(delay)
+            else:
+                self._wake.wait(delay)
+                self._wake.clear()
+        if not self._failing:
+            self.run_once()  # final attempt: what arrived during the last idle wait
+
+    # -- one step -------------------------------------------------------------------------------
+
+    def run_once(self) -> float:
+        """Upload at most one batch; return the seconds to wait before the next step.
+
+        0 means "more is pending, go on"; ``interval_s`` means "idle"; anything else is a
+        backoff after a failure. Never raises for fleet or store failures (they are counted
+        and logged).
+        """
+        try:
+            rows = self.store.pending_uploads(self._limit)
+        except StoreError as exc:
+            return self._failed("store", f"cannot read the upload queue: {exc}", None)
+        if not rows:
+            self._refresh_gauges(force=True)
+            return self.interval_s
+        batch = self._build(rows)
+        if batch is None:
+            return 0.0  # invalid rows were dead-lettered; go on with the rest
+        body = self.client.encode(batch)
+        if self._bucket is not None:
+            wait = self._bucket.reserve(len(body))
+            if wait > 0 and self.stop_event.wait(wait):
+                return 0.0  # stopping; rows stay pending
+        t0 = self.monotonic()
+        try:
+            result = self.client.send(body, len(rows))
+        except FleetAuthError as exc:
+            return self._auth_failed(exc)
+        except FleetRejected as exc:
+            return self._rejected_batch(rows, exc)
+        except FleetUnavailable as exc:
+            return self._failed("unavailable", str(exc), exc.retry_after_s)
+        except FleetProtocolError as exc:
+            return self._failed("protocol", str(exc), None)
+        finally:
+            self.metrics.upload_seconds.observe(self.monotonic() - t0)
+        try:
+            self._apply(rows, result)
+        except StoreError as exc:
+            # The fleet has the records; they stay pending here and come back as duplicates.
+            return self._failed("store", f"cannot record the fleet's answer: {exc}", None)
+        self._recovered()
+        full = len(rows) >= self._limit
+        self._limit = min(self.batch_records, self._limit * 2)
+        return 0.0 if full else self.interval_s
+
+    def _build(self, rows: Sequence[UploadRow]) -> IngestBatch | None:
+        alerts, aggregates = self._refresh_gauges()
+        n_alerts = sum(1 for r in rows if r.kind == "alert")
+        data: dict[str, Any] = {
+            "schema": 1,
+            "device_id": self.device_id,
+            "sent_at": self.clock(),
+            "agent_version": self.agent_version[:64],
+            "backlog": {
+                "alerts": max(0, alerts - n_alerts),
+                "aggregates": max(0, aggregates - (len(rows) - n_alerts)),
+            },
+            "records": [{"kind": r.kind, "id": r.record_id, "body": r.body} for r in rows],
+        }
+        try:
+            return IngestBatch.model_validate(data)
+        except ValidationError as exc:
+            bad: dict[int, str] = {}
+            for err in exc.errors():
+                loc = err["loc"]
+                if len(loc) >= 2 and loc[0] == "records" and isinstance(loc[1], int):
+                    bad.setdefault(loc[1], f"invalid on the device: {err['msg']} at {loc[2:]}")
+            if not bad:
+                raise  # a header problem is a bug, not a data problem
+            for index, reason in bad.items():
+                self._dead_letter(rows[index].kind, [rows[index].row_id], reason)
+            return None
+
+    def _apply(self, rows: Sequence[UploadRow], result: IngestResult) -> None:
+        now = self.clock()
+        done: dict[RecordKind, list[int]] = {"alert": [], "aggregate": []}
+        rejected: dict[tuple[RecordKind, str], list[int]] = {}
+        for item in result.results:
+            row = rows[item.index]
+            self.metrics.upload_records_total.labels(kind=row.kind, status=item.status).inc()
+            if item.status == "rejected":
+                key = (row.kind, item.reason or "no reason given")
+                rejected.setdefault(key, []).append(row.row_id)
+            else:
+                done[row.kind].append(row.row_id)
+        for kind, ids in done.items():
+            self.store.mark_uploaded(kind, ids, now)
+        for (kind, reason), ids in rejected.items():
+            self._dead_letter(kind, ids, reason)
+        self._refresh_gauges(force=False)
+
+    def _dead_letter(self, kind: RecordKind, row_ids: list[int], reason: str) -> None:
+        self.store.dead_letter(kind, row_ids, reason)
+        self.metrics.dropped_total.labels(kind=kind, reason="rejected").inc(len(row_ids))
+        key = f"{kind}:{reason}"
+        if key not in self._outage.reasons:
+            if len(self._outage.reasons) >= REASONS_REMEMBERED:
+                self._outage.reasons.clear()
+            self._outage.reasons.add(key)
+            log.warning(
+                "fleet rejected %d %s record(s): %s (moved to the dead-letter table; this "
+                "reason is logged once)", len(row_ids), kind, reason,
+            )
+
+    # -- failures -------------------------------------------------------------------------------
+
+    def _failed(self, reason: str, message: str, retry_after_s: float | None) -> float:
+        self.metrics.upload_failures_total.labels(reason=reason).inc()
+        o = self._outage
+        o.attempts += 1
+        if o.since is None:
+            o.since = self.clock()
+            log.warning(
+                "upload failed (%s): %s; records stay in the store, retrying with backoff",
+                reason, message,
+            )
+        self._failing = True
+        delay = self._backoff.next_delay()
+        if retry_after_s is not None:
+            delay = max(delay, retry_after_s)
+        self._refresh_gauges()
+        return delay
+
+    def _auth_failed(self, exc: FleetAuthError) -> float:
+        self.metrics.upload_failures_total.labels(reason="auth").inc()
+        o = self._outage
+        o.attempts += 1
+        if o.since is None:
+            o.since = self.clock()
+        if not o.auth_logged:
+            o.auth_logged = True
+            log.error(
+                "fleet refused the device token (HTTP %d: %s); re-enroll the device "
+                "(edge-fleet device add) and update the token; retrying every %.0f s",
+                exc.status, exc.detail, self._backoff.max_s,
+            )
+        self._failing = True
+        self._refresh_gauges()
+        return self._backoff.max_s
+
+    def _rejected_batch(self, rows: Sequence[UploadRow], exc: FleetRejected) -> float:
+        if exc.status not in _SPLIT_STATUSES:
+            return self._failed("rejected", str(exc), None)
+        self.metrics.upload_failures_total.labels(reason="rejected").inc()
+        if len(rows) > 1:
+            self._limit = max(1, len(rows) // 2)
+            log.debug("HTTP %d for %d records: retrying in halves", exc.status, len(rows))
+            return 0.0
+        row = rows[0]
+        self._dead_letter(row.kind, [row.row_id], f"HTTP {exc.status}: {exc.detail}")
+        return 0.0
+
+    def _recovered(self) -> None:
+        o = self._outage
+        if o.since is not None:
+            log.warning(
+                "upload recovered after %.1f s and %d failed attempt(s)",
+                self.clock() - o.since, o.attempts,
+            )
+        self._outage = _Outage(reasons=o.reasons)
+        self._failing = False
+        self._backoff.reset()
+
+    # -- gauges ---------------------------------------------------------------------------------
+
+    def _refresh_gauges(self, force: bool = False) -> tuple[int, int]:
+        now = self.monotonic()
+        if force or now - self._backlog_at >= BACKLOG_REFRESH_S:
+            try:
+                self._backlog = self.store.upload_backlog()
+                oldest = self.store.oldest_pending_upload()
+            except StoreError:
+                return self._backlog
+            self._backlog_at = now
+            self.metrics.upload_backlog.labels(kind="alert").set(self._backlog[0])
+            self.metrics.upload_backlog.labels(kind="aggregate").set(self._backlog[1])
+            lag = 0.0 if oldest is None else max(0.0, self.clock() - oldest)
+            self.metrics.sync_lag_seconds.set(lag)
+        return self._backlog

@@ -1,0 +1,216 @@
+"""Keeping the SQLite store healthy: integrity check at open, disk budget, WAL size.
+
+Integrity (:func:`open_checked`): every open runs ``PRAGMA quick_check``. A file that fails it,
+or is not a database at all, is renamed to ``<name>.corrupt-<UTC timestamp>`` together with its
+``-wal`` and ``-shm`` files (kept for forensics, never deleted), and a fresh store is created
+in its place. The caller logs one ERROR line and counts ``store_quarantined_total``.
+
+Space reclaim: a new file is created with ``auto_vacuum = INCREMENTAL`` (this must be set before
+the first table exists), so deleted pages go back to the file system with
+``PRAGMA incremental_vacuum``. A file created before that (``auto_vacuum = NONE``) is converted
+once at open with ``VACUUM`` when the file system has room for a copy; otherwise it keeps
+``NONE`` and freed pages are reused by later writes instead of being returned (the budget below
+counts live pages only, so eviction still stops at the right point).
+
+Disk budget (:class:`BudgetPolicy`): the store's size is its live pages
+(``(page_count - freelist_count) * page_size``) plus the ``-wal`` file. Above the budget, rows
+are evicted oldest first, one class after the other, until the size is under
+``LOW_WATER x budget``:
+
+1. aggregates already uploaded;
+2. aggregates not uploaded yet (oldest intervals first);
+3. alerts already published to MQTT and uploaded (or published, when no uploader is configured);
+4. every other alert, oldest first (last resort: unacknowledged alerts).
+
+The WAL is bounded by ``journal_size_limit`` (SQLite truncates it to that size after each
+checkpoint) and by a ``wal_checkpoint(TRUNCATE)`` whenever it grows past that limit, and at least
+every ``CHECKPOINT_EVERY_S``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import os
+import shutil
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Eviction stops when the store is this fraction of the budget (hysteresis).
+LOW_WATER = 0.9
+#: SQLite truncates the WAL to this many bytes after a checkpoint.
+JOURNAL_SIZE_LIMIT = 4 * 1024 * 1024
+#: Longest time between two ``wal_checkpoint(TRUNCATE)``, seconds.
+CHECKPOINT_EVERY_S = 30.0
+#: Smallest number of rows deleted per eviction step.
+MIN_EVICT_ROWS = 64
+
+_CORRUPT_CODES = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+
+
+@dataclass(frozen=True, slots=True)
+class EvictionClass:
+    """One eviction priority: which rows of which table go first."""
+
+    kind: str  # metric label: "aggregate" | "alert"
+    table: str
+    where: str
+
+
+def eviction_classes(uploads: bool) -> tuple[EvictionClass, ...]:
+    """The eviction order (see the module docstring).
+
+    Args:
+        uploads: An uploader is configured (alerts must also be uploaded before they count as
+            done).
+    """
+    done = "published_at IS NOT NULL" + (" AND uploaded_at IS NOT NULL" if uploads else "")
+    return (
+        EvictionClass("aggregate", "aggregates", "uploaded_at IS NOT NULL"),
+        EvictionClass("aggregate", "aggregates", "uploaded_at IS NULL"),
+        EvictionClass("alert", "alerts", done),
+        EvictionClass("alert", "alerts", "1 = 1"),
+    )
+
+
+def is_corruption(exc: sqlite3.Error) -> bool:
+    """True for "database disk image is malformed" and "file is not a database"."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int) and (code & 0xFF) in _CORRUPT_CODES:
+        return True
+    text = str(exc).lower()
+    return "not a database" in text or "malformed" in text
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """True when ``exc`` (or its cause) is SQLITE_FULL."""
+    cause = exc if isinstance(exc, sqlite3.Error) else exc.__cause__
+    code = getattr(cause, "sqlite_errorcode", None)
+    return isinstance(code, int) and (code & 0xFF) == sqlite3.SQLITE_FULL
+
+
+def quick_check(conn: sqlite3.Connection) -> str | None:
+    """Run ``PRAGMA quick_check``; return None when healthy, else the first problem.
+
+    Raises:
+        sqlite3.DatabaseError: The file is not a database (SQLITE_NOTADB) or unreadable.
+    """
+    rows = conn.execute("PRAGMA quick_check").fetchall()
+    if len(rows) == 1 and rows[0][0] == "ok":
+        return None
+    return "; ".join(str(r[0]) for r in rows[:3])
+
+
+def quarantine(path: str, now: float) -> str:
+    """Rename a corrupt database and its ``-wal``/``-shm`` files out of the way.
+
+    Args:
+        path: The database file.
+        now: Wall clock, epoch seconds UTC (names the quarantine files).
+
+    Returns:
+        The new name of the database file.
+
+    Raises:
+        OSError: A rename failed.
+    """
+    stamp = dt.datetime.fromtimestamp(now, tz=dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    target = f"{path}.corrupt-{stamp}"
+    n = 1
+    while os.path.exists(target):
+        n += 1
+        target = f"{path}.corrupt-{stamp}-{n}"
+    for suffix in ("-wal", "-shm"):
+        if os.path.exists(path + suffix):
+            os.replace(path + suffix, target + suffix)
+    if os.path.exists(path):
+        os.replace(path, target)
+    return target
+
+
+def prepare_new_file(conn: sqlite3.Connection) -> None:
+    """On a database without tables, switch on incremental auto-vacuum (before the first table)."""
+    has_tables = conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0]
+    if not has_tables:
+        conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
+
+
+def ensure_incremental_vacuum(conn: sqlite3.Connection, path: str) -> bool:
+    """Convert an existing file to ``auto_vacuum = INCREMENTAL`` with one ``VACUUM``.
+
+    Only when the file system has room for a full copy (VACUUM writes one).
+
+    Returns:
+        True when the file now uses incremental auto-vacuum.
+
+    Raises:
+        sqlite3.Error: VACUUM failed (the file is unchanged).
+    """
+    mode = int(conn.execute("PRAGMA auto_vacuum").fetchone()[0])
+    if mode == 2:
+        return True
+    if path == ":memory:":
+        return False
+    size = os.path.getsize(path) if os.path.exists(path) else 0
+    free = shutil.disk_usage(Path(path).parent).free
+    if free < 2 * size + 1024 * 1024:
+        return False
+    conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
+    conn.execute("VACUUM")
+    return int(conn.execute("PRAGMA auto_vacuum").fetchone()[0]) == 2
+
+
+def wal_bytes(path: str) -> int:
+    """Size of the ``-wal`` file in bytes (0 when absent)."""
+    try:
+        return os.path.getsize(path + "-wal")
+    except OSError:
+        return 0
+
+
+def store_bytes(conn: sqlite3.Connection, path: str) -> int:
+    """Live bytes of the store: ``(page_count - freelist_count) * page_size`` plus the WAL."""
+    pages = int(conn.execute("PRAGMA page_count").fetchone()[0])
+    free = int(conn.execute("PRAGMA freelist_count").fetchone()[0])
+    size = int(conn.execute("PRAGMA page_size").fetchone()[0])
+    return (pages - free) * size + wal_bytes(path)
+
+
+def rows_to_evict(over_bytes: int, used_bytes: int, total_rows: int) -> int:
+    """How many rows to delete in one step to shed ``over_bytes`` (an estimate, >= minimum).
+
+    >>> rows_to_evict(1000, 100_000, 1000)
+    64
+    >>> rows_to_evict(50_000, 100_000, 1000)
+    550
+    """
+    per_row = used_bytes / max(1, total_rows)
+    return max(MIN_EVICT_ROWS, math.ceil(over_bytes / max(1.0, per_row) * 1.1))
+
+
+def evict(conn: sqlite3.Connection, cls: EvictionClass, limit: int) -> int:
+    """Delete up to ``limit`` rows of ``cls``, oldest first, in one transaction; return the count.
+
+    Raises:
+        sqlite3.Error: The delete failed (rolled back).
+    """
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        cur = conn.execute(
+            f"DELETE FROM {cls.table} WHERE id IN "  # noqa: S608 - fixed names, not input
+            f"(SELECT id FROM {cls.table} WHERE {cls.where} ORDER BY id LIMIT ?)",
+            (limit,),
+        )
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return max(0, cur.rowcount)
+
+
+def reclaim(conn: sqlite3.Connection) -> None:
+    """Return free pages to the file system and truncate the WAL (best effort on busy)."""
+    conn.execute("PRAGMA incremental_vacuum").fetchall()
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
