@@ -1,0 +1,1 @@
+"""HTTP API: routers (devices, ingest, queries, health), auth, body reading, error handlers."""

@@ -1,0 +1,108 @@
+"""Request dependencies: the app's services and the bearer-token principal.
+
+Tokens arrive as ``Authorization: Bearer <token>``. The admin token is compared with
+:func:`hmac.compare_digest`; a device token is looked up by its sha256 (see
+:mod:`fleet.db.devices`). Admin and device tokens are disjoint roles: the admin token cannot
+ingest, a device token cannot manage devices.
+"""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy import Engine
+
+from fleet.db.devices import DeviceRegistry
+from fleet.db.records import RecordStore
+from fleet.errors import Forbidden, Unauthorized
+from fleet.metrics import FleetMetrics
+from fleet.settings import Settings
+
+
+@dataclass(frozen=True)
+class Services:
+    """Everything a route needs, built once by :func:`fleet.app.create_app`."""
+
+    settings: Settings
+    engine: Engine
+    devices: DeviceRegistry
+    records: RecordStore
+    metrics: FleetMetrics
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: the admin, or one device."""
+
+    device_id: str | None = None
+
+    @property
+    def is_admin(self) -> bool:
+        return self.device_id is None
+
+    def check_read(self, device_id: str) -> None:
+        """Allow the admin or the device itself.
+
+        Raises:
+            Forbidden: A device asked for another device's data.
+        """
+        if not self.is_admin and self.device_id != device_id:
+            raise Forbidden("a device token can only read its own records")
+
+
+def get_services(request: Request) -> Services:
+    services = request.app.state.services
+    assert isinstance(services, Services)
+    return services
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]
+
+
+def _bearer(request: Request) -> str:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise Unauthorized("missing bearer token (Authorization: Bearer <token>)")
+    return token
+
+
+def get_principal(request: Request, services: ServicesDep) -> Principal:
+    """The admin or the device owning the bearer token.
+
+    Raises:
+        Unauthorized: No token, or an unknown/revoked one.
+    """
+    token = _bearer(request)
+    admin = services.settings.admin_token
+    if hmac.compare_digest(token.encode("utf-8"), admin.encode("utf-8")):
+        return Principal()
+    device_id = services.devices.authenticate(token)
+    if device_id is None:
+        raise Unauthorized("unknown or revoked token")
+    return Principal(device_id=device_id)
+
+
+PrincipalDep = Annotated[Principal, Depends(get_principal)]
+
+
+def require_admin(principal: PrincipalDep) -> Principal:
+    """Raises: Forbidden: not the admin token."""
+    if not principal.is_admin:
+        raise Forbidden("this endpoint needs the admin token")
+    return principal
+
+
+def require_device(principal: PrincipalDep) -> str:
+    """The calling device's id. Raises: Forbidden: the admin token (it is no device)."""
+    if principal.device_id is None:
+        raise Forbidden("ingest needs a device token, not the admin token")
+    return principal.device_id
+
+
+AdminDep = Annotated[Principal, Depends(require_admin)]
+DeviceDep = Annotated[str, Depends(require_device)]

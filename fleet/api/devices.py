@@ -1,0 +1,146 @@
+"""Operator and query routes: enroll, list, revoke devices; read a device's records.
+
+* ``POST /v1/devices`` (admin): enroll, 201 with the token (shown once); 409 if enrolled.
+* ``GET /v1/devices`` (admin): list with last_seen, versions, backlog
+  (``?include_revoked=true`` adds revoked ones).
+* ``DELETE /v1/devices/{device_id}`` (admin): revoke, 204; 404 if not active.
+* ``GET /v1/devices/{device_id}/aggregates`` and ``/alerts`` (admin, or that device's token):
+  ``stream``, ``since`` (inclusive), ``until`` (exclusive) as epoch seconds or ISO 8601 with a
+  timezone, ``limit`` (1..settings.query_limit_max, default 1000). Aggregates are timed by
+  ``interval_start``, alerts by ``window_start``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import re
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Response
+from pydantic import ValidationError
+
+from cloud_sync.protocol import NAME_PATTERN, EnrollRequest, EnrollResponse
+from fleet.api.deps import AdminDep, PrincipalDep, ServicesDep
+from fleet.api.models import AggregatePage, AlertPage, DeviceList, DeviceOut
+from fleet.db.records import TimeQuery
+from fleet.errors import NotFound, Unprocessable
+
+router = APIRouter()
+_NAME = re.compile(NAME_PATTERN)
+
+
+@router.post("/v1/devices", status_code=201, response_model=EnrollResponse)
+def enroll(body: dict[str, Any], services: ServicesDep, _admin: AdminDep) -> EnrollResponse:
+    try:
+        request = EnrollRequest.model_validate(body)
+    except ValidationError as exc:
+        raise Unprocessable(_errors(exc)) from None
+    token = services.devices.enroll(request.device_id, request.tags)
+    return EnrollResponse(device_id=request.device_id, token=token)
+
+
+@router.get("/v1/devices", response_model=DeviceList)
+def list_devices(
+    services: ServicesDep, _admin: AdminDep, include_revoked: bool = False
+) -> DeviceList:
+    found = services.devices.list(include_revoked=include_revoked)
+    return DeviceList(devices=[DeviceOut.of(d) for d in found])
+
+
+@router.delete("/v1/devices/{device_id}", status_code=204)
+def revoke(device_id: str, services: ServicesDep, _admin: AdminDep) -> Response:
+    services.devices.revoke(device_id)
+    return Response(status_code=204)
+
+
+Since = Annotated[str | None, Query(max_length=40, description="Epoch s or ISO 8601.")]
+Stream = Annotated[str | None, Query(pattern=NAME_PATTERN)]
+Limit = Annotated[int, Query(ge=1)]
+
+
+@router.get("/v1/devices/{device_id}/aggregates", response_model=AggregatePage)
+def device_aggregates(
+    device_id: str,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    stream: Stream = None,
+    since: Since = None,
+    until: Since = None,
+    limit: Limit = 1000,
+) -> dict[str, Any]:
+    query = _query(device_id, services, principal, stream, since, until, limit)
+    rows = services.records.aggregates(query)
+    return {"items": rows[: query.limit - 1], "truncated": len(rows) == query.limit}
+
+
+@router.get("/v1/devices/{device_id}/alerts", response_model=AlertPage)
+def device_alerts(
+    device_id: str,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    stream: Stream = None,
+    since: Since = None,
+    until: Since = None,
+    limit: Limit = 1000,
+) -> dict[str, Any]:
+    query = _query(device_id, services, principal, stream, since, until, limit)
+    rows = services.records.alerts(query)
+    return {"items": rows[: query.limit - 1], "truncated": len(rows) == query.limit}
+
+
+def _query(
+    device_id: str,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    stream: str | None,
+    since: str | None,
+    until: str | None,
+    limit: int,
+) -> TimeQuery:
+    """Check access and parameters; the returned limit is one more than asked (truncation probe).
+
+    Raises:
+        Forbidden: A device reading another device.
+        NotFound: Unknown device (admin only; a device never learns which ids exist).
+        Unprocessable: Bad time bound or limit.
+    """
+    principal.check_read(device_id)
+    if not _NAME.match(device_id) or (
+        principal.is_admin and services.devices.get(device_id) is None
+    ):
+        raise NotFound(f"no device {device_id!r}")
+    if limit > services.settings.query_limit_max:
+        raise Unprocessable(f"limit must be at most {services.settings.query_limit_max}")
+    lo, hi = _time(since, "since"), _time(until, "until")
+    if lo is not None and hi is not None and hi < lo:
+        raise Unprocessable("until is before since")
+    return TimeQuery(device_id=device_id, stream=stream, since=lo, until=hi, limit=limit + 1)
+
+
+def _time(text: str | None, name: str) -> dt.datetime | None:
+    """Epoch seconds or ISO 8601 with timezone -> aware UTC."""
+    if text is None or text == "":
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        pass
+    else:
+        if not math.isfinite(seconds) or not 0 <= seconds <= 32503680000:
+            raise Unprocessable(f"{name}: epoch seconds out of range")
+        return dt.datetime.fromtimestamp(seconds, tz=dt.UTC)
+    try:
+        value = dt.datetime.fromisoformat(text)
+        if value.tzinfo is None:
+            raise Unprocessable(f"{name}: ISO 8601 needs a timezone (e.g. Z)")
+        return value.astimezone(dt.UTC)
+    except (ValueError, OverflowError):
+        raise Unprocessable(f"{name}: not epoch seconds nor ISO 8601") from None
+
+
+def _errors(exc: ValidationError) -> list[dict[str, Any]]:
+    return [
+        {"loc": list(err["loc"]), "msg": err["msg"]}
+        for err in exc.errors(include_url=False, include_input=False)
+    ]

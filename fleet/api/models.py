@@ -1,0 +1,98 @@
+"""Response models of the operator-facing endpoints (the device-facing ones live in
+:mod:`cloud_sync.protocol`). Times are ISO 8601 UTC."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from fleet.db.devices import Device
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class BacklogOut(_Out):
+    alerts: int | None
+    aggregates: int | None
+
+
+class DeviceOut(_Out):
+    """A device as listed by ``GET /v1/devices``."""
+
+    device_id: str
+    tags: list[str]
+    created_at: dt.datetime
+    revoked_at: dt.datetime | None
+    last_seen: dt.datetime | None
+    agent_version: str | None
+    model_name: str | None
+    model_version: int | None
+    backlog: BacklogOut
+
+    @classmethod
+    def of(cls, device: Device) -> DeviceOut:
+        return cls(
+            device_id=device.device_id,
+            tags=list(device.tags),
+            created_at=device.created_at,
+            revoked_at=device.revoked_at,
+            last_seen=device.last_seen,
+            agent_version=device.agent_version,
+            model_name=device.model_name,
+            model_version=device.model_version,
+            backlog=BacklogOut(
+                alerts=device.backlog_alerts, aggregates=device.backlog_aggregates
+            ),
+        )
+
+
+class DeviceList(_Out):
+    devices: list[DeviceOut]
+
+
+class AggregateOut(_Out):
+    id: str
+    device_id: str
+    stream: str
+    interval_start: dt.datetime
+    interval_s: float
+    count: int
+    channels: list[dict[str, Any]]
+    max_score: float | None
+    windows: int
+    alert_count: int
+    received_at: dt.datetime
+
+
+class AlertOut(_Out):
+    id: str
+    device_id: str
+    stream: str
+    seq: int
+    score: float
+    threshold: float
+    window_start: dt.datetime
+    window_end: dt.datetime
+    raised_at: dt.datetime
+    model_name: str
+    model_version: int
+    payload: dict[str, Any]
+    received_at: dt.datetime
+
+
+class AggregatePage(_Out):
+    """``GET /v1/devices/{id}/aggregates``: oldest first; ``truncated`` when ``limit`` cut it."""
+
+    items: list[AggregateOut]
+    truncated: bool = Field(description="More rows match; ask again with since = last time.")
+
+
+class AlertPage(_Out):
+    """``GET /v1/devices/{id}/alerts``: oldest first."""
+
+    items: list[AlertOut]
+    truncated: bool

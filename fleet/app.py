@@ -1,0 +1,50 @@
+"""Composition root of the fleet service: :func:`create_app` wires settings, engine,
+repositories, metrics, routers and error handlers into one FastAPI app."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from sqlalchemy import Engine
+
+from fleet.api import devices, handlers, health, ingest
+from fleet.api.deps import Services
+from fleet.db.devices import DeviceRegistry
+from fleet.db.engine import make_engine
+from fleet.db.records import RecordStore
+from fleet.metrics import FleetMetrics, MetricsMiddleware
+from fleet.settings import Settings
+
+API_VERSION = "1"
+
+
+def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
+    """Build the app. The schema must already be migrated (``edge-fleet serve`` does it).
+
+    Args:
+        settings: Service settings (database URL, admin token, limits).
+        engine: An existing engine (tests); built from ``settings.db_url`` when omitted.
+
+    Raises:
+        ConfigError: ``settings.db_url`` is invalid (only when ``engine`` is omitted).
+    """
+    engine = engine if engine is not None else make_engine(settings)
+    metrics = FleetMetrics()
+    app = FastAPI(
+        title="edge-fleet",
+        version=API_VERSION,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url="/openapi.json",
+    )
+    app.state.services = Services(
+        settings=settings,
+        engine=engine,
+        devices=DeviceRegistry(engine),
+        records=RecordStore(engine),
+        metrics=metrics,
+    )
+    handlers.install(app)
+    for module in (ingest, devices, health):
+        app.include_router(module.router)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    return app

@@ -1,0 +1,188 @@
+"""``edge-fleet``: serve the API, migrate the database, manage devices.
+
+::
+
+    edge-fleet serve [--db URL] [--host 127.0.0.1] [--port 8700] [--admin-token-file F]
+                     [--state-dir fleet-state] [--pool-size 10] [--workers 1]
+    edge-fleet db upgrade [--db URL]
+    edge-fleet device add ID [--tag T ...]     prints the new token (shown once)
+    edge-fleet device list [--all]
+    edge-fleet device revoke ID
+
+The ``device`` commands talk to the database directly (same ``--db``), not over HTTP: they work
+before the server is up and need no admin token, which is the operator's file-system access.
+``serve`` migrates the schema before it listens. Without ``--db`` the database is
+``sqlite:///<state dir>/fleet.db`` (WAL). Exit codes: 0 ok, 1 refused (unknown or already
+enrolled device), 69 database unreachable (EX_UNAVAILABLE), 70 migration failed
+(EX_SOFTWARE), 78 bad configuration (EX_CONFIG).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from sqlalchemy import Engine
+
+from fleet.db import migrate
+from fleet.db.devices import Device, DeviceRegistry
+from fleet.db.engine import make_engine
+from fleet.errors import ApiError, ConfigError, MigrationError, StorageUnavailable
+from fleet.settings import (
+    DEFAULT_PORT,
+    DEFAULT_STATE_DIR,
+    Settings,
+    default_db_url,
+    resolve_admin_token,
+)
+
+EX_REFUSED, EX_UNAVAILABLE, EX_SOFTWARE, EX_CONFIG = 1, 69, 70, 78
+_log = logging.getLogger("fleet")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="edge-fleet", description=__doc__.splitlines()[0])
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--db", help="SQLAlchemy URL (default sqlite:///<state dir>/fleet.db)")
+    common.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", parents=[common], help="run the HTTP API")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT)
+    serve.add_argument("--admin-token-file", type=Path)
+    serve.add_argument("--pool-size", type=int, default=10, help="DB connections per process")
+    serve.add_argument("--log-level", default="info")
+
+    db = sub.add_parser("db", help="schema migrations")
+    db_sub = db.add_subparsers(dest="db_command", required=True)
+    db_sub.add_parser("upgrade", parents=[common], help="migrate to the newest schema")
+
+    device = sub.add_parser("device", help="enroll, list, revoke devices")
+    dev_sub = device.add_subparsers(dest="device_command", required=True)
+    add = dev_sub.add_parser("add", parents=[common], help="enroll; prints the token once")
+    add.add_argument("device_id")
+    add.add_argument("--tag", action="append", default=[], dest="tags")
+    lst = dev_sub.add_parser("list", parents=[common], help="table of devices")
+    lst.add_argument("--all", action="store_true", help="include revoked devices")
+    rev = dev_sub.add_parser("revoke", parents=[common], help="invalidate a device token")
+    rev.add_argument("device_id")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``edge-fleet`` console script; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=getattr(args, "log_level", "info").upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return _run(args)
+    except ConfigError as exc:
+        print(f"edge-fleet: configuration error: {exc}", file=sys.stderr)
+        return EX_CONFIG
+    except StorageUnavailable as exc:
+        print(f"edge-fleet: database unavailable: {exc}", file=sys.stderr)
+        return EX_UNAVAILABLE
+    except MigrationError as exc:
+        print(f"edge-fleet: {exc}", file=sys.stderr)
+        return EX_SOFTWARE
+    except ApiError as exc:
+        print(f"edge-fleet: {exc.detail}", file=sys.stderr)
+        return EX_REFUSED
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "serve":
+        return _serve(args)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    engine = _engine(args)
+    try:
+        migrate.upgrade(engine)
+        if args.command == "db":
+            print(f"database at revision {migrate.current_revision(engine)}")
+            return 0
+        registry = DeviceRegistry(engine)
+        if args.device_command == "add":
+            from cloud_sync.protocol import EnrollRequest  # noqa: PLC0415 (validation only)
+
+            try:
+                EnrollRequest(device_id=args.device_id, tags=args.tags)
+            except ValueError as exc:
+                raise ConfigError(f"invalid device id or tags: {exc}") from None
+            print(registry.enroll(args.device_id, args.tags))
+        elif args.device_command == "list":
+            print(format_table(registry.list(include_revoked=args.all)))
+        else:
+            registry.revoke(args.device_id)
+            print(f"revoked {args.device_id}")
+        return 0
+    finally:
+        engine.dispose()
+
+
+def _settings(args: argparse.Namespace, admin_token: str = "") -> Settings:
+    state_dir: Path = args.state_dir
+    return Settings(
+        db_url=args.db or os.environ.get("EDGE_FLEET_DB") or default_db_url(state_dir),
+        admin_token=admin_token,
+        state_dir=state_dir,
+        pool_size=getattr(args, "pool_size", 10),
+    )
+
+
+def _engine(args: argparse.Namespace) -> Engine:
+    return make_engine(_settings(args))
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn  # noqa: PLC0415 (only serve needs it)
+
+    from fleet.app import create_app  # noqa: PLC0415
+
+    if not 0 < args.port < 65536:
+        raise ConfigError(f"port {args.port} out of range")
+    token = resolve_admin_token(args.state_dir, args.admin_token_file)
+    settings = _settings(args, token)
+    engine = make_engine(settings)
+    migrate.upgrade(engine)
+    app = create_app(settings, engine)
+    _log.info("edge-fleet on http://%s:%d, database %s", args.host, args.port,
+              engine.url.render_as_string(hide_password=True))
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                access_log=False, server_header=False)
+    engine.dispose()
+    return 0
+
+
+def format_table(devices: Sequence[Device]) -> str:
+    """Devices as a fixed-width text table (one header line, one line per device)."""
+    header = ("DEVICE", "LAST SEEN (UTC)", "AGENT", "MODEL", "BACKLOG AL/AG", "TAGS", "STATE")
+    rows = [header]
+    for d in devices:
+        rows.append((
+            d.device_id,
+            d.last_seen.strftime("%Y-%m-%d %H:%M:%S") if d.last_seen else "never",
+            d.agent_version or "-",
+            f"{d.model_name}@{d.model_version}" if d.model_name else "-",
+            f"{_n(d.backlog_alerts)}/{_n(d.backlog_aggregates)}",
+            ",".join(d.tags) or "-",
+            "revoked" if d.revoked_at else "active",
+        ))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    )
+
+
+def _n(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Storage: schema (SQLAlchemy Core), engines, migrations (alembic), repositories."""

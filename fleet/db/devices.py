@@ -1,0 +1,152 @@
+"""Device registry: enroll, authenticate, list, revoke.
+
+A device token is ``secrets.token_urlsafe(32)`` (256 random bits) shown once at enrollment; only
+``sha256(token)`` hex is stored. A fast unsalted hash is the right tool for high-entropy random
+tokens: there is no dictionary to attack, so key stretching (bcrypt/argon2, meant for
+human-chosen passwords) would only slow every request (OWASP Password Storage Cheat Sheet;
+GitHub and PyPI API tokens are stored the same way).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import hmac
+import re
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from fleet.db.schema import devices
+from fleet.errors import Conflict, NotFound, Unprocessable
+
+Clock = Callable[[], dt.datetime]
+#: What a device tag may look like (``line=3``, ``site/plant-a``).
+TAG_PATTERN = re.compile(r"^[A-Za-z0-9_.:=/-]{1,64}$")
+
+
+def utcnow() -> dt.datetime:
+    """Aware UTC now (the default clock)."""
+    return dt.datetime.now(dt.UTC)
+
+
+def hash_token(token: str) -> str:
+    """sha256 hex digest of a token (64 lowercase hex characters)."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class Device:
+    """One row of ``devices`` as operators see it (never the token hash)."""
+
+    device_id: str
+    tags: list[str]
+    created_at: dt.datetime
+    revoked_at: dt.datetime | None
+    last_seen: dt.datetime | None
+    agent_version: str | None
+    model_name: str | None
+    model_version: int | None
+    backlog_alerts: int | None
+    backlog_aggregates: int | None
+
+    @classmethod
+    def from_row(cls, row: Any) -> Device:
+        return cls(**{name: getattr(row, name) for name in cls.__dataclass_fields__})
+
+
+class DeviceRegistry:
+    """Devices in the database.
+
+    Args:
+        engine: The SQLAlchemy engine.
+        clock: Returns aware UTC now (injected for tests).
+    """
+
+    def __init__(self, engine: Engine, clock: Clock = utcnow) -> None:
+        self._engine = engine
+        self._clock = clock
+
+    def enroll(self, device_id: str, tags: list[str]) -> str:
+        """Register ``device_id`` (or re-enroll a revoked one) and return its new token.
+
+        Raises:
+            Conflict: The device is enrolled and not revoked.
+            Unprocessable: A tag does not match :data:`TAG_PATTERN`.
+        """
+        bad = [t for t in tags if not TAG_PATTERN.match(t)]
+        if bad:
+            raise Unprocessable(f"tags must match {TAG_PATTERN.pattern}: {bad[:5]!r}")
+        token = secrets.token_urlsafe(32)
+        values = {
+            "token_hash": hash_token(token),
+            "tags": sorted(set(tags)),
+            "created_at": self._clock(),
+            "revoked_at": None,
+        }
+        try:
+            self._enroll(device_id, values)
+        except IntegrityError:  # a concurrent enrollment of the same id won
+            raise Conflict(f"device {device_id!r} is already enrolled") from None
+        return token
+
+    def _enroll(self, device_id: str, values: dict[str, Any]) -> None:
+        with self._engine.begin() as conn:
+            row = conn.execute(
+                select(devices.c.revoked_at).where(devices.c.device_id == device_id)
+                .with_for_update()
+            ).first()
+            if row is None:
+                conn.execute(insert(devices).values(device_id=device_id, **values))
+            elif row.revoked_at is None:
+                raise Conflict(f"device {device_id!r} is already enrolled (revoke it first)")
+            else:
+                conn.execute(
+                    update(devices).where(devices.c.device_id == device_id).values(**values)
+                )
+
+    def authenticate(self, token: str) -> str | None:
+        """The id of the active device owning ``token``, else ``None``."""
+        digest = hash_token(token)
+        with self._engine.connect() as conn:
+            row = conn.execute(
+                select(devices.c.device_id, devices.c.token_hash).where(
+                    devices.c.token_hash == digest, devices.c.revoked_at.is_(None)
+                )
+            ).first()
+        if row is None or not hmac.compare_digest(row.token_hash, digest):
+            return None
+        return str(row.device_id)
+
+    def get(self, device_id: str) -> Device | None:
+        """One device (revoked ones included), or ``None``."""
+        with self._engine.connect() as conn:
+            row = conn.execute(select(devices).where(devices.c.device_id == device_id)).first()
+        return None if row is None else Device.from_row(row)
+
+    def list(self, *, include_revoked: bool = False) -> list[Device]:
+        """All devices ordered by id."""
+        query = select(devices).order_by(devices.c.device_id)
+        if not include_revoked:
+            query = query.where(devices.c.revoked_at.is_(None))
+        with self._engine.connect() as conn:
+            return [Device.from_row(row) for row in conn.execute(query)]
+
+    def revoke(self, device_id: str) -> None:
+        """Invalidate the device's token; its records stay.
+
+        Raises:
+            NotFound: No active device with this id.
+        """
+        with self._engine.begin() as conn:
+            result = conn.execute(
+                update(devices)
+                .where(devices.c.device_id == device_id, devices.c.revoked_at.is_(None))
+                .values(revoked_at=self._clock(), token_hash=None)
+            )
+        if result.rowcount == 0:
+            raise NotFound(f"no active device {device_id!r}")

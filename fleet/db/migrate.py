@@ -1,0 +1,62 @@
+"""Schema migrations with alembic, driven programmatically.
+
+Why alembic rather than a hand-rolled version list: the same scripts must run on SQLite and
+PostgreSQL, and alembic gives dialect-aware DDL (``batch_alter_table`` for SQLite's limited
+``ALTER``), a version table, ``downgrade`` and autogenerate diffs against :mod:`fleet.db.schema`
+for future revisions, at the price of one ``env.py``. The scripts live inside the package
+(``fleet/db/migrations``) so an installed wheel can migrate without an ``alembic.ini``.
+
+``upgrade`` is idempotent: run at head it does nothing. ``edge-fleet serve`` runs it on start.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
+
+from fleet.errors import MigrationError, StorageUnavailable
+
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+
+
+def _config() -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    return cfg
+
+
+def head_revision() -> str:
+    """The newest revision shipped with this package."""
+    head = ScriptDirectory.from_config(_config()).get_current_head()
+    assert head is not None
+    return head
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The revision the database is at (``None`` before the first upgrade)."""
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Migrate the database to ``revision`` in one transaction (a no-op when already there).
+
+    Raises:
+        StorageUnavailable: The database cannot be reached.
+        MigrationError: A migration failed.
+    """
+    cfg = _config()
+    try:
+        with engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, revision)
+    except OperationalError as exc:
+        raise StorageUnavailable(f"database unreachable: {exc.orig}") from exc
+    except SQLAlchemyError as exc:
+        raise MigrationError(f"migration to {revision} failed: {exc}") from exc

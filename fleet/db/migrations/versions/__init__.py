@@ -1,0 +1,1 @@
+"""Alembic migration scripts (loaded by path by alembic, not imported)."""

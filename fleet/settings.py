@@ -1,0 +1,113 @@
+"""Service settings and the admin token.
+
+The admin token comes from, in order: ``--admin-token-file``, the environment variable
+``EDGE_FLEET_ADMIN_TOKEN``, or ``<state dir>/admin.token``, which is generated (32 random bytes,
+URL-safe base64, mode 0600) at first start. Its path is logged, never the token.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+
+from fleet.errors import ConfigError
+
+ADMIN_TOKEN_ENV = "EDGE_FLEET_ADMIN_TOKEN"  # noqa: S105 (a variable name)
+DEFAULT_STATE_DIR = Path("fleet-state")
+DEFAULT_PORT = 8700
+_SUPPORTED_DRIVERS = {"sqlite": "sqlite", "postgresql": "postgresql+psycopg"}
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything :func:`fleet.app.create_app` needs.
+
+    Attributes:
+        db_url: SQLAlchemy URL (``sqlite:///path`` or ``postgresql+psycopg://...``).
+        admin_token: The operator token (plaintext, compared in constant time).
+        state_dir: Holds the default SQLite file and the generated admin token.
+        pool_size: PostgreSQL connection pool size (per process).
+        max_overflow: Extra connections above ``pool_size`` under bursts.
+        pool_timeout_s: Seconds a request waits for a pooled connection before a 503.
+        query_limit_max: Largest ``limit`` a query endpoint accepts (rows).
+    """
+
+    db_url: str
+    admin_token: str
+    state_dir: Path = DEFAULT_STATE_DIR
+    pool_size: int = 10
+    max_overflow: int = 10
+    pool_timeout_s: float = 5.0
+    query_limit_max: int = 10_000
+
+
+def default_db_url(state_dir: Path) -> str:
+    """The default SQLite database inside ``state_dir``."""
+    return f"sqlite:///{state_dir / 'fleet.db'}"
+
+
+def parse_db_url(raw: str) -> URL:
+    """Validate a database URL; a bare ``postgresql://`` gets the psycopg 3 driver.
+
+    Raises:
+        ConfigError: Unparseable, or neither SQLite nor PostgreSQL.
+    """
+    try:
+        url = make_url(raw)
+    except (ArgumentError, ValueError) as exc:
+        raise ConfigError(f"invalid database URL: {exc}") from None
+    backend = url.get_backend_name()
+    if backend not in _SUPPORTED_DRIVERS:
+        raise ConfigError(f"unsupported database {backend!r}: use sqlite or postgresql")
+    if backend == "postgresql" and url.drivername == "postgresql":
+        url = url.set(drivername="postgresql+psycopg")
+    if backend == "postgresql" and url.get_driver_name() != "psycopg":
+        raise ConfigError("PostgreSQL URLs must use the psycopg driver (postgresql+psycopg://)")
+    if backend == "sqlite" and url.database in (None, "", ":memory:"):
+        raise ConfigError("SQLite needs a file path: sqlite:///path/to/fleet.db")
+    return url
+
+
+def resolve_admin_token(
+    state_dir: Path, token_file: Path | None = None, environ: Mapping[str, str] | None = None
+) -> str:
+    """Find the admin token, generating ``<state_dir>/admin.token`` when none is configured.
+
+    Raises:
+        ConfigError: The token file is unreadable or empty.
+    """
+    env = os.environ if environ is None else environ
+    if token_file is not None:
+        try:
+            token = token_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigError(f"cannot read admin token file {token_file}: {exc}") from None
+        if not token:
+            raise ConfigError(f"admin token file {token_file} is empty")
+        return token
+    if env.get(ADMIN_TOKEN_ENV, "").strip():
+        return env[ADMIN_TOKEN_ENV].strip()
+    path = state_dir / "admin.token"
+    if path.exists():
+        return resolve_admin_token(state_dir, path, env)
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        token = secrets.token_urlsafe(32)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(token + "\n")
+    except FileExistsError:  # another process won the race: use its token
+        return resolve_admin_token(state_dir, path, env)
+    except OSError as exc:
+        raise ConfigError(f"cannot write admin token {path}: {exc}") from None
+    _log.warning("generated a new admin token in %s (mode 0600)", path)
+    return token
