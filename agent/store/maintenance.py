@@ -12,7 +12,11 @@ once at open with ``VACUUM`` when the file system has room for a copy; otherwise
 ``NONE`` and freed pages are reused by later writes instead of being returned (the budget below
 counts live pages only, so eviction still stops at the right point).
 
-Disk budget (:class:`BudgetPolicy`): the store's size is its live pages
+Full disk: ``<db>-reserve`` (:data:`RESERVE_BYTES` of zeros) is kept next to the database. On
+SQLITE_FULL the store deletes it, so the checkpoint and the DELETEs of an eviction step have room
+(in WAL mode even a DELETE needs disk), and recreates it at the next maintenance when it fits.
+
+Disk budget: the store's size is its live pages
 (``(page_count - freelist_count) * page_size``) plus the ``-wal`` file. Above the budget, rows
 are evicted oldest first, one class after the other, until the size is under
 ``LOW_WATER x budget``:
@@ -29,6 +33,7 @@ every ``CHECKPOINT_EVERY_S``.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import math
 import os
@@ -45,6 +50,9 @@ JOURNAL_SIZE_LIMIT = 4 * 1024 * 1024
 CHECKPOINT_EVERY_S = 30.0
 #: Smallest number of rows deleted per eviction step.
 MIN_EVICT_ROWS = 64
+
+#: Bytes kept in ``<db>-reserve``: released on a full disk so eviction itself has room to run.
+RESERVE_BYTES = 256 * 1024
 
 _CORRUPT_CODES = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
 
@@ -161,6 +169,37 @@ def ensure_incremental_vacuum(conn: sqlite3.Connection, path: str) -> bool:
     return int(conn.execute("PRAGMA auto_vacuum").fetchone()[0]) == 2
 
 
+def ensure_reserve(path: str) -> bool:
+    """Create the ``<db>-reserve`` file of :data:`RESERVE_BYTES` if missing; True when present."""
+    if path == ":memory:":
+        return False
+    reserve = path + "-reserve"
+    try:
+        if os.path.getsize(reserve) >= RESERVE_BYTES:
+            return True
+    except OSError:
+        pass
+    try:
+        with open(reserve, "wb") as f:
+            f.write(b"\0" * RESERVE_BYTES)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.remove(reserve)
+        return False
+    return True
+
+
+def release_reserve(path: str) -> bool:
+    """Delete the ``<db>-reserve`` file; True when it existed."""
+    try:
+        os.remove(path + "-reserve")
+    except OSError:
+        return False
+    return True
+
+
 def wal_bytes(path: str) -> int:
     """Size of the ``-wal`` file in bytes (0 when absent)."""
     try:
@@ -212,5 +251,6 @@ def evict(conn: sqlite3.Connection, cls: EvictionClass, limit: int) -> int:
 
 def reclaim(conn: sqlite3.Connection) -> None:
     """Return free pages to the file system and truncate the WAL (best effort on busy)."""
-    conn.execute("PRAGMA incremental_vacuum").fetchall()
+    # executescript steps the pragma to completion; execute() would free one page per call.
+    conn.executescript("PRAGMA incremental_vacuum;")
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()

@@ -233,6 +233,7 @@ class Store:
                 )
         except sqlite3.Error as exc:
             log.warning("SQLite store %s: cannot switch on incremental vacuum: %s", self.path, exc)
+        mt.ensure_reserve(self.path)
         return conn
 
     # -- plumbing -------------------------------------------------------------------------------
@@ -695,10 +696,21 @@ class Store:
         with self._use("size") as conn:
             return mt.store_bytes(conn, self.path)
 
+    def checkpoint(self) -> None:
+        """Copy the WAL into the database, truncate it and return free pages to the file system.
+
+        Raises:
+            StoreError: The checkpoint failed.
+        """
+        with self._use("checkpoint") as conn:
+            mt.reclaim(conn)
+            self._last_checkpoint = self._monotonic()
+
     def _maintain(self) -> None:
         """After a write: run :meth:`enforce_budget` when the interval has passed (never raises)."""
         if self.path == ":memory:" or self._monotonic() < self._next_check:
             return
+        mt.ensure_reserve(self.path)
         try:
             self.enforce_budget()
         except StoreError as exc:
@@ -725,6 +737,10 @@ class Store:
                 self._last_checkpoint = now
             used = mt.store_bytes(conn, self.path)
             budget = self.budget_bytes
+            if budget is not None and used > budget:
+                mt.reclaim(conn)  # a checkpoint alone may be enough
+                self._last_checkpoint = now
+                used = mt.store_bytes(conn, self.path)
             if budget is not None and used > budget:
                 evicted = self._evict_to(conn, int(budget * mt.LOW_WATER), used)
                 used = mt.store_bytes(conn, self.path)
@@ -759,8 +775,8 @@ class Store:
             self._evicting = True
             self._episode_evicted = {}
             log.warning(
-                "SQLite store %s is over its budget of %d bytes: evicting oldest rows "
-                "(uploaded aggregates first, unacknowledged alerts last)",
+                "SQLite store %s is over its budget (%s bytes) or the disk is full: evicting "
+                "oldest rows (uploaded aggregates first, unacknowledged alerts last)",
                 self.path, self.budget_bytes,
             )
         self._episode_evicted[kind] = self._episode_evicted.get(kind, 0) + n
@@ -779,7 +795,10 @@ class Store:
             conn = self._conn
             if conn is None:
                 return False
+            mt.release_reserve(self.path)
             try:
+                # Truncating the WAL first gives the DELETE's own WAL frames room.
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
                 for cls in self._classes[:2]:
                     n = mt.evict(conn, cls, 4 * mt.MIN_EVICT_ROWS)
                     if n:
