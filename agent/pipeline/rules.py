@@ -21,8 +21,8 @@ from dataclasses import dataclass
 class RuleParams:
     """Rule parameters (see the module docstring); validated by the config schema."""
 
-    k: int = 3
-    n: int = 5
+    k: int = 7
+    n: int = 10
     clear_ratio: float = 0.9
     clear_windows: int = 5
     cooldown_s: float = 60.0

@@ -63,7 +63,7 @@ def test_minimal_config_takes_every_default() -> None:
     assert isinstance(stream.source, SimulatorConfig)
     assert (stream.model, stream.window, stream.hop) == ("builtin:skab-wstat", None, None)
     assert stream.calibration_samples == 400
-    assert (stream.rules.k, stream.rules.n, stream.rules.clear_ratio) == (3, 5, 0.9)
+    assert (stream.rules.k, stream.rules.n, stream.rules.clear_ratio) == (7, 10, 0.9)
     assert config.store.path == "agent.db"
 
 
