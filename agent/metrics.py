@@ -7,7 +7,16 @@ base units (seconds, bytes) in the name.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+)
 
 # Buckets in seconds for one HTTP upload (a batch of up to 5,000 records).
 UPLOAD_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -28,6 +37,11 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        # process_* (RSS, CPU seconds, open fds, start time) and python_info on this registry
+        # (prometheus_client's global REGISTRY has them already).
+        if r is not REGISTRY:
+            ProcessCollector(registry=r)
+            PlatformCollector(registry=r)
         self.info = Info("edge_agent", "Agent build information.", registry=r)
         # sources
         self.readings_total = Counter(
@@ -87,6 +101,31 @@ class Metrics:
         )
         self.queue_depth = Gauge(
             "edge_agent_queue_depth", "Readings waiting for the pipeline.", registry=r
+        )
+        # liveness (agent.health): what the systemd watchdog and /healthz decide on
+        self.watchdog_last_ok = Gauge(
+            "edge_agent_watchdog_last_ok_timestamp_seconds",
+            "Wall time (epoch s) of the last heartbeat at which every stage made progress.",
+            registry=r,
+        )
+        self.stage_progress_age_seconds = Gauge(
+            "edge_agent_stage_progress_age_seconds",
+            "Seconds since a stage last made progress (stage: source:<stream>, pipeline, "
+            "publisher).",
+            ["stage"],
+            registry=r,
+        )
+        self.stage_stalled = Gauge(
+            "edge_agent_stage_stalled",
+            "1 while a stage is stalled (no progress for longer than its stall limit).",
+            ["stage"],
+            registry=r,
+        )
+        self.health_state = Gauge(
+            "edge_agent_health_state",
+            "Health per component: 0 green, 1 yellow, 2 red (component 'overall' = worst).",
+            ["component"],
+            registry=r,
         )
         self.dropped_total = Counter(
             "edge_agent_dropped_total",
