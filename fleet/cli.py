@@ -4,6 +4,7 @@
 
     edge-fleet serve [--db URL] [--host 127.0.0.1] [--port 8700] [--admin-token-file F]
                      [--state-dir fleet-state] [--pool-size 10] [--workers 1]
+                     (EDGE_FLEET_DB may replace --db)
     edge-fleet db upgrade [--db URL]
     edge-fleet device add ID [--tag T ...]     prints the new token (shown once)
     edge-fleet device list [--all]
@@ -25,6 +26,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
 
@@ -33,6 +35,7 @@ from fleet.db.devices import Device, DeviceRegistry
 from fleet.db.engine import make_engine
 from fleet.errors import ApiError, ConfigError, MigrationError, StorageUnavailable
 from fleet.settings import (
+    ADMIN_TOKEN_ENV,
     DEFAULT_PORT,
     DEFAULT_STATE_DIR,
     Settings,
@@ -40,7 +43,11 @@ from fleet.settings import (
     resolve_admin_token,
 )
 
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
 EX_REFUSED, EX_UNAVAILABLE, EX_SOFTWARE, EX_CONFIG = 1, 69, 70, 78
+_ENV_DB, _ENV_POOL, _ENV_STATE = "EDGE_FLEET_DB", "EDGE_FLEET_POOL_SIZE", "EDGE_FLEET_STATE_DIR"
 _log = logging.getLogger("fleet")
 
 
@@ -56,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=DEFAULT_PORT)
     serve.add_argument("--admin-token-file", type=Path)
     serve.add_argument("--pool-size", type=int, default=10, help="DB connections per process")
+    serve.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
     serve.add_argument("--log-level", default="info")
 
     db = sub.add_parser("db", help="schema migrations")
@@ -129,7 +137,7 @@ def _run(args: argparse.Namespace) -> int:
 def _settings(args: argparse.Namespace, admin_token: str = "") -> Settings:
     state_dir: Path = args.state_dir
     return Settings(
-        db_url=args.db or os.environ.get("EDGE_FLEET_DB") or default_db_url(state_dir),
+        db_url=args.db or os.environ.get(_ENV_DB) or default_db_url(state_dir),
         admin_token=admin_token,
         state_dir=state_dir,
         pool_size=getattr(args, "pool_size", 10),
@@ -147,17 +155,42 @@ def _serve(args: argparse.Namespace) -> int:
 
     if not 0 < args.port < 65536:
         raise ConfigError(f"port {args.port} out of range")
+    if not 1 <= args.workers <= 64 or args.pool_size < 1:
+        raise ConfigError("--workers must be 1..64 and --pool-size at least 1")
     token = resolve_admin_token(args.state_dir, args.admin_token_file)
     settings = _settings(args, token)
     engine = make_engine(settings)
     migrate.upgrade(engine)
-    app = create_app(settings, engine)
-    _log.info("edge-fleet on http://%s:%d, database %s", args.host, args.port,
-              engine.url.render_as_string(hide_password=True))
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                access_log=False, server_header=False)
+    _log.info("edge-fleet on http://%s:%d, database %s, %d worker(s)", args.host, args.port,
+              engine.url.render_as_string(hide_password=True), args.workers)
+    options: dict[str, Any] = {"host": args.host, "port": args.port, "log_level": args.log_level,
+                               "access_log": False, "server_header": False}
+    if args.workers <= 1:
+        uvicorn.run(create_app(settings, engine), **options)
+        engine.dispose()
+        return 0
+    # Worker processes import the app by name: hand them the resolved settings by environment.
     engine.dispose()
+    os.environ.update({
+        _ENV_DB: settings.db_url,
+        ADMIN_TOKEN_ENV: settings.admin_token,
+        _ENV_POOL: str(settings.pool_size),
+        _ENV_STATE: str(settings.state_dir),
+    })
+    uvicorn.run("fleet.cli:worker_app", factory=True, workers=args.workers, **options)
     return 0
+
+
+def worker_app() -> FastAPI:
+    """App factory for ``--workers N`` (settings from the environment ``serve`` prepared)."""
+    from fleet.app import create_app  # noqa: PLC0415
+
+    return create_app(Settings(
+        db_url=os.environ[_ENV_DB],
+        admin_token=os.environ[ADMIN_TOKEN_ENV],
+        state_dir=Path(os.environ[_ENV_STATE]),
+        pool_size=int(os.environ[_ENV_POOL]),
+    ))
 
 
 def format_table(devices: Sequence[Device]) -> str:

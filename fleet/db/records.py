@@ -10,6 +10,7 @@ Concurrent retries of the same batch are safe: the unique index arbitrates.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,9 +19,6 @@ from sqlalchemy import Connection, Engine, Table, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from fleet.db.schema import aggregates, alerts, devices
-
-#: Bound parameters per statement stay below SQLite's 32766 and PostgreSQL's 65535.
-_MAX_PARAMS = 30_000
 
 
 @dataclass(frozen=True)
@@ -63,7 +61,17 @@ class RecordStore:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         dialect = engine.dialect.name
-        self._insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+        insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+        self._statements = {
+            table.name: insert(table)
+            .on_conflict_do_nothing(index_elements=["id"])
+            .returning(table.c.id)
+            for table in (alerts, aggregates)
+        }
+        self._unnest = (
+            {t.name: _unnest_sql(t) for t in (alerts, aggregates)}
+            if dialect == "postgresql" else {}
+        )
 
     def ingest(
         self,
@@ -107,17 +115,17 @@ class RecordStore:
     ) -> list[str]:
         if not rows:
             return []
-        chunk = max(1, _MAX_PARAMS // len(rows[0]))
-        inserted: list[str] = []
-        for start in range(0, len(rows), chunk):
-            stmt = (
-                self._insert(table)
-                .values(list(rows[start : start + chunk]))
-                .on_conflict_do_nothing(index_elements=["id"])
-                .returning(table.c.id)
-            )
-            inserted.extend(conn.execute(stmt).scalars())
-        return inserted
+        # One cached statement executed with a list of parameter sets: SQLAlchemy's
+        # "insertmanyvalues" turns it into multi-row VALUES batches (within the drivers' bound
+        # parameter limits) without recompiling per batch, which a .values([...]) statement
+        # would do (~10 ms for 50 rows). PostgreSQL gets one short statement and ONE jsonb
+        # parameter holding every row (jsonb_populate_recordset): psycopg caches the parsing
+        # of a short statement (not of the long multi-VALUES text), json.dumps is C code, and
+        # the server plans one statement per batch (3.8 -> ~1.5 ms for 50 aggregates).
+        if self._unnest:
+            doc = json.dumps(rows, separators=(",", ":"), allow_nan=False, default=_iso)
+            return [row[0] for row in conn.exec_driver_sql(self._unnest[table.name], (doc,))]
+        return list(conn.execute(self._statements[table.name], list(rows)).scalars())
 
     def aggregates(self, query: TimeQuery) -> list[dict[str, Any]]:
         """Aggregates by ``interval_start`` (oldest first)."""
@@ -140,3 +148,19 @@ class RecordStore:
         stmt = stmt.order_by(time_col, table.c.id).limit(query.limit)
         with self._engine.connect() as conn:
             return [dict(row._mapping) for row in conn.execute(stmt)]
+
+
+def _iso(value: Any) -> str:
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+def _unnest_sql(table: Table) -> str:
+    """PostgreSQL: insert the rows of a jsonb array (one psycopg ``%s`` parameter)."""
+    names = ", ".join(c.name for c in table.c if c.name != "pk")
+    return (  # table and column names come from fleet.db.schema, never from input
+        f"INSERT INTO {table.name} ({names}) SELECT {names} "  # noqa: S608
+        f"FROM jsonb_populate_recordset(NULL::{table.name}, %s::jsonb) "
+        "ON CONFLICT (id) DO NOTHING RETURNING id"
+    )
