@@ -1,0 +1,129 @@
+"""Drain a 1,000,000-aggregate backlog from the agent's SQLite store into a real fleet.
+
+Scenario: the gateway was offline; its store buffered ``--rows`` aggregate rows (inserted fast:
+``executemany`` in one transaction). Then a fleet service starts (``edge-fleet serve``
+subprocess on a SQLite file in ``--workdir``) and the real :class:`agent.services.uploader.
+Uploader` with the real :class:`cloud_sync.client.FleetClient` drains the backlog. At the end the
+fleet database is checked: ``COUNT(*)`` and ``COUNT(DISTINCT id)`` against ``--rows``.
+
+Usage::
+
+    python benchmarks/backlog.py [--rows 1000000] [--batch 5000] [--gzip-level 1]
+
+Last line: ``rows_per_s=<n> lost=<n> duplicated=<n> peak_rss_mb=<n>`` (agent process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import resource
+import sqlite3
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from prometheus_client import CollectorRegistry  # noqa: E402
+
+from agent.metrics import Metrics  # noqa: E402
+from agent.services.uploader import Uploader  # noqa: E402
+from agent.store.sqlite import Store  # noqa: E402
+from cloud_sync.client import FleetClient  # noqa: E402
+from tests.integration.fleet_peer import FleetProcess  # noqa: E402
+
+CHANNELS = json.dumps(
+    [{"channel": f"ch{i}", "count": 600, "min": 1.0, "max": 2.0, "mean": 1.5, "std": 0.1}
+     for i in range(4)],
+    separators=(",", ":"),
+)
+
+
+def fill(db: Path, rows: int) -> float:
+    Store(db).close()  # schema
+    t0 = time.perf_counter()
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("PRAGMA synchronous = NORMAL")
+    conn.execute("BEGIN")
+    conn.executemany(
+        "INSERT INTO aggregates (aggregate_id, device_id, stream, interval_start, interval_s,"
+        " count, channels, max_score, windows, alert_count) "
+        "VALUES (?, 'gw1', ?, ?, 60.0, 600, ?, ?, 10, 0)",
+        (
+            (f"gw1:s{i % 4}:{(1_600_000_000 + 60 * (i // 4)) * 1000}", f"s{i % 4}",
+             1_600_000_000.0 + 60 * (i // 4), CHANNELS, None if i % 10 == 0 else 1.25)
+            for i in range(rows)
+        ),
+    )
+    conn.execute("COMMIT")
+    conn.close()
+    return time.perf_counter() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--batch", type=int, default=5000)
+    ap.add_argument("--gzip-level", type=int, default=1)
+    ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--profile", action="store_true", help="cProfile the agent side")
+    args = ap.parse_args()
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="backlog-"))
+    db = workdir / "agent.db"
+    print(f"workdir {workdir}; fleet storage: SQLite file (edge-fleet serve subprocess)")
+    print(f"filling the agent store with {args.rows} aggregates ...", flush=True)
+    print(f"  filled in {fill(db, args.rows):.1f} s", flush=True)
+    fleet = FleetProcess(workdir / "fleet")
+    fleet.start()
+    store = Store(db, budget_bytes=None)
+    client = FleetClient(fleet.url, fleet.token, read_timeout_s=120, gzip_level=args.gzip_level)
+    up = Uploader(store, client, "gw1", Metrics(CollectorRegistry()), batch_records=args.batch,
+                  interval_s=0.01, backoff_initial_s=0.1, backoff_max_s=2.0)
+    prof = cProfile.Profile() if args.profile else None
+    t0 = time.perf_counter()
+    last = t0
+    failures = 0
+    try:
+        if prof is not None:
+            prof.enable()
+        while True:
+            delay = up.run_once()
+            if delay > up.interval_s:
+                failures += 1
+                time.sleep(delay)
+            now = time.perf_counter()
+            if now - last >= 5 or delay == up.interval_s:
+                _alerts, left = store.upload_backlog()
+                done = args.rows - left
+                print(f"  {done:>9} uploaded, {done / (now - t0):,.0f} rows/s, "
+                      f"{failures} failed attempt(s)", flush=True)
+                last = now
+                if left == 0:
+                    break
+        elapsed = time.perf_counter() - t0
+    finally:
+        if prof is not None:
+            prof.disable()
+        fleet.stop()
+        store.close()
+    if prof is not None:
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
+    n, distinct = fleet.counts("aggregates")
+    lost = args.rows - distinct
+    duplicated = n - distinct
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    fleet_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    print(f"fleet rows {n}, distinct {distinct}; drain {elapsed:.1f} s; "
+          f"fleet peak RSS {fleet_peak:.0f} MB")
+    print(f"rows_per_s={args.rows / elapsed:.0f} lost={lost} duplicated={duplicated} "
+          f"peak_rss_mb={peak:.0f}")
+    return 0 if lost == 0 and duplicated == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
