@@ -251,6 +251,9 @@ class MqttPublisher:
         self._progress = threading.Condition()
         self._thread: threading.Thread | None = None
         self._started = False
+        #: ``monotonic()`` at the end of the drain loop's last pass (it passes at least every
+        #: second): a health check sees a drain thread stuck in the store or in paho.
+        self.last_loop_mono: float | None = None
 
     # -- public API -----------------------------------------------------------------------------
 
@@ -259,6 +262,11 @@ class MqttPublisher:
         """True while connected to the broker (for health checks)."""
         with self._state_lock:
             return self._connected
+
+    @property
+    def running(self) -> bool:
+        """True while the drain thread runs (False when disabled or stopped)."""
+        return self._thread is not None and self._thread.is_alive()
 
     def start(self) -> None:
         """Connect in the background and start draining; never blocks on the broker.
@@ -459,6 +467,7 @@ class MqttPublisher:
             except Exception:  # the drain must survive anything; the row stays in the outbox
                 self._log.exception("MQTT outbox drain failed; retrying")
                 self._stopping.wait(1.0)
+            self.last_loop_mono = self._monotonic()
             with self._progress:
                 self._progress.notify_all()
 

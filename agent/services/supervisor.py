@@ -98,6 +98,7 @@ class SourceSupervisor:
     Attributes:
         stream: The source's stream name.
         last_progress_mono: ``monotonic()`` of the last accepted reading, None before the first.
+        started_mono: ``monotonic()`` of :meth:`start`, None before.
         error: The fatal error that ended the thread, if any.
     """
 
@@ -139,7 +140,9 @@ class SourceSupervisor:
         self._outage_since = 0.0
         self._outage_failures = 0
         self.last_progress_mono: float | None = None
+        self.started_mono: float | None = None
         self.error: BaseException | None = None
+        self._outage_error = ""
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -153,6 +156,7 @@ class SourceSupervisor:
             raise RuntimeError(f"supervisor for stream {self.stream!r} already started")
         if isinstance(self.source, ReportsStatus):
             self.source.set_status_listener(self._on_status)
+        self.started_mono = self._monotonic()
         self._thread = threading.Thread(
             target=self._run, name=f"source-{self.stream}", daemon=True
         )
@@ -166,6 +170,13 @@ class SourceSupervisor:
     def is_alive(self) -> bool:
         """True while the thread runs."""
         return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def outage(self) -> tuple[str, float] | None:
+        """``(error text, monotonic start)`` of the outage in progress; None when reading."""
+        if not self._in_outage:
+            return None
+        return self._outage_error, self._outage_since
 
     @property
     def done(self) -> bool:
@@ -253,6 +264,7 @@ class SourceSupervisor:
     def _on_failure(self, error: BaseException) -> None:
         self._errors.inc()
         self._up.set(0)
+        self._outage_error = str(error) or type(error).__name__
         if self._in_outage:
             self._outage_failures += 1
             return

@@ -1,0 +1,108 @@
+"""The agent's operations endpoint: ``/metrics`` (Prometheus text) and ``/healthz`` (JSON).
+
+One small :class:`http.server.ThreadingHTTPServer` in a daemon thread, bound to
+``agent.metrics_address`` (``127.0.0.1`` by default: expose it on purpose, e.g. to a Prometheus on
+another host, by setting ``0.0.0.0``) and ``agent.metrics_port``:
+
+``GET /metrics``
+    ``prometheus_client.generate_latest`` of the agent's registry (content type
+    ``text/plain; version=0.0.4``).
+``GET /healthz``
+    The :class:`agent.health.Report` as JSON: ``{"status": "green|yellow|red", "at": epoch_s,
+    "components": {name: {"state", "reason", ...figures}}}``; HTTP 200 for green and yellow, 503
+    for red.
+
+Anything else is 404. Requests are not logged (Prometheus scrapes every 15 s).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from agent.health import Report
+
+log = logging.getLogger(__name__)
+
+
+class OpsServer:
+    """Serves ``/metrics`` and ``/healthz`` until :meth:`stop`.
+
+    Args:
+        registry: The agent's metrics registry.
+        health: Returns the current report; None = ``/healthz`` answers 503 "starting".
+        address: Address to bind (``127.0.0.1`` by default).
+        port: TCP port; 0 picks a free one (see :attr:`port`).
+
+    Raises:
+        OSError: The address cannot be bound (port in use, address not local).
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        health: Callable[[], Report] | None = None,
+        address: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        self.registry = registry
+        self.health = health
+        self._server = ThreadingHTTPServer((address, port), _handler_for(self))
+        self._server.daemon_threads = True
+        self.address = address
+        self.port: int = self._server.server_address[1]
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> OpsServer:
+        """Start serving in a daemon thread; returns self."""
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="ops-http", daemon=True
+        )
+        self._thread.start()
+        log.info("metrics on http://%s:%d/metrics, health on /healthz", self.address, self.port)
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close the socket (idempotent)."""
+        if self._thread is not None:
+            self._server.shutdown()
+            self._thread.join(5.0)
+            self._thread = None
+        self._server.server_close()
+
+
+def _handler_for(server: OpsServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                self._send(200, CONTENT_TYPE_LATEST, generate_latest(server.registry))
+            elif path == "/healthz":
+                if server.health is None:
+                    body: dict[str, object] = {"status": "red", "components": {},
+                                               "reason": "starting"}
+                    code = 503
+                else:
+                    report = server.health()
+                    body, code = report.to_json(), report.http_status
+                data = json.dumps(body, indent=1).encode()
+                self._send(code, "application/json", data)
+            else:
+                self._send(404, "text/plain; charset=utf-8", b"not found: try /metrics, /healthz\n")
+
+        def _send(self, code: int, ctype: str, data: bytes) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: object) -> None:
+            return
+
+    return Handler

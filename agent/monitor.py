@@ -1,0 +1,299 @@
+"""The heartbeat: health report, liveness gauges, systemd WATCHDOG and STATUS.
+
+:meth:`Monitor.tick` runs in the pipeline thread (the agent's main loop calls it about once a
+second), so a stuck pipeline stops the ticks and with them the WATCHDOG=1 pings. Each tick:
+
+1. looks at every stage: each source (:func:`agent.health.source_health`, with the stream's
+   :class:`agent.health.StallPolicy`), the pipeline (this tick, and the reading queue), the MQTT
+   drain thread (its loop passes at least every second; no pass for ``PUBLISHER_STALL_S`` = stuck)
+   and, every ``STATS_INTERVAL_S``, the store (outbox depth and oldest age, bytes of budget) and
+   the uploader's sync lag;
+2. sets ``edge_agent_stage_progress_age_seconds``/``_stage_stalled{stage}``, the outbox gauges
+   (also when MQTT is disabled) and ``edge_agent_health_state{component}``;
+3. when no stage is stalled: sets ``edge_agent_watchdog_last_ok_timestamp_seconds`` and sends
+   WATCHDOG=1 if ``watchdog_interval_s`` has passed since the last ping; a STATUS= line whenever
+   the summary changes.
+
+:meth:`Monitor.report` is what ``/healthz`` serves (any thread): the last tick's report, with the
+pipeline red when no tick has happened for ``PIPELINE_STALL_S``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from agent.errors import StoreError
+from agent.health import (
+    GREEN,
+    RED,
+    YELLOW,
+    Component,
+    Report,
+    SourceView,
+    StallPolicy,
+    rank,
+    source_health,
+)
+from agent.metrics import Metrics
+from agent.publish.mqtt import MqttPublisher
+from agent.services.supervisor import SourceSupervisor
+from agent.store.sqlite import Store
+from agent.systemd import Notifier
+
+log = logging.getLogger(__name__)
+
+#: No tick (main loop pass) for this long: the pipeline is stuck (seconds).
+PIPELINE_STALL_S = 30.0
+#: No drain-loop pass of the MQTT publisher for this long: it is stuck (seconds).
+PUBLISHER_STALL_S = 30.0
+#: Seconds between two store reads (outbox stats, size).
+STATS_INTERVAL_S = 5.0
+#: Outbox oldest age above which MQTT is yellow while connected (seconds).
+OUTBOX_SLOW_S = 60.0
+#: Share of the store budget above which the store is yellow.
+BUDGET_WARN = 0.9
+#: Sync lag above which the uploader is yellow (seconds).
+SYNC_LAG_WARN_S = 3600.0
+
+
+@dataclass(frozen=True)
+class WatchedSource:
+    """A source the monitor watches: its supervisor and stall policy."""
+
+    supervisor: SourceSupervisor
+    policy: StallPolicy
+
+
+class Monitor:
+    """Decides liveness and health from the running components.
+
+    Args:
+        sources: By stream name.
+        calibrating: Returns the names of the streams still calibrating.
+        queue_depth: Returns ``(readings queued, capacity)``.
+        store: The store (outbox stats and size, read in the calling thread).
+        metrics: Where the gauges go.
+        notifier: Receives WATCHDOG=1 and STATUS=.
+        publisher: The MQTT publisher, None when MQTT is disabled.
+        has_uploader: The fleet uploader runs (its sync lag is read from ``metrics``).
+        watchdog_interval_s: Least seconds between two WATCHDOG=1 pings.
+        monotonic: Monotonic clock, seconds.
+        clock: Wall clock, epoch seconds UTC.
+    """
+
+    def __init__(
+        self,
+        sources: Mapping[str, WatchedSource],
+        calibrating: Callable[[], list[str]],
+        queue_depth: Callable[[], tuple[int, int]],
+        store: Store,
+        metrics: Metrics,
+        notifier: Notifier,
+        *,
+        publisher: MqttPublisher | None = None,
+        has_uploader: bool = False,
+        watchdog_interval_s: float = 5.0,
+        monotonic: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.sources = dict(sources)
+        self._calibrating = calibrating
+        self._queue_depth = queue_depth
+        self._store = store
+        self._metrics = metrics
+        self._notifier = notifier
+        self._publisher = publisher
+        self._has_uploader = has_uploader
+        self.watchdog_interval_s = watchdog_interval_s
+        self._monotonic = monotonic
+        self._clock = clock
+        self._last_tick: float | None = None
+        self._last_ping = -math.inf
+        self._last_stats = -math.inf
+        self._store_component = Component("store", GREEN)
+        self._outbox: tuple[int, float] = (0, 0.0)
+        self._broker_down_since: float | None = None
+        self._status = ""
+        self.watchdog_pings = 0
+        self._report = Report((), clock())
+
+    # -- the heartbeat --------------------------------------------------------------------------
+
+    def tick(self, alerts_raised: int = 0) -> Report:
+        """One heartbeat (call from the pipeline thread); returns the new report."""
+        now = self._monotonic()
+        self._last_tick = now
+        comps: list[Component] = []
+        blocked: list[str] = []
+        for stream, watched in self.sources.items():
+            comp, blocks = source_health(stream, self._view(watched.supervisor, now),
+                                         watched.policy)
+            comps.append(comp)
+            stage = comp.name
+            age = comp.details.get("last_reading_age_s", 0.0)
+            self._metrics.stage_progress_age_seconds.labels(stage=stage).set(
+                float(age) if isinstance(age, int | float) else 0.0
+            )
+            self._metrics.stage_stalled.labels(stage=stage).set(1 if blocks else 0)
+            if blocks:
+                blocked.append(f"{stage}: {comp.reason}")
+        calibrating = self._calibrating()
+        comps.append(
+            Component("calibration", YELLOW, f"calibrating: {', '.join(calibrating)}")
+            if calibrating
+            else Component("calibration", GREEN)
+        )
+        comps.append(self._pipeline(0.0))
+        self._metrics.stage_progress_age_seconds.labels(stage="pipeline").set(0.0)
+        self._metrics.stage_stalled.labels(stage="pipeline").set(0)
+        if now - self._last_stats >= STATS_INTERVAL_S:
+            self._last_stats = now
+            self._read_store()
+        mqtt, mqtt_stuck = self._mqtt(now)
+        comps.append(mqtt)
+        if mqtt_stuck:
+            blocked.append(f"publisher: {mqtt.reason}")
+        comps.append(self._store_component)
+        if self._has_uploader:
+            comps.append(self._uploader())
+        report = Report(tuple(comps), self._clock())
+        self._report = report
+        for c in comps:
+            self._metrics.health_state.labels(component=c.name).set(rank(c.state))
+        self._metrics.health_state.labels(component="overall").set(rank(report.overall))
+        if not blocked:
+            self._metrics.watchdog_last_ok.set(report.at)
+            if now - self._last_ping >= self.watchdog_interval_s:
+                self._last_ping = now
+                if self._notifier.watchdog():
+                    self.watchdog_pings += 1
+        status = self._summary(report, calibrating, alerts_raised, blocked)
+        if status != self._status:
+            self._status = status
+            self._notifier.status(status)
+            if blocked:
+                log.error("watchdog withheld: %s", "; ".join(blocked))
+        return report
+
+    def report(self) -> Report:
+        """The health report for ``/healthz`` (safe from any thread)."""
+        report = self._report
+        last = self._last_tick
+        if last is None:
+            return report.replace(Component("pipeline", YELLOW, "starting"))
+        age = self._monotonic() - last
+        if age > PIPELINE_STALL_S:
+            return report.replace(self._pipeline(age))
+        return report
+
+    # -- stages ---------------------------------------------------------------------------------
+
+    def _view(self, sup: SourceSupervisor, now: float) -> SourceView:
+        since = sup.last_progress_mono or sup.started_mono or now
+        outage = sup.outage
+        return SourceView(
+            started=sup.started_mono is not None,
+            alive=sup.is_alive(),
+            done=sup.done,
+            error=None if sup.error is None else str(sup.error),
+            outage=None if outage is None else outage[0],
+            outage_age_s=0.0 if outage is None else now - outage[1],
+            progress_age_s=max(0.0, now - since),
+        )
+
+    def _pipeline(self, age: float) -> Component:
+        depth, capacity = self._queue_depth()
+        details: dict[str, object] = {"queue_depth": depth, "last_pass_age_s": round(age, 1)}
+        if age > PIPELINE_STALL_S:
+            reason = f"stuck: the pipeline loop has not run for {age:.0f} s"
+            return Component("pipeline", RED, reason, details)
+        if depth >= 0.9 * capacity:
+            reason = f"behind: {depth} of {capacity} queued readings (sources are throttled)"
+            return Component("pipeline", YELLOW, reason, details)
+        return Component("pipeline", GREEN, None, details)
+
+    def _read_store(self) -> None:
+        try:
+            depth, oldest = self._store.outbox_stats()
+            used = self._store.size_bytes()
+        except StoreError as exc:
+            self._store_component = Component("store", RED, f"cannot read the store: {exc}")
+            return
+        age = 0.0 if oldest is None else max(0.0, self._clock() - oldest)
+        self._outbox = (depth, age)
+        self._metrics.outbox_depth.set(depth)
+        self._metrics.outbox_oldest_age_seconds.set(age)
+        budget = self._store.budget_bytes
+        details: dict[str, object] = {"bytes": used, "budget_bytes": budget}
+        if budget:
+            share = used / budget
+            details["budget_used_pct"] = round(100 * share, 1)
+            if share >= BUDGET_WARN:
+                reason = (
+                    f"store at {100 * share:.0f}% of its {budget} byte budget "
+                    "(aggregates are evicted oldest first past 100%)"
+                )
+                self._store_component = Component("store", YELLOW, reason, details)
+                return
+        self._store_component = Component("store", GREEN, None, details)
+
+    def _mqtt(self, now: float) -> tuple[Component, bool]:
+        pub = self._publisher
+        depth, age = self._outbox
+        details: dict[str, object] = {"outbox_depth": depth, "outbox_oldest_age_s": round(age, 1)}
+        budget_pct = self._store_component.details.get("budget_used_pct")
+        if budget_pct is not None:
+            details["store_budget_used_pct"] = budget_pct
+        if pub is None:
+            return Component("mqtt", GREEN, None, {"enabled": False, **details}), False
+        loop_age = now - (pub.last_loop_mono or now)
+        self._metrics.stage_progress_age_seconds.labels(stage="publisher").set(loop_age)
+        stuck = not pub.running or loop_age > PUBLISHER_STALL_S
+        self._metrics.stage_stalled.labels(stage="publisher").set(1 if stuck else 0)
+        if stuck:
+            reason = (
+                "outbox drain thread has ended" if not pub.running
+                else f"stuck: the outbox drain has not run for {loop_age:.0f} s"
+            )
+            return Component("mqtt", RED, reason, details), True
+        if not pub.connected:
+            if self._broker_down_since is None:
+                self._broker_down_since = now
+            down = now - self._broker_down_since
+            reason = (
+                f"broker {pub.config.host}:{pub.config.port} unreachable for {down:.0f} s; "
+                f"{depth} alert(s) wait in the outbox (oldest {age:.0f} s"
+                + (f", store at {budget_pct}% of budget)" if budget_pct is not None else ")")
+            )
+            return Component("mqtt", RED, reason, details), False
+        self._broker_down_since = None
+        if depth and age > OUTBOX_SLOW_S:
+            reason = f"connected, but the oldest of {depth} outbox alert(s) is {age:.0f} s old"
+            return Component("mqtt", YELLOW, reason, details), False
+        return Component("mqtt", GREEN, None, details), False
+
+    def _uploader(self) -> Component:
+        lag = self._metrics.registry.get_sample_value("edge_agent_sync_lag_seconds") or 0.0
+        details: dict[str, object] = {"sync_lag_s": round(lag, 1)}
+        if lag > SYNC_LAG_WARN_S:
+            reason = f"the oldest record not yet accepted by the fleet is {lag:.0f} s old"
+            return Component("uploader", YELLOW, reason, details)
+        return Component("uploader", GREEN, None, details)
+
+    @staticmethod
+    def _summary(
+        report: Report, calibrating: list[str], alerts: int, blocked: list[str]
+    ) -> str:
+        text = (
+            f"{report.overall}: {len(calibrating)} calibrating, {alerts} alert(s)"
+        )
+        bad = [f"{c.name} {c.state}" for c in report.components if c.state != GREEN]
+        if bad:
+            text += "; " + ", ".join(bad)
+        if blocked:
+            text += "; watchdog withheld"
+        return text
