@@ -1,0 +1,164 @@
+"""Uploader with a fake client and a real (tmp) store: verdicts, backoff, auth, bisect, bucket."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from agent.metrics import Metrics
+from agent.services.uploader import FleetConfig, TokenBucket, Uploader, read_token
+from agent.store.sqlite import Store
+from cloud_sync.errors import FleetAuthError, FleetProtocolError, FleetRejected, FleetUnavailable
+from cloud_sync.protocol import IngestBatch, IngestResult, RecordResult
+from tests.unit.test_store import make_aggregate, make_alert
+
+
+class FakeClient:
+    def __init__(self) -> None:
+        self.batches: list[IngestBatch] = []
+        self.fail: list[Exception] = []
+        self.statuses: dict[str, str] = {}
+
+    def encode(self, batch: IngestBatch) -> bytes:
+        self.batches.append(batch)
+        return b"x" * 100
+
+    def send(self, body: bytes, n_records: int) -> IngestResult:
+        if self.fail:
+            raise self.fail.pop(0)
+        batch = self.batches[-1]
+        return IngestResult(results=[
+            RecordResult(index=i, status=self.statuses.get(r.id, "accepted"),  # type: ignore[arg-type]
+                         reason="nope" if self.statuses.get(r.id) == "rejected" else None)
+            for i, r in enumerate(batch.records)
+        ])
+
+
+def setup(tmp_path: Path, **kw: object) -> tuple[Store, FakeClient, Uploader, Metrics]:
+    m = Metrics(CollectorRegistry())
+    store = Store(tmp_path / "a.db", clock=lambda: 10_000.0)
+    client = FakeClient()
+    up = Uploader(store, client, "gw1", m, rng=random.Random(1), clock=lambda: 10_000.0,
+                  **kw)  # type: ignore[arg-type]
+    return store, client, up, m
+
+
+def test_uploads_alerts_first_marks_and_dead_letters(tmp_path: Path) -> None:
+    store, client, up, m = setup(tmp_path, batch_records=3)
+    for i in range(4):
+        store.add_aggregate(make_aggregate(60.0 * i))
+    store.add_alert(make_alert(1))
+    client.statuses = {"gw1:pump1:60000": "rejected", "gw1:pump1:1": "duplicate"}
+    assert up.run_once() == 0.0  # a full batch: go on
+    first = client.batches[0]
+    assert [r.kind for r in first.records] == ["alert", "aggregate", "aggregate"]
+    assert first.backlog.aggregates == 2 and first.backlog.alerts == 0
+    assert up.run_once() == up.interval_s  # partial batch: idle
+    assert store.upload_backlog() == (0, 0)
+    assert [d["record_id"] for d in store.dead_letters()] == ["gw1:pump1:60000"]
+    get = m.registry.get_sample_value
+    assert get("edge_agent_upload_records_total", {"kind": "aggregate", "status": "rejected"}) == 1
+    assert get("edge_agent_upload_records_total", {"kind": "alert", "status": "duplicate"}) == 1
+    assert up.run_once() == up.interval_s and len(client.batches) == 2  # nothing to send
+    assert get("edge_agent_sync_lag_seconds") == 0.0
+
+
+def test_unavailable_backs_off_with_full_jitter_and_retry_after(tmp_path: Path) -> None:
+    store, client, up, m = setup(tmp_path, backoff_initial_s=1.0, backoff_max_s=8.0)
+    store.add_aggregate(make_aggregate(0.0))
+    client.fail = [FleetUnavailable("down")] * 6 + [FleetUnavailable("429", retry_after_s=30.0)]
+    delays = [up.run_once() for _ in range(7)]
+    assert all(0 < d <= min(8.0, 2.0**i) for i, d in enumerate(delays[:6]))
+    assert delays[6] == 30.0
+    assert store.upload_backlog() == (0, 1)  # nothing cleared
+    client.fail = [FleetProtocolError("garbled")]
+    assert up.run_once() > 0 and store.upload_backlog() == (0, 1)
+    assert up.run_once() == up.interval_s and store.upload_backlog() == (0, 0)
+    assert m.registry.get_sample_value(
+        "edge_agent_upload_failures_total", {"reason": "unavailable"}) == 7
+
+
+def test_auth_error_retries_slowly_and_logs_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store, client, up, _m = setup(tmp_path, backoff_max_s=120.0)
+    store.add_aggregate(make_aggregate(0.0))
+    client.fail = [FleetAuthError(401, "unknown token")] * 3
+    assert [up.run_once() for _ in range(3)] == [120.0] * 3
+    assert sum("re-enroll" in r.getMessage() for r in caplog.records) == 1
+    assert store.upload_backlog() == (0, 1)
+
+
+def test_batch_rejected_with_422_is_bisected_to_the_bad_record(tmp_path: Path) -> None:
+    store, client, up, _m = setup(tmp_path, batch_records=4)
+    for i in range(4):
+        store.add_aggregate(make_aggregate(60.0 * i))
+    client.fail = [FleetRejected(422, "bad"), FleetRejected(422, "bad"),
+                   FleetRejected(422, "bad")]
+    for _ in range(3):
+        assert up.run_once() == 0.0
+    # 4 -> 2 -> 1 records; the single record refused is dead-lettered
+    assert [len(b.records) for b in client.batches] == [4, 2, 1]
+    assert [d["reason"] for d in store.dead_letters()] == ["HTTP 422: bad"]
+    while store.upload_backlog() != (0, 0):
+        up.run_once()
+    assert len(store.aggregates()) == 3
+
+
+def test_other_4xx_keeps_rows(tmp_path: Path) -> None:
+    store, client, up, _m = setup(tmp_path)
+    store.add_aggregate(make_aggregate(0.0))
+    client.fail = [FleetRejected(404, "no such endpoint")]
+    assert up.run_once() > 0
+    assert store.upload_backlog() == (0, 1) and store.dead_letters() == []
+
+
+def test_token_bucket_delays_sends() -> None:
+    t = [0.0]
+    b = TokenBucket(1000.0, monotonic=lambda: t[0])
+    assert b.reserve(1000) == 0.0
+    assert b.reserve(500) == pytest.approx(0.5)
+    t[0] = 10.0
+    assert b.reserve(3000) == pytest.approx(2.0)  # a big body goes into debt
+
+
+def test_thread_start_notify_stop(tmp_path: Path) -> None:
+    store, _client, up, _m = setup(tmp_path, interval_s=60.0)
+    up.start()
+    store.add_alert(make_alert(1))
+    up.notify()
+    import time  # noqa: PLC0415
+
+    deadline = time.monotonic() + 5
+    while store.upload_backlog() != (0, 0) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert store.upload_backlog() == (0, 0)
+    store.add_aggregate(make_aggregate(0.0))  # arrives during the idle wait
+    assert up.stop(5.0)
+    assert store.upload_backlog() == (0, 0)  # the final attempt took it
+
+
+def test_fleet_config_rules(tmp_path: Path) -> None:
+    assert FleetConfig().enabled is False
+    with pytest.raises(ValueError, match="url is required"):
+        FleetConfig(enabled=True, token_env="T")
+    with pytest.raises(ValueError, match="exactly one"):
+        FleetConfig(enabled=True, url="http://f", token_env="T", token_file="/x")
+    with pytest.raises(ValueError, match="exactly one"):
+        FleetConfig(enabled=True, url="http://f")
+    with pytest.raises(ValueError):
+        FleetConfig(batch_records=5001)
+    with pytest.raises(ValueError, match="http"):
+        FleetConfig(url="ftp://f")
+    tok = tmp_path / "t"
+    tok.write_text("abc\n")
+    assert read_token(FleetConfig(enabled=True, url="http://f", token_file=str(tok))) == "abc"
+    cfg = FleetConfig(enabled=True, url="http://f", token_env="TOK")
+    assert read_token(cfg, {"TOK": "xyz"}) == "xyz"
+    from agent.errors import ConfigError  # noqa: PLC0415
+
+    with pytest.raises(ConfigError):
+        read_token(cfg, {})
