@@ -24,6 +24,7 @@ the model package or a model directory exists is checked when the package is loa
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -51,6 +52,10 @@ BUILTIN_PREFIX = "builtin:"
 
 #: Where ``builtin:<name>`` models live: ``<repo>/models`` (next to the ``agent`` package).
 BUILTIN_MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
+
+#: Environment variable naming another directory for ``builtin:`` models (an installed agent:
+#: ``/opt/edge-agent/models``, set by the systemd unit).
+MODELS_DIR_ENV = "EDGE_AGENT_MODELS_DIR"
 
 SourceConfig = Annotated[ReplayConfig | SerialConfig | SimulatorConfig, Field(discriminator="kind")]
 """One source config; the ``kind`` key selects the class."""
@@ -95,7 +100,15 @@ class AgentSection(StrictModel):
         ge=0,
         le=65535,
         examples=[9100],
-        description="TCP port of the Prometheus /metrics endpoint; unset = no endpoint.",
+        description="TCP port of the /metrics (Prometheus) and /healthz (JSON) endpoint; "
+        "unset = no endpoint.",
+    )
+    metrics_address: str = Field(
+        "127.0.0.1",
+        min_length=1,
+        examples=["192.168.10.5"],
+        description="Address the /metrics and /healthz endpoint binds; 127.0.0.1 = this host "
+        "only, 0.0.0.0 = every interface (for a Prometheus on another host).",
     )
 
 
@@ -188,6 +201,15 @@ class StreamConfig(StrictModel):
         examples=[0.99],
         description="Quantile of calibration scores used as the threshold (0.5 <= q < 1); "
         "unset = the model package's.",
+    )
+    stall_after_s: float | None = Field(
+        None,
+        gt=0,
+        examples=[60.0],
+        description="Seconds without a reading after which the source counts as stalled and "
+        "the systemd watchdog stops (the service restarts); unset = max(10 sample periods, "
+        "30 s) for simulator and replay, and never for serial (a quiet device only shows "
+        "yellow in /healthz).",
     )
     rules: RulesConfig = Field(
         default_factory=RulesConfig, description="Alert rules of this stream."
@@ -366,7 +388,7 @@ def _normalise(parts: tuple[str, ...]) -> list[str]:
 
 
 def resolve_model_path(
-    value: str, config_dir: Path, builtin_dir: Path = BUILTIN_MODELS_DIR
+    value: str, config_dir: Path, builtin_dir: Path | None = None
 ) -> Path:
     """Resolve a stream's ``model`` value to a package directory.
 
@@ -374,7 +396,8 @@ def resolve_model_path(
         value: ``builtin:<name>`` for a package shipped in the repository's ``models/``
             directory, or a path (relative paths are relative to ``config_dir``).
         config_dir: Directory of the config file.
-        builtin_dir: Where builtin packages live (tests pass their own).
+        builtin_dir: Where builtin packages live; None = ``$EDGE_AGENT_MODELS_DIR`` when set
+            and not empty, else :data:`BUILTIN_MODELS_DIR` (tests pass their own).
 
     Returns:
         The absolute package directory; whether it exists is checked by the package loader.
@@ -386,6 +409,9 @@ def resolve_model_path(
         name = value.removeprefix(BUILTIN_PREFIX)
         if not name or "/" in name or "\\" in name or name in {".", ".."}:
             raise ValueError(f"invalid builtin model name {name!r}")
+        if builtin_dir is None:
+            env_dir = os.environ.get(MODELS_DIR_ENV, "")
+            builtin_dir = Path(env_dir) if env_dir else BUILTIN_MODELS_DIR
         return builtin_dir / name
     return resolve_path(value, config_dir)
 
