@@ -421,3 +421,37 @@ def test_console_script_check_config_exit_78(tmp_path: Path) -> None:
     )
     assert result.returncode == 78, result.stderr
     assert "streams[0].source.speed: Input should be greater than or equal to 0" in result.stderr
+
+
+# --- [fleet] and [store] budget (fleet upload) ---------------------------------------------
+
+
+def test_fleet_and_budget_defaults() -> None:
+    config = parse_config(MINIMAL, env={})
+    assert config.fleet.enabled is False
+    assert (config.fleet.batch_records, config.fleet.max_bytes_per_s) == (500, None)
+    assert config.store.budget_bytes == 512 * 1024 * 1024
+
+
+def test_fleet_enabled_needs_url_and_exactly_one_token_source() -> None:
+    base = MINIMAL + '\n[fleet]\nenabled = true\nurl = "https://fleet.test"\n'
+    assert parse_config(base + 'token_env = "EDGE_FLEET_TOKEN"\n', env={}).fleet.enabled
+    problems = problems_of(base)
+    assert any(p.startswith("fleet") and "exactly one" in p for p in problems)
+    problems = problems_of(base + 'token_env = "A"\ntoken_file = "t"\n')
+    assert any("exactly one" in p for p in problems)
+    problems = problems_of(MINIMAL + '\n[fleet]\nenabled = true\ntoken_env = "A"\n')
+    assert any("url is required" in p for p in problems)
+
+
+def test_fleet_batch_and_budget_ranges() -> None:
+    problems = problems_of(MINIMAL + "\n[fleet]\nbatch_records = 5001\n")
+    assert problems[0].startswith("fleet.batch_records")
+    problems = problems_of(MINIMAL + "\n[store]\nbudget_bytes = 1000\n")
+    assert problems[0].startswith("store.budget_bytes")
+
+
+def test_fleet_token_file_is_resolved_relative_to_the_config(tmp_path: Path) -> None:
+    text = MINIMAL + '\n[fleet]\nenabled = true\nurl = "http://f"\ntoken_file = "fleet.token"\n'
+    config = parse_config(text, env={}).resolved(tmp_path)
+    assert config.fleet.token_file == str(tmp_path / "fleet.token")
