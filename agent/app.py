@@ -5,10 +5,24 @@ pipeline runs in the thread that calls :meth:`Agent.run` (the main thread under 
 signals arrive). Sources hand readings over a bounded queue; a full queue blocks the source
 (backpressure) rather than dropping a reading.
 
-Shutdown (SIGTERM/SIGINT, or every finite source exhausted): stop the sources, score what is
-queued, close open aggregate intervals, wait up to ``SHUTDOWN_FLUSH_S`` for the outbox to drain,
-publish ``offline``, close the store. Alerts not acknowledged by then stay in the outbox for the
-next start.
+Start-up order (what READY=1 means): the config is valid (checked before the Agent is built),
+the store is open and every model package is loaded and passed its golden vectors (the
+constructor; EXTEND_TIMEOUT_USEC before each model so a slow load or compile does not hit
+``TimeoutStartSec``), one warm-up inference per stream ran (:meth:`Agent.run`), the publisher,
+uploader and sources are started; then READY=1. About once a second the main loop calls
+:meth:`agent.monitor.Monitor.tick` (health, gauges, WATCHDOG=1 only while every stage makes
+progress, STATUS=).
+
+Shutdown (SIGTERM/SIGINT, or every finite source exhausted): STOPPING=1, stop the sources, score
+what is queued, close open aggregate intervals, wait up to ``SHUTDOWN_FLUSH_S`` for the outbox to
+drain, publish ``offline``, close the store. Alerts not acknowledged by then stay in the outbox for
+the next start.
+
+Reload (SIGHUP, ``systemctl reload``): the config file is read and checked again (schema, and
+every model package loads); when invalid every problem is logged and the agent keeps running as
+it was. When valid: RELOADING=1, the running agent stops as on shutdown (its outbox stays in the
+store) and a new one is built from the new config and run in the same process, keeping the
+/metrics endpoint. If the new agent cannot be built after all, the previous config is used again.
 """
 
 from __future__ import annotations
@@ -28,12 +42,16 @@ from typing import TextIO
 import numpy as np
 
 from agent import __version__
+from agent.config.loader import load_config
 from agent.config.schema import AgentConfig, StreamConfig, resolve_model_path
-from agent.errors import ConfigError, ModelError, StoreError
+from agent.errors import AgentError, ConfigError, ModelError, StoreError
+from agent.health import StallPolicy, stall_policy
+from agent.httpd import OpsServer
 from agent.inference.base import Backend
 from agent.inference.package import ModelPackage, load_package, open_backend
 from agent.logs import setup_logging
 from agent.metrics import Metrics
+from agent.monitor import Monitor, WatchedSource
 from agent.pipeline.detector import FeatureDeviationDetector
 from agent.pipeline.rules import RuleParams
 from agent.pipeline.stream import AlertEvent, StreamPipeline
@@ -44,7 +62,7 @@ from agent.services.uploader import Uploader, read_token
 from agent.sources.base import Source
 from agent.sources.registry import build_source
 from agent.store.sqlite import Store
-from agent.systemd import Notifier
+from agent.systemd import Notifier, watchdog_interval_s
 
 log = logging.getLogger("agent")
 
@@ -52,7 +70,10 @@ QUEUE_SIZE = 65_536
 BATCH_MAX = 4_096
 SHUTDOWN_FLUSH_S = 10.0
 UPLOAD_STOP_S = 5.0
-WATCHDOG_INTERVAL_S = 5.0
+#: Seconds between two heartbeats (health, gauges, watchdog decision).
+HEARTBEAT_S = 1.0
+#: Start-up time asked of systemd (EXTEND_TIMEOUT_USEC) before each model load and warm-up.
+START_STEP_S = 120.0
 
 
 class _TimedBackend:
@@ -78,6 +99,8 @@ class _Stream:
     pipeline: StreamPipeline
     order: np.ndarray  # source column index for each model channel
     supervisor: SourceSupervisor
+    backend: Backend
+    policy: StallPolicy
     pending: list[Reading] = field(default_factory=list)
 
 
@@ -93,6 +116,8 @@ class Agent:
         sources: Ready-made sources by stream name, used instead of building one from that
             stream's ``source`` config (benchmarks, tests, embedding); the source's channels are
             checked against the model the same way.
+        reload: Called on :meth:`request_reload` (in the run loop): returns the new, checked
+            config to restart with, or None to keep running (see the module docstring).
 
     Raises:
         ConfigError: a stream's source and model do not fit together, or ``sources`` names
@@ -109,6 +134,7 @@ class Agent:
         notifier: Notifier | None = None,
         clock: Callable[[], float] = time.time,
         sources: Mapping[str, Source] | None = None,
+        reload: Callable[[], AgentConfig | None] | None = None,
     ) -> None:
         given = dict(sources) if sources is not None else {}
         unknown = sorted(set(given) - {sc.name for sc in config.streams})
@@ -122,6 +148,10 @@ class Agent:
         self.notifier = notifier if notifier is not None else Notifier()
         self.clock = clock
         self.stop_event = threading.Event()
+        self.reload_event = threading.Event()
+        self._reload = reload
+        #: Set when :meth:`run` ended for a reload: the config to build the next agent from.
+        self.next_config: AgentConfig | None = None
         self.queue: queue.Queue[Reading] = queue.Queue(maxsize=QUEUE_SIZE)
         state_dir = Path(config.agent.state_dir)
         store_path = Path(config.store.path)
@@ -144,9 +174,23 @@ class Agent:
             )
         self.streams: dict[str, _Stream] = {}
         for sc in config.streams:
+            self.notifier.extend_timeout(START_STEP_S, f"loading the model of stream {sc.name}")
+            self.notifier.watchdog()  # a reload builds under a running watchdog: progress
             self.streams[sc.name] = self._build_stream(sc, given.get(sc.name))
         self.alerts_raised = 0
         self.aggregates_written = 0
+        self.monitor = Monitor(
+            {n: WatchedSource(s.supervisor, s.policy) for n, s in self.streams.items()},
+            lambda: [n for n, s in self.streams.items() if s.pipeline.calibrating],
+            lambda: (self.queue.qsize(), QUEUE_SIZE),
+            self.store,
+            self.metrics,
+            self.notifier,
+            publisher=self.publisher,
+            has_uploader=self.uploader is not None,
+            watchdog_interval_s=watchdog_interval_s(),
+            clock=clock,
+        )
 
     # -- construction ---------------------------------------------------------------------------
 
@@ -195,7 +239,19 @@ class Agent:
             sc.name, sc.source.kind, package.label, backend.name, backend.precision,
             spec.window, spec.hop, spec.calibration_samples,
         )
-        return _Stream(sc, package, pipeline, order, supervisor)
+        policy = stall_policy(sc.source, package.manifest.input.sample_rate_hz, sc.stall_after_s)
+        return _Stream(sc, package, pipeline, order, supervisor, backend, policy)
+
+    def _warm_up(self) -> None:
+        """One inference per stream on its first golden window (first-call allocations, lazy
+        kernel compilation), so the first real window is not the slow one."""
+        for s in self.streams.values():
+            self.notifier.extend_timeout(START_STEP_S, f"warming up stream {s.config.name}")
+            golden = np.asarray(s.package.manifest.golden.inputs[:1], dtype=np.float32)
+            t0 = time.perf_counter()
+            s.backend.run(golden)
+            log.debug("stream %s: warm-up inference %.1f ms", s.config.name,
+                      1e3 * (time.perf_counter() - t0))
 
     def _enqueue(self, reading: Reading) -> None:
         # Backpressure: block the source while the pipeline is behind; never drop.
@@ -209,7 +265,11 @@ class Agent:
     # -- running --------------------------------------------------------------------------------
 
     def run(self) -> int:
-        """Run until stopped or every source is exhausted; returns the exit code (0)."""
+        """Run until stopped, reloaded or every source is exhausted; returns the exit code (0).
+
+        After a reload :attr:`next_config` holds the new config.
+        """
+        self._warm_up()
         if self.publisher is not None:
             self.publisher.start()
         if self.uploader is not None:
@@ -218,30 +278,32 @@ class Agent:
             s.supervisor.start()
         self.notifier.ready(f"running {len(self.streams)} stream(s)")
         log.info("agent %s running as device %s", __version__, self.config.agent.device_id)
-        last_watchdog = 0.0
+        # Tick at least twice per watchdog interval, so pings are never more than 1.5 apart.
+        period = min(HEARTBEAT_S, self.monitor.watchdog_interval_s / 2)
+        last_heartbeat = -period
         try:
             while not self.stop_event.is_set():
-                self._drain_once(timeout=0.2)
+                self._drain_once(timeout=min(0.2, period / 2))
                 now = time.monotonic()
-                if now - last_watchdog >= WATCHDOG_INTERVAL_S:
-                    last_watchdog = now
+                if now - last_heartbeat >= period and not self.stop_event.is_set():
+                    last_heartbeat = now
                     self._heartbeat()
+                if self.reload_event.is_set():
+                    self.reload_event.clear()
+                    if self._reload is not None:
+                        self.next_config = self._reload()
+                        if self.next_config is not None:
+                            break
                 if all(s.supervisor.done for s in self.streams.values()) and self.queue.empty():
                     log.info("every source is exhausted; shutting down")
                     break
         finally:
-            self.shutdown()
+            self.shutdown(final=self.next_config is None)
         return 0
 
     def _heartbeat(self) -> None:
         self.metrics.queue_depth.set(self.queue.qsize())
-        alive = all(s.supervisor.is_alive() or s.supervisor.done for s in self.streams.values())
-        if alive:
-            self.notifier.watchdog()
-        cal = sum(s.pipeline.calibrating for s in self.streams.values())
-        self.notifier.status(
-            f"{len(self.streams)} stream(s), {cal} calibrating, {self.alerts_raised} alert(s)"
-        )
+        self.monitor.tick(self.alerts_raised)
 
     def _drain_once(self, timeout: float) -> None:
         try:
@@ -338,9 +400,21 @@ class Agent:
         """Ask the agent to stop (signal handler, tests)."""
         self.stop_event.set()
 
-    def shutdown(self) -> None:
-        """Stop sources, score what is queued, flush aggregates and the outbox, close."""
-        self.notifier.stopping()
+    def request_reload(self) -> None:
+        """Ask the run loop to check the config again (SIGHUP handler, tests)."""
+        self.reload_event.set()
+
+    def shutdown(self, final: bool = True) -> None:
+        """Stop sources, score what is queued, flush aggregates and the outbox, close.
+
+        Args:
+            final: The process ends: send STOPPING=1 and close the notifier. False for a
+                reload (RELOADING=1 was sent; the next agent's READY=1 ends it).
+        """
+        if final:
+            self.notifier.stopping()
+        else:
+            self.notifier.reloading()
         self.stop_event.set()
         for s in self.streams.values():
             s.supervisor.join(timeout=5.0)
@@ -362,7 +436,8 @@ class Agent:
             depth if self.publisher is not None else 0,
         )
         self.store.close()
-        self.notifier.close()
+        if final:
+            self.notifier.close()
 
 
 def _build_uploader(
@@ -384,8 +459,32 @@ def _build_uploader(
     )
 
 
-def run(config: AgentConfig, config_dir: Path) -> int:
-    """CLI entry: resolve paths, set up logging and signals, run the agent.
+def check_reload(config_file: Path) -> AgentConfig | None:
+    """Read and check ``config_file`` for a reload: schema, paths, every model package loads.
+
+    Returns:
+        The resolved config, or None when invalid (every problem is logged at ERROR).
+    """
+    try:
+        config = load_config(config_file).resolved(config_file.resolve().parent)
+        for sc in config.streams:
+            load_package(resolve_model_path(sc.model, Path.cwd()))
+    except ConfigError as exc:
+        for problem in exc.problems or [str(exc)]:
+            log.error("reload refused: %s: %s", config_file, problem)
+        return None
+    except AgentError as exc:
+        log.error("reload refused: %s: %s", config_file, exc)
+        return None
+    log.info("reload: %s is valid; restarting the agent's components with it", config_file)
+    return config
+
+
+def run(config: AgentConfig, config_dir: Path, config_file: Path | None = None) -> int:
+    """CLI entry: resolve paths, set up logging, signals and /metrics, run the agent.
+
+    SIGTERM and SIGINT stop; SIGHUP reloads ``config_file`` (see the module docstring; without
+    a file, SIGHUP is logged and ignored).
 
     Raises:
         ConfigError, ModelError, StoreError: start-up failed (the CLI maps them to exit codes).
@@ -393,26 +492,69 @@ def run(config: AgentConfig, config_dir: Path) -> int:
     config = config.resolved(config_dir)
     setup_logging(config.agent.log_level, config.agent.log_format)
     metrics = Metrics()
+    notifier = Notifier()
+    current: list[Agent] = []
+    server: OpsServer | None = None
     if config.agent.metrics_port is not None:
-        from prometheus_client import start_http_server  # noqa: PLC0415
-
-        start_http_server(config.agent.metrics_port, addr="127.0.0.1", registry=metrics.registry)
-        log.info("metrics on http://127.0.0.1:%d/metrics", config.agent.metrics_port)
-    try:
-        agent = Agent(config, metrics)
-    except (ModelError, StoreError) as exc:
-        log.error("cannot start: %s", exc)
-        raise
-    previous: dict[signal.Signals, object] = {}
+        address, port = config.agent.metrics_address, config.agent.metrics_port
+        try:
+            server = OpsServer(
+                metrics.registry,
+                lambda: current[-1].monitor.report(),  # noqa: PLW0108 - the agent changes
+                address,
+                port,
+            )
+        except OSError as exc:
+            raise AgentError(f"cannot serve /metrics on {address}:{port}: {exc}") from exc
+    stopping = threading.Event()
 
     def _stop(signum: int, _frame: FrameType | None) -> None:
         log.info("signal %s received; stopping", signal.Signals(signum).name)
-        agent.request_stop()
+        stopping.set()
+        if current:
+            current[-1].request_stop()
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        previous[sig] = signal.signal(sig, _stop)
+    def _hup(signum: int, _frame: FrameType | None) -> None:
+        if config_file is None:
+            log.warning("SIGHUP ignored: running on the embedded default config (no file)")
+        elif current:
+            log.info("SIGHUP received; checking %s", config_file)
+            current[-1].request_reload()
+
+    reload = (lambda: check_reload(config_file)) if config_file is not None else None
+    previous: dict[signal.Signals, object] = {}
+    for sig, handler in ((signal.SIGTERM, _stop), (signal.SIGINT, _stop),
+                         (signal.SIGHUP, _hup)):
+        previous[sig] = signal.signal(sig, handler)
     try:
-        return agent.run()
+        try:
+            current.append(Agent(config, metrics, notifier=notifier, reload=reload))
+        except (ModelError, StoreError) as exc:
+            log.error("cannot start: %s", exc)
+            raise
+        if server is not None:
+            server.start()
+        while True:
+            agent = current[-1]
+            if stopping.is_set():
+                agent.request_stop()
+            code = agent.run()
+            new = agent.next_config
+            if new is None or stopping.is_set():
+                if new is not None:
+                    notifier.stopping()
+                return code
+            notifier.watchdog()  # the old agent stopped in time: progress
+            try:
+                current.append(Agent(new, metrics, notifier=notifier, reload=reload))
+                config = new
+            except AgentError as exc:
+                log.error("reload failed (%s); starting again with the previous config", exc)
+                current.append(Agent(config, metrics, notifier=notifier, reload=reload))
+            del current[:-1]
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
+        if server is not None:
+            server.stop()
+        notifier.close()
+        for sig, old_handler in previous.items():
+            signal.signal(sig, old_handler)  # type: ignore[arg-type]

@@ -100,7 +100,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         )
         return EX_FAILURE
     try:
-        result = app.run(config, config_dir)
+        result = app.run(config, config_dir, config_file)
     except ConfigError as exc:
         return _report_config_error(exc, config_file, sys.stderr)
     except AgentError as exc:
