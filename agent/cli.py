@@ -5,10 +5,12 @@ Commands::
     edge-agent run [--config FILE]        run the agent (no --config: the embedded defaults)
     edge-agent check-config FILE          validate a config; print every problem
     edge-agent print-default-config       the default config as commented TOML
+    edge-agent status [--url URL | --config FILE]   a running agent's /healthz, readably
     edge-agent version                    print the version
 
 Exit codes: 0 success, 78 (``EX_CONFIG``) invalid configuration, 1 any other failure,
-130 interrupted (Ctrl-C). systemd's ``RestartPreventExitStatus=78`` keeps a unit with a broken
+130 interrupted (Ctrl-C); ``status`` exits 0 green, 1 yellow, 2 red, 3 unreachable.
+systemd's ``RestartPreventExitStatus=78`` keeps a unit with a broken
 config from restarting in a loop.
 """
 
@@ -16,7 +18,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
@@ -30,6 +35,10 @@ EX_OK = 0
 EX_FAILURE = 1
 EX_CONFIG = 78
 EX_INTERRUPTED = 130
+#: ``status`` exit codes by overall health; ``STATUS_UNREACHABLE`` when /healthz cannot be read.
+STATUS_EXIT = {"green": 0, "yellow": 1, "red": 2}
+STATUS_UNREACHABLE = 3
+DEFAULT_STATUS_PORT = 9100
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,6 +83,19 @@ def _parser() -> argparse.ArgumentParser:
 
     dump = sub.add_parser("print-default-config", help="print the default config as commented TOML")
     dump.set_defaults(func=_cmd_print_default_config)
+
+    status = sub.add_parser(
+        "status",
+        help="show a running agent's health (exit 0 green, 1 yellow, 2 red, 3 unreachable)",
+    )
+    status.add_argument(
+        "--url", metavar="URL", help="the agent's base URL (default http://127.0.0.1:PORT, "
+        f"PORT from --config's agent.metrics_port, else {DEFAULT_STATUS_PORT})",
+    )
+    status.add_argument("--config", type=Path, metavar="FILE", help="the agent's config file")
+    status.add_argument("--timeout", type=float, default=5.0, metavar="S", help="seconds")
+    status.add_argument("--json", action="store_true", help="print the raw JSON")
+    status.set_defaults(func=_cmd_status)
 
     version = sub.add_parser("version", help="print the version")
     version.set_defaults(func=_cmd_version)
@@ -122,6 +144,67 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
 def _cmd_print_default_config(args: argparse.Namespace) -> int:
     sys.stdout.write(dump_default_config())
     return EX_OK
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    url: str | None = args.url
+    if url is None:
+        host, port = "127.0.0.1", DEFAULT_STATUS_PORT
+        if args.config is not None:
+            try:
+                agent = load_config(args.config).agent
+            except ConfigError as exc:
+                return _report_config_error(exc, args.config, sys.stderr)
+            port = agent.metrics_port if agent.metrics_port is not None else port
+            if agent.metrics_address not in {"0.0.0.0", "::"}:  # noqa: S104 - compared, not bound
+                host = agent.metrics_address
+        url = f"http://{host}:{port}"
+    target = url.rstrip("/") + "/healthz"
+    if not target.startswith(("http://", "https://")):
+        print(f"error: not an http(s) URL: {url}", file=sys.stderr)
+        return STATUS_UNREACHABLE
+    try:
+        with urllib.request.urlopen(target, timeout=args.timeout) as resp:  # noqa: S310
+            raw = resp.read()
+    except urllib.error.HTTPError as exc:  # 503 = red, still a report
+        raw = exc.read()
+    except (OSError, ValueError) as exc:
+        print(f"edge-agent at {url}: unreachable ({exc})", file=sys.stderr)
+        return STATUS_UNREACHABLE
+    try:
+        body = json.loads(raw)
+        overall = str(body["status"])
+    except (ValueError, KeyError, TypeError):
+        print(f"edge-agent at {url}: not a health report: {raw[:200]!r}", file=sys.stderr)
+        return STATUS_UNREACHABLE
+    if args.json:
+        print(json.dumps(body, indent=2))
+    else:
+        print(format_health(url, body))
+    return STATUS_EXIT.get(overall, STATUS_EXIT["red"])
+
+
+def format_health(url: str, body: dict[str, object]) -> str:
+    """The ``/healthz`` body as lines: overall first, then one line per component.
+
+    >>> print(format_health("http://h:1", {"status": "yellow", "components": {
+    ...     "pipeline": {"state": "green", "reason": None},
+    ...     "calibration": {"state": "yellow", "reason": "calibrating: a"}}}))
+    edge-agent at http://h:1: YELLOW
+      green   pipeline
+      yellow  calibration      calibrating: a
+    """
+    lines = [f"edge-agent at {url}: {str(body.get('status')).upper()}"]
+    comps = body.get("components")
+    if isinstance(comps, dict):
+        for name, comp in comps.items():
+            state = comp.get("state", "?") if isinstance(comp, dict) else "?"
+            reason = comp.get("reason") if isinstance(comp, dict) else None
+            line = f"  {state:<7} {name}"
+            if reason:
+                line = f"{line:<26} {reason}"
+            lines.append(line)
+    return "\n".join(lines)
 
 
 def _cmd_version(args: argparse.Namespace) -> int:
