@@ -151,3 +151,81 @@ class EnrollResponse(_Wire):
 
     device_id: str
     token: str
+
+
+# --- model loop (registry, rollouts, device updates, retraining samples) ------------------------
+#
+# Device side, all with the device token:
+#   GET  /v1/models/assignment?stream=<name>  -> 200 ModelAssignment, or 204 when nothing is
+#        assigned to this device/stream (keep the installed model).
+#   GET  /v1/models/<name>/<version>/package  -> the package archive (tar.gz of the package
+#        directory: manifest.json + artefacts). Supports ``Range: bytes=<start>-`` (206) so an
+#        interrupted download resumes; ``ETag`` = the archive sha256.
+#   POST /v1/models/status  (ModelStatusReport) -> 204; every state change of an update.
+#   POST /v1/samples  (SampleBatch, gzip JSON like ingest) -> 200 {"stored": n}.
+# Operator side (admin token): see fleet/ (push, list, rollouts: create/promote/pause/abort).
+
+ModelState = Literal[
+    "assigned", "downloaded", "verified", "accepted", "shadow", "active", "rejected",
+    "rolled_back",
+]
+
+
+class SignedRollback(_Wire):
+    """Operator permission to install an OLDER version (anti-rollback exception).
+
+    ``signature`` is Ed25519 (base64) over the canonical JSON of
+    ``{"device_id", "name", "to_version", "from_version", "issued_at"}``
+    (:func:`cloud_sync.manifest.canonical_bytes` of that dict).
+    """
+
+    device_id: str = Field(pattern=NAME_PATTERN)
+    name: str
+    from_version: int = Field(ge=0)
+    to_version: int = Field(ge=1)
+    issued_at: float
+    key_id: str
+    signature: str
+
+
+class ModelAssignment(_Wire):
+    """What the fleet wants this device/stream to run."""
+
+    rollout_id: int | None = Field(None, description="Rollout that assigned it, if any.")
+    stream: str | None = Field(None, description="Stream it targets; None = every stream.")
+    name: str
+    version: int = Field(ge=1)
+    archive_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    archive_size: int = Field(ge=1)
+    url: str = Field(description="Path of the archive, relative to the fleet base URL.")
+    rollback: SignedRollback | None = None
+
+
+class ModelStatusReport(_Wire):
+    """A device's report of one update step."""
+
+    device_id: str = Field(pattern=NAME_PATTERN)
+    stream: str | None = None
+    name: str
+    version: int = Field(ge=1)
+    rollout_id: int | None = None
+    state: ModelState
+    reason: str | None = Field(None, max_length=2000)
+    details: dict[str, float | int | str | None] = Field(default_factory=dict)
+    at: float
+
+
+class SampleBatch(_Wire):
+    """Raw normal windows kept by the device (reservoir sample) for retraining in the cloud.
+
+    ``windows`` has shape (N, W, C) in the channels' units (unscaled), float.
+    """
+
+    device_id: str = Field(pattern=NAME_PATTERN)
+    stream: str = Field(pattern=NAME_PATTERN)
+    channels: list[str] = Field(min_length=1, max_length=256)
+    model: ModelRef | None = None
+    config_hash: str = Field(max_length=128)
+    sample_rate_hz: float | None = None
+    kind: Literal["calibration", "reservoir"] = "reservoir"
+    windows: list[list[list[float]]] = Field(max_length=10_000)
