@@ -110,18 +110,18 @@ def test_kill_9_during_upload_20_times(tmp_path: Path, fleet: FleetProcess) -> N
     rng = random.Random(7)
     n_agg = n_alert = 0
     cmd = [sys.executable, "-m", "tests.integration.upload_worker", str(db), fleet.url,
-           fleet.token, "50"]
+           fleet.token, "20"]
     killed = 0
     for _trial in range(20):
         with Store(db) as store:
-            for _ in range(400):
+            for _ in range(1500):
                 store.add_aggregate(make_aggregate(60.0 * n_agg))
                 n_agg += 1
             for _ in range(5):
                 n_alert += 1
                 store.add_alert(make_alert(n_alert))
         proc = subprocess.Popen(cmd, cwd=REPO)
-        time.sleep(rng.uniform(0.3, 1.5))
+        time.sleep(rng.uniform(0.2, 1.2))
         if proc.poll() is None:
             proc.kill()
             killed += 1
