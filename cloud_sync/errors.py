@@ -9,8 +9,18 @@ Whether a failure is worth retrying is a property of the class (``retryable``)::
     │   │                                      ``status`` and ``detail`` say why
     │   └── FleetAuthError          (retryable, slowly) 401/403: token unknown or revoked; an
     │                                          operator may re-enroll the device
-    └── FleetProtocolError          (retryable) a 200 whose body is not a valid IngestResult, or
-                                               whose results do not cover every index exactly once
+    ├── FleetProtocolError          (retryable) a 200 whose body is not a valid IngestResult, or
+    │                                          whose results do not cover every index exactly once
+    └── PackageError                (fatal) a model package (cloud_sync.package) is refused; never
+        │                                  install it. ``package`` names it (path or name@version)
+        ├── PackageFormatError      not a package: manifest missing/invalid, unsafe archive entry
+        │                                  (../, absolute, symlink, device), too big, missing file
+        ├── HashMismatch            an artefact's size or sha256 differs from the manifest
+        ├── SignatureError          signature missing or malformed, key id not trusted, or the
+        │                                  Ed25519 check fails (manifest or SignedRollback)
+        ├── RollbackRefused         version not newer than the installed one and no valid
+        │                                  SignedRollback for exactly this device/name/versions
+        └── KeyFileError            a key file cannot be read or is not an Ed25519 PEM key
 
 Nothing here imports from ``agent`` or ``fleet``.
 """
@@ -72,3 +82,36 @@ class FleetProtocolError(FleetError):
     """A 200 response that breaks the wire contract (the records' fate is unknown)."""
 
     retryable = True
+
+
+class PackageError(FleetError):
+    """A model package failed a check and must not be installed (never retryable as is).
+
+    Args:
+        message: What failed, naming the file or field.
+        package: The package's directory, archive or ``name@version``, when known.
+    """
+
+    def __init__(self, message: str, package: str | None = None) -> None:
+        self.package = package
+        super().__init__(f"{package}: {message}" if package else message)
+
+
+class PackageFormatError(PackageError):
+    """Not a valid package: bad/missing manifest, unsafe or oversize archive, missing artefact."""
+
+
+class HashMismatch(PackageError):
+    """An artefact's size or sha256 does not match the manifest."""
+
+
+class SignatureError(PackageError):
+    """Missing, malformed, untrusted or invalid Ed25519 signature (manifest or rollback)."""
+
+
+class RollbackRefused(PackageError):
+    """Not newer than the installed version, and no valid signed rollback allows it."""
+
+
+class KeyFileError(PackageError):
+    """A key file is missing, unreadable or not an Ed25519 key in PEM form."""
