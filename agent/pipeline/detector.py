@@ -19,14 +19,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from agent.inference.base import Backend
-from agent.pipeline.calibration import (
+from agent.records import Float32Array, FloatArray
+from cloud_sync.calibration import (
+    CalibrationFit,
     FeatureStats,
     Scaler,
-    fit_feature_stats,
-    fit_scaler,
-    fit_threshold,
+    deviation_scores,
+    fit_calibration,
 )
-from agent.records import Float32Array, FloatArray
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,21 +58,10 @@ class DetectorSpec:
     threshold_factor: float
 
 
-@dataclass(frozen=True, slots=True)
-class Calibration:
-    """A fitted calibration.
-
-    Attributes:
-        scaler: Input scaler.
-        features: Feature statistics.
-        threshold: Score threshold.
-        scores: Shape ``(K,)``, the calibration windows' scores (for diagnostics).
-    """
-
-    scaler: Scaler
-    features: FeatureStats
-    threshold: float
-    scores: FloatArray
+#: A fitted calibration: ``scaler``, ``features`` (feature statistics), ``threshold`` and
+#: ``scores`` (``(K,)``, the calibration windows' scores, for diagnostics). The fleet fits the same
+#: type on a device's uploaded samples (:mod:`cloud_sync.calibration`).
+Calibration = CalibrationFit
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,29 +105,24 @@ class FeatureDeviationDetector:
             ValueError: fewer than W + 1 samples or a channel count mismatch.
             agent.errors.ModelError: the backend failed.
         """
-        w = self.spec.window
-        if samples.ndim != 2 or samples.shape[0] < w + 1:
-            raise ValueError(f"calibration needs at least {w + 1} samples, got {samples.shape}")
-        scaler = fit_scaler(samples, self.spec.scale_floor)
-        idx = np.arange(samples.shape[0] - w + 1)[:, None] + np.arange(w)[None, :]
-        windows = samples[idx].astype(np.float32)
-        feats = self._run(self._scale(windows, scaler))
-        stats = fit_feature_stats(feats, self.spec.feature_std_floor)
-        scores = self._scores(feats, stats)[0]
-        threshold = fit_threshold(
-            scores, self.spec.threshold_quantile, self.spec.threshold_factor
+        sp = self.spec
+        return fit_calibration(
+            samples,
+            self._run,
+            window=sp.window,
+            scale_floor=sp.scale_floor,
+            feature_std_floor=sp.feature_std_floor,
+            top_k=sp.top_k,
+            quantile=sp.threshold_quantile,
+            factor=sp.threshold_factor,
         )
-        return Calibration(scaler, stats, threshold, scores)
 
     @staticmethod
     def _scale(windows: Float32Array, scaler: Scaler) -> Float32Array:
-        return ((windows - scaler.mean) / scaler.scale).astype(np.float32)
+        return scaler.apply(windows)
 
     def _scores(self, feats: FloatArray, stats: FeatureStats) -> tuple[FloatArray, FloatArray]:
-        z = np.abs((feats - stats.mean) / stats.std)
-        k = min(self.spec.top_k, z.shape[1])
-        top = np.partition(z, z.shape[1] - k, axis=1)[:, -k:]
-        return top.mean(axis=1), z
+        return deviation_scores(feats, stats, self.spec.top_k)
 
     def score(self, windows: Float32Array, calibration: Calibration) -> ScoredBatch:
         """Score raw windows.
