@@ -52,7 +52,7 @@ from agent.inference.package import ModelPackage, load_package, open_backend
 from agent.logs import setup_logging
 from agent.metrics import Metrics
 from agent.monitor import Monitor, WatchedSource
-from agent.pipeline.detector import FeatureDeviationDetector
+from agent.pipeline.detector import Calibration, FeatureDeviationDetector
 from agent.pipeline.rules import RuleParams
 from agent.pipeline.stream import AlertEvent, StreamPipeline
 from agent.publish.mqtt import MqttPublisher
@@ -218,6 +218,7 @@ class Agent:
             raise ConfigError(msg, problems=[msg])
         order = np.array([source.channels.index(c) for c in spec.channels], dtype=np.int64)
         r = sc.rules
+        preset = _preset_calibration(package, self.config.agent.device_id, sc.name)
         pipeline = StreamPipeline(
             sc.name,
             self.config.agent.device_id,
@@ -226,18 +227,22 @@ class Agent:
             RuleParams(r.k, r.n, r.clear_ratio, r.clear_windows, r.cooldown_s),
             aggregate_interval_s=self.config.store.aggregate_interval_s,
             top_channels=r.top_channels,
+            calibration=preset,
         )
         supervisor = SourceSupervisor(source, self._enqueue, self.metrics, self.stop_event)
         self.metrics.model_info.labels(stream=sc.name).info(
             {"name": package.manifest.name, "version": str(package.manifest.version),
              "backend": backend.name, "precision": backend.precision}
         )
-        self.metrics.calibrating.labels(stream=sc.name).set(1)
+        self.metrics.calibrating.labels(stream=sc.name).set(0 if preset else 1)
+        if preset is not None:
+            self.metrics.threshold.labels(stream=sc.name).set(preset.threshold)
         log.info(
-            "stream %s: source %s, model %s (%s/%s, window %d, hop %d), calibrating on the "
-            "first %d readings",
+            "stream %s: source %s, model %s (%s/%s, window %d, hop %d), %s",
             sc.name, sc.source.kind, package.label, backend.name, backend.precision,
-            spec.window, spec.hop, spec.calibration_samples,
+            spec.window, spec.hop,
+            f"calibration from the package (threshold {preset.threshold:.3f})" if preset
+            else f"calibrating on the first {spec.calibration_samples} readings",
         )
         policy = stall_policy(sc.source, package.manifest.input.sample_rate_hz, sc.stall_after_s)
         return _Stream(sc, package, pipeline, order, supervisor, backend, policy)
@@ -438,6 +443,22 @@ class Agent:
         self.store.close()
         if final:
             self.notifier.close()
+
+
+def _preset_calibration(package: ModelPackage, device_id: str, stream: str) -> Calibration | None:
+    """The package's cloud-fitted calibration when it was fitted for this device and stream."""
+    preset = package.preset_calibration()
+    fitted = package.manifest.calibration
+    if preset is None or fitted is None:
+        return None
+    if (fitted.fitted_on.device_id, fitted.fitted_on.stream) != (device_id, stream):
+        log.warning(
+            "stream %s: model %s carries a calibration fitted for %s/%s, not this device; "
+            "calibrating on the device instead",
+            stream, package.label, fitted.fitted_on.device_id, fitted.fitted_on.stream,
+        )
+        return None
+    return preset
 
 
 def _build_uploader(

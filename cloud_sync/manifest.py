@@ -90,6 +90,39 @@ class Golden(_Strict):
     atol: float = Field(gt=0, description="Absolute tolerance for every artefact.")
 
 
+class FittedOn(_Strict):
+    """Where a fitted calibration came from."""
+
+    device_id: str = Field(description="Device whose samples were used.")
+    stream: str = Field(description="That device's stream.")
+    samples: int = Field(ge=2, description="Raw readings the calibration was fitted on (N).")
+    data_start: float | None = Field(
+        None, description="Epoch seconds UTC of the first sample used, when known."
+    )
+    data_end: float | None = Field(
+        None, description="Epoch seconds UTC of the last sample used, when known."
+    )
+
+
+class FittedCalibration(_Strict):
+    """A calibration fitted in the cloud on one device's uploaded samples.
+
+    Same formulas as the on-device calibration (:mod:`cloud_sync.calibration`): the input scaler
+    z = (x − mean) / scale, the calibration windows' feature mean and floored std, and the
+    threshold. A package carrying it is ready to score from the first window on that device
+    (no calibration period).
+    """
+
+    mean: list[float] = Field(min_length=1, description="Scaler mean per channel (C,), units.")
+    scale: list[float] = Field(
+        min_length=1, description="Scaler scale per channel (C,), units, > 0."
+    )
+    feature_mean: list[float] = Field(min_length=1, description="Feature means (F,).")
+    feature_std: list[float] = Field(min_length=1, description="Floored feature stds (F,), > 0.")
+    threshold: float = Field(gt=0, description="Score threshold.")
+    fitted_on: FittedOn
+
+
 class Manifest(_Strict):
     """The whole manifest of a model package (format 1)."""
 
@@ -105,6 +138,11 @@ class Manifest(_Strict):
     golden: Golden
     latency_budget_ms_p99: float = Field(gt=0, description="p99 budget for one window, in ms.")
     lineage: dict[str, Any] = Field(description="Training data, recipe, FP32-vs-INT8 agreement.")
+    calibration: FittedCalibration | None = Field(
+        None,
+        description="A calibration fitted in the cloud for one device (None: the device "
+        "calibrates on its first readings). Optional, so format 1 stays backward-compatible.",
+    )
     signature: str | None = Field(None, description="Reserved: Ed25519 signature (base64).")
 
 

@@ -17,7 +17,8 @@ from pydantic import ValidationError
 
 from agent.errors import ModelError
 from agent.inference.base import Backend
-from agent.pipeline.detector import DetectorSpec
+from agent.pipeline.detector import Calibration, DetectorSpec
+from cloud_sync.calibration import FeatureStats, Scaler
 from cloud_sync.manifest import Artefact, Manifest
 
 MANIFEST = "manifest.json"
@@ -88,6 +89,29 @@ class ModelPackage:
             threshold_factor=threshold_factor or m.score.threshold.factor,
         )
 
+    def preset_calibration(self) -> Calibration | None:
+        """The calibration fitted in the cloud for one device, when the package carries one.
+
+        A stream built with it scores from its first window (no calibration period). The
+        manifest's ``fitted_on`` names the device and stream it was fitted for; the composition
+        root uses it only on that device.
+
+        Returns:
+            Scaler ``(C,)``, feature statistics ``(F,)`` and threshold; ``scores`` is empty (the
+            calibration windows' scores stay in the cloud). None when the manifest has none.
+        """
+        cal = self.manifest.calibration
+        if cal is None:
+            return None
+        return Calibration(
+            Scaler(np.asarray(cal.mean, np.float64), np.asarray(cal.scale, np.float64)),
+            FeatureStats(
+                np.asarray(cal.feature_mean, np.float64), np.asarray(cal.feature_std, np.float64)
+            ),
+            float(cal.threshold),
+            np.zeros(0, np.float64),
+        )
+
 
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
@@ -126,6 +150,16 @@ def load_package(path: Path) -> ModelPackage:
         or len(manifest.score.feature_std_floor) != f
     ):
         raise ModelError("manifest field lengths disagree with the channel count", path=path)
+    cal = manifest.calibration
+    if cal is not None and (
+        len(cal.mean) != c or len(cal.scale) != c or len(cal.feature_mean) != f
+        or len(cal.feature_std) != f or min(cal.scale) <= 0 or min(cal.feature_std) <= 0
+    ):
+        raise ModelError(
+            "manifest calibration: lengths disagree with the channel/feature count or a "
+            "scale/std is not positive",
+            path=path,
+        )
     label = f"{manifest.name}@{manifest.version}"
     for art in manifest.artefacts:
         apath = path / art.path
