@@ -66,7 +66,11 @@ def engine(settings: Settings) -> Iterator[Engine]:
     migrate.upgrade(eng)
     if eng.dialect.name == "postgresql":
         with eng.begin() as conn:
-            conn.execute(text("TRUNCATE aggregates, alerts, devices"))
+            names = conn.execute(text(
+                "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
+                "AND tablename <> 'alembic_version'"
+            )).scalars().all()
+            conn.execute(text(f"TRUNCATE {', '.join(names)} RESTART IDENTITY CASCADE"))
     yield eng
     eng.dispose()
 
