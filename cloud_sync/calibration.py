@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -37,6 +38,8 @@ Float32Array = npt.NDArray[np.float32]
 FeatureFn = Callable[[Float32Array], npt.NDArray[np.floating]]
 
 FEATURES = ("mean", "mean_abs_dev", "mean_abs_diff")
+
+_T = TypeVar("_T", bound=np.generic)
 
 
 def window_features(windows: Float32Array) -> Float32Array:
@@ -59,7 +62,7 @@ def window_features(windows: Float32Array) -> Float32Array:
     return np.concatenate([mean, mean_abs_dev, mad], axis=1).astype(np.float32)
 
 
-def sliding_windows(samples: FloatArray, window: int) -> FloatArray:
+def sliding_windows(samples: npt.NDArray[_T], window: int) -> npt.NDArray[_T]:
     """Every window of ``window`` consecutive rows (hop 1).
 
     Args:

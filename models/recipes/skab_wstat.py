@@ -9,7 +9,8 @@ Steps (re-runnable; needs the ``train`` extra for ``onnx``):
    the per-channel input scale floor (``--floor-frac`` × the recording's std) and the
    per-feature std floor (``--feature-floor-frac`` × the std of each feature over all segments).
 3. Build the FP32 ONNX graph of the window-statistics model (mean, mean absolute deviation,
-   mean |Δ| per channel as MatMul/Sub/Abs ops; see :mod:`agent.pipeline.features`). The mean
+   mean |Δ| per channel as MatMul/Sub/Abs ops; see :mod:`fleet.training.wstat`, whose graph
+   builder and quantization the fleet's per-device retraining reuses). The mean
    absolute deviation replaces the std because squares need a far wider int8 range: with the std
    the INT8 model lost 0.05 F1 against FP32 on SKAB, with the mean absolute deviation none.
 4. Quantize it to INT8 QDQ with ``onnxruntime.quantization.quantize_static`` using scaled windows
@@ -26,30 +27,27 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import hashlib
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
-from onnxruntime.quantization import (
-    CalibrationDataReader,
-    CalibrationMethod,
-    QuantFormat,
-    QuantType,
-    quantize_static,
-)
-from onnxruntime.quantization.shape_inference import quant_pre_process
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from skab_data import anomaly_free_file, read_skab
 
-from agent.pipeline.features import FEATURES, window_features
+from cloud_sync.calibration import FEATURES, window_features
+from fleet.training.wstat import (
+    METHODS,
+    artefact_entries,
+    build_graph,
+    ort_version,
+    quantize_int8,
+    scaled_windows,
+    session_runner,
+)
 
 UNITS = {
     "Accelerometer1RMS": "g",
@@ -61,80 +59,6 @@ UNITS = {
     "Voltage": "V",
     "Volume Flow RateRMS": "l/min",
 }
-
-
-METHODS = {
-    "minmax": CalibrationMethod.MinMax,
-    "percentile": CalibrationMethod.Percentile,
-    "entropy": CalibrationMethod.Entropy,
-}
-
-
-def build_graph(window: int, channels: int) -> onnx.ModelProto:
-    """FP32 ONNX graph: input ``window`` (B, W, C) float32 → ``features`` (B, 3C) float32."""
-    w, c = window, channels
-    avg = numpy_helper.from_array(np.full((1, w), 1.0 / w, np.float32), "avg_w")
-    avg_d = numpy_helper.from_array(np.full((1, w - 1), 1.0 / (w - 1), np.float32), "avg_d")
-    diff = np.zeros((w - 1, w), np.float32)
-    diff[np.arange(w - 1), np.arange(w - 1)] = -1.0
-    diff[np.arange(w - 1), np.arange(1, w)] = 1.0
-    diff_t = numpy_helper.from_array(diff, "diff")
-    shape = numpy_helper.from_array(np.array([-1, 3 * c], np.int64), "out_shape")
-    nodes = [
-        helper.make_node("MatMul", ["avg_w", "window"], ["mean"]),  # (B,1,C)
-        helper.make_node("Sub", ["window", "mean"], ["centered"]),
-        helper.make_node("Abs", ["centered"], ["abs_centered"]),
-        helper.make_node("MatMul", ["avg_w", "abs_centered"], ["mean_abs_dev"]),
-        helper.make_node("MatMul", ["diff", "window"], ["delta"]),  # (B,W-1,C)
-        helper.make_node("Abs", ["delta"], ["abs_delta"]),
-        helper.make_node("MatMul", ["avg_d", "abs_delta"], ["mad"]),
-        helper.make_node("Concat", ["mean", "mean_abs_dev", "mad"], ["feat3"], axis=2),
-        helper.make_node("Reshape", ["feat3", "out_shape"], ["features"]),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "window_statistics",
-        [helper.make_tensor_value_info("window", TensorProto.FLOAT, ["batch", w, c])],
-        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", 3 * c])],
-        initializer=[avg, avg_d, diff_t, shape],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model
-
-
-def segment_windows(
-    values: np.ndarray, window: int, cal: int, floor: np.ndarray, step: int, span: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Scaled windows of many emulated device calibrations over ``values``.
-
-    Returns:
-        (windows (K, W, C) float32 scaled, features (K, 3C) float32).
-    """
-    ws, fs = [], []
-    for start in range(0, values.shape[0] - span, step):
-        seg = values[start : start + span]
-        mu, sd = seg[:cal].mean(0), np.maximum(seg[:cal].std(0), floor)
-        z = ((seg - mu) / sd).astype(np.float32)
-        idx = np.arange(z.shape[0] - window + 1)[:, None] + np.arange(window)[None, :]
-        win = z[idx]
-        ws.append(win)
-        fs.append(window_features(win))
-    return np.concatenate(ws), np.concatenate(fs)
-
-
-class _Reader(CalibrationDataReader):
-    def __init__(self, windows: np.ndarray, batch: int = 50) -> None:
-        self._it = iter(windows[i : i + batch] for i in range(0, len(windows), batch))
-
-    def get_next(self) -> dict[str, np.ndarray] | None:
-        nxt = next(self._it, None)
-        return None if nxt is None else {"window": nxt}
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,8 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threshold-factor", type=float, default=1.5)
     ap.add_argument("--quant-windows", type=int, default=4000)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--calibration-method", choices=["minmax", "percentile", "entropy"],
-                    default="minmax")
+    ap.add_argument("--calibration-method", choices=list(METHODS), default="minmax")
     ap.add_argument("--percentile", type=float, default=99.99)
     ap.add_argument("--op-types", default="MatMul,Sub,Abs",
                     help="comma-separated op types to quantize (others stay FP32)")
@@ -165,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     c, w = len(channels), args.window
     floor = args.floor_frac * data.values.std(0)
     print(f"training data: {src} ({data.values.shape[0]} rows, {c} channels)")
-    windows, feats = segment_windows(
+    windows, feats = scaled_windows(
         data.values, w, args.calibration_samples, floor, step=100,
         span=args.calibration_samples + 600,
     )
@@ -175,30 +98,15 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     fp32_path = args.out / "model.fp32.onnx"
     int8_path = args.out / "model.int8.onnx"
+    import onnx  # noqa: PLC0415
+
     onnx.save(build_graph(w, c), fp32_path)
     quant_sample = windows[rng.choice(windows.shape[0], args.quant_windows, replace=False)]
-    with tempfile.TemporaryDirectory() as tmp:
-        pre = Path(tmp) / "pre.onnx"
-        quant_pre_process(str(fp32_path), str(pre), skip_symbolic_shape=True)
-        quantize_static(
-            str(pre),
-            str(int8_path),
-            _Reader(quant_sample),
-            quant_format=QuantFormat.QDQ,
-            activation_type=QuantType.QInt8,
-            weight_type=QuantType.QInt8,
-            calibrate_method=METHODS[args.calibration_method],
-            per_channel=False,
-            op_types_to_quantize=args.op_types.split(","),
-            extra_options={"CalibPercentile": args.percentile},
-        )
-
-    import onnxruntime as ort  # noqa: PLC0415
+    quantize_int8(fp32_path, int8_path, quant_sample, method=args.calibration_method,
+                  percentile=args.percentile, op_types=args.op_types.split(","))
 
     def run(path: Path, x: np.ndarray) -> np.ndarray:
-        s = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        return np.concatenate([s.run(None, {"window": x[i : i + 512]})[0]
-                               for i in range(0, len(x), 512)])
+        return session_runner(path)(x)
 
     check = windows[rng.choice(windows.shape[0], 2000, replace=False)]
     ref, f32, i8 = window_features(check), run(fp32_path, check), run(int8_path, check)
@@ -211,10 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     golden_x = check[:8]
     golden_y = f32[:8]
     atol = float(max(0.05, 1.5 * np.abs(i8[:8] - f32[:8]).max()))
-    artefacts = []
-    for path, prec in ((int8_path, "int8"), (fp32_path, "fp32")):
-        artefacts.append({"runtime": "onnxruntime", "precision": prec, "path": path.name,
-                          "sha256": sha256(path), "size_bytes": path.stat().st_size})
+    artefacts = artefact_entries(((int8_path, "int8"), (fp32_path, "fp32")))
     manifest = {
         "format": 1,
         "name": "skab-wstat",
@@ -242,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             "training_data": {"dataset": "SKAB (github.com/waico/SKAB @ b2c0d46)",
                               "file": "anomaly-free/anomaly-free.csv",
                               "rows": int(data.values.shape[0])},
-            "quantization": {"tool": f"onnxruntime.quantization {ort.__version__}",
+            "quantization": {"tool": f"onnxruntime.quantization {ort_version()}",
                              "format": "QDQ", "activations": "QInt8", "weights": "QInt8",
                              "calibration": args.calibration_method,
                              "percentile": args.percentile, "op_types": args.op_types,
