@@ -3,26 +3,35 @@ repositories, metrics, routers and error handlers into one FastAPI app."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fastapi import FastAPI
 from sqlalchemy import Engine
 
-from fleet.api import devices, handlers, health, ingest
+from fleet.api import devices, handlers, health, ingest, samples
 from fleet.api.deps import Services
 from fleet.db.devices import DeviceRegistry
 from fleet.db.engine import make_engine
 from fleet.db.records import RecordStore
+from fleet.db.samples import SampleStore
 from fleet.metrics import FleetMetrics, MetricsMiddleware
 from fleet.settings import Settings
 
 API_VERSION = "1"
 
 
-def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
+def create_app(
+    settings: Settings,
+    engine: Engine | None = None,
+    on_calibration: Callable[[str, str], None] | None = None,
+) -> FastAPI:
     """Build the app. The schema must already be migrated (``edge-fleet serve`` does it).
 
     Args:
         settings: Service settings (database URL, admin token, limits).
         engine: An existing engine (tests); built from ``settings.db_url`` when omitted.
+        on_calibration: Called with ``(device_id, stream)`` after a device stored calibration
+            samples (``serve --auto-retrain``: :class:`fleet.training.retrain.AutoRetrainer`).
 
     Raises:
         ConfigError: ``settings.db_url`` is invalid (only when ``engine`` is omitted).
@@ -42,9 +51,11 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         devices=DeviceRegistry(engine),
         records=RecordStore(engine),
         metrics=metrics,
+        samples=SampleStore(engine),
+        on_calibration=on_calibration,
     )
     handlers.install(app)
-    for module in (ingest, devices, health):
+    for module in (ingest, devices, health, samples):
         app.include_router(module.router)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app

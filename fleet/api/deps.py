@@ -9,6 +9,7 @@ ingest, a device token cannot manage devices.
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -17,6 +18,7 @@ from sqlalchemy import Engine
 
 from fleet.db.devices import DeviceRegistry
 from fleet.db.records import RecordStore
+from fleet.db.samples import SampleStore
 from fleet.errors import Forbidden, Unauthorized
 from fleet.metrics import FleetMetrics
 from fleet.settings import Settings
@@ -31,6 +33,11 @@ class Services:
     devices: DeviceRegistry
     records: RecordStore
     metrics: FleetMetrics
+    #: Retraining samples (``POST /v1/samples``).
+    samples: SampleStore | None = None
+    #: Called with ``(device_id, stream)`` after a calibration sample batch is stored
+    #: (auto-retrain schedules a training run); must not block.
+    on_calibration: Callable[[str, str], None] | None = None
 
 
 @dataclass(frozen=True)
