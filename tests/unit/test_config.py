@@ -200,7 +200,7 @@ log_level = "info"
 [[streams]]
 name = "a"
 source = { kind = "serial", port = "/dev/ttyUSB0", baudrate = 0, channels = ["x"] }
-rules = { k = 9 }
+rules = { k = 11 }
 
 [[streams]]
 name = "a"

@@ -106,7 +106,7 @@ def test_nan_score_is_not_above() -> None:
 
 def test_default_params_are_valid() -> None:
     p = RuleParams()
-    assert (p.k, p.n) == (3, 5)
+    assert (p.k, p.n) == (7, 10)
 
 
 @pytest.mark.parametrize(
