@@ -8,13 +8,14 @@ from collections.abc import Callable
 from fastapi import FastAPI
 from sqlalchemy import Engine
 
-from fleet.api import devices, handlers, health, ingest, samples
+from fleet.api import devices, handlers, health, ingest, registry, rollouts, samples
 from fleet.api.deps import Services
 from fleet.db.devices import DeviceRegistry
 from fleet.db.engine import make_engine
 from fleet.db.records import RecordStore
 from fleet.db.samples import SampleStore
 from fleet.metrics import FleetMetrics, MetricsMiddleware
+from fleet.registry.wiring import build_model_loop
 from fleet.settings import Settings
 
 API_VERSION = "1"
@@ -34,7 +35,8 @@ def create_app(
             samples (``serve --auto-retrain``: :class:`fleet.training.retrain.AutoRetrainer`).
 
     Raises:
-        ConfigError: ``settings.db_url`` is invalid (only when ``engine`` is omitted).
+        ConfigError: ``settings.db_url`` is invalid (only when ``engine`` is omitted), or a
+            trusted key or the signing key cannot be loaded.
     """
     engine = engine if engine is not None else make_engine(settings)
     metrics = FleetMetrics()
@@ -54,8 +56,9 @@ def create_app(
         samples=SampleStore(engine),
         on_calibration=on_calibration,
     )
+    app.state.model_loop = build_model_loop(settings, engine)
     handlers.install(app)
-    for module in (ingest, devices, health, samples):
+    for module in (ingest, devices, health, samples, registry, rollouts):
         app.include_router(module.router)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app

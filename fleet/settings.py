@@ -39,6 +39,11 @@ class Settings:
         max_overflow: Extra connections above ``pool_size`` under bursts.
         pool_timeout_s: Seconds a request waits for a pooled connection before a 503.
         query_limit_max: Largest ``limit`` a query endpoint accepts (rows).
+        trusted_keys_dir: Directory of ``<key_id>.pub`` Ed25519 keys a pushed model package
+            must be signed by (None: every push is refused).
+        signing_key_file: ``<key_id>.key`` the fleet signs rollbacks with on abort (None: an
+            abort only stops assigning).
+        rollout_halt_failures: Default number of failed devices that halts a rollout.
     """
 
     db_url: str
@@ -48,6 +53,9 @@ class Settings:
     max_overflow: int = 10
     pool_timeout_s: float = 5.0
     query_limit_max: int = 10_000
+    trusted_keys_dir: Path | None = None
+    signing_key_file: Path | None = None
+    rollout_halt_failures: int = 1
 
 
 def default_db_url(state_dir: Path) -> str:

@@ -1,0 +1,1 @@
+"""Model registry (signed packages) and rollouts (canary, promote, pause, abort, auto-halt)."""

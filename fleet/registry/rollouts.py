@@ -1,0 +1,321 @@
+"""Rollouts: send one registry version to a target, canary first, and follow device reports.
+
+* Target: a tag (every active device carrying it) or a device list, resolved once at creation
+  (devices enrolled later are not added). Canary devices: :func:`fleet.registry.policy.
+  pick_canaries`. Without ``canary_percent`` the rollout starts ``promoted``.
+* Assignment (``GET /v1/models/assignment``): the device's NEWEST rollout whose stream matches
+  (the asked stream or None) decides. canary/promoted and the device assigned and not failed:
+  that version. paused/halted: nothing (204: keep what runs). aborted: if the device may run the
+  version (reported accepted/shadow/active, or its last known model is it) and it ran an older
+  registry version before, that version, with a :class:`~cloud_sync.protocol.SignedRollback`
+  signed by the fleet's key; without a fleet signing key, nothing (devices keep what they run).
+* Reports (``POST /v1/models/status``): stored in ``model_status_reports``; the device's row of
+  the rollout gets the state and reason; ``active`` also updates the device's model columns.
+  When the failed devices (rejected/rolled_back; canary devices only while in canary) reach
+  ``halt_after_failures``, the rollout becomes ``halted`` (one conditional UPDATE, so concurrent
+  reports halt it once).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from sqlalchemy import ColumnElement, Connection, Engine, and_, func, insert, or_, select, update
+
+from cloud_sync.package import sign_rollback
+from cloud_sync.protocol import ModelAssignment, ModelStatusReport
+from fleet.db.model_tables import model_status_reports, rollout_devices, rollouts
+from fleet.db.schema import devices
+from fleet.errors import Conflict, Forbidden, NotFound, Unprocessable
+from fleet.registry.policy import (
+    ASSIGNING,
+    FAILED,
+    MAY_RUN,
+    Action,
+    pick_canaries,
+    should_halt,
+    transition,
+)
+from fleet.registry.store import ModelRegistry
+from fleet.registry.views import RolloutCreate, RolloutDeviceOut, RolloutOut
+
+Signer = tuple[str, Ed25519PrivateKey]
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def package_url(name: str, version: int) -> str:
+    """Path of a package archive, relative to the fleet base URL."""
+    return f"/v1/models/{name}/{version}/package"
+
+
+class RolloutService:
+    """Create, steer and follow rollouts.
+
+    Args:
+        engine: The fleet database.
+        registry: Where the packages are.
+        signer: ``(key_id, private key)`` to sign fallback rollbacks, or None.
+        halt_after_failures: Default failed-device threshold of a new rollout.
+        clock: Wall clock (aware UTC).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        registry: ModelRegistry,
+        signer: Signer | None = None,
+        *,
+        halt_after_failures: int = 1,
+        clock: Callable[[], dt.datetime] = _now,
+    ) -> None:
+        self._engine = engine
+        self._registry = registry
+        self._signer = signer
+        self._halt_after = halt_after_failures
+        self._clock = clock
+
+    # --- operator ------------------------------------------------------------------------------
+
+    def create(self, req: RolloutCreate) -> RolloutOut:
+        """Raises: NotFound (no such package), Unprocessable (target empty or unknown devices)."""
+        self._registry.get(req.name, req.version)
+        now = self._clock()
+        with self._engine.begin() as conn:
+            active = {
+                r.device_id: r
+                for r in conn.execute(
+                    select(devices.c.device_id, devices.c.tags, devices.c.model_name,
+                           devices.c.model_version).where(devices.c.revoked_at.is_(None))
+                )
+            }
+            if req.tag is not None:
+                target = sorted(d for d, r in active.items() if req.tag in (r.tags or []))
+                if not target:
+                    raise Unprocessable(f"no active device has the tag {req.tag!r}")
+            else:
+                target = sorted(set(req.devices or []))
+                unknown = [d for d in target if d not in active]
+                if unknown:
+                    raise Unprocessable(f"unknown or revoked devices: {', '.join(unknown)}")
+            canaries = pick_canaries(target, req.canary_percent)
+            state = "promoted" if len(canaries) == len(target) else "canary"
+            rid = conn.execute(
+                insert(rollouts).values(
+                    model_name=req.name, model_version=req.version, target_tag=req.tag,
+                    target_devices=target, stream=req.stream, canary_percent=req.canary_percent,
+                    halt_after_failures=req.halt_after_failures or self._halt_after,
+                    state=state, created_at=now, updated_at=now,
+                ).returning(rollouts.c.id)
+            ).scalar_one()
+            conn.execute(insert(rollout_devices), [
+                {
+                    "rollout_id": rid, "device_id": d, "canary": d in canaries,
+                    "assigned": d in canaries or state == "promoted",
+                    "previous_version": _previous(active[d], req.name, req.version),
+                    "updated_at": now,
+                }
+                for d in target
+            ])
+        return self.get(int(rid))
+
+    def get(self, rollout_id: int, *, with_devices: bool = True) -> RolloutOut:
+        """Raises: NotFound."""
+        with self._engine.connect() as conn:
+            row = conn.execute(select(rollouts).where(rollouts.c.id == rollout_id)).first()
+            if row is None:
+                raise NotFound(f"rollout {rollout_id} does not exist")
+            members = conn.execute(
+                select(rollout_devices).where(rollout_devices.c.rollout_id == rollout_id)
+                .order_by(rollout_devices.c.device_id)
+            ).all()
+        return _out(row, members, with_devices)
+
+    def list(self) -> list[RolloutOut]:
+        """Every rollout, newest first, without per-device rows."""
+        with self._engine.connect() as conn:
+            rows = conn.execute(select(rollouts).order_by(rollouts.c.id.desc())).all()
+            members = conn.execute(select(rollout_devices)).all()
+        by_rollout: dict[int, list[Any]] = {}
+        for m in members:
+            by_rollout.setdefault(int(m.rollout_id), []).append(m)
+        return [_out(r, by_rollout.get(int(r.id), []), False) for r in rows]
+
+    def act(self, rollout_id: int, action: Action) -> RolloutOut:
+        """Apply an operator action. Raises: NotFound; Conflict (not allowed in this state)."""
+        now = self._clock()
+        with self._engine.begin() as conn:
+            row = conn.execute(
+                select(rollouts.c.state, rollouts.c.resume_state)
+                .where(rollouts.c.id == rollout_id).with_for_update()
+            ).first()
+            if row is None:
+                raise NotFound(f"rollout {rollout_id} does not exist")
+            state, resume = transition(row.state, row.resume_state, action)
+            values: dict[str, Any] = {"state": state, "resume_state": resume, "updated_at": now}
+            if action == "abort":
+                values["reason"] = "aborted by the operator"
+            done = conn.execute(
+                update(rollouts)
+                .where(rollouts.c.id == rollout_id, rollouts.c.state == row.state)
+                .values(**values)
+            ).rowcount
+            if done != 1:
+                raise Conflict(f"rollout {rollout_id} changed concurrently; try again")
+            if state == "promoted":
+                conn.execute(
+                    update(rollout_devices)
+                    .where(rollout_devices.c.rollout_id == rollout_id,
+                           rollout_devices.c.assigned.is_(False))
+                    .values(assigned=True, updated_at=now)
+                )
+        return self.get(rollout_id)
+
+    # --- device --------------------------------------------------------------------------------
+
+    def assignment(self, device_id: str, stream: str | None) -> ModelAssignment | None:
+        """What ``device_id`` should run on ``stream`` (None: keep what it runs)."""
+        streams: ColumnElement[bool] = rollouts.c.stream.is_(None)
+        if stream is not None:
+            streams = or_(streams, rollouts.c.stream == stream)
+        with self._engine.connect() as conn:
+            row = conn.execute(
+                select(rollouts, rollout_devices.c.assigned,
+                       rollout_devices.c.previous_version,
+                       rollout_devices.c.state.label("device_state"),
+                       devices.c.model_name.label("device_model"),
+                       devices.c.model_version.label("device_version"))
+                .join(rollout_devices, rollout_devices.c.rollout_id == rollouts.c.id)
+                .join(devices, devices.c.device_id == rollout_devices.c.device_id)
+                .where(rollout_devices.c.device_id == device_id, streams)
+                .order_by(rollouts.c.id.desc()).limit(1)
+            ).first()
+        if row is None:
+            return None
+        if row.state in ASSIGNING:
+            if not row.assigned or row.device_state in FAILED:
+                return None
+            return self._assign(row, int(row.model_version), None)
+        if row.state != "aborted" or row.previous_version is None:
+            return None
+        runs_it = row.device_state in MAY_RUN or (
+            row.device_model == row.model_name and row.device_version == row.model_version
+        )
+        prev = int(row.previous_version)
+        if not runs_it or not self._registry.exists(row.model_name, prev):
+            return None
+        if self._signer is None:
+            return None
+        key_id, key = self._signer
+        rollback = sign_rollback(
+            key, key_id, device_id=device_id, name=row.model_name,
+            from_version=int(row.model_version), to_version=prev,
+            clock=lambda: self._clock().timestamp(),
+        )
+        return self._assign(row, prev, rollback)
+
+    def _assign(self, row: Any, version: int, rollback: Any) -> ModelAssignment:
+        rec = self._registry.get(row.model_name, version)
+        return ModelAssignment(
+            rollout_id=int(row.id), stream=row.stream, name=rec.name, version=rec.version,
+            archive_sha256=rec.archive_sha256, archive_size=rec.size,
+            url=package_url(rec.name, rec.version), rollback=rollback,
+        )
+
+    def report(self, device_id: str, rep: ModelStatusReport) -> None:
+        """Record a device's report; may halt its rollout.
+
+        Raises:
+            Forbidden: the report names another device, or a rollout the device is not in.
+            NotFound: ``rollout_id`` does not exist.
+        """
+        if rep.device_id != device_id:
+            raise Forbidden("a device can only report for itself")
+        now = self._clock()
+        with self._engine.begin() as conn:
+            conn.execute(insert(model_status_reports).values(
+                device_id=device_id, rollout_id=rep.rollout_id, stream=rep.stream, name=rep.name,
+                version=rep.version, state=rep.state, reason=rep.reason, details=rep.details,
+                at=rep.at, received_at=now,
+            ))
+            if rep.state == "active":
+                conn.execute(update(devices).where(devices.c.device_id == device_id)
+                             .values(model_name=rep.name, model_version=rep.version))
+            ro = self._find_rollout(conn, device_id, rep)
+            if ro is None or ro.model_name != rep.name:
+                return
+            conn.execute(
+                update(rollout_devices)
+                .where(rollout_devices.c.rollout_id == ro.id,
+                       rollout_devices.c.device_id == device_id)
+                .values(state=rep.state, reason=rep.reason, reported_at=now, updated_at=now)
+            )
+            if rep.state in FAILED and rep.version == ro.model_version:
+                self._maybe_halt(conn, ro, now)
+
+    def _find_rollout(self, conn: Connection, device_id: str, rep: ModelStatusReport) -> Any:
+        member = and_(rollout_devices.c.rollout_id == rollouts.c.id,
+                      rollout_devices.c.device_id == device_id)
+        if rep.rollout_id is not None:
+            ro = conn.execute(select(rollouts).where(rollouts.c.id == rep.rollout_id)).first()
+            if ro is None:
+                raise NotFound(f"rollout {rep.rollout_id} does not exist")
+            if conn.execute(select(func.count()).where(member, rollouts.c.id == ro.id)
+                            ).scalar_one() == 0:
+                raise Forbidden(f"device {device_id} is not in rollout {rep.rollout_id}")
+            return ro
+        return conn.execute(
+            select(rollouts).where(member, rollouts.c.model_name == rep.name,
+                                   rollouts.c.model_version == rep.version)
+            .order_by(rollouts.c.id.desc()).limit(1)
+        ).first()
+
+    def _maybe_halt(self, conn: Connection, ro: Any, now: dt.datetime) -> None:
+        if ro.state not in ASSIGNING:
+            return
+        q = select(rollout_devices.c.device_id, rollout_devices.c.reason).where(
+            rollout_devices.c.rollout_id == ro.id, rollout_devices.c.state.in_(FAILED)
+        )
+        if ro.state == "canary":
+            q = q.where(rollout_devices.c.canary.is_(True))
+        failed = conn.execute(q.order_by(rollout_devices.c.device_id)).all()
+        if not should_halt(len(failed), int(ro.halt_after_failures)):
+            return
+        why = "; ".join(f"{f.device_id}: {f.reason or 'no reason given'}" for f in failed[:5])
+        conn.execute(
+            update(rollouts).where(rollouts.c.id == ro.id, rollouts.c.state.in_(ASSIGNING))
+            .values(state="halted", resume_state=None, updated_at=now,
+                    reason=f"halted: {len(failed)} device(s) failed ({why})"[:2000])
+        )
+
+
+def _previous(device: Any, name: str, version: int) -> int | None:
+    if device.model_name == name and device.model_version is not None:
+        prev = int(device.model_version)
+        return prev if prev != version else None
+    return None
+
+
+def _out(row: Any, members: Sequence[Any], with_devices: bool) -> RolloutOut:
+    counts = Counter(m.state or "none" for m in members)
+    return RolloutOut(
+        id=int(row.id), name=row.model_name, version=int(row.model_version),
+        target_tag=row.target_tag, target_devices=list(row.target_devices), stream=row.stream,
+        canary_percent=row.canary_percent, halt_after_failures=int(row.halt_after_failures),
+        state=row.state, reason=row.reason, created_at=row.created_at,
+        updated_at=row.updated_at, counts=dict(sorted(counts.items())),
+        devices=[
+            RolloutDeviceOut(
+                device_id=m.device_id, canary=bool(m.canary), assigned=bool(m.assigned),
+                previous_version=m.previous_version, state=m.state, reason=m.reason,
+                reported_at=m.reported_at,
+            )
+            for m in members
+        ] if with_devices else [],
+    )

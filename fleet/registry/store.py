@@ -1,0 +1,162 @@
+"""The model registry: accepts signed package archives and serves them back.
+
+An upload is refused unless it is a valid package (:func:`cloud_sync.package.unpack` limits and
+:func:`cloud_sync.package.verify_package_dir`) signed by a key in the fleet's trusted keys
+directory; the fleet never stores an unsigned or untrusted package. What is stored is the
+canonical archive (:func:`cloud_sync.package.pack` of the unpacked directory), so its sha256 is
+the package identity (``ETag``) whatever tool made the upload. ``(name, version)`` is unique.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from sqlalchemy import Engine, func, insert, select
+from sqlalchemy.exc import IntegrityError
+
+from cloud_sync.package import PackageError, pack, read_manifest, unpack, verify_package_dir
+from fleet.db.model_tables import models
+from fleet.errors import Conflict, NotFound, Unprocessable
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    """A stored package (without its archive bytes)."""
+
+    name: str
+    version: int
+    archive_sha256: str
+    size: int
+    key_id: str
+    description: str
+    uploaded_at: dt.datetime
+    uploaded_by: str
+    manifest: dict[str, Any]
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+_COLUMNS = (
+    models.c.name, models.c.version, models.c.archive_sha256, models.c.size, models.c.key_id,
+    models.c.uploaded_at, models.c.uploaded_by, models.c.manifest,
+)
+
+
+def _record(row: Any) -> ModelRecord:
+    manifest = dict(row.manifest)
+    return ModelRecord(
+        name=row.name, version=int(row.version), archive_sha256=row.archive_sha256,
+        size=int(row.size), key_id=row.key_id, description=str(manifest.get("description", "")),
+        uploaded_at=row.uploaded_at, uploaded_by=row.uploaded_by, manifest=manifest,
+    )
+
+
+class ModelRegistry:
+    """Stores and lists model packages.
+
+    Args:
+        engine: The fleet database (migrated to 0002 or later).
+        trusted_keys: ``{key_id: public key}`` an upload must be signed by (empty: refuse all).
+        max_unpacked_bytes: Limit of an upload's unpacked size, bytes.
+        clock: Wall clock for ``uploaded_at`` (aware UTC).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        trusted_keys: dict[str, Ed25519PublicKey],
+        *,
+        max_unpacked_bytes: int = 256 * 1024 * 1024,
+        clock: Callable[[], dt.datetime] = _now,
+    ) -> None:
+        self._engine = engine
+        self._trusted = trusted_keys
+        self._max_unpacked = max_unpacked_bytes
+        self._clock = clock
+
+    def add(self, archive: bytes, uploaded_by: str) -> ModelRecord:
+        """Verify and store an uploaded archive.
+
+        Raises:
+            Unprocessable: not a valid package, unsigned, signed by an untrusted key, or an
+                artefact hash differs (``detail`` starts with the error class, e.g.
+                ``SignatureError: ...``).
+            Conflict: ``(name, version)`` is already stored.
+        """
+        if not self._trusted:
+            raise Unprocessable("SignatureError: the fleet has no trusted keys (--trusted-keys)")
+        with tempfile.TemporaryDirectory(prefix="edge-fleet-upload-") as tmp:
+            src = Path(tmp) / "upload.tar.gz"
+            src.write_bytes(archive)
+            pkg = Path(tmp) / "pkg"
+            try:
+                unpack(src, pkg, max_bytes=self._max_unpacked)
+                manifest = verify_package_dir(pkg, self._trusted, installed_version=None)
+                raw, _ = read_manifest(pkg)
+                canonical = Path(tmp) / "canonical.tar.gz"
+                sha = pack(pkg, canonical)
+            except PackageError as exc:
+                raise Unprocessable(f"{type(exc).__name__}: {exc}") from None
+            data = canonical.read_bytes()
+        signature = manifest.signature or ""
+        row = {
+            "name": manifest.name, "version": manifest.version, "archive": data,
+            "archive_sha256": sha, "size": len(data), "manifest": raw,
+            "key_id": signature.split(":")[1], "uploaded_at": self._clock(),
+            "uploaded_by": uploaded_by,
+        }
+        try:
+            with self._engine.begin() as conn:
+                conn.execute(insert(models).values(**row))
+        except IntegrityError:
+            raise Conflict(
+                f"{manifest.name}@{manifest.version} already exists: versions are immutable, "
+                "bump the version"
+            ) from None
+        return self.get(manifest.name, manifest.version)
+
+    def get(self, name: str, version: int) -> ModelRecord:
+        """Raises: NotFound: no such package."""
+        with self._engine.connect() as conn:
+            row = conn.execute(
+                select(*_COLUMNS).where(models.c.name == name, models.c.version == version)
+            ).first()
+        if row is None:
+            raise NotFound(f"model {name}@{version} is not in the registry")
+        return _record(row)
+
+    def exists(self, name: str, version: int) -> bool:
+        with self._engine.connect() as conn:
+            n = conn.execute(
+                select(func.count()).where(models.c.name == name, models.c.version == version)
+            ).scalar_one()
+        return bool(n)
+
+    def archive(self, name: str, version: int) -> tuple[bytes, str]:
+        """The archive bytes and their sha256. Raises: NotFound."""
+        with self._engine.connect() as conn:
+            row = conn.execute(
+                select(models.c.archive, models.c.archive_sha256).where(
+                    models.c.name == name, models.c.version == version
+                )
+            ).first()
+        if row is None:
+            raise NotFound(f"model {name}@{version} is not in the registry")
+        return bytes(row.archive), str(row.archive_sha256)
+
+    def list(self, name: str | None = None) -> list[ModelRecord]:
+        """Every package (or those of ``name``), by name then version."""
+        q = select(*_COLUMNS).order_by(models.c.name, models.c.version)
+        if name is not None:
+            q = q.where(models.c.name == name)
+        with self._engine.connect() as conn:
+            return [_record(r) for r in conn.execute(q)]
+

@@ -1,0 +1,92 @@
+"""Operator-side request/response bodies of the registry and rollouts (admin token).
+
+The device-side bodies are :mod:`cloud_sync.protocol` (ModelAssignment, ModelStatusReport).
+Times are ISO 8601 UTC.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from cloud_sync.protocol import NAME_PATTERN
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelOut(_Body):
+    """A stored package (``GET /v1/models``, ``POST /v1/models``)."""
+
+    name: str
+    version: int
+    archive_sha256: str
+    size: int = Field(description="Archive size, bytes.")
+    key_id: str = Field(description="Key id that signed the manifest.")
+    description: str
+    uploaded_at: dt.datetime
+    uploaded_by: str
+
+
+class ModelList(_Body):
+    models: list[ModelOut]
+
+
+class RolloutCreate(_Body):
+    """``POST /v1/rollouts``: exactly one of ``tag`` or ``devices``."""
+
+    name: str
+    version: int = Field(ge=1)
+    tag: str | None = Field(None, max_length=64, description="Every active device with it.")
+    devices: list[str] | None = Field(None, min_length=1, max_length=10_000)
+    stream: str | None = Field(None, pattern=NAME_PATTERN, description="None: every stream.")
+    canary_percent: float | None = Field(
+        None, gt=0, le=100, description="None or 100: every device at once (promoted)."
+    )
+    halt_after_failures: int | None = Field(
+        None, ge=1, description="Failed devices that halt it (default: the server's, 1)."
+    )
+
+    @model_validator(mode="after")
+    def _one_target(self) -> RolloutCreate:
+        if (self.tag is None) == (self.devices is None):
+            raise ValueError("give exactly one of 'tag' or 'devices'")
+        return self
+
+
+class RolloutDeviceOut(_Body):
+    device_id: str
+    canary: bool
+    assigned: bool
+    previous_version: int | None
+    state: str | None = Field(description="Last reported ModelState, None before any report.")
+    reason: str | None
+    reported_at: dt.datetime | None
+
+
+class RolloutOut(_Body):
+    id: int
+    name: str
+    version: int
+    target_tag: str | None
+    target_devices: list[str]
+    stream: str | None
+    canary_percent: float | None
+    halt_after_failures: int
+    state: str
+    reason: str | None = Field(description="Why it was halted (or aborted), if it was.")
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    counts: dict[str, int] = Field(description="Devices per last reported state ('none').")
+    devices: list[RolloutDeviceOut] = Field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        """Without the per-device list."""
+        return self.model_dump(mode="json", exclude={"devices"})
+
+
+class RolloutList(_Body):
+    rollouts: list[RolloutOut]

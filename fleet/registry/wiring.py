@@ -1,0 +1,36 @@
+"""Build the registry and rollout services from :class:`fleet.settings.Settings`."""
+
+from __future__ import annotations
+
+from sqlalchemy import Engine
+
+from cloud_sync.package import KeyFileError, key_id_of, load_private_key, load_public_keys
+from fleet.api.model_loop import ModelLoop
+from fleet.errors import ConfigError
+from fleet.registry.rollouts import RolloutService, Signer
+from fleet.registry.store import ModelRegistry
+from fleet.settings import Settings
+
+
+def build_model_loop(settings: Settings, engine: Engine) -> ModelLoop:
+    """Load the trusted keys and the optional signing key; wire registry and rollouts.
+
+    Raises:
+        ConfigError: a key file or the trusted keys directory cannot be loaded.
+    """
+    try:
+        trusted = (
+            load_public_keys(settings.trusted_keys_dir)
+            if settings.trusted_keys_dir is not None else {}
+        )
+        signer: Signer | None = None
+        if settings.signing_key_file is not None:
+            path = settings.signing_key_file
+            signer = (key_id_of(path), load_private_key(path))
+    except KeyFileError as exc:
+        raise ConfigError(str(exc)) from None
+    registry = ModelRegistry(engine, trusted)
+    rollouts = RolloutService(
+        engine, registry, signer, halt_after_failures=settings.rollout_halt_failures
+    )
+    return ModelLoop(registry=registry, rollouts=rollouts)
