@@ -112,7 +112,7 @@ def scaled_windows(
     return np.concatenate(ws), np.concatenate(fs)
 
 
-def _reader(windows: Float32Array, batch: int) -> Any:
+def _reader(windows: Float32Array, batch: int, on_batch: Callable[[], None] | None) -> Any:
     from onnxruntime.quantization import CalibrationDataReader  # noqa: PLC0415
 
     class _Reader(CalibrationDataReader):  # type: ignore[misc]
@@ -121,7 +121,11 @@ def _reader(windows: Float32Array, batch: int) -> Any:
 
         def get_next(self) -> dict[str, Float32Array] | None:
             nxt = next(self._it, None)
-            return None if nxt is None else {"window": nxt}
+            if nxt is None:
+                return None
+            if on_batch is not None:
+                on_batch()
+            return {"window": nxt}
 
     return _Reader()
 
@@ -135,6 +139,7 @@ def quantize_int8(
     percentile: float = 99.99,
     op_types: Iterable[str] = DEFAULT_OP_TYPES,
     batch: int = 50,
+    on_batch: Callable[[], None] | None = None,
 ) -> None:
     """Static INT8 QDQ quantization of ``fp32_path`` into ``int8_path``.
 
@@ -147,6 +152,7 @@ def quantize_int8(
         percentile: For ``percentile``: the clipping percentile.
         op_types: Op types quantized (others stay FP32).
         batch: Windows per calibration batch.
+        on_batch: Called for each calibration batch fed (progress bars).
 
     Raises:
         ValueError: unknown method or no calibration windows.
@@ -171,7 +177,7 @@ def quantize_int8(
         quantize_static(
             str(pre),
             str(int8_path),
-            _reader(calibration_windows, batch),
+            _reader(calibration_windows, batch, on_batch),
             quant_format=QuantFormat.QDQ,
             activation_type=QuantType.QInt8,
             weight_type=QuantType.QInt8,
