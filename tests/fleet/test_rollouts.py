@@ -1,0 +1,256 @@
+"""Registry and rollouts over the API (SQLite and PostgreSQL): signed uploads only, canary,
+auto-halt, promote, abort with a signed rollback, Range downloads, device-only reports."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine
+
+from cloud_sync.package import load_public_keys, verify_rollback
+from cloud_sync.protocol import ModelAssignment, SignedRollback
+from fleet.app import create_app
+from fleet.registry.policy import pick_canaries
+from fleet.settings import Settings
+from tests.fleet.conftest import enroll
+from tests.fleet.model_pkg import archive, make_keys
+
+GZ = {"Content-Type": "application/gzip"}
+DEVICES = [f"gw{i}" for i in range(1, 11)]
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> tuple[Path, Path]:
+    return make_keys(tmp_path / "keys")
+
+
+@pytest.fixture
+def mclient(
+    settings: Settings, engine: Engine, keys: tuple[Path, Path]
+) -> Iterator[TestClient]:
+    s = Settings(**{**settings.__dict__, "trusted_keys_dir": keys[1],
+                    "signing_key_file": keys[0]})
+    with TestClient(create_app(s, engine)) as tc:
+        yield tc
+
+
+def push(client: TestClient, admin: dict[str, str], data: bytes) -> Any:
+    return client.post("/v1/models", content=data, headers={**admin, **GZ})
+
+
+@pytest.fixture
+def fleet(
+    mclient: TestClient, admin: dict[str, str], keys: tuple[Path, Path], tmp_path: Path
+) -> dict[str, dict[str, str]]:
+    """Ten devices tagged ``line1``, skab-wstat v1 and v2 pushed; device id -> auth header."""
+    for v in (1, 2):
+        assert push(mclient, admin, archive(tmp_path, v, keys[0])).status_code == 201
+    return {d: {"Authorization": f"Bearer {enroll(mclient, d, ['line1'])}"} for d in DEVICES}
+
+
+def assigned(client: TestClient, auth: dict[str, str], stream: str | None = None) -> Any:
+    resp = client.get("/v1/models/assignment", headers=auth,
+                      params={"stream": stream} if stream else None)
+    assert resp.status_code in (200, 204), resp.text
+    return None if resp.status_code == 204 else ModelAssignment.model_validate(resp.json())
+
+
+def report(client: TestClient, auth: dict[str, str], device: str, state: str, **kw: Any) -> Any:
+    body = {"device_id": device, "name": "skab-wstat", "version": 2, "state": state,
+            "at": time.time(), **kw}
+    return client.post("/v1/models/status", json=body, headers=auth)
+
+
+def test_push_refuses_unsigned_untrusted_corrupt(
+    mclient: TestClient, admin: dict[str, str], keys: tuple[Path, Path], tmp_path: Path
+) -> None:
+    r = push(mclient, admin, archive(tmp_path, 1, None))
+    assert r.status_code == 422 and "SignatureError" in r.json()["detail"]
+    rogue, _ = make_keys(tmp_path / "rogue", "rogue")
+    r = push(mclient, admin, archive(tmp_path, 1, rogue))
+    assert r.status_code == 422 and "not trusted" in r.json()["detail"]
+    # corrupt: a signed package whose artefact was changed after signing
+    good = archive(tmp_path, 1, keys[0])
+    members: list[tuple[tarfile.TarInfo, bytes]] = []
+    with tarfile.open(fileobj=io.BytesIO(good)) as tar:
+        for m in tar.getmembers():
+            f = tar.extractfile(m)
+            assert f is not None
+            data = f.read()
+            if m.name == "model.int8.onnx":
+                data = data[:-1] + bytes([data[-1] ^ 1])
+            members.append((m, data))
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for m, data in members:
+            tar.addfile(m, io.BytesIO(data))
+    r = push(mclient, admin, buf.getvalue())
+    assert r.status_code == 422 and "HashMismatch" in r.json()["detail"]
+    r = push(mclient, admin, b"not an archive")
+    assert r.status_code == 422 and "PackageFormatError" in r.json()["detail"]
+    # a device token cannot push
+    token = enroll(mclient, "gw1")
+    r = push(mclient, {"Authorization": f"Bearer {token}"}, good)
+    assert r.status_code == 403
+    r = push(mclient, admin, good)
+    assert r.status_code == 201, r.text
+    assert r.json()["key_id"] == "ops"
+    assert push(mclient, admin, good).status_code == 409  # versions are immutable
+    listed = mclient.get("/v1/models", headers=admin).json()["models"]
+    assert [(m["name"], m["version"]) for m in listed] == [("skab-wstat", 1)]
+
+
+def test_push_refused_without_trusted_keys(
+    client: TestClient, admin: dict[str, str], keys: tuple[Path, Path], tmp_path: Path
+) -> None:
+    r = push(client, admin, archive(tmp_path, 1, keys[0]))
+    assert r.status_code == 422 and "no trusted keys" in r.json()["detail"]
+
+
+def test_canary_halt_and_promote(
+    mclient: TestClient, admin: dict[str, str], fleet: dict[str, dict[str, str]]
+) -> None:
+    r = mclient.post("/v1/rollouts", headers=admin, json={
+        "name": "skab-wstat", "version": 2, "tag": "line1", "canary_percent": 20})
+    assert r.status_code == 201, r.text
+    ro = r.json()
+    canaries = {d["device_id"] for d in ro["devices"] if d["canary"]}
+    assert canaries == pick_canaries(DEVICES, 20) and len(canaries) == 2
+    assert ro["state"] == "canary"
+    for d, auth in fleet.items():
+        got = assigned(mclient, auth, "pump1")
+        if d in canaries:
+            assert got is not None and (got.name, got.version, got.rollout_id) == (
+                "skab-wstat", 2, ro["id"])
+            assert got.rollback is None
+        else:
+            assert got is None
+    # one canary rejects -> halted, nobody assigned any more
+    bad = sorted(canaries)[0]
+    r = report(mclient, fleet[bad], bad, "rejected", rollout_id=ro["id"],
+               reason="golden mismatch 0.2 > atol")
+    assert r.status_code == 204, r.text
+    shown = mclient.get(f"/v1/rollouts/{ro['id']}", headers=admin).json()
+    assert shown["state"] == "halted" and "golden mismatch" in shown["reason"]
+    assert {d["device_id"]: d["state"] for d in shown["devices"]}[bad] == "rejected"
+    assert all(assigned(mclient, auth) is None for auth in fleet.values())
+    assert mclient.post(f"/v1/rollouts/{ro['id']}/promote", headers=admin).status_code == 409
+
+
+def test_promote_assigns_whole_group(
+    mclient: TestClient, admin: dict[str, str], fleet: dict[str, dict[str, str]]
+) -> None:
+    ro = mclient.post("/v1/rollouts", headers=admin, json={
+        "name": "skab-wstat", "version": 2, "tag": "line1", "canary_percent": 10}).json()
+    assert sum(d["canary"] for d in ro["devices"]) == 1
+    for d in [x["device_id"] for x in ro["devices"] if x["canary"]]:
+        assert report(mclient, fleet[d], d, "active", rollout_id=ro["id"]).status_code == 204
+    r = mclient.post(f"/v1/rollouts/{ro['id']}/pause", headers=admin)
+    assert r.json()["state"] == "paused"
+    assert all(assigned(mclient, auth) is None for auth in fleet.values())
+    assert mclient.post(f"/v1/rollouts/{ro['id']}/resume", headers=admin).json()["state"] == (
+        "canary")
+    r = mclient.post(f"/v1/rollouts/{ro['id']}/promote", headers=admin)
+    assert r.status_code == 200 and r.json()["state"] == "promoted"
+    assert all(d["assigned"] for d in r.json()["devices"])
+    for auth in fleet.values():
+        got = assigned(mclient, auth)
+        assert got is not None and got.version == 2
+    listed = mclient.get("/v1/rollouts", headers=admin).json()["rollouts"]
+    assert [x["id"] for x in listed] == [ro["id"]] and listed[0]["counts"]["active"] == 1
+
+
+def test_abort_falls_back_with_signed_rollback(
+    mclient: TestClient, admin: dict[str, str], fleet: dict[str, dict[str, str]],
+    keys: tuple[Path, Path],
+) -> None:
+    # gw1 runs v1 (from an earlier rollout), then gets v2 and activates it
+    r1 = mclient.post("/v1/rollouts", headers=admin,
+                      json={"name": "skab-wstat", "version": 1, "devices": ["gw1", "gw2"]})
+    assert r1.json()["state"] == "promoted"
+    for d in ("gw1", "gw2"):
+        report(mclient, fleet[d], d, "active", version=1, rollout_id=r1.json()["id"])
+    r2 = mclient.post("/v1/rollouts", headers=admin,
+                      json={"name": "skab-wstat", "version": 2, "devices": ["gw1", "gw2"]}).json()
+    assert {d["previous_version"] for d in r2["devices"]} == {1}
+    assert report(mclient, fleet["gw1"], "gw1", "active", rollout_id=r2["id"]).status_code == 204
+    r = mclient.post(f"/v1/rollouts/{r2['id']}/abort", headers=admin)
+    assert r.json()["state"] == "aborted"
+    got = assigned(mclient, fleet["gw1"])
+    assert got is not None and got.version == 1 and got.rollback is not None
+    rb: SignedRollback = got.rollback
+    assert (rb.device_id, rb.name, rb.from_version, rb.to_version) == ("gw1", "skab-wstat", 2, 1)
+    verify_rollback(rb, load_public_keys(keys[1]))
+    assert assigned(mclient, fleet["gw2"]) is None  # never ran v2: keeps v1
+    assert mclient.post(f"/v1/rollouts/{r2['id']}/resume", headers=admin).status_code == 409
+
+
+def test_range_download_resumes(
+    mclient: TestClient, admin: dict[str, str], fleet: dict[str, dict[str, str]]
+) -> None:
+    auth = fleet["gw1"]
+    url = "/v1/models/skab-wstat/2/package"
+    full = mclient.get(url, headers=auth)
+    assert full.status_code == 200
+    sha = hashlib.sha256(full.content).hexdigest()
+    assert full.headers["etag"] == f'"{sha}"' and full.headers["accept-ranges"] == "bytes"
+    size = len(full.content)
+    n = size // 3
+    head = mclient.get(url, headers={**auth, "Range": f"bytes=0-{n - 1}"})
+    assert head.status_code == 206 and head.content == full.content[:n]
+    rest = mclient.get(url, headers={**auth, "Range": f"bytes={n}-", "If-Range": f'"{sha}"'})
+    assert rest.status_code == 206
+    assert rest.headers["content-range"] == f"bytes {n}-{size - 1}/{size}"
+    assert hashlib.sha256(head.content + rest.content).hexdigest() == sha
+    for bad in (f"bytes={size}-", "bytes=5-1", "bytes=0-1,3-4", "items=0-1"):
+        r = mclient.get(url, headers={**auth, "Range": bad})
+        assert r.status_code == 416, bad
+        assert r.headers["content-range"] == f"bytes */{size}"
+    stale = mclient.get(url, headers={**auth, "Range": f"bytes={n}-", "If-Range": '"old"'})
+    assert stale.status_code == 200 and stale.content == full.content
+    assert mclient.get(url, headers={**auth, "If-None-Match": f'"{sha}"'}).status_code == 304
+    assert mclient.get("/v1/models/skab-wstat/9/package", headers=auth).status_code == 404
+    assert mclient.get(url).status_code == 401
+
+
+def test_device_reports_only_for_itself(
+    mclient: TestClient, admin: dict[str, str], fleet: dict[str, dict[str, str]]
+) -> None:
+    ro = mclient.post("/v1/rollouts", headers=admin, json={
+        "name": "skab-wstat", "version": 2, "devices": ["gw1"]}).json()
+    r = report(mclient, fleet["gw2"], "gw1", "rejected", rollout_id=ro["id"])
+    assert r.status_code == 403
+    r = report(mclient, fleet["gw2"], "gw2", "rejected", rollout_id=ro["id"])
+    assert r.status_code == 403  # gw2 is not in that rollout
+    assert report(mclient, fleet["gw2"], "gw2", "active", rollout_id=999).status_code == 404
+    r = mclient.post("/v1/models/status", headers=admin, json={
+        "device_id": "gw1", "name": "skab-wstat", "version": 2, "state": "rejected", "at": 1.0})
+    assert r.status_code == 403  # the admin is no device
+    shown = mclient.get(f"/v1/rollouts/{ro['id']}", headers=admin).json()
+    assert shown["state"] == "promoted" and shown["devices"][0]["state"] is None
+
+
+def test_rollout_validation(
+    mclient: TestClient, admin: dict[str, str], fleet: dict[str, dict[str, str]]
+) -> None:
+    post = lambda body: mclient.post("/v1/rollouts", headers=admin, json=body)  # noqa: E731
+    assert post({"name": "skab-wstat", "version": 7, "tag": "line1"}).status_code == 404
+    assert post({"name": "skab-wstat", "version": 2, "tag": "nope"}).status_code == 422
+    assert post({"name": "skab-wstat", "version": 2}).status_code == 422
+    assert post({"name": "skab-wstat", "version": 2, "devices": ["ghost"]}).status_code == 422
+    r = mclient.post("/v1/rollouts", headers=fleet["gw1"],
+                     json={"name": "skab-wstat", "version": 2, "tag": "line1"})
+    assert r.status_code == 403
+    # stream-specific rollout: only that stream gets it
+    ro = post({"name": "skab-wstat", "version": 2, "devices": ["gw3"], "stream": "pump1"}).json()
+    assert assigned(mclient, fleet["gw3"], "pump2") is None
+    got = assigned(mclient, fleet["gw3"], "pump1")
+    assert got is not None and got.stream == "pump1" and got.rollout_id == ro["id"]
