@@ -57,12 +57,16 @@ from agent.pipeline.rules import RuleParams
 from agent.pipeline.stream import AlertEvent, StreamPipeline
 from agent.publish.mqtt import MqttPublisher
 from agent.records import Aggregate, Alert, Float32Array, Reading, iso_utc
+from agent.services.model_slot import ModelSlot
+from agent.services.model_store import ModelStore
 from agent.services.supervisor import SourceSupervisor
+from agent.services.updater import StreamHandle, Updater
 from agent.services.uploader import Uploader, read_token
 from agent.sources.base import Source
 from agent.sources.registry import build_source
 from agent.store.sqlite import Store
 from agent.systemd import Notifier, watchdog_interval_s
+from cloud_sync.package import KeyFileError, TrustedKeys, load_public_keys
 
 log = logging.getLogger("agent")
 
@@ -102,6 +106,7 @@ class _Stream:
     backend: Backend
     policy: StallPolicy
     pending: list[Reading] = field(default_factory=list)
+    slot: ModelSlot | None = None  # model-update handoff (pipeline thread syncs it per block)
 
 
 class Agent:
@@ -173,10 +178,19 @@ class Agent:
                 config.mqtt, self.store, config.agent.device_id, self.metrics, clock=clock
             )
         self.streams: dict[str, _Stream] = {}
+        self._updates = _open_model_store(config) if config.updater.enabled else None
         for sc in config.streams:
             self.notifier.extend_timeout(START_STEP_S, f"loading the model of stream {sc.name}")
             self.notifier.watchdog()  # a reload builds under a running watchdog: progress
             self.streams[sc.name] = self._build_stream(sc, given.get(sc.name))
+        self.updater: Updater | None = None
+        if self._updates is not None:
+            self.updater = _build_updater(self, *self._updates)
+            if self.publisher is not None:
+                self.publisher.subscribe(
+                    f"{config.mqtt.topic_prefix}/{config.agent.device_id}/"
+                    f"{config.updater.notify_topic}", self.updater.notify,
+                )
         self.alerts_raised = 0
         self.aggregates_written = 0
         self.monitor = Monitor(
@@ -195,7 +209,11 @@ class Agent:
     # -- construction ---------------------------------------------------------------------------
 
     def _build_stream(self, sc: StreamConfig, source: Source | None = None) -> _Stream:
-        package = load_package(resolve_model_path(sc.model, Path.cwd()))
+        installed = None
+        if self._updates is not None:  # a package installed by the updater, verified again
+            installed = self._updates[0].load_active(sc.name, self._updates[1])
+        package = (installed[0] if installed is not None
+                   else load_package(resolve_model_path(sc.model, Path.cwd())))
         backend = open_backend(package, "int8")
         hist = self.metrics.inference_seconds.labels(stream=sc.name, backend=backend.name)
         spec = package.detector_spec(
@@ -245,7 +263,20 @@ class Agent:
             else f"calibrating on the first {spec.calibration_samples} readings",
         )
         policy = stall_policy(sc.source, package.manifest.input.sample_rate_hz, sc.stall_after_s)
-        return _Stream(sc, package, pipeline, order, supervisor, backend, policy)
+        slot = None
+        if self._updates is not None:
+            slot = ModelSlot(sc.name, package, lambda p: self._model_changed(sc.name, p))
+        return _Stream(sc, package, pipeline, order, supervisor, backend, policy, slot=slot)
+
+    def _model_changed(self, name: str, package: ModelPackage) -> None:
+        """A model update swapped the model in force (pipeline thread)."""
+        s = self.streams[name]
+        self.metrics.model_info.labels(stream=name).info(
+            {"name": package.manifest.name, "version": str(package.manifest.version),
+             "backend": s.backend.name, "precision": s.backend.precision}
+        )
+        self.metrics.model_version.labels(stream=name).set(package.manifest.version)
+        self.metrics.threshold.labels(stream=name).set(s.pipeline.threshold)
 
     def _warm_up(self) -> None:
         """One inference per stream on its first golden window (first-call allocations, lazy
@@ -279,6 +310,8 @@ class Agent:
             self.publisher.start()
         if self.uploader is not None:
             self.uploader.start()
+        if self.updater is not None:
+            self.updater.start()
         for s in self.streams.values():
             s.supervisor.start()
         self.notifier.ready(f"running {len(self.streams)} stream(s)")
@@ -333,7 +366,11 @@ class Agent:
         ts = np.fromiter((r.ts for r in readings), dtype=np.float64, count=len(readings))
         mono = readings[-1].received_mono
         was_calibrating = s.pipeline.calibrating
+        if s.slot is not None:  # model updates happen here, between two blocks
+            s.package = s.slot.sync(s.pipeline)
         out = s.pipeline.process_block(values, ts, mono)
+        if s.slot is not None:  # a new model that failed at run time was swapped back
+            s.package = s.slot.sync(s.pipeline)
         name = s.config.name
         if was_calibrating and out.calibrated is not None:
             self.metrics.calibrating.labels(stream=name).set(0)
@@ -434,6 +471,8 @@ class Agent:
             self.publisher.stop()
         if self.uploader is not None and not self.uploader.stop(UPLOAD_STOP_S):
             log.warning("fleet upload still busy at shutdown; the rest is sent at next start")
+        if self.updater is not None and not self.updater.stop(UPLOAD_STOP_S):
+            log.warning("model updater still busy at shutdown")
         depth, _ = self.store.outbox_stats()
         log.info(
             "stopped: %d alert(s) raised, %d aggregate(s) written, %d alert(s) still in the "
@@ -459,6 +498,45 @@ def _preset_calibration(package: ModelPackage, device_id: str, stream: str) -> C
         )
         return None
     return preset
+
+
+def _open_model_store(config: AgentConfig) -> tuple[ModelStore, TrustedKeys]:
+    """``<state_dir>/models`` and the pinned keys of ``[updater]``; ConfigError on bad keys."""
+    assert config.updater.trusted_keys_dir is not None  # UpdaterConfig requires it when enabled
+    try:
+        keys = load_public_keys(Path(config.updater.trusted_keys_dir))
+    except KeyFileError as exc:
+        msg = f"updater.trusted_keys_dir: {exc}"
+        raise ConfigError(msg, problems=[msg]) from exc
+    if not keys:
+        msg = f"updater.trusted_keys_dir: no *.pub key in {config.updater.trusted_keys_dir}"
+        raise ConfigError(msg, problems=[msg])
+    return ModelStore(Path(config.agent.state_dir) / "models"), keys
+
+
+def _build_updater(agent: Agent, store: ModelStore, keys: TrustedKeys) -> Updater:
+    """The model updater over the agent's streams (``[updater]`` and ``[fleet]`` enabled)."""
+    from cloud_sync.client import FleetClient  # noqa: PLC0415 - requests only when enabled
+
+    config, fc = agent.config, agent.config.fleet
+    assert fc.url is not None
+    client = FleetClient(fc.url, read_token(fc), connect_timeout_s=fc.connect_timeout_s,
+                         read_timeout_s=fc.read_timeout_s, clock=agent.clock)
+    handles = {}
+    for name, s in agent.streams.items():
+        assert s.slot is not None
+        rec = store.active(name)
+        handles[name] = StreamHandle(
+            name, s.slot, s.pipeline, s.config.threshold_quantile,
+            installed=rec if rec is not None and Path(rec.path) == s.package.path else None,
+        )
+
+    def wrap(stream: str, backend: Backend) -> Backend:
+        hist = agent.metrics.inference_seconds.labels(stream=stream, backend=backend.name)
+        return _TimedBackend(backend, hist.observe)
+
+    return Updater(config.updater, client, store, handles, config.agent.device_id, keys,
+                   agent.metrics, wrap_backend=wrap, clock=agent.clock)
 
 
 def _build_uploader(

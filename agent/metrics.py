@@ -201,3 +201,20 @@ class Metrics:
             buckets=UPLOAD_BUCKETS,
             registry=r,
         )
+        # model updates (agent.services.updater)
+        self.model_updates_total = Counter(
+            "edge_agent_model_updates_total",
+            "Model update steps by state (downloaded, verified, accepted, shadow, active, "
+            "rejected, rolled_back).",
+            ["stream", "state"],
+            registry=r,
+        )
+        self.model_version = Gauge(
+            "edge_agent_model_version", "Version of the model in force.", ["stream"], registry=r
+        )
+        self.shadow_windows = Gauge(
+            "edge_agent_shadow_windows",
+            "Windows scored so far by the candidate of the shadow run in progress (0 when none).",
+            ["stream"],
+            registry=r,
+        )

@@ -18,6 +18,13 @@ delta-seconds or an HTTP-date, RFC 9110 section 10.2.3); 401/403 raise :class:`F
 other 4xx :class:`FleetRejected`; a 200 whose body is not an :class:`IngestResult` covering
 every record index exactly once raises :class:`FleetProtocolError`. The token never appears in
 a message.
+
+Model loop (same token, same error mapping; :mod:`cloud_sync.protocol`):
+:meth:`FleetClient.assignment` (``GET /v1/models/assignment``: 204 = nothing assigned),
+:meth:`FleetClient.download` (resumable: the bytes go to ``<dest>.part``; a retry sends
+``Range: bytes=<have>-`` and appends on a 206 whose ``Content-Range`` starts at ``have``, starts
+over on a 200 (range ignored) or a 416; size and sha256 are checked before the atomic rename) and
+:meth:`FleetClient.report_status` (``POST /v1/models/status``).
 """
 
 from __future__ import annotations
@@ -25,10 +32,14 @@ from __future__ import annotations
 import datetime
 import email.utils
 import gzip
+import hashlib
 import json
 import math
+import os
+import re
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import requests
 from pydantic import ValidationError
@@ -39,9 +50,14 @@ from cloud_sync.errors import (
     FleetRejected,
     FleetUnavailable,
 )
-from cloud_sync.protocol import IngestBatch, IngestResult
+from cloud_sync.protocol import IngestBatch, IngestResult, ModelAssignment, ModelStatusReport
 
 INGEST_PATH = "/v1/ingest"
+ASSIGNMENT_PATH = "/v1/models/assignment"
+STATUS_PATH = "/v1/models/status"
+#: Progress callback of :meth:`FleetClient.download`: (bytes on disk, expected size).
+Progress = Callable[[int, int], None]
+_CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 #: Largest response body read, bytes (a result for 5,000 records is ~300 kB).
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 _CHUNK = 64 * 1024
@@ -137,7 +153,8 @@ class FleetClient:
             raise ValueError(f"gzip_level must be 1..9, got {gzip_level}")
         if connect_timeout_s <= 0 or read_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
-        self.url = base_url.rstrip("/") + INGEST_PATH
+        self.base_url = base_url.rstrip("/")
+        self.url = self.base_url + INGEST_PATH
         self._token = token
         self._session = session if session is not None else requests.Session()
         self._owns_session = session is None
@@ -240,6 +257,217 @@ class FleetClient:
             ) from exc
         check_result(result, n_records)
         return result
+
+    # -- model loop -------------------------------------------------------------------------------
+
+    def _headers(self, **extra: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._token}", **extra}
+
+    def _request(self, method: str, path: str, **kwargs: object) -> requests.Response:
+        """One request to ``base_url + path``; the caller closes the (streamed) response."""
+        try:
+            return self._session.request(
+                method, self.base_url + path,
+                timeout=(self.connect_timeout_s, self.read_timeout_s),
+                allow_redirects=False, stream=True, **kwargs,  # type: ignore[arg-type]
+            )
+        except requests.Timeout as exc:
+            raise FleetUnavailable(f"fleet timed out: {type(exc).__name__}") from exc
+        except requests.RequestException as exc:
+            raise FleetUnavailable(f"fleet unreachable: {_short(exc)}") from exc
+
+    def _raise_for(self, resp: requests.Response, content: bytes, what: str) -> None:
+        """Raise the typed error of a non-2xx answer (same mapping as :meth:`send`)."""
+        status = resp.status_code
+        detail = _detail(content)
+        if status == 429 or status >= 500:
+            retry_after = parse_retry_after(resp.headers.get("Retry-After"), self.clock())
+            raise FleetUnavailable(
+                f"fleet answered HTTP {status} to {what}: {detail}", retry_after_s=retry_after,
+                status=status,
+            )
+        if status in (401, 403):
+            raise FleetAuthError(status, detail)
+        if 400 <= status < 500:
+            raise FleetRejected(status, detail)
+        raise FleetProtocolError(f"unexpected HTTP {status} to {what}: {detail}")
+
+    def assignment(self, stream: str) -> ModelAssignment | None:
+        """Ask which model this device should run on ``stream`` (one attempt).
+
+        Returns:
+            The assignment, or None when the fleet answers 204 (keep the installed model).
+
+        Raises:
+            FleetUnavailable, FleetAuthError, FleetRejected: as for :meth:`send`.
+            FleetProtocolError: a 200 whose body is not a :class:`ModelAssignment`.
+        """
+        deadline = self._monotonic() + self.connect_timeout_s + 2 * self.read_timeout_s
+        resp = self._request(
+            "GET", ASSIGNMENT_PATH, params={"stream": stream},
+            headers=self._headers(Accept="application/json"),
+        )
+        try:
+            content = self._read_body(resp, deadline)
+        finally:
+            resp.close()
+        if resp.status_code == 204:
+            return None
+        if resp.status_code != 200:
+            self._raise_for(resp, content, "the assignment request")
+        try:
+            return ModelAssignment.model_validate_json(content)
+        except ValidationError as exc:
+            raise FleetProtocolError(
+                f"200 response is not a ModelAssignment: {_detail(content)}"
+            ) from exc
+
+    def report_status(self, report: ModelStatusReport) -> None:
+        """Post one model-update state change (one attempt; 200 or 204 = stored).
+
+        Raises:
+            FleetUnavailable, FleetAuthError, FleetRejected, FleetProtocolError: as for
+            :meth:`send`.
+        """
+        deadline = self._monotonic() + self.connect_timeout_s + 2 * self.read_timeout_s
+        resp = self._request(
+            "POST", STATUS_PATH, data=report.model_dump_json().encode("utf-8"),
+            headers=self._headers(**{"Content-Type": "application/json"}),
+        )
+        try:
+            content = self._read_body(resp, deadline)
+        finally:
+            resp.close()
+        if resp.status_code not in (200, 204):
+            self._raise_for(resp, content, "the status report")
+
+    def download(
+        self,
+        url_path: str,
+        dest: Path,
+        expected_size: int,
+        expected_sha256: str,
+        progress: Progress | None = None,
+    ) -> Path:
+        """Download ``url_path`` to ``dest``, resuming a previous partial download.
+
+        Bytes go to ``dest.with_suffix('.part')``. When that file exists, the request carries
+        ``Range: bytes=<its size>-`` (RFC 9110 section 14.2); a 206 whose ``Content-Range``
+        starts there is appended, a 200 (the server ignored the range) or a 416 starts the file
+        over. A broken connection keeps the part file for the next call. At the end the size and
+        sha256 are checked and the part file is fsynced and renamed to ``dest`` atomically.
+
+        Args:
+            url_path: Path relative to the fleet base URL (``ModelAssignment.url``).
+            dest: Final file; its directory must exist.
+            expected_size: Bytes (``archive_size``).
+            expected_sha256: Hex sha256 (``archive_sha256``).
+            progress: Called with (bytes on disk, expected_size) after every chunk.
+
+        Returns:
+            ``dest``.
+
+        Raises:
+            FleetUnavailable: connection failed or broke (the part file is kept), or HTTP
+                429/5xx.
+            FleetAuthError, FleetRejected: HTTP 401/403, other 4xx.
+            FleetProtocolError: a bad ``Content-Range``, more bytes than expected, or a size
+                or sha256 mismatch at the end (the part file is deleted: the next call starts
+                over).
+        """
+        part = dest.with_suffix(".part")
+        path = url_path if url_path.startswith("/") else "/" + url_path
+        for _attempt in range(2):  # the second only after a 200/416 reset
+            have = part.stat().st_size if part.exists() else 0
+            if have > expected_size:
+                part.unlink()
+                have = 0
+            if have == expected_size:
+                break  # complete from an earlier call; check below
+            headers = self._headers(**{"Accept-Encoding": "identity"})
+            if have:
+                headers["Range"] = f"bytes={have}-"
+            resp = self._request("GET", path, headers=headers)
+            try:
+                if resp.status_code == 416 and have:
+                    part.unlink()
+                    continue
+                if resp.status_code not in (200, 206):
+                    self._raise_for(resp, resp.raw.read(4096, decode_content=True) or b"",
+                                    "the package download")
+                start = self._range_start(resp, have, expected_size)
+                self._write(resp, part, start, expected_size, progress)
+            finally:
+                resp.close()
+            break
+        return self._finish(part, dest, expected_size, expected_sha256)
+
+    @staticmethod
+    def _range_start(resp: requests.Response, have: int, expected_size: int) -> int:
+        if resp.status_code == 200:
+            return 0
+        m = _CONTENT_RANGE.match(resp.headers.get("Content-Range", "").strip())
+        if m is None or int(m.group(1)) != have or (
+            m.group(3) != "*" and int(m.group(3)) != expected_size
+        ):
+            raise FleetProtocolError(
+                f"206 with Content-Range {resp.headers.get('Content-Range')!r} does not "
+                f"continue at byte {have} of {expected_size}"
+            )
+        return have
+
+    def _write(
+        self, resp: requests.Response, part: Path, start: int, expected_size: int,
+        progress: Progress | None,
+    ) -> None:
+        size = start
+        with part.open("r+b" if start and part.exists() else "wb") as fh:
+            fh.seek(start)
+            fh.truncate()
+            try:
+                for chunk in resp.iter_content(_CHUNK):
+                    size += len(chunk)
+                    if size > expected_size:
+                        fh.close()
+                        part.unlink()
+                        raise FleetProtocolError(
+                            f"package larger than the announced {expected_size} bytes"
+                        )
+                    fh.write(chunk)
+                    if progress is not None:
+                        progress(size, expected_size)
+            except requests.RequestException as exc:
+                raise FleetUnavailable(
+                    f"package download broke at byte {size} of {expected_size}: {_short(exc)}"
+                ) from exc
+            finally:
+                if not fh.closed:
+                    fh.flush()
+                    os.fsync(fh.fileno())
+
+    @staticmethod
+    def _finish(part: Path, dest: Path, expected_size: int, expected_sha256: str) -> Path:
+        size = part.stat().st_size if part.exists() else 0
+        if size < expected_size:
+            raise FleetUnavailable(
+                f"package download ended at byte {size} of {expected_size}; resuming later"
+            )
+        h = hashlib.sha256()
+        with part.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(_CHUNK), b""):
+                h.update(chunk)
+        if h.hexdigest() != expected_sha256:
+            part.unlink()
+            raise FleetProtocolError(
+                f"downloaded package sha256 {h.hexdigest()} != announced {expected_sha256}"
+            )
+        os.replace(part, dest)
+        dir_fd = os.open(dest.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        return dest
 
     def close(self) -> None:
         """Close the session if this client created it."""

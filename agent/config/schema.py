@@ -9,12 +9,14 @@ TOML shape::
     [store]          StoreSection   SQLite store and aggregation interval
     [mqtt]           MqttConfig     alert publisher (off by default; agent.publish.mqtt)
     [fleet]          FleetConfig    cloud upload (off by default; agent.services.uploader)
+    [updater]        UpdaterConfig  model updates from the fleet (off; agent.services.updater)
 
 Relative paths:
     Paths in the file (``agent.state_dir``, ``streams.model``, a replay ``path``,
-    ``mqtt.password_file``, ``mqtt.ca_file``, ``fleet.token_file``) are relative to the directory
-    of the config file; ``store.path`` is relative to ``agent.state_dir``. A model value
-    ``builtin:<name>`` names a package shipped in the repository's ``models/`` directory.
+    ``mqtt.password_file``, ``mqtt.ca_file``, ``fleet.token_file``, ``updater.trusted_keys_dir``)
+    are relative to the directory of the config file; ``store.path`` is relative to
+    ``agent.state_dir``. A model value ``builtin:<name>`` names a package shipped in the
+    repository's ``models/`` directory.
     :meth:`AgentConfig.resolved` returns a copy with every path absolute; the composition root
     calls it once.
 
@@ -39,6 +41,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from agent.config.base import StrictModel
 from agent.publish.mqtt import MqttConfig
+from agent.services.updater import UpdaterConfig
 from agent.services.uploader import FleetConfig
 from agent.sources.replay import ReplayConfig
 from agent.sources.serial import SerialConfig
@@ -272,6 +275,16 @@ class AgentConfig(StrictModel):
     fleet: FleetConfig = Field(
         default_factory=FleetConfig, description="Upload of alerts and aggregates to the fleet."
     )
+    updater: UpdaterConfig = Field(
+        default_factory=UpdaterConfig,
+        description="Model updates from the fleet (needs [fleet] enabled for its url and token).",
+    )
+
+    @model_validator(mode="after")
+    def _updater_needs_fleet(self) -> AgentConfig:
+        if self.updater.enabled and not self.fleet.enabled:
+            raise ValueError("updater.enabled needs [fleet] enabled (its url and token)")
+        return self
 
     @field_validator("streams", mode="wrap")
     @classmethod
@@ -330,6 +343,13 @@ class AgentConfig(StrictModel):
                 "fleet": self.fleet.model_copy(
                     update={"token_file": str(resolve_path(self.fleet.token_file, config_dir))}
                     if self.fleet.token_file is not None
+                    else {}
+                ),
+                "updater": self.updater.model_copy(
+                    update={"trusted_keys_dir": str(
+                        resolve_path(self.updater.trusted_keys_dir, config_dir)
+                    )}
+                    if self.updater.trusted_keys_dir is not None
                     else {}
                 ),
             }

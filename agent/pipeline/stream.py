@@ -2,21 +2,46 @@
 
 Pure code: no I/O, no clocks. The composition root feeds blocks of readings and persists what
 comes out (alerts to the outbox, aggregates to the store).
+
+Model updates (:mod:`agent.services.updater`) work through three calls, all made by the thread
+that calls :meth:`StreamPipeline.process_block`, between two blocks: :meth:`~StreamPipeline.swap`
+replaces the detector and calibration (windows, alert-rule state and aggregates carry on: no
+reading is dropped, alert episodes continue), keeping the previous pair as a fallback: if the new
+detector raises :class:`~agent.errors.ModelError`, the block is scored with the previous one,
+which takes over again, and :attr:`~StreamPipeline.fallback_error` says why.
+:attr:`~StreamPipeline.observer` sees every scored batch (shadow scoring, post-swap watch).
+The calibration samples are kept (:attr:`~StreamPipeline.calibration_samples`) so a candidate
+model calibrates on the same readings.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
+from agent.errors import ModelError
 from agent.pipeline.aggregates import IntervalAggregator
-from agent.pipeline.detector import Calibration, DetectorSpec, FeatureDeviationDetector
+from agent.pipeline.detector import (
+    Calibration,
+    DetectorSpec,
+    FeatureDeviationDetector,
+    ScoredBatch,
+)
 from agent.pipeline.rules import AlertRules, RuleParams
 from agent.pipeline.windowing import SlidingWindower, WindowBatch
-from agent.records import Aggregate, FloatArray, TopChannel
+from agent.records import Aggregate, Float32Array, FloatArray, TopChannel
+
+
+class BatchObserver(Protocol):
+    """Sees every scored batch of a stream (called in the pipeline's thread; must be quick)."""
+
+    def observe(self, windows: Float32Array, scores: FloatArray, threshold: float) -> None:
+        """Args: ``windows`` ``(K, W, C)`` raw; ``scores`` ``(K,)``; the threshold in force."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +130,14 @@ class StreamPipeline:
         self.calibration = calibration
         self._cal_buf: list[FloatArray] = []
         self._cal_count = 0
+        #: Shape ``(N, C)``: the readings the calibration was fitted on (None until then).
+        self.calibration_samples: FloatArray | None = None
+        #: Previous detector and calibration after :meth:`swap` (run-time fallback).
+        self.fallback: tuple[FeatureDeviationDetector, Calibration] | None = None
+        #: Set when the swapped-in detector failed and the fallback took over again.
+        self.fallback_error: ModelError | None = None
+        #: Sees every scored batch (shadow scoring, post-swap watch); None = nobody.
+        self.observer: BatchObserver | None = None
         # windows whose last sample index is below this are calibration windows (unscored); a
         # restored calibration scores from the first window
         self._score_from = 0 if calibration is not None else spec.calibration_samples
@@ -165,7 +198,8 @@ class StreamPipeline:
         batch = self.windower.push_block(values, ts)
         scores = np.full(len(batch), math.nan)
         if self.calibration is None and self._cal_count >= self.spec.calibration_samples:
-            self.calibration = self.detector.calibrate(np.concatenate(self._cal_buf))
+            self.calibration_samples = np.concatenate(self._cal_buf)
+            self.calibration = self.detector.calibrate(self.calibration_samples)
             self._cal_buf = []
             out.calibrated = self.calibration
         if self.calibration is None or len(batch) == 0:
@@ -176,9 +210,12 @@ class StreamPipeline:
         live = absolute_end >= self._score_from
         alerts = 0
         if live.any():
-            scored = self.detector.score(batch.data[live], self.calibration)
+            windows = batch.data[live]
+            scored = self._score(windows)
             scores[live] = scored.scores
-            thr = self.calibration.threshold
+            thr = self.threshold
+            if self.observer is not None:
+                self.observer.observe(windows, scored.scores, thr)
             for j, i in enumerate(np.flatnonzero(live)):
                 if self.rules.update(float(scored.scores[j]), thr, float(batch.end_ts[i])):
                     out.alerts.append(self._event(batch, int(i), scored.scores[j],
@@ -186,6 +223,44 @@ class StreamPipeline:
                     alerts += 1
         self.aggregator.add_scores(scores, alerts)
         return batch.end_index, scores
+
+    def _score(self, windows: Float32Array) -> ScoredBatch:
+        assert self.calibration is not None
+        try:
+            return self.detector.score(windows, self.calibration)
+        except ModelError as exc:
+            if self.fallback is None:
+                raise
+            self.detector, self.calibration = self.fallback
+            self.fallback, self.fallback_error = None, exc
+            return self.detector.score(windows, self.calibration)
+
+    def swap(
+        self,
+        detector: FeatureDeviationDetector,
+        calibration: Calibration,
+        keep_fallback: bool = True,
+    ) -> None:
+        """Score with ``detector`` and ``calibration`` from the next block on.
+
+        Call between blocks from the thread that calls :meth:`process_block`. Windowing, alert
+        rules and aggregates continue unchanged.
+
+        Args:
+            detector: The new detector (same channels and window as the spec).
+            calibration: Its calibration (e.g. fitted on :attr:`calibration_samples`).
+            keep_fallback: Keep the current pair as :attr:`fallback` (False for a rollback).
+
+        Raises:
+            ValueError: still calibrating, or the new detector's channels or window differ.
+        """
+        if self.calibration is None:
+            raise ValueError("cannot swap the detector while the stream is calibrating")
+        if detector.spec.channels != self.spec.channels or detector.spec.window != self.spec.window:
+            raise ValueError("the new detector's channels or window differ from the stream's")
+        self.fallback = (self.detector, self.calibration) if keep_fallback else None
+        self.fallback_error = None
+        self.detector, self.calibration = detector, calibration
 
     def _event(
         self, batch: WindowBatch, i: int, score: float, contrib: FloatArray, mono: float

@@ -37,6 +37,11 @@ only one that reads the outbox, publishes, and marks rows published (in batches)
 published while disconnected (paho would queue it a second time); paho itself re-sends the
 messages it holds unacknowledged, which only adds duplicates.
 
+Subscriptions (:meth:`MqttPublisher.subscribe`): topics the agent listens on (QoS 1), e.g. the
+model updater's ``<prefix>/<device_id>/models/notify``; subscribed again on every connect (the
+session is clean), each message's payload handed to the callback in paho's thread (callbacks
+only set a flag).
+
 Start-up policy: ``connect_async`` + ``loop_start``, so a broker that is down at boot neither
 blocks nor crashes the agent; alerts accumulate in the outbox and paho retries with
 ``reconnect_delay_set(reconnect_min_s, reconnect_max_s)`` (exponential, whole seconds). A loss
@@ -229,6 +234,8 @@ class MqttPublisher:
         client.on_connect_fail = self._on_connect_fail
         client.on_disconnect = self._on_disconnect
         client.on_publish = self._on_publish
+        client.on_message = self._on_message
+        self._subscriptions: dict[str, Callable[[bytes], None]] = {}
         self._client = client
 
         # Shared between paho's thread and the drain thread; guarded by _state_lock.
@@ -354,6 +361,23 @@ class MqttPublisher:
             except StoreError as exc:
                 self._log.error("MQTT outbox: %s; acknowledged alerts will be re-sent", exc)
 
+    def subscribe(self, topic: str, callback: Callable[[bytes], None]) -> None:
+        """Listen on ``topic`` (QoS 1, no wildcards), now and after every reconnect.
+
+        ``callback(payload)`` runs in paho's network thread: it must only set a flag.
+        """
+        with self._state_lock:
+            self._subscriptions[topic] = callback
+            connected = self._connected
+        if connected:
+            self._client.subscribe(topic, qos=1)
+
+    def _on_message(self, client: paho.Client, userdata: object, msg: paho.MQTTMessage) -> None:
+        with self._state_lock:
+            callback = self._subscriptions.get(msg.topic)
+        if callback is not None:
+            callback(bytes(msg.payload))
+
     # -- paho callbacks (paho's network thread) -------------------------------------------------
 
     def _on_connect(
@@ -377,6 +401,10 @@ class MqttPublisher:
                 )
             return
         client.publish(self.availability_topic, "online", qos=1, retain=True)
+        with self._state_lock:
+            topics = list(self._subscriptions)
+        for topic in topics:
+            client.subscribe(topic, qos=1)
         with self._state_lock:
             self._connected = True
             self._generation += 1

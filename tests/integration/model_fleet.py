@@ -1,0 +1,216 @@
+"""Test helpers for model updates: signed test packages and a small fake fleet over HTTP.
+
+:func:`make_package` copies ``models/skab-wstat``, sets the version (and optionally tampers with
+golden outputs or the latency budget) and signs ``manifest.json`` with a key from
+:func:`cloud_sync.package.generate_keypair`; :func:`pack` gives the archive.
+
+:class:`FakeFleet` is a ``http.server`` implementation of the device side of the model-loop
+contract (:mod:`cloud_sync.protocol`): ``GET /v1/models/assignment?stream=`` (200 or 204),
+``GET /v1/models/<name>/<version>/package`` with ``Range: bytes=<start>-`` (206 with
+Content-Range, or 416), ``POST /v1/models/status`` (204, recorded). Faults: ``drop_after`` cuts the
+connection after N bytes of the next package response; ``ignore_range`` answers 200 to a Range.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import shutil
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+from cloud_sync.package import pack, sign_package_dir
+
+MODELS = Path(__file__).resolve().parents[2] / "models"
+SOURCE_PACKAGE = MODELS / "skab-wstat"
+
+
+def make_package(
+    out_dir: Path,
+    version: int,
+    key: Path,
+    *,
+    golden_delta: float = 0.0,
+    latency_budget_ms: float | None = None,
+    source: Path = SOURCE_PACKAGE,
+) -> Path:
+    """A signed copy of ``source`` with ``version`` (tampered as asked); returns its directory."""
+    d = out_dir / f"pkg-v{version}-{golden_delta}-{latency_budget_ms}"
+    if d.exists():
+        shutil.rmtree(d)
+    shutil.copytree(source, d)
+    raw: dict[str, Any] = json.loads((d / "manifest.json").read_text())
+    raw["version"] = version
+    raw.pop("signature", None)
+    if golden_delta:
+        outputs = raw["golden"]["outputs"]
+        raw["golden"]["outputs"] = [[v + golden_delta for v in row] for row in outputs]
+    if latency_budget_ms is not None:
+        raw["latency_budget_ms_p99"] = latency_budget_ms
+    (d / "manifest.json").write_text(json.dumps(raw))
+    sign_package_dir(d, key)
+    return d
+
+
+@dataclass
+class Served:
+    """One archive the fake fleet serves."""
+
+    name: str
+    version: int
+    data: bytes
+
+    @property
+    def url(self) -> str:
+        return f"/v1/models/{self.name}/{self.version}/package"
+
+
+@dataclass
+class FleetState:
+    token: str
+    assignment: dict[str, Any] | None = None
+    archives: dict[str, Served] = field(default_factory=dict)
+    reports: list[dict[str, Any]] = field(default_factory=list)
+    requests: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)
+    drop_after: int | None = None
+    ignore_range: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _auth(self) -> bool:
+        if self.headers.get("Authorization") != f"Bearer {self.server.state.token}":
+            self._send(401, b'{"detail": "unknown token"}')
+            return False
+        return True
+
+    def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if body:
+            self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        st = self.server.state
+        with st.lock:
+            st.requests.append(("GET", self.path, dict(self.headers)))
+        if not self._auth():
+            return
+        url = urlparse(self.path)
+        if url.path == "/v1/models/assignment":
+            stream = parse_qs(url.query).get("stream", [""])[0]
+            a = st.assignment
+            if a is None or a.get("stream") not in (None, stream):
+                self._send(204)
+            else:
+                self._send(200, json.dumps(a).encode(), {"Content-Type": "application/json"})
+            return
+        served = st.archives.get(url.path)
+        if served is None:
+            self._send(404, b'{"detail": "no such package"}')
+            return
+        self._package(served)
+
+    def _package(self, served: Served) -> None:
+        st = self.server.state
+        data = served.data
+        m = re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range", ""))
+        start = int(m.group(1)) if m and not st.ignore_range else 0
+        if start >= len(data) and m:
+            self._send(416, b"", {"Content-Range": f"bytes */{len(data)}"})
+            return
+        body = data[start:]
+        self.send_response(206 if start else 200)
+        if start:
+            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Accept-Ranges", "bytes")
+        self.end_headers()
+        with st.lock:
+            drop, st.drop_after = st.drop_after, None
+        if drop is not None:
+            self.wfile.write(body[:drop])
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:
+        st = self.server.state
+        length = int(self.headers.get("Content-Length", "0"))
+        body = self.rfile.read(length)
+        if not self._auth():
+            return
+        if urlparse(self.path).path == "/v1/ingest":  # the agent's uploader: accept everything
+            n = len(json.loads(gzip.decompress(body))["records"])
+            results = [{"index": i, "status": "accepted"} for i in range(n)]
+            self._send(200, json.dumps({"results": results}).encode())
+            return
+        if urlparse(self.path).path != "/v1/models/status":
+            self._send(404)
+            return
+        with st.lock:
+            st.reports.append(json.loads(body))
+        self._send(204)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, state: FleetState) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.state = state
+
+
+class FakeFleet:
+    """The fake fleet in a background thread (``url``; ``state`` to steer and inspect it)."""
+
+    def __init__(self, token: str = "device-token") -> None:
+        self.state = FleetState(token)
+        self._server = _Server(self.state)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> FakeFleet:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def publish(self, package_dir: Path, workdir: Path, stream: str | None = None,
+                rollback: dict[str, Any] | None = None, rollout_id: int | None = 1) -> Served:
+        """Pack ``package_dir`` and assign it (to ``stream`` or every stream)."""
+        raw = json.loads((package_dir / "manifest.json").read_text())
+        archive = workdir / f"{raw['name']}-{raw['version']}-{package_dir.name}.tar.gz"
+        sha = pack(package_dir, archive)
+        served = Served(raw["name"], raw["version"], archive.read_bytes())
+        with self.state.lock:
+            self.state.archives[served.url] = served
+            self.state.assignment = {
+                "rollout_id": rollout_id, "stream": stream, "name": served.name,
+                "version": served.version, "archive_sha256": sha,
+                "archive_size": len(served.data), "url": served.url, "rollback": rollback,
+            }
+        return served
+
+    def states(self, stream: str | None = None) -> list[tuple[int, str]]:
+        """(version, state) of every report so far, in order."""
+        with self.state.lock:
+            return [(r["version"], r["state"]) for r in self.state.reports
+                    if stream is None or r["stream"] == stream]
