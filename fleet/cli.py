@@ -4,11 +4,13 @@
 
     edge-fleet serve [--db URL] [--host 127.0.0.1] [--port 8700] [--admin-token-file F]
                      [--state-dir fleet-state] [--pool-size 10] [--workers 1]
+                     [--trusted-keys DIR] [--signing-key FILE] [--halt-after N]
                      (EDGE_FLEET_DB may replace --db)
     edge-fleet db upgrade [--db URL]
     edge-fleet device add ID [--tag T ...]     prints the new token (shown once)
     edge-fleet device list [--all]
     edge-fleet device revoke ID
+    edge-fleet keys|model|rollout ...          model rollout (see fleet/operator_cli.py)
 
 The ``device`` commands talk to the database directly (same ``--db``), not over HTTP: they work
 before the server is up and need no admin token, which is the operator's file-system access.
@@ -30,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
 
+from fleet import operator_cli
 from fleet.db import migrate
 from fleet.db.devices import Device, DeviceRegistry
 from fleet.db.engine import make_engine
@@ -48,6 +51,8 @@ if TYPE_CHECKING:
 
 EX_REFUSED, EX_UNAVAILABLE, EX_SOFTWARE, EX_CONFIG = 1, 69, 70, 78
 _ENV_DB, _ENV_POOL, _ENV_STATE = "EDGE_FLEET_DB", "EDGE_FLEET_POOL_SIZE", "EDGE_FLEET_STATE_DIR"
+_ENV_KEYS, _ENV_SIGNING = "EDGE_FLEET_TRUSTED_KEYS", "EDGE_FLEET_SIGNING_KEY"
+_ENV_HALT = "EDGE_FLEET_HALT_AFTER"
 _log = logging.getLogger("fleet")
 
 
@@ -65,6 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--pool-size", type=int, default=10, help="DB connections per process")
     serve.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
     serve.add_argument("--log-level", default="info")
+    serve.add_argument("--trusted-keys", type=Path,
+                       help="dir of ID.pub keys; pushed packages must be signed by one")
+    serve.add_argument("--signing-key", type=Path,
+                       help="ID.key the fleet signs rollbacks with when a rollout is aborted")
+    serve.add_argument("--halt-after", type=int, default=1,
+                       help="failed devices that halt a rollout (default 1)")
 
     db = sub.add_parser("db", help="schema migrations")
     db_sub = db.add_subparsers(dest="db_command", required=True)
@@ -79,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     lst.add_argument("--all", action="store_true", help="include revoked devices")
     rev = dev_sub.add_parser("revoke", parents=[common], help="invalidate a device token")
     rev.add_argument("device_id")
+    operator_cli.add_commands(sub)
     return parser
 
 
@@ -108,6 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     if args.command == "serve":
         return _serve(args)
+    if args.command in operator_cli.COMMANDS:
+        return operator_cli.run(args)
     logging.getLogger("alembic").setLevel(logging.WARNING)
     engine = _engine(args)
     try:
@@ -141,6 +155,9 @@ def _settings(args: argparse.Namespace, admin_token: str = "") -> Settings:
         admin_token=admin_token,
         state_dir=state_dir,
         pool_size=getattr(args, "pool_size", 10),
+        trusted_keys_dir=getattr(args, "trusted_keys", None),
+        signing_key_file=getattr(args, "signing_key", None),
+        rollout_halt_failures=getattr(args, "halt_after", 1),
     )
 
 
@@ -176,6 +193,9 @@ def _serve(args: argparse.Namespace) -> int:
         ADMIN_TOKEN_ENV: settings.admin_token,
         _ENV_POOL: str(settings.pool_size),
         _ENV_STATE: str(settings.state_dir),
+        _ENV_KEYS: str(settings.trusted_keys_dir or ""),
+        _ENV_SIGNING: str(settings.signing_key_file or ""),
+        _ENV_HALT: str(settings.rollout_halt_failures),
     })
     uvicorn.run("fleet.cli:worker_app", factory=True, workers=args.workers, **options)
     return 0
@@ -190,6 +210,11 @@ def worker_app() -> FastAPI:
         admin_token=os.environ[ADMIN_TOKEN_ENV],
         state_dir=Path(os.environ[_ENV_STATE]),
         pool_size=int(os.environ[_ENV_POOL]),
+        trusted_keys_dir=Path(os.environ[_ENV_KEYS]) if os.environ.get(_ENV_KEYS) else None,
+        signing_key_file=(
+            Path(os.environ[_ENV_SIGNING]) if os.environ.get(_ENV_SIGNING) else None
+        ),
+        rollout_halt_failures=int(os.environ.get(_ENV_HALT, "1")),
     ))
 
 
