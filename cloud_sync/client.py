@@ -42,6 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import requests
+import urllib3
 from pydantic import ValidationError
 
 from cloud_sync.errors import (
@@ -425,7 +426,9 @@ class FleetClient:
             fh.seek(start)
             fh.truncate()
             try:
-                for chunk in resp.iter_content(_CHUNK):
+                # read1: whatever has arrived, so the bytes before a broken connection are kept
+                # (iter_content would drop a short last chunk along with the IncompleteRead)
+                while chunk := resp.raw.read1(_CHUNK, decode_content=False):
                     size += len(chunk)
                     if size > expected_size:
                         fh.close()
@@ -436,7 +439,7 @@ class FleetClient:
                     fh.write(chunk)
                     if progress is not None:
                         progress(size, expected_size)
-            except requests.RequestException as exc:
+            except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
                 raise FleetUnavailable(
                     f"package download broke at byte {size} of {expected_size}: {_short(exc)}"
                 ) from exc

@@ -49,7 +49,7 @@ from agent.errors import ModelError
 from agent.inference.base import Backend
 from agent.inference.package import ModelPackage, load_package
 from agent.metrics import Metrics
-from agent.pipeline.detector import FeatureDeviationDetector
+from agent.pipeline.detector import Calibration, FeatureDeviationDetector
 from agent.pipeline.stream import StreamPipeline
 from agent.services.model_checks import Limits, ShadowRun, acceptance_test
 from agent.services.model_slot import ModelSlot, Observe, Rollback, Swap
@@ -200,7 +200,8 @@ class Updater:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._unsent: collections.deque[ModelStatusReport] = collections.deque(maxlen=UNSENT_LIMIT)
-        self._rejected: dict[str, set[tuple[str, str]]] = {n: set() for n in streams}
+        #: Assignments refused per stream (not tried again unless the assignment changes).
+        self._rejected: dict[str, set[tuple[str, str, str]]] = {n: set() for n in streams}
         self._fleet_failing = False
         for name, h in streams.items():
             self.metrics.model_version.labels(stream=name).set(h.slot.package.manifest.version)
@@ -264,7 +265,7 @@ class Updater:
         label = f"{a.name}@{a.version}"
         if (a.name, a.version) == (m.name, m.version) or label in self.store.refused(h.name):
             return
-        if (label, a.archive_sha256) in self._rejected[h.name]:
+        if _key(a) in self._rejected[h.name]:
             return
         self._update(h, a)
 
@@ -345,13 +346,7 @@ class Updater:
         self, h: StreamHandle, a: ModelAssignment, package: ModelPackage,
         detector: FeatureDeviationDetector,
     ) -> None:
-        samples = h.pipeline.calibration_samples
-        if samples is None:
-            raise _Rejected("the stream kept no calibration samples")
-        try:
-            calibration = detector.calibrate(samples)
-        except (ModelError, ValueError) as exc:
-            raise _Rejected(f"calibration of the candidate failed: {exc}") from exc
+        calibration = self._calibration(h, package, detector)
         limits = self.config.limits
         shadow = ShadowRun(self.config.shadow_windows, (detector, calibration))
         self._report(h, a, "shadow", details={"threshold": calibration.threshold})
@@ -380,6 +375,24 @@ class Updater:
         self._report(h, a, "active", details=details)
         self._watch(h, a, watch, reference_rate)
         self.store.prune({p for p in (_path(h.installed), _path(h.previous)) if p})
+
+    def _calibration(
+        self, h: StreamHandle, package: ModelPackage, detector: FeatureDeviationDetector
+    ) -> Calibration:
+        """The package's cloud-fitted calibration for this device/stream, else one fitted on the
+        stream's own calibration samples."""
+        preset, fitted = package.preset_calibration(), package.manifest.calibration
+        if preset is not None and fitted is not None and (
+            fitted.fitted_on.device_id, fitted.fitted_on.stream
+        ) == (self.device_id, h.name):
+            return preset
+        samples = h.pipeline.calibration_samples
+        if samples is None:
+            raise _Rejected("the stream kept no calibration samples to calibrate the candidate")
+        try:
+            return detector.calibrate(samples)
+        except (ModelError, ValueError) as exc:
+            raise _Rejected(f"calibration of the candidate failed: {exc}") from exc
 
     def _watch(
         self, h: StreamHandle, a: ModelAssignment, watch: ShadowRun, reference_rate: float
@@ -433,7 +446,7 @@ class Updater:
         return True
 
     def _reject(self, h: StreamHandle, a: ModelAssignment, reason: str) -> None:
-        self._rejected[h.name].add((f"{a.name}@{a.version}", a.archive_sha256))
+        self._rejected[h.name].add(_key(a))
         self._report(h, a, "rejected", reason=reason)
 
     def _report(
@@ -482,6 +495,11 @@ class Updater:
         if self._fleet_failing:
             log.info("model updater: fleet reachable again")
         self._fleet_failing = False
+
+
+def _key(a: ModelAssignment) -> tuple[str, str, str]:
+    """Identity of an assignment for "already refused": package, archive and rollback."""
+    return (f"{a.name}@{a.version}", a.archive_sha256, a.rollback.signature if a.rollback else "")
 
 
 def _path(rec: Installed | None) -> Path | None:

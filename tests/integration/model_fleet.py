@@ -14,9 +14,12 @@ connection after N bytes of the next package response; ``ignore_range`` answers 
 from __future__ import annotations
 
 import gzip
+import hashlib
+import io
 import json
 import re
 import shutil
+import tarfile
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -55,6 +58,23 @@ def make_package(
     (d / "manifest.json").write_text(json.dumps(raw))
     sign_package_dir(d, key)
     return d
+
+
+def flip_byte(package_dir: Path, artefact: str = "model.int8.onnx", offset: int = 100) -> None:
+    """Flip one byte of an artefact in place (after signing: the manifest no longer matches)."""
+    path = package_dir / artefact
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def tar_gz(package_dir: Path) -> bytes:
+    """A tar.gz of every file of ``package_dir`` without any check (for tampered packages)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for f in sorted(package_dir.iterdir()):
+            tar.add(f, arcname=f.name)
+    return buf.getvalue()
 
 
 @dataclass
@@ -194,12 +214,21 @@ class FakeFleet:
         self._server.server_close()
 
     def publish(self, package_dir: Path, workdir: Path, stream: str | None = None,
-                rollback: dict[str, Any] | None = None, rollout_id: int | None = 1) -> Served:
-        """Pack ``package_dir`` and assign it (to ``stream`` or every stream)."""
+                rollback: dict[str, Any] | None = None, rollout_id: int | None = 1,
+                checked: bool = True) -> Served:
+        """Pack ``package_dir`` and assign it (to ``stream`` or every stream).
+
+        ``checked=False`` archives the directory as it is (tampered packages).
+        """
         raw = json.loads((package_dir / "manifest.json").read_text())
-        archive = workdir / f"{raw['name']}-{raw['version']}-{package_dir.name}.tar.gz"
-        sha = pack(package_dir, archive)
-        served = Served(raw["name"], raw["version"], archive.read_bytes())
+        if checked:
+            archive = workdir / f"{raw['name']}-{raw['version']}-{package_dir.name}.tar.gz"
+            pack(package_dir, archive)
+            data = archive.read_bytes()
+        else:
+            data = tar_gz(package_dir)
+        sha = hashlib.sha256(data).hexdigest()
+        served = Served(raw["name"], raw["version"], data)
         with self.state.lock:
             self.state.archives[served.url] = served
             self.state.assignment = {

@@ -12,6 +12,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -21,8 +22,8 @@ from agent.app import Agent
 from agent.config.loader import parse_config
 from agent.errors import SourceExhausted
 from agent.records import Reading
-from cloud_sync.package import generate_keypair
-from tests.integration.model_fleet import SOURCE_PACKAGE, FakeFleet, make_package
+from cloud_sync.package import generate_keypair, key_id_of, load_private_key, sign_rollback
+from tests.integration.model_fleet import SOURCE_PACKAGE, FakeFleet, flip_byte, make_package
 
 pytestmark = pytest.mark.integration
 
@@ -89,7 +90,8 @@ def keys(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def _agent(tmp_path: Path, fleet: FakeFleet, trusted: Path, source: FlowingSource,
-           monkeypatch: pytest.MonkeyPatch, shadow: int = 50) -> Agent:
+           monkeypatch: pytest.MonkeyPatch, shadow: int = 50,
+           model: str = "builtin:skab-wstat", poll_s: float = 0.2) -> Agent:
     monkeypatch.setenv("EDGE_TEST_TOKEN", TOKEN)
     text = f"""
 [agent]
@@ -98,7 +100,7 @@ state_dir = "{tmp_path / 'state'}"
 console_alerts = false
 [[streams]]
 name = "pump"
-model = "builtin:skab-wstat"
+model = "{model}"
 [streams.source]
 kind = "simulator"
 [fleet]
@@ -108,7 +110,7 @@ token_env = "EDGE_TEST_TOKEN"
 interval_s = 0.5
 [updater]
 enabled = true
-poll_interval_s = 0.2
+poll_interval_s = {poll_s}
 trusted_keys_dir = "{trusted}"
 shadow_windows = {shadow}
 acceptance_runs = 20
@@ -162,3 +164,159 @@ def test_shadow_then_swap_while_readings_flow_drops_nothing(
     assert state["streams"]["pump"]["active"]["version"] == 2
     assert agent.metrics.registry.get_sample_value(
         "edge_agent_model_version", {"stream": "pump"}) == 2
+
+
+@contextmanager
+def _running(agent: Agent, finish: threading.Event) -> Iterator[None]:
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        finish.set()
+        thread.join(30)
+        assert not thread.is_alive()
+
+
+def _reports(fleet: FakeFleet, state: str) -> list[dict[str, object]]:
+    with fleet.state.lock:
+        return [r for r in fleet.state.reports if r["state"] == state]
+
+
+def _assert_refused_and_old_model_scores(
+    agent: Agent, fleet: FakeFleet, version: int, reason: str, old_version: int = 1
+) -> None:
+    """Rejected with ``reason``; the old model keeps scoring, its version unchanged."""
+    _wait_for(lambda: bool(_reports(fleet, "rejected")))
+    rejected = _reports(fleet, "rejected")
+    assert len(rejected) == 1 and rejected[0]["version"] == version
+    assert reason in str(rejected[0]["reason"])
+    assert "active" not in [s for _, s in fleet.states()]
+    before = _windows_scored(agent)
+    _wait_for(lambda: _windows_scored(agent) > before + 100)  # still scoring
+    assert agent.streams["pump"].package.manifest.version == old_version
+    assert agent.metrics.registry.get_sample_value(
+        "edge_agent_model_version", {"stream": "pump"}) == old_version
+    assert agent.metrics.registry.get_sample_value(
+        "edge_agent_model_updates_total", {"stream": "pump", "state": "rejected"}) == 1.0
+    time.sleep(0.5)  # several more polls: the refused assignment is not tried again
+    assert len(_reports(fleet, "rejected")) == 1
+
+
+def test_package_with_one_byte_flipped_is_refused(
+    tmp_path: Path, fleet: FakeFleet, keys: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    priv, trusted = keys
+    finish = threading.Event()
+    agent = _agent(tmp_path, fleet, trusted, FlowingSource("pump", finish), monkeypatch)
+    pkg = make_package(tmp_path, 2, priv)
+    flip_byte(pkg)
+    fleet.publish(pkg, tmp_path, checked=False)
+    with _running(agent, finish):
+        _assert_refused_and_old_model_scores(agent, fleet, 2, "HashMismatch")
+    assert not (tmp_path / "state" / "models" / "skab-wstat-2").exists()
+
+
+def test_package_signed_by_an_unknown_key_is_refused(
+    tmp_path: Path, fleet: FakeFleet, keys: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _priv, trusted = keys
+    stranger, _ = generate_keypair(tmp_path / "stranger")
+    finish = threading.Event()
+    agent = _agent(tmp_path, fleet, trusted, FlowingSource("pump", finish), monkeypatch)
+    fleet.publish(make_package(tmp_path, 2, stranger), tmp_path)
+    with _running(agent, finish):
+        _assert_refused_and_old_model_scores(agent, fleet, 2, "not trusted")
+
+
+def test_older_version_is_refused_then_accepted_with_a_signed_rollback(
+    tmp_path: Path, fleet: FakeFleet, keys: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    priv, trusted = keys
+    installed = make_package(tmp_path / "installed", 5, priv)
+    finish = threading.Event()
+    agent = _agent(tmp_path, fleet, trusted, FlowingSource("pump", finish), monkeypatch,
+                   model=str(installed))
+    older = make_package(tmp_path, 4, priv)
+    fleet.publish(older, tmp_path)
+    with _running(agent, finish):
+        _assert_refused_and_old_model_scores(agent, fleet, 4, "RollbackRefused", old_version=5)
+        rollback = sign_rollback(
+            load_private_key(priv), key_id_of(priv), device_id="gw1", name="skab-wstat",
+            from_version=5, to_version=4,
+        )
+        fleet.publish(older, tmp_path, rollback=rollback.model_dump())
+        _wait_for(lambda: (4, "active") in fleet.states())
+    assert agent.streams["pump"].package.manifest.version == 4
+
+
+def test_rollback_signed_for_another_device_is_refused(
+    tmp_path: Path, fleet: FakeFleet, keys: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    priv, trusted = keys
+    installed = make_package(tmp_path / "installed", 5, priv)
+    finish = threading.Event()
+    agent = _agent(tmp_path, fleet, trusted, FlowingSource("pump", finish), monkeypatch,
+                   model=str(installed))
+    rollback = sign_rollback(load_private_key(priv), key_id_of(priv), device_id="gw2",
+                             name="skab-wstat", from_version=5, to_version=4)
+    fleet.publish(make_package(tmp_path, 4, priv), tmp_path, rollback=rollback.model_dump())
+    with _running(agent, finish):
+        _assert_refused_and_old_model_scores(agent, fleet, 4, "RollbackRefused", old_version=5)
+
+
+def test_interrupted_download_resumes_with_range(
+    tmp_path: Path, fleet: FakeFleet, keys: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server drops the connection after 2,000 bytes; the next poll asks for the rest."""
+    priv, trusted = keys
+    finish = threading.Event()
+    agent = _agent(tmp_path, fleet, trusted, FlowingSource("pump", finish), monkeypatch)
+    served = fleet.publish(make_package(tmp_path, 2, priv), tmp_path)
+    fleet.state.drop_after = 2000
+    with _running(agent, finish):
+        _wait_for(lambda: (2, "active") in fleet.states())
+    with fleet.state.lock:
+        gets = [h.get("Range") for m, path, h in fleet.state.requests if path == served.url]
+    assert gets == [None, "bytes=2000-"]
+    assert [s for _, s in fleet.states()][:2] == ["downloaded", "verified"]  # sha and size ok
+    assert len(_reports(fleet, "downloaded")) == 1
+
+
+@pytest.mark.parametrize(
+    ("tamper", "reason"),
+    [({"golden_delta": 1.0}, "golden vectors differ"),
+     ({"latency_budget_ms": 0.0001}, "p99 latency")],
+    ids=["golden-tampered", "too-slow"],
+)
+def test_model_failing_acceptance_is_rejected(
+    tmp_path: Path, fleet: FakeFleet, keys: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
+    tamper: dict[str, float], reason: str,
+) -> None:
+    """Validly signed by a trusted key, but the device's own acceptance test fails."""
+    priv, trusted = keys
+    finish = threading.Event()
+    agent = _agent(tmp_path, fleet, trusted, FlowingSource("pump", finish), monkeypatch)
+    fleet.publish(make_package(tmp_path, 2, priv, **tamper), tmp_path)  # type: ignore[arg-type]
+    with _running(agent, finish):
+        _assert_refused_and_old_model_scores(agent, fleet, 2, reason)
+    assert [s for _, s in fleet.states()] == ["downloaded", "verified", "rejected"]
+
+
+def test_restart_comes_back_on_the_installed_model(
+    tmp_path: Path, fleet: FakeFleet, keys: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    priv, trusted = keys
+    finish = threading.Event()
+    agent = _agent(tmp_path, fleet, trusted, FlowingSource("pump", finish), monkeypatch)
+    fleet.publish(make_package(tmp_path, 2, priv), tmp_path)
+    with _running(agent, finish):
+        _wait_for(lambda: (2, "active") in fleet.states())
+    again = _agent(tmp_path, fleet, trusted, FlowingSource("pump", threading.Event()), monkeypatch)
+    assert again.streams["pump"].package.manifest.version == 2
+    again.store.close()
+    # an installed package tampered with on disk is never loaded: the configured one is used
+    flip_byte(tmp_path / "state" / "models" / "skab-wstat-2")
+    third = _agent(tmp_path, fleet, trusted, FlowingSource("pump", threading.Event()), monkeypatch)
+    assert third.streams["pump"].package.manifest.version == 1
+    third.store.close()
