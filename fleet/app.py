@@ -24,7 +24,7 @@ API_VERSION = "1"
 def create_app(
     settings: Settings,
     engine: Engine | None = None,
-    on_calibration: Callable[[str, str], None] | None = None,
+    on_calibration: Callable[[str, str], object] | None = None,
 ) -> FastAPI:
     """Build the app. The schema must already be migrated (``edge-fleet serve`` does it).
 

@@ -5,7 +5,10 @@
     edge-fleet serve [--db URL] [--host 127.0.0.1] [--port 8700] [--admin-token-file F]
                      [--state-dir fleet-state] [--pool-size 10] [--workers 1]
                      [--trusted-keys DIR] [--signing-key FILE] [--halt-after N]
+                     [--auto-retrain] [--base-model DIR]
                      (EDGE_FLEET_DB may replace --db)
+    edge-fleet retrain --device D --stream S --signing-key F --trusted-keys DIR
+                                               (see fleet/training/cli.py)
     edge-fleet db upgrade [--db URL]
     edge-fleet device add ID [--tag T ...]     prints the new token (shown once)
     edge-fleet device list [--all]
@@ -45,6 +48,7 @@ from fleet.settings import (
     default_db_url,
     resolve_admin_token,
 )
+from fleet.training import cli as training_cli
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -76,6 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="ID.key the fleet signs rollbacks with when a rollout is aborted")
     serve.add_argument("--halt-after", type=int, default=1,
                        help="failed devices that halt a rollout (default 1)")
+    training_cli.add_arguments(serve, serve=True)
+
+    retrain = sub.add_parser("retrain", parents=[common],
+                             help="retrain a device stream's model from its samples and publish")
+    retrain.add_argument("--signing-key", type=Path, help="the fleet's ID.key (signs the package)")
+    retrain.add_argument("--trusted-keys", type=Path, help="dir of ID.pub keys (registry check)")
+    training_cli.add_arguments(retrain, serve=False)
 
     db = sub.add_parser("db", help="schema migrations")
     db_sub = db.add_subparsers(dest="db_command", required=True)
@@ -129,6 +140,8 @@ def _run(args: argparse.Namespace) -> int:
         if args.command == "db":
             print(f"database at revision {migrate.current_revision(engine)}")
             return 0
+        if args.command == "retrain":
+            return training_cli.run_retrain(args, _settings(args), engine)
         registry = DeviceRegistry(engine)
         if args.device_command == "add":
             from cloud_sync.protocol import EnrollRequest  # noqa: PLC0415 (validation only)
@@ -183,9 +196,20 @@ def _serve(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {"host": args.host, "port": args.port, "log_level": args.log_level,
                                "access_log": False, "server_header": False}
     if args.workers <= 1:
-        uvicorn.run(create_app(settings, engine), **options)
+        auto = None
+        if args.auto_retrain:
+            auto = training_cli.build_auto_retrainer(settings, engine, args.base_model)
+            auto.start()
+        try:
+            app = create_app(settings, engine, auto.schedule if auto is not None else None)
+            uvicorn.run(app, **options)
+        finally:
+            if auto is not None:
+                auto.stop()
         engine.dispose()
         return 0
+    if args.auto_retrain:
+        raise ConfigError("--auto-retrain runs in the serving process: use --workers 1")
     # Worker processes import the app by name: hand them the resolved settings by environment.
     engine.dispose()
     os.environ.update({

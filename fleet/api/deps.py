@@ -37,7 +37,7 @@ class Services:
     samples: SampleStore | None = None
     #: Called with ``(device_id, stream)`` after a calibration sample batch is stored
     #: (auto-retrain schedules a training run); must not block.
-    on_calibration: Callable[[str, str], None] | None = None
+    on_calibration: Callable[[str, str], object] | None = None
 
 
 @dataclass(frozen=True)

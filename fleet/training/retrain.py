@@ -1,0 +1,258 @@
+"""Retrain one device stream's model and publish it: samples → train → gate → sign → registry →
+rollout; and the automatic trigger.
+
+:class:`Retrainer` runs one retraining synchronously (``edge-fleet retrain``):
+
+1. read the newest ``calibration`` sample batch of the device stream and its reservoir windows
+   (:class:`fleet.db.samples.SampleStore`);
+2. :func:`fleet.training.train.train_wstat` into a fresh directory (version = the registry's
+   newest version of the base model's name + 1);
+3. gate failed: log the reasons at WARNING and return an unpublished :class:`RetrainOutcome`
+   (nothing signed, nothing stored);
+4. sign the manifest with the fleet's signing key (:func:`cloud_sync.package.sign_package_dir`),
+   pack it, add it to the registry (which verifies it against the trusted keys like any upload);
+5. create a rollout of that version targeting the device alone and that stream, so the device's
+   updater picks it up as its candidate (acceptance, shadow, swap on the device).
+
+:class:`AutoRetrainer` (``edge-fleet serve --auto-retrain``): the samples endpoint calls
+:meth:`AutoRetrainer.schedule` when a device posts calibration samples; a single background
+thread retrains the scheduled streams one at a time (bounded queue, duplicates coalesced) and
+skips a stream that already has a device-specific model (a registry package whose fitted
+calibration names that device and stream).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from cloud_sync.package import pack, sign_package_dir
+from fleet.api.model_loop import ModelLoop
+from fleet.db.samples import SampleStore
+from fleet.errors import Conflict, FleetError
+from fleet.registry.views import RolloutCreate
+from fleet.training.train import DeviceData, GateFailed, GateReport, TrainOptions, train_wstat
+
+_log = logging.getLogger("fleet.training")
+
+
+class NoSamples(FleetError):
+    """The device stream has no calibration samples to train on."""
+
+
+@dataclass(frozen=True)
+class RetrainOutcome:
+    """What one retraining did.
+
+    Attributes:
+        device_id: The device.
+        stream: Its stream.
+        published: The package passed its gate and is in the registry with a rollout.
+        name: Package name.
+        version: Package version (also set when the gate refused it).
+        rollout_id: The rollout created, when published.
+        gate: The gate's measurements.
+        reason: Why it was not published (None when published).
+    """
+
+    device_id: str
+    stream: str
+    published: bool
+    name: str
+    version: int
+    rollout_id: int | None
+    gate: GateReport | None
+    reason: str | None = None
+
+
+class Retrainer:
+    """Retrain and publish one device stream's model.
+
+    Args:
+        samples: Where the devices' samples are.
+        loop: Registry and rollouts.
+        signing_key: ``<key_id>.key`` of the fleet (its public key must be trusted).
+        base_package_dir: Package whose input spec, floors and score the retrained one follows.
+        work_dir: Parent of the temporary build directories (None: the system's temp dir).
+        options: Training and gate knobs.
+        on_step: Progress callback per training step (the CLI's tqdm bar).
+        on_quant_batch: Progress callback per quantization batch.
+    """
+
+    def __init__(
+        self,
+        samples: SampleStore,
+        loop: ModelLoop,
+        signing_key: Path,
+        base_package_dir: Path,
+        *,
+        work_dir: Path | None = None,
+        options: TrainOptions | None = None,
+        on_step: Callable[[str], None] | None = None,
+        on_quant_batch: Callable[[], None] | None = None,
+    ) -> None:
+        self.samples = samples
+        self.loop = loop
+        self.signing_key = signing_key
+        self.base_package_dir = base_package_dir
+        self.work_dir = work_dir
+        self.options = options or TrainOptions()
+        self.on_step = on_step
+        self.on_quant_batch = on_quant_batch
+        base = json.loads((base_package_dir / "manifest.json").read_text(encoding="utf-8"))
+        self.name: str = base["name"]
+        self.base_version: int = int(base["version"])
+
+    def has_device_model(self, device_id: str, stream: str) -> bool:
+        """True when the registry holds a package fitted for this device and stream."""
+        for rec in self.loop.registry.list(self.name):
+            fitted = (rec.manifest.get("calibration") or {}).get("fitted_on") or {}
+            if fitted.get("device_id") == device_id and fitted.get("stream") == stream:
+                return True
+        return False
+
+    def _next_version(self) -> int:
+        versions = [r.version for r in self.loop.registry.list(self.name)]
+        return max([self.base_version, *versions]) + 1
+
+    def retrain(self, device_id: str, stream: str) -> RetrainOutcome:
+        """Train, gate, sign, publish and roll out (see the module docstring).
+
+        Raises:
+            NoSamples: no calibration samples for this device stream.
+            ValueError: the samples do not fit the base model (channels, length).
+            fleet.errors.ApiError: the registry or rollout refused (e.g. untrusted key).
+        """
+        cal = self.samples.latest_calibration(device_id, stream)
+        if cal is None:
+            raise NoSamples(f"no calibration samples from {device_id}/{stream}")
+        reservoir = self.samples.reservoir(device_id, stream, cal.channels)
+        data = DeviceData(
+            device_id=device_id, stream=stream, channels=cal.channels,
+            samples=cal.windows[0], reservoir=reservoir, sample_rate_hz=cal.sample_rate_hz,
+        )
+        for attempt in range(3):
+            version = self._next_version()
+            with tempfile.TemporaryDirectory(prefix="edge-fleet-train-", dir=self.work_dir) as t:
+                pkg = Path(t) / f"{self.name}-{version}"
+                try:
+                    result = train_wstat(
+                        data, self.base_package_dir, pkg, name=self.name, version=version,
+                        options=self.options, on_step=self.on_step,
+                        on_quant_batch=self.on_quant_batch,
+                    )
+                except GateFailed as exc:
+                    _log.warning("retrain %s/%s: %s@%d not published: %s", device_id, stream,
+                                 self.name, version, exc)
+                    return RetrainOutcome(device_id, stream, False, self.name, version, None,
+                                          exc.report, str(exc))
+                sign_package_dir(pkg, self.signing_key)
+                archive = Path(t) / "package.tar.gz"
+                pack(pkg, archive)
+                try:
+                    self.loop.registry.add(archive.read_bytes(), uploaded_by="retrain")
+                except Conflict:
+                    if attempt == 2:
+                        raise
+                    continue  # someone published that version meanwhile: take the next
+            rollout = self.loop.rollouts.create(
+                RolloutCreate(name=self.name, version=version, devices=[device_id], stream=stream)
+            )
+            _log.info("retrain %s/%s: published %s@%d (gate: FAR %.1f %%, agreement %.1f %%, "
+                      "max |delta| %.3f), rollout %d", device_id, stream, self.name, version,
+                      100 * result.gate.false_alarm_rate, 100 * result.gate.decision_agreement,
+                      result.gate.max_abs_err, rollout.id)
+            return RetrainOutcome(device_id, stream, True, self.name, version, rollout.id,
+                                  result.gate)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+class AutoRetrainer:
+    """Retrain in one background thread when devices post calibration samples.
+
+    Args:
+        retrainer: Does the work.
+        max_pending: Streams waiting at most; further requests are dropped and logged.
+    """
+
+    def __init__(self, retrainer: Retrainer, max_pending: int = 64) -> None:
+        self.retrainer = retrainer
+        self._queue: queue.Queue[tuple[str, str] | None] = queue.Queue(maxsize=max_pending)
+        self._pending: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._busy = 0
+        self._thread: threading.Thread | None = None
+        #: Outcomes, newest last (bounded): what the thread did, for logs and tests.
+        self.outcomes: list[RetrainOutcome] = []
+
+    def start(self) -> None:
+        """Start the worker thread (idempotent)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="fleet-retrain", daemon=True)
+            self._thread.start()
+
+    def schedule(self, device_id: str, stream: str) -> bool:
+        """Queue a retraining of ``device_id``/``stream``; never blocks.
+
+        Returns:
+            False when it was already queued or the queue is full (logged).
+        """
+        key = (device_id, stream)
+        with self._lock:
+            if key in self._pending:
+                return False
+            try:
+                self._queue.put_nowait(key)
+            except queue.Full:
+                _log.warning("auto-retrain queue full; %s/%s not scheduled", device_id, stream)
+                return False
+            self._pending.add(key)
+            self._busy += 1
+        return True
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until nothing is queued or running; False on timeout."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._busy == 0, timeout)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop after the current retraining (queued ones are dropped)."""
+        if self._thread is not None:
+            with self._lock:
+                while True:
+                    try:
+                        dropped = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if dropped is not None:
+                        self._pending.discard(dropped)
+                        self._busy -= 1
+                self._queue.put_nowait(None)
+            self._thread.join(timeout)
+            self._thread = None
+
+    def _run(self) -> None:
+        while True:
+            key = self._queue.get()
+            if key is None:
+                return
+            device_id, stream = key
+            try:
+                if self.retrainer.has_device_model(device_id, stream):
+                    _log.info("auto-retrain %s/%s: a device model exists; skipped", *key)
+                else:
+                    self.outcomes = [*self.outcomes[-99:], self.retrainer.retrain(*key)]
+            except Exception:  # one failed stream must not stop the thread
+                _log.exception("auto-retrain %s/%s failed", device_id, stream)
+            finally:
+                with self._idle:
+                    self._pending.discard(key)
+                    self._busy -= 1
+                    self._idle.notify_all()
