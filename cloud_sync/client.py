@@ -51,11 +51,18 @@ from cloud_sync.errors import (
     FleetRejected,
     FleetUnavailable,
 )
-from cloud_sync.protocol import IngestBatch, IngestResult, ModelAssignment, ModelStatusReport
+from cloud_sync.protocol import (
+    IngestBatch,
+    IngestResult,
+    ModelAssignment,
+    ModelStatusReport,
+    SampleBatch,
+)
 
 INGEST_PATH = "/v1/ingest"
 ASSIGNMENT_PATH = "/v1/models/assignment"
 STATUS_PATH = "/v1/models/status"
+SAMPLES_PATH = "/v1/samples"
 #: Progress callback of :meth:`FleetClient.download`: (bytes on disk, expected size).
 Progress = Callable[[int, int], None]
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
@@ -341,6 +348,40 @@ class FleetClient:
             resp.close()
         if resp.status_code not in (200, 204):
             self._raise_for(resp, content, "the status report")
+
+    def post_samples(self, batch: SampleBatch) -> int:
+        """Upload retraining samples (one attempt): gzip JSON, like :meth:`ingest`.
+
+        Returns:
+            Windows the fleet stored (its ``{"stored": n}`` answer).
+
+        Raises:
+            FleetUnavailable, FleetAuthError, FleetRejected: as for :meth:`send` (413 when the
+                batch is over the fleet's limits).
+            FleetProtocolError: a 200 whose body is not ``{"stored": <int>}``.
+        """
+        body = gzip.compress(batch.model_dump_json().encode("utf-8"),
+                             compresslevel=self.gzip_level, mtime=0)
+        deadline = self._monotonic() + self.connect_timeout_s + 2 * self.read_timeout_s
+        resp = self._request(
+            "POST", SAMPLES_PATH, data=body,
+            headers=self._headers(**{"Content-Type": "application/json",
+                                     "Content-Encoding": "gzip", "Accept": "application/json"}),
+        )
+        try:
+            content = self._read_body(resp, deadline)
+        finally:
+            resp.close()
+        if resp.status_code != 200:
+            self._raise_for(resp, content, "the samples upload")
+        try:
+            stored = json.loads(content)["stored"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise FleetProtocolError(f"200 response is not {{'stored': n}}: "
+                                     f"{_detail(content)}") from exc
+        if not isinstance(stored, int):
+            raise FleetProtocolError(f"'stored' is not an integer: {_detail(content)}")
+        return stored
 
     def download(
         self,

@@ -216,9 +216,12 @@ class ModelStatusReport(_Wire):
 
 
 class SampleBatch(_Wire):
-    """Raw normal windows kept by the device (reservoir sample) for retraining in the cloud.
+    """Raw samples kept by the device for retraining in the cloud.
 
-    ``windows`` has shape (N, W, C) in the channels' units (unscaled), float.
+    ``kind="reservoir"``: ``windows`` has shape (K, W, C), raw windows the device classified
+    normal (a uniform reservoir sample). ``kind="calibration"``: ``windows`` holds ONE block, shape
+    (1, N, C): the stream's first N raw readings (its calibration period). Values in the
+    channels' units (unscaled), finite floats. The fleet answers 200 ``{"stored": <windows>}``.
     """
 
     device_id: str = Field(pattern=NAME_PATTERN)
