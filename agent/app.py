@@ -59,6 +59,7 @@ from agent.publish.mqtt import MqttPublisher
 from agent.records import Aggregate, Alert, Float32Array, Reading, iso_utc
 from agent.services.model_slot import ModelSlot
 from agent.services.model_store import ModelStore
+from agent.services.samples import SampleCollector, SampleUploader, config_hash
 from agent.services.supervisor import SourceSupervisor
 from agent.services.updater import StreamHandle, Updater
 from agent.services.uploader import Uploader, read_token
@@ -191,6 +192,10 @@ class Agent:
                     f"{config.mqtt.topic_prefix}/{config.agent.device_id}/"
                     f"{config.updater.notify_topic}", self.updater.notify,
                 )
+        self.collectors: dict[str, SampleCollector] = {}
+        self.samples: SampleUploader | None = None
+        if config.samples.enabled:
+            self.samples = _build_samples(self)
         self.alerts_raised = 0
         self.aggregates_written = 0
         self.monitor = Monitor(
@@ -277,6 +282,8 @@ class Agent:
         )
         self.metrics.model_version.labels(stream=name).set(package.manifest.version)
         self.metrics.threshold.labels(stream=name).set(s.pipeline.threshold)
+        if name in self.collectors:
+            self.collectors[name].set_model(package.manifest.name, package.manifest.version)
 
     def _warm_up(self) -> None:
         """One inference per stream on its first golden window (first-call allocations, lazy
@@ -312,6 +319,8 @@ class Agent:
             self.uploader.start()
         if self.updater is not None:
             self.updater.start()
+        if self.samples is not None:
+            self.samples.start()
         for s in self.streams.values():
             s.supervisor.start()
         self.notifier.ready(f"running {len(self.streams)} stream(s)")
@@ -377,6 +386,13 @@ class Agent:
             self.metrics.threshold.labels(stream=name).set(out.calibrated.threshold)
             log.info("stream %s: calibrated on %d readings, threshold %.3f", name,
                      s.pipeline.spec.calibration_samples, out.calibrated.threshold)
+        collector = self.collectors.get(name)
+        if collector is not None:  # retraining samples: calibration block, normal windows
+            if out.calibrated is not None and s.pipeline.calibration_samples is not None:
+                collector.add_calibration(s.pipeline.calibration_samples)
+                if self.samples is not None:
+                    self.samples.notify()
+            collector.observe(values, out.end_index, out.scores, out.threshold)
         n_scored = int(np.count_nonzero(~np.isnan(out.scores)))
         if n_scored:
             self.metrics.windows_total.labels(stream=name).inc(n_scored)
@@ -473,6 +489,8 @@ class Agent:
             log.warning("fleet upload still busy at shutdown; the rest is sent at next start")
         if self.updater is not None and not self.updater.stop(UPLOAD_STOP_S):
             log.warning("model updater still busy at shutdown")
+        if self.samples is not None:
+            self.samples.stop(UPLOAD_STOP_S)
         depth, _ = self.store.outbox_stats()
         log.info(
             "stopped: %d alert(s) raised, %d aggregate(s) written, %d alert(s) still in the "
@@ -537,6 +555,25 @@ def _build_updater(agent: Agent, store: ModelStore, keys: TrustedKeys) -> Update
 
     return Updater(config.updater, client, store, handles, config.agent.device_id, keys,
                    agent.metrics, wrap_backend=wrap, clock=agent.clock)
+
+
+def _build_samples(agent: Agent) -> SampleUploader:
+    """Sample collectors for every stream and their uploader (``[samples]`` enabled)."""
+    from cloud_sync.client import FleetClient  # noqa: PLC0415 - requests only when enabled
+
+    config, fc = agent.config, agent.config.fleet
+    assert fc.url is not None  # AgentConfig requires [fleet] for [samples]
+    for name, s in agent.streams.items():
+        m = s.package.manifest
+        agent.collectors[name] = SampleCollector(
+            config.agent.device_id, name, s.pipeline.spec.channels, s.pipeline.spec.window,
+            m.input.sample_rate_hz, (m.name, m.version),
+            config_hash(s.config.model_dump_json(), s.package.label),
+            config.samples.reservoir_size,
+        )
+    client = FleetClient(fc.url, read_token(fc), connect_timeout_s=fc.connect_timeout_s,
+                         read_timeout_s=fc.read_timeout_s, clock=agent.clock)
+    return SampleUploader(client, agent.collectors, config.samples.upload_interval_s)
 
 
 def _build_uploader(

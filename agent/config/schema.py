@@ -9,6 +9,7 @@ TOML shape::
     [store]          StoreSection   SQLite store and aggregation interval
     [mqtt]           MqttConfig     alert publisher (off by default; agent.publish.mqtt)
     [fleet]          FleetConfig    cloud upload (off by default; agent.services.uploader)
+    [samples]        SamplesConfig  retraining samples (off by default; agent.services.samples)
     [updater]        UpdaterConfig  model updates from the fleet (off; agent.services.updater)
 
 Relative paths:
@@ -41,6 +42,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from agent.config.base import StrictModel
 from agent.publish.mqtt import MqttConfig
+from agent.services.samples import SamplesConfig
 from agent.services.updater import UpdaterConfig
 from agent.services.uploader import FleetConfig
 from agent.sources.replay import ReplayConfig
@@ -280,10 +282,17 @@ class AgentConfig(StrictModel):
         description="Model updates from the fleet (needs [fleet] enabled for its url and token).",
     )
 
+    samples: SamplesConfig = Field(
+        default_factory=SamplesConfig,
+        description="Retraining samples uploaded to the fleet (needs [fleet] enabled).",
+    )
+
     @model_validator(mode="after")
     def _updater_needs_fleet(self) -> AgentConfig:
         if self.updater.enabled and not self.fleet.enabled:
             raise ValueError("updater.enabled needs [fleet] enabled (its url and token)")
+        if self.samples.enabled and not self.fleet.enabled:
+            raise ValueError("samples.enabled needs [fleet] enabled (its url and token)")
         return self
 
     @field_validator("streams", mode="wrap")
