@@ -319,6 +319,49 @@ class Store:
         self._maintain()
         return inserted
 
+    def add_new_alert(self, stream: str, make: Callable[[int], Alert]) -> Alert:
+        """Take the next alert sequence number of ``stream`` and store ``make(seq)``, atomically.
+
+        One durable transaction (one fsync) instead of :meth:`next_alert_seq` followed by
+        :meth:`add_alert` (two): the sequence number and the outbox row commit together, so a
+        crash can neither lose the row nor reuse the number.
+
+        Returns:
+            The stored alert.
+
+        Raises:
+            ValueError: The payload holds a non-finite number.
+            StoreError: The write failed (disk full after trying to make room).
+        """
+        try:
+            alert = self._insert_new_alert(stream, make)
+        except StoreError as exc:
+            if not mt.is_disk_full(exc) or not self._make_room():
+                raise
+            alert = self._insert_new_alert(stream, make)
+        self._maintain()
+        return alert
+
+    def _insert_new_alert(self, stream: str, make: Callable[[int], Alert]) -> Alert:
+        with self._use("add_alert", transaction=True, durable=True) as conn:
+            name = _ALERT_SEQ_PREFIX + stream
+            conn.execute(
+                "INSERT INTO counters (name, value) VALUES (?, 1) "
+                "ON CONFLICT (name) DO UPDATE SET value = value + 1",
+                (name,),
+            )
+            row = conn.execute("SELECT value FROM counters WHERE name = ?", (name,)).fetchone()
+            alert = make(int(row[0]))
+            payload = json.dumps(
+                alert.to_payload(), ensure_ascii=False, separators=(",", ":"), allow_nan=False
+            )
+            conn.execute(
+                "INSERT INTO alerts (alert_id, stream, seq, payload, created_at) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (alert.alert_id, alert.stream, alert.seq, payload, self._clock()),
+            )
+        return alert
+
     def _insert_alert(self, alert: Alert, payload: str) -> bool:
         with self._use("add_alert", durable=True) as conn:
             cur = conn.execute(
