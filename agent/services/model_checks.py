@@ -14,9 +14,10 @@ calibration fitted on the same calibration samples. :meth:`ShadowRun.verdict` th
 * score distribution: median and p95 of the candidate's scores over the active model's, both
   within ``[1 / max_score_shift, max_score_shift]``.
 
-:class:`ShadowRun` with no candidate is the post-swap watch: it only records the (new) active
-model's scores, and :meth:`ShadowRun.watch_verdict` compares their alert rate with the rate the
-previous model had during the shadow run.
+The post-swap watch is a :class:`ShadowRun` the other way round: the new model is active and the
+previous one scores beside it; :meth:`ShadowRun.watch_verdict` compares the new model's alert
+rate with the previous model's over the same windows (a real fault makes both alert, so it is
+not mistaken for a regression).
 """
 
 from __future__ import annotations
@@ -103,7 +104,8 @@ class ShadowRun:
 
     Args:
         n_windows: Windows to collect.
-        candidate: The candidate detector and its calibration; None for a post-swap watch.
+        candidate: The detector and calibration scoring beside the active model (the
+            candidate in shadow mode; the previous model in the post-swap watch).
 
     Attributes:
         done: Set once ``n_windows`` were collected or the candidate failed.
@@ -120,6 +122,7 @@ class ShadowRun:
         self.active = np.empty(n_windows)
         self.shadow = np.empty(n_windows if candidate is not None else 0)
         self.active_threshold = np.nan
+        self.shadow_threshold = candidate[1].threshold if candidate is not None else np.nan
         self.count = 0
         self.done = threading.Event()
         self.error: ModelError | None = None
@@ -148,9 +151,7 @@ class ShadowRun:
         """Drop the candidate reference (the run is over)."""
         self._candidate = None
 
-    def verdict(
-        self, candidate_threshold: float, limits: Limits
-    ) -> tuple[str | None, dict[str, float]]:
+    def verdict(self, limits: Limits) -> tuple[str | None, dict[str, float]]:
         """Compare candidate and active over the collected windows.
 
         Returns:
@@ -161,7 +162,7 @@ class ShadowRun:
         n = self.count
         act, cand = self.active[:n], self.shadow[:n]
         rate_a = alert_rate(act, self.active_threshold)
-        rate_c = alert_rate(cand, candidate_threshold)
+        rate_c = alert_rate(cand, self.shadow_threshold)
         details = {"windows": float(n), "active_alert_rate": rate_a, "shadow_alert_rate": rate_c}
         allowed = max(rate_a, limits.rate_floor) * limits.max_alert_rate_ratio
         if rate_c > allowed:
@@ -176,10 +177,21 @@ class ShadowRun:
                         f"1/{limits.max_score_shift:g}..{limits.max_score_shift:g}"), details
         return None, details
 
-    def watch_verdict(self, reference_rate: float, limits: Limits) -> tuple[str | None, float]:
-        """Post-swap watch: (None or the reason, the new model's alert rate)."""
-        rate = alert_rate(self.active[: self.count], self.active_threshold)
-        allowed = max(reference_rate, limits.rate_floor) * limits.max_alert_rate_ratio
+    def watch_verdict(self, limits: Limits) -> tuple[str | None, dict[str, float]]:
+        """Post-swap watch (active = the new model, shadow = the previous one).
+
+        Returns:
+            (None or the reason, details). A failure of the previous model is no verdict.
+        """
+        n = self.count
+        rate = alert_rate(self.active[:n], self.active_threshold)
+        details = {"windows": float(n), "alert_rate": rate}
+        if self.error is not None or self.shadow.size == 0:
+            return None, details
+        reference = alert_rate(self.shadow[:n], self.shadow_threshold)
+        details["previous_alert_rate"] = reference
+        allowed = max(reference, limits.rate_floor) * limits.max_alert_rate_ratio
         if rate > allowed:
-            return f"alert rate after the swap {rate:.4f} > allowed {allowed:.4f}", rate
-        return None, rate
+            return (f"alert rate after the swap {rate:.4f} > allowed {allowed:.4f} (previous "
+                    f"model on the same windows {reference:.4f})"), details
+        return None, details

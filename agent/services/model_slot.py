@@ -22,6 +22,7 @@ from agent.errors import ModelError
 from agent.inference.package import ModelPackage
 from agent.pipeline.detector import Calibration, FeatureDeviationDetector
 from agent.pipeline.stream import BatchObserver, StreamPipeline
+from agent.services.model_checks import ShadowRun
 
 
 @dataclass
@@ -34,12 +35,17 @@ class Observe:
 
 @dataclass
 class Swap:
-    """Score with ``detector``/``calibration`` of ``package``; keep the current as fallback."""
+    """Score with ``detector``/``calibration`` of ``package``; keep the current as fallback.
+
+    With ``watch_windows``, the slot attaches ``watch``: a :class:`ShadowRun` in which the
+    previous model scores the next windows beside the new one (the post-swap watch).
+    """
 
     package: ModelPackage
     detector: FeatureDeviationDetector
     calibration: Calibration
-    observer: BatchObserver | None = None
+    watch_windows: int = 0
+    watch: ShadowRun | None = None
     applied: threading.Event = field(default_factory=threading.Event)
     error: str | None = None
 
@@ -122,7 +128,9 @@ class ModelSlot:
                 self.previous, self.package = self.package, cmd.package
                 self.failure = None
                 self.failed.clear()
-                pipeline.observer = cmd.observer
+                if cmd.watch_windows:
+                    cmd.watch = ShadowRun(cmd.watch_windows, pipeline.fallback)
+                pipeline.observer = cmd.watch
                 self._changed()
         elif pipeline.fallback is None:
             cmd.error = "no previous model to roll back to"

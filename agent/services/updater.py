@@ -357,12 +357,10 @@ class Updater:
         shadow.release()
         if not finished:
             return  # stopping; nothing changed
-        reason, details = shadow.verdict(calibration.threshold, limits)
+        reason, details = shadow.verdict(limits)
         if reason is not None:
             raise _Rejected(reason)
-        reference_rate = details["active_alert_rate"]
-        watch = ShadowRun(self.config.shadow_windows)
-        swap = Swap(package, detector, calibration, observer=watch)
+        swap = Swap(package, detector, calibration, watch_windows=self.config.shadow_windows)
         h.slot.post(swap)
         if not self._wait(swap.applied, None, h.name):
             h.slot.withdraw(swap)
@@ -373,7 +371,8 @@ class Updater:
         h.previous, h.installed = h.installed, new
         self.store.set_active(h.name, new, h.previous)
         self._report(h, a, "active", details=details)
-        self._watch(h, a, watch, reference_rate)
+        if swap.watch is not None:
+            self._watch(h, a, swap.watch)
         self.store.prune({p for p in (_path(h.installed), _path(h.previous)) if p})
 
     def _calibration(
@@ -394,21 +393,20 @@ class Updater:
         except (ModelError, ValueError) as exc:
             raise _Rejected(f"calibration of the candidate failed: {exc}") from exc
 
-    def _watch(
-        self, h: StreamHandle, a: ModelAssignment, watch: ShadowRun, reference_rate: float
-    ) -> None:
+    def _watch(self, h: StreamHandle, a: ModelAssignment, watch: ShadowRun) -> None:
         while not (watch.done.is_set() or h.slot.failed.is_set() or self.stop_event.is_set()):
             watch.done.wait(_WAIT_STEP_S)
         if h.slot.failed.is_set() or not watch.done.is_set():
             return  # a run-time fallback (handled next pass) or stopping
-        reason, rate = watch.watch_verdict(reference_rate, self.config.limits)
+        reason, details = watch.watch_verdict(self.config.limits)
+        watch.release()
         h.slot.post(Observe(None))
         if reason is None:
             return
         rollback = Rollback()
         h.slot.post(rollback)
         if self._wait(rollback.applied, None, h.name) and rollback.error is None:
-            self._rolled_back(h, a.name, a.version, a.rollout_id, reason, {"alert_rate": rate})
+            self._rolled_back(h, a.name, a.version, a.rollout_id, reason, dict(details))
 
     def _after_failure(self, h: StreamHandle) -> None:
         """The pipeline fell back from a failing new model: record and report the rollback."""

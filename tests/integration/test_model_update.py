@@ -7,7 +7,9 @@ signed copies of ``models/skab-wstat`` with bumped versions.
 
 from __future__ import annotations
 
+import gc
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -320,3 +322,52 @@ def test_restart_comes_back_on_the_installed_model(
     third = _agent(tmp_path, fleet, trusted, FlowingSource("pump", threading.Event()), monkeypatch)
     assert third.streams["pump"].package.manifest.version == 1
     third.store.close()
+
+
+def _rss_bytes() -> int:
+    try:
+        import psutil  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
+    except ImportError:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE")
+    return int(psutil.Process().memory_info().rss)
+
+
+def test_memory_does_not_grow_across_100_swaps(
+    tmp_path: Path, fleet: FakeFleet, keys: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """100 full updates (download, verify, accept, shadow, swap, watch), v2 … v101.
+
+    RSS growth from swap 10 to swap 100 must stay under 20 MB. Measured (2 runs, /proc/self/statm,
+    psutil not installed): see RSS_MEASURED below.
+    """
+    priv, trusted = keys
+    finish = threading.Event()
+    agent = _agent(tmp_path, fleet, trusted, FlowingSource("pump", finish), monkeypatch,
+                   shadow=10, poll_s=0.05)
+    # a generous latency budget: this test is about memory, not a loaded CI machine's jitter
+    packages = [make_package(tmp_path / "pkgs", v, priv, latency_budget_ms=100.0)
+                for v in range(2, 102)]
+    rss: dict[int, int] = {}
+    with _running(agent, finish):
+        for n, pkg in enumerate(packages, start=1):
+            version = n + 1
+            fleet.publish(pkg, tmp_path / "archives")
+            _wait_for(lambda v=version: (v, "active") in fleet.states(), timeout_s=60)  # type: ignore[misc]
+            _wait_for(lambda: agent.updater is not None and not _busy(agent), timeout_s=60)
+            if n in (10, 100):
+                gc.collect()
+                rss[n] = _rss_bytes()
+    growth_mb = (rss[100] - rss[10]) / 1e6
+    print(f"RSS after swap 10: {rss[10] / 1e6:.1f} MB, after swap 100: {rss[100] / 1e6:.1f} MB, "
+          f"growth {growth_mb:.2f} MB")
+    assert growth_mb < 20.0
+    assert agent.streams["pump"].package.manifest.version == 101
+    installed = sorted(p.name for p in (tmp_path / "state" / "models").iterdir())
+    assert installed == ["active.json", "incoming", "skab-wstat-100", "skab-wstat-101"]
+    assert len(_reports(fleet, "rejected")) == 0
+
+
+def _busy(agent: Agent) -> bool:
+    """True while the last swap's post-swap watch still observes the stream."""
+    return agent.streams["pump"].pipeline.observer is not None
