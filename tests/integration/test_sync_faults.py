@@ -120,14 +120,22 @@ def test_kill_9_during_upload_20_times(tmp_path: Path, fleet: FleetProcess) -> N
             for _ in range(5):
                 n_alert += 1
                 store.add_alert(make_alert(n_alert))
-        proc = subprocess.Popen(cmd, cwd=REPO)
-        time.sleep(rng.uniform(0.2, 1.2))
+        # Kill after a random number of upload attempts (plus a random fraction of the next),
+        # so the kill lands mid-upload whatever the machine's speed.
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        for _ in range(rng.randint(1, 40)):
+            if not proc.stdout.readline():
+                break
+        time.sleep(rng.uniform(0.0, 0.03))
         if proc.poll() is None:
             proc.kill()
             killed += 1
         proc.wait()
+        proc.stdout.close()
     assert killed >= 10, "the worker finished before most kills: the test proves little"
-    assert subprocess.run(cmd, cwd=REPO, timeout=120, check=False).returncode == 0
+    final = subprocess.run(cmd, cwd=REPO, timeout=120, check=False, stdout=subprocess.DEVNULL)
+    assert final.returncode == 0
     with Store(db) as store:
         assert len(store.aggregates()) == n_agg
         assert_exactly_once(fleet, store)

@@ -1,7 +1,7 @@
 """Subprocess for the kill -9 trials: open the agent store, upload until nothing is pending.
 
-Usage: ``python -m tests.integration.upload_worker STORE_DB FLEET_URL TOKEN BATCH``. Exit 0 when
-the queue is empty, 3 when the fleet kept failing.
+Usage: ``python -m tests.integration.upload_worker STORE_DB FLEET_URL TOKEN BATCH``. Prints one
+line per upload attempt. Exit 0 when the queue is empty, 3 when the fleet kept failing.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ def main(argv: list[str]) -> int:
     failures = 0
     while store.upload_backlog() != (0, 0):
         delay = up.run_once()
+        print("batch", flush=True)  # lets the kill -9 test kill mid-upload, not before it
         if delay > 0.02:
             failures += 1
             if failures > 50:
