@@ -137,6 +137,8 @@ class Retrainer:
             device_id=device_id, stream=stream, channels=cal.channels,
             samples=cal.windows[0], reservoir=reservoir, sample_rate_hz=cal.sample_rate_hz,
         )
+        if self.work_dir is not None:
+            self.work_dir.mkdir(parents=True, exist_ok=True)
         for attempt in range(3):
             version = self._next_version()
             with tempfile.TemporaryDirectory(prefix="edge-fleet-train-", dir=self.work_dir) as t:
