@@ -48,7 +48,9 @@ from agent.errors import AgentError, ConfigError, ModelError, StoreError
 from agent.health import StallPolicy, stall_policy
 from agent.httpd import OpsServer
 from agent.inference.base import Backend
-from agent.inference.package import ModelPackage, load_package, open_backend
+from agent.inference.deadline import DeadlineGuard, DegradeParams
+from agent.inference.package import ModelPackage, load_package
+from agent.inference.select import record_selection, registry_opener, select_backend
 from agent.logs import setup_logging
 from agent.metrics import Metrics
 from agent.monitor import Monitor, WatchedSource
@@ -219,7 +221,14 @@ class Agent:
             installed = self._updates[0].load_active(sc.name, self._updates[1])
         package = (installed[0] if installed is not None
                    else load_package(resolve_model_path(sc.model, Path.cwd())))
-        backend = open_backend(package, "int8")
+        # the fastest runtime that passes the golden vectors, guarded by the latency budget
+        selection = select_backend(package, sc.backend, sc.precision, opener=registry_opener(
+            cache_dir=Path(self.config.agent.state_dir) / "openvino-cache"))
+        record_selection(self.metrics, sc.name, selection)
+        guard = DeadlineGuard(sc.name, selection.backends,
+                              DegradeParams(package.manifest.latency_budget_ms_p99 / 1e3),
+                              self.metrics)
+        backend: Backend = guard
         hist = self.metrics.inference_seconds.labels(stream=sc.name, backend=backend.name)
         spec = package.detector_spec(
             window=sc.window,
@@ -252,6 +261,7 @@ class Agent:
             top_channels=r.top_channels,
             calibration=preset,
         )
+        guard.on_stride = lambda k: setattr(pipeline.windower, "hop", spec.hop * k)
         supervisor = SourceSupervisor(source, self._enqueue, self.metrics, self.stop_event)
         self.metrics.model_info.labels(stream=sc.name).info(
             {"name": package.manifest.name, "version": str(package.manifest.version),
@@ -276,6 +286,7 @@ class Agent:
     def _model_changed(self, name: str, package: ModelPackage) -> None:
         """A model update swapped the model in force (pipeline thread)."""
         s = self.streams[name]
+        s.pipeline.windower.hop = s.pipeline.spec.hop  # a degraded stride ends with the model
         self.metrics.model_info.labels(stream=name).info(
             {"name": package.manifest.name, "version": str(package.manifest.version),
              "backend": s.backend.name, "precision": s.backend.precision}

@@ -218,3 +218,30 @@ class Metrics:
             ["stream"],
             registry=r,
         )
+        # inference runtimes (agent.inference.select) and the latency budget (.deadline)
+        self.backend_selected = Gauge(
+            "edge_agent_backend_selected",
+            "1 for the backend/precision chosen for the stream at model activation, 0 for the "
+            "others that were tried.",
+            ["stream", "backend", "precision"],
+            registry=r,
+        )
+        self.backend_benchmark_seconds = Gauge(
+            "edge_agent_backend_benchmark_seconds",
+            "p50 seconds of one single-window inference measured at model activation.",
+            ["stream", "backend", "precision"],
+            registry=r,
+        )
+        self.deadline_miss_total = Counter(
+            "edge_agent_deadline_miss_total",
+            "Windows whose inference took longer than the package's latency_budget_ms_p99.",
+            ["stream"],
+            registry=r,
+        )
+        self.degraded = Gauge(
+            "edge_agent_degraded",
+            "1 while a degrade level is in force (level: skip_windows, fallback_backend) after "
+            "a sustained latency budget breach.",
+            ["stream", "level"],
+            registry=r,
+        )

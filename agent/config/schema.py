@@ -193,6 +193,16 @@ class StreamConfig(StrictModel):
         examples=[8],
         description="Samples between window starts (<= window); unset = the model package's hop.",
     )
+    backend: Literal["auto", "onnxruntime", "openvino", "litert"] = Field(
+        "auto",
+        description="Inference runtime: 'auto' benchmarks every installed runtime on the "
+        "package's artefacts at model activation and uses the fastest that passes the golden "
+        "vectors (agent/inference/select.py); or one runtime (openvino and litert need the "
+        "extras of the same name).",
+    )
+    precision: Literal["int8", "fp32"] = Field(
+        "int8", description="Which of the package's artefacts to run: int8 or fp32."
+    )
     calibration_samples: int = Field(
         400,
         ge=1,

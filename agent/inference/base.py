@@ -1,7 +1,11 @@
-"""The Backend role: run one model artefact on a batch of windows.
+"""The Backend role: run one model artefact on a batch of inputs.
 
-One module per runtime (``onnxruntime`` now; OpenVINO and LiteRT later), each with the same shape:
-a ``KIND`` constant, then the implementation, imported lazily so a runtime loads only when used.
+One module per runtime (:mod:`~agent.inference.onnxruntime`, :mod:`~agent.inference.openvino`,
+:mod:`~agent.inference.litert`), each laid out the same way: a ``KIND`` constant, a config class,
+the implementation. The runtime library is imported inside the implementation's constructor, so
+a runtime loads only when a stream uses it; :mod:`agent.inference.registry` names them, one line
+each. A runtime that is not installed raises :class:`~agent.errors.BackendUnavailable` naming the
+extra to install.
 """
 
 from __future__ import annotations
@@ -10,12 +14,29 @@ from typing import Protocol
 
 from agent.records import Float32Array
 
+#: The extra that installs each runtime (``pip install 'edge-anomaly-agent[<extra>]'``).
+EXTRAS = {"onnxruntime": None, "openvino": "openvino", "litert": "litert"}
+
+
+def install_hint(kind: str) -> str:
+    """What to run to install the runtime ``kind``.
+
+    >>> install_hint("openvino")
+    "pip install 'edge-anomaly-agent[openvino]'"
+    >>> install_hint("onnxruntime")
+    'pip install onnxruntime'
+    """
+    extra = EXTRAS.get(kind)
+    if extra is None:
+        return f"pip install {kind}"
+    return f"pip install 'edge-anomaly-agent[{extra}]'"
+
 
 class Backend(Protocol):
     """A loaded model artefact.
 
     Attributes:
-        name: Runtime name for metrics, e.g. ``onnxruntime``.
+        name: Runtime name for metrics: ``onnxruntime``, ``openvino`` or ``litert``.
         precision: ``int8`` or ``fp32``.
     """
 
@@ -26,12 +47,13 @@ class Backend(Protocol):
         """Run the model.
 
         Args:
-            windows: Shape ``(B, W, C)``, float32, scaled inputs.
+            windows: float32, scaled inputs: ``(B, W, C)`` windows of a sensor model, or
+                ``(B, H, W, Ch)`` images of an image model; any batch size B ≥ 1.
 
         Returns:
-            Shape ``(B, F)``, float32 model outputs.
+            Shape ``(B, F)``, float32 model outputs, row i for input i.
 
         Raises:
-            agent.errors.ModelError: the runtime failed on this input.
+            agent.errors.ModelError: the runtime failed on this input (wrong shape ...).
         """
         ...

@@ -1,15 +1,32 @@
-"""ONNX Runtime backend (CPU execution provider)."""
+"""ONNX Runtime backend (CPU execution provider): runs the FP32 and the QDQ INT8 ONNX artefacts.
+
+ONNX Runtime is a core dependency (``install_requires``); the other runtimes are extras.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from agent.errors import BackendUnavailable, ModelError
+from agent.inference.base import install_hint
 from agent.records import Float32Array
 
 KIND = "onnxruntime"
+
+
+@dataclass(frozen=True, slots=True)
+class OnnxRuntimeConfig:
+    """Settings of the ONNX Runtime backend.
+
+    Attributes:
+        threads: Threads inside one operator (``intra_op_num_threads``); 1 suits small models on
+            a busy gateway. ``inter_op_num_threads`` is always 1 (the graphs are sequential).
+    """
+
+    threads: int = 1
 
 
 class OnnxRuntimeBackend:
@@ -18,7 +35,7 @@ class OnnxRuntimeBackend:
     Args:
         path: The ``.onnx`` file.
         precision: ``int8`` or ``fp32`` (as the manifest says).
-        intra_op_threads: Threads inside one operator; 1 suits small models on a busy gateway.
+        config: Thread settings.
 
     Raises:
         BackendUnavailable: onnxruntime is not installed.
@@ -27,15 +44,18 @@ class OnnxRuntimeBackend:
 
     name = KIND
 
-    def __init__(self, path: Path, precision: str, intra_op_threads: int = 1) -> None:
+    def __init__(
+        self, path: Path, precision: str, config: OnnxRuntimeConfig | None = None
+    ) -> None:
+        cfg = config or OnnxRuntimeConfig()
         try:
             import onnxruntime as ort  # noqa: PLC0415 - lazy: a runtime loads only when used
         except ImportError as exc:
             raise BackendUnavailable(
-                "onnxruntime is not installed: pip install onnxruntime", path=path
+                f"onnxruntime is not installed: {install_hint(KIND)}", path=path
             ) from exc
         opts = ort.SessionOptions()
-        opts.intra_op_num_threads = intra_op_threads
+        opts.intra_op_num_threads = cfg.threads
         opts.inter_op_num_threads = 1
         opts.log_severity_level = 3
         try:
@@ -48,9 +68,13 @@ class OnnxRuntimeBackend:
         self._output = self._session.get_outputs()[0].name
         self.precision = precision
         self.path = path
+        self.threads = cfg.threads
 
     def run(self, windows: Float32Array) -> Float32Array:
-        """Run on ``windows`` (``(B, W, C)`` float32) and return ``(B, F)`` float32."""
+        """Run on ``windows`` (``(B, W, C)`` or ``(B, H, W, Ch)`` float32); ``(B, F)`` float32.
+
+        Thread-safe (ONNX Runtime sessions may run concurrently).
+        """
         try:
             out = self._session.run([self._output], {self._input: windows})[0]
         except Exception as exc:

@@ -203,16 +203,37 @@ def check_golden(package: ModelPackage, backend: Backend) -> float:
     return err
 
 
-def open_backend(package: ModelPackage, precision: str = "int8", threads: int = 1) -> Backend:
-    """Load the ONNX Runtime artefact of ``precision`` and verify it on the golden vectors.
+def open_backend(
+    package: ModelPackage,
+    precision: str = "int8",
+    threads: int = 1,
+    runtime: str = "onnxruntime",
+    cache_dir: Path | None = None,
+) -> Backend:
+    """Load the ``runtime`` backend on its ``precision`` artefact and check the golden vectors.
+
+    OpenVINO runs its own IR artefact when the package has one, else the ONNX artefact
+    (:func:`agent.inference.select.artefacts_for`). To pick the fastest runtime that passes, see
+    :func:`agent.inference.select.select_backend`.
+
+    Args:
+        package: A verified package.
+        precision: ``int8`` or ``fp32``.
+        threads: Threads of the runtime.
+        runtime: A registered runtime (:mod:`agent.inference.registry`).
+        cache_dir: OpenVINO's compiled-model cache (ignored by the other runtimes).
 
     Raises:
         ModelError: no such artefact, it does not load, or it fails the golden check.
-        agent.errors.BackendUnavailable: onnxruntime is missing.
+        agent.errors.BackendUnavailable: the runtime is not installed (names the extra).
     """
-    from agent.inference.onnxruntime import OnnxRuntimeBackend  # noqa: PLC0415 - lazy runtime
+    from agent.inference.registry import build_backend  # noqa: PLC0415 - no import cycle
+    from agent.inference.select import artefacts_for  # noqa: PLC0415
 
-    art = package.artefact("onnxruntime", precision)
-    backend = OnnxRuntimeBackend(package.path / art.path, precision, intra_op_threads=threads)
+    arts = artefacts_for(package, runtime, precision)
+    if not arts:
+        package.artefact(runtime, precision)  # raises: names what the package has
+    backend = build_backend(runtime, package.path / arts[0].path, precision,
+                            threads=threads, cache_dir=cache_dir)
     check_golden(package, backend)
     return backend

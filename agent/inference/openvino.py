@@ -1,0 +1,103 @@
+"""OpenVINO backend (CPU plugin): runs ONNX artefacts (FP32 or QDQ INT8) and OpenVINO IR.
+
+OpenVINO reads an ``.onnx`` file directly or an IR (``.xml`` with its ``.bin`` beside it). A QDQ
+ONNX graph runs as INT8: the CPU plugin's low-precision transformations fold each
+QuantizeLinear/DequantizeLinear pair into a FakeQuantize and execute the quantized operators in
+int8 (OpenVINO docs, "Low Precision Transformations"); an IR converted from that ONNX
+(``ov.convert_model`` + ``ov.save_model``) or quantized by NNCF runs the same way.
+
+Compiled models are cached in ``cache_dir`` (OpenVINO's ``CACHE_DIR`` property: the second
+start skips the compilation; the agent passes ``<state_dir>/openvino-cache``). Installed with
+the ``openvino`` extra: ``pip install 'edge-anomaly-agent[openvino]'``.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agent.errors import BackendUnavailable, ModelError
+from agent.inference.base import install_hint
+from agent.records import Float32Array
+
+KIND = "openvino"
+
+
+@dataclass(frozen=True, slots=True)
+class OpenVinoConfig:
+    """Settings of the OpenVINO backend.
+
+    Attributes:
+        threads: ``INFERENCE_NUM_THREADS`` of the CPU plugin.
+        cache_dir: Compiled-model cache (``CACHE_DIR``); None = no cache.
+        device: OpenVINO device name (``CPU``; ``GPU``/``NPU`` where the gateway has one).
+        hint: ``PERFORMANCE_HINT``: ``LATENCY`` (one stream, one request) suits windows that
+            arrive one by one.
+    """
+
+    threads: int = 1
+    cache_dir: Path | None = None
+    device: str = "CPU"
+    hint: str = "LATENCY"
+
+
+class OpenVinoBackend:
+    """Run an ONNX or IR artefact with OpenVINO.
+
+    Args:
+        path: ``.onnx`` or ``.xml`` (IR; its ``.bin`` beside it).
+        precision: ``int8`` or ``fp32`` (as the manifest says).
+        config: Threads, cache directory, device, hint.
+
+    Raises:
+        BackendUnavailable: openvino is not installed (the message names the extra).
+        ModelError: the file cannot be read or compiled.
+    """
+
+    name = KIND
+
+    def __init__(self, path: Path, precision: str, config: OpenVinoConfig | None = None) -> None:
+        cfg = config or OpenVinoConfig()
+        try:
+            import openvino as ov  # noqa: PLC0415 - lazy: a runtime loads only when used
+        except ImportError as exc:
+            raise BackendUnavailable(
+                f"openvino is not installed: {install_hint(KIND)}", path=path
+            ) from exc
+        core = ov.Core()
+        if cfg.cache_dir is not None:
+            cfg.cache_dir.mkdir(parents=True, exist_ok=True)
+            core.set_property({"CACHE_DIR": str(cfg.cache_dir)})
+        props: dict[str, Any] = {"PERFORMANCE_HINT": cfg.hint}
+        if cfg.device == "CPU":
+            # f32 keeps FP32 artefacts exact on CPUs with bf16/fp16 units; int8 artefacts still
+            # run their quantized operators in int8.
+            props |= {"INFERENCE_NUM_THREADS": cfg.threads, "INFERENCE_PRECISION_HINT": "f32"}
+        try:
+            # compiling from the path (not a read model) lets the cache key on the file
+            self._compiled = core.compile_model(str(path), cfg.device, props)
+        except Exception as exc:  # openvino raises RuntimeError with its own text
+            raise ModelError(f"cannot load model with OpenVINO: {exc}", path=path) from exc
+        self._request = self._compiled.create_infer_request()
+        self._lock = threading.Lock()  # an infer request serves one call at a time
+        self.precision = precision
+        self.path = path
+        self.threads = cfg.threads
+        self.cache_dir = cfg.cache_dir
+
+    def run(self, windows: Float32Array) -> Float32Array:
+        """Run on ``windows`` (``(B, W, C)`` or ``(B, H, W, Ch)`` float32); ``(B, F)`` float32.
+
+        Thread-safe (calls are serialised on the one infer request).
+        """
+        try:
+            with self._lock:
+                self._request.infer({0: np.ascontiguousarray(windows, dtype=np.float32)})
+                out = np.array(self._request.get_output_tensor(0).data, dtype=np.float32)
+        except Exception as exc:
+            raise ModelError(f"inference failed: {exc}", path=self.path) from exc
+        return out

@@ -1,0 +1,277 @@
+"""Backend auto-selection at model activation: benchmark, check, pick the fastest that passes.
+
+For a stream configured with ``backend = "auto"``, every installed runtime is tried on every
+artefact it can run at the configured precision (:func:`candidates`: ONNX Runtime on the ONNX
+artefact, OpenVINO on its IR and on the ONNX artefact, LiteRT on the TFLite artefact). Each
+candidate is loaded, must reproduce the package's golden vectors within their tolerance
+(:func:`agent.inference.package.check_golden`), is warmed up (first-call allocations, kernel
+compilation), and is timed on a batch of one window: the p50 over ``runs`` calls. The fastest
+passing candidate is chosen; the other passing ones, fastest first, are the fallbacks of the
+latency guard (:mod:`agent.inference.deadline`). A candidate that fails to load or fails the
+golden check is never chosen. With a fixed ``backend`` only that runtime's artefacts are tried.
+
+Recorded by :func:`record_selection`: ``edge_agent_backend_selected{stream,backend,precision}``
+(1 for the choice, 0 for the others) and ``edge_agent_backend_benchmark_seconds`` (the p50s),
+and one log line with the table.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from agent.errors import BackendUnavailable, ModelError
+from agent.inference.base import Backend, install_hint
+from agent.inference.package import ModelPackage, check_golden
+from agent.inference.registry import RUNS_ARTEFACTS, backend_kinds, build_backend, installed
+from cloud_sync.manifest import Artefact
+
+log = logging.getLogger("agent.inference")
+
+#: Files an IR artefact needs beside it; not loadable on their own.
+WEIGHTS_SUFFIXES = (".bin",)
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One runtime on one artefact.
+
+    Attributes:
+        kind: The runtime (``onnxruntime``, ``openvino``, ``litert``).
+        artefact: The manifest entry it runs.
+    """
+
+    kind: str
+    artefact: Artefact
+
+    @property
+    def label(self) -> str:
+        """Metric label: the runtime, ``-onnx`` when OpenVINO runs the ONNX artefact.
+
+        The label tells apart two candidates of one runtime (OpenVINO on its IR and on ONNX).
+        """
+        if self.artefact.runtime == self.kind:
+            return self.kind
+        return f"{self.kind}-onnx" if self.artefact.runtime == "onnxruntime" else (
+            f"{self.kind}-{self.artefact.runtime}")
+
+    @property
+    def precision(self) -> str:
+        """``int8`` or ``fp32``."""
+        return self.artefact.precision
+
+
+@dataclass(frozen=True, slots=True)
+class Trial:
+    """The outcome of one candidate.
+
+    Attributes:
+        candidate: What was tried.
+        backend: The loaded backend (None when it failed).
+        p50_s: Median seconds of one single-window call (None when it failed).
+        error: Why it cannot be used (None when it passed).
+    """
+
+    candidate: Candidate
+    backend: Backend | None
+    p50_s: float | None
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """Every trial: passing ones fastest first, then the failed ones in candidate order."""
+
+    trials: tuple[Trial, ...]
+
+    @property
+    def passing(self) -> list[Trial]:
+        """Trials that passed, fastest first."""
+        return [t for t in self.trials if t.error is None]
+
+    @property
+    def chosen(self) -> Trial:
+        """The fastest passing trial.
+
+        Raises:
+            ModelError: none passed (the message lists every reason).
+        """
+        ok = self.passing
+        if not ok:
+            reasons = "; ".join(f"{t.candidate.label}/{t.candidate.precision}: {t.error}"
+                                for t in self.trials) or "no artefact for any installed runtime"
+            raise ModelError(f"no backend passed: {reasons}")
+        return ok[0]
+
+    @property
+    def backends(self) -> list[Backend]:
+        """Loaded backends of the passing trials, fastest first (the chosen one first)."""
+        return [t.backend for t in self.passing if t.backend is not None]
+
+    def table(self) -> str:
+        """One line: ``label/precision p50 µs`` per trial, the chosen one marked ``*``.
+
+        >>> from cloud_sync.manifest import Artefact
+        >>> a = Artefact(runtime="onnxruntime", precision="int8", path="m.onnx",
+        ...              sha256="0" * 64, size_bytes=1)
+        >>> Selection((Trial(Candidate("onnxruntime", a), None, 4e-5, None),
+        ...            Trial(Candidate("openvino", a), None, None, "golden"))).table()
+        '*onnxruntime/int8 40.0 µs | openvino-onnx/int8 failed: golden'
+        """
+        cells = []
+        for i, t in enumerate(self.trials):
+            name = f"{t.candidate.label}/{t.candidate.precision}"
+            mark = "*" if i == 0 and t.error is None else ""
+            if t.error is None and t.p50_s is not None:
+                cells.append(f"{mark}{name} {t.p50_s * 1e6:.1f} µs")
+            else:
+                cells.append(f"{name} failed: {t.error}")
+        return " | ".join(cells)
+
+
+def artefacts_for(package: ModelPackage, kind: str, precision: str) -> list[Artefact]:
+    """The artefacts of ``precision`` that runtime ``kind`` can run, its own format first.
+
+    IR weights files (``.bin``, listed as artefacts so their hashes are verified) are skipped.
+    """
+    arts = [a for a in package.manifest.artefacts
+            if a.precision == precision and not a.path.endswith(WEIGHTS_SUFFIXES)]
+    return [a for fmt in RUNS_ARTEFACTS.get(kind, ()) for a in arts if a.runtime == fmt]
+
+
+def candidates(
+    package: ModelPackage,
+    backend: str = "auto",
+    precision: str = "int8",
+    is_installed: Callable[[str], bool] = installed,
+) -> list[Candidate]:
+    """Runtime × artefact pairs to try.
+
+    Args:
+        package: A verified package.
+        backend: ``auto`` (every installed runtime) or one runtime name.
+        precision: ``int8`` or ``fp32``.
+        is_installed: Whether a runtime is installed.
+
+    Raises:
+        BackendUnavailable: a fixed ``backend`` is not installed (names the extra).
+        ModelError: a fixed ``backend`` has no artefact of ``precision`` in the package.
+    """
+    if backend != "auto":
+        if not is_installed(backend):
+            raise BackendUnavailable(
+                f"backend {backend} is not installed: {install_hint(backend)}",
+                model=package.label,
+            )
+        arts = artefacts_for(package, backend, precision)
+        if not arts:
+            have = [f"{a.runtime}/{a.precision}" for a in package.manifest.artefacts]
+            raise ModelError(f"no {precision} artefact that {backend} can run (package has "
+                             f"{have})", model=package.label)
+        return [Candidate(backend, a) for a in arts]
+    return [Candidate(kind, a) for kind in backend_kinds() if is_installed(kind)
+            for a in artefacts_for(package, kind, precision)]
+
+
+class Opener(Protocol):
+    """Loads a candidate's backend (tests pass fakes)."""
+
+    def __call__(self, package: ModelPackage, candidate: Candidate) -> Backend: ...
+
+
+def registry_opener(threads: int = 1, cache_dir: Path | None = None) -> Opener:
+    """An :class:`Opener` building backends through the registry with these settings."""
+
+    def open_(package: ModelPackage, candidate: Candidate) -> Backend:
+        return build_backend(candidate.kind, package.path / candidate.artefact.path,
+                             candidate.precision, threads=threads, cache_dir=cache_dir)
+
+    return open_
+
+
+def benchmark(
+    backend: Backend, window: Any, runs: int, warmup: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> float:
+    """p50 seconds of ``backend.run(window)`` over ``runs`` calls after ``warmup`` calls."""
+    for _ in range(warmup):
+        backend.run(window)
+    times = np.empty(runs)
+    for i in range(runs):
+        t0 = clock()
+        backend.run(window)
+        times[i] = clock() - t0
+    return float(np.median(times))
+
+
+def select_backend(
+    package: ModelPackage,
+    backend: str = "auto",
+    precision: str = "int8",
+    *,
+    opener: Opener | None = None,
+    is_installed: Callable[[str], bool] = installed,
+    runs: int = 50,
+    warmup: int = 5,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Selection:
+    """Try every candidate (load, golden check, warm-up, timing) and rank them.
+
+    Args:
+        package: A verified package.
+        backend: ``auto`` or one runtime name.
+        precision: ``int8`` or ``fp32``.
+        opener: Loads a candidate (default: :func:`registry_opener`).
+        is_installed: Whether a runtime is installed.
+        runs: Timed single-window calls per candidate (after ``warmup`` calls).
+        warmup: Untimed calls first.
+        clock: Seconds, for the timing.
+
+    Returns:
+        The ranked trials; ``chosen`` raises when none passed.
+
+    Raises:
+        BackendUnavailable: a fixed ``backend`` is not installed.
+        ModelError: a fixed ``backend`` has no artefact of ``precision``.
+    """
+    open_ = opener or registry_opener()
+    window = np.asarray(package.manifest.golden.inputs[:1], dtype=np.float32)
+    passed: list[Trial] = []
+    failed: list[Trial] = []
+    for cand in candidates(package, backend, precision, is_installed):
+        try:
+            b = open_(package, cand)
+            check_golden(package, b)
+            p50 = benchmark(b, window, runs, warmup, clock)
+        except ModelError as exc:  # BackendUnavailable included
+            failed.append(Trial(cand, None, None, str(exc)))
+            continue
+        passed.append(Trial(cand, b, p50, None))
+    passed.sort(key=lambda t: t.p50_s if t.p50_s is not None else float("inf"))
+    return Selection((*passed, *failed))
+
+
+def record_selection(metrics: Any, stream: str, selection: Selection) -> None:
+    """Set the selection gauges and log the table (one INFO line).
+
+    Args:
+        metrics: :class:`agent.metrics.Metrics` (``backend_selected``,
+            ``backend_benchmark_seconds``).
+        stream: Stream name.
+        selection: From :func:`select_backend`; must have a chosen trial.
+    """
+    chosen = selection.chosen
+    for t in selection.trials:
+        labels = {"stream": stream, "backend": t.candidate.label,
+                  "precision": t.candidate.precision}
+        metrics.backend_selected.labels(**labels).set(1 if t is chosen else 0)
+        if t.p50_s is not None:
+            metrics.backend_benchmark_seconds.labels(**labels).set(t.p50_s)
+    log.info("stream %s: backend %s/%s selected (p50 of one window): %s", stream,
+             chosen.candidate.label, chosen.candidate.precision, selection.table())
