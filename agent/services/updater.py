@@ -17,9 +17,10 @@ jitter), or at once when :meth:`Updater.notify` is called (an MQTT message on
 5. ``active``: the pipeline thread swaps detector and calibration between two blocks
    (:mod:`agent.services.model_slot`), the package is recorded in ``active.json``
    (:mod:`agent.services.model_store`) so a restart comes back on it, and the previous model is
-   kept. During a watch of ``shadow_windows`` more windows, an alert rate beyond the limits, or
-   at any time a :class:`~agent.errors.ModelError` from the new backend, swaps the previous model
-   back: ``rolled_back`` (that version is then never installed again on the stream).
+   kept. During a watch of ``shadow_windows`` more windows the previous model scores beside the
+   new one; an alert rate beyond the limits against it on the same windows, or at any time a
+   :class:`~agent.errors.ModelError` from the new backend, swaps the previous model back:
+   ``rolled_back`` (that version is then never installed again on the stream).
 
 Any failed step ends in ``rejected`` with the reason; the running model is untouched. Every state
 is reported to the fleet (:class:`~cloud_sync.protocol.ModelStatusReport`; reports that fail are

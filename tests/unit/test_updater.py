@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -37,11 +38,11 @@ LIMITS = Limits(max_alert_rate_ratio=2.0, max_score_shift=3.0, rate_floor=0.01)
 
 
 @pytest.fixture
-def fleet() -> FakeFleet:
+def fleet() -> Iterator[FakeFleet]:
     with FakeFleet("tok") as f:
         served = Served("m", 2, DATA)
         f.state.archives[served.url] = served
-        yield f  # type: ignore[misc]
+        yield f
 
 
 def _ranges(fleet: FakeFleet) -> list[str | None]:
