@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from skab_data import anomaly_free_file, labelled_files, read_skab  # noqa: E402
+from skab_data import anomaly_free_file, labelled_files, read_skab
 
 N, W, FLOOR, TOP_K, FACTOR = 400, 10, 0.1, 2, 1.5
 
@@ -105,7 +105,9 @@ def main() -> int:
     fae = mlp(3 * c, 32, 8)
     train(fae, (feats - fmu) / fsd, args.epochs)
     print("dense-ae: training")
-    dense = torch.nn.Sequential(torch.nn.Flatten(), mlp(W * c, 64, 8), torch.nn.Unflatten(1, (W, c)))
+    dense = torch.nn.Sequential(
+        torch.nn.Flatten(), mlp(W * c, 64, 8), torch.nn.Unflatten(1, (W, c))
+    )
     train(dense, np.clip(win, -10, 10), args.epochs)
 
     def r_stats(x: np.ndarray) -> np.ndarray:
