@@ -419,9 +419,8 @@ class Agent:
     def _raise(self, s: _Stream, event: AlertEvent) -> None:
         device = self.config.agent.device_id
         m = s.package.manifest
-        try:
-            seq = self.store.next_alert_seq(event.stream)
-            alert = Alert(
+        def make(seq: int) -> Alert:
+            return Alert(
                 alert_id=f"{device}:{event.stream}:{seq}",
                 device_id=device,
                 stream=event.stream,
@@ -435,7 +434,9 @@ class Agent:
                 raised_at=self.clock(),
                 top_channels=event.top_channels,
             )
-            self.store.add_alert(alert)
+
+        try:
+            alert = self.store.add_new_alert(event.stream, make)
         except StoreError as exc:
             # The alert cannot be persisted: count it and say so; the pipeline keeps running.
             self.metrics.dropped_total.labels(kind="alert", reason="store_error").inc()
