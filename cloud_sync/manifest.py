@@ -80,6 +80,11 @@ class Artefact(_Strict):
     path: str = Field(description="Path relative to the package directory.")
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="Hex sha256 of the file.")
     size_bytes: int = Field(ge=1, description="File size in bytes.")
+    input_range: tuple[float, float] | None = Field(
+        None,
+        description="INT8 artefacts: (low, high) of the model input its quantization represents "
+        "without clipping; windows outside it are scored with the FP32 artefact.",
+    )
 
 
 class Golden(_Strict):

@@ -76,16 +76,35 @@ class ScoredBatch:
 class FeatureDeviationDetector:
     """Calibrate on the first N samples of a stream, then score windows.
 
+    Saturation fallback: an INT8 artefact represents its scaled input only inside the range its
+    quantization was calibrated on (``input_range``); a larger value is clipped, so a 1000-sigma
+    spike would score like a 12-sigma one. Windows holding any scaled value outside that range
+    are therefore run through ``fallback`` (the package's FP32 twin) instead. They are rare
+    (only far-out, i.e. anomalous, readings) and counted in ``fallback_windows``.
+
     Args:
         spec: Detector spec (from the model package and stream config).
         backend: Runs the model artefact (``(B, W, C)`` → ``(B, F)``).
         max_batch: Largest batch handed to the backend at once.
+        fallback: FP32 backend for windows outside ``input_range``; None = no fallback.
+        input_range: ``(low, high)`` of scaled inputs the backend represents unclipped.
     """
 
-    def __init__(self, spec: DetectorSpec, backend: Backend, max_batch: int = 256) -> None:
+    def __init__(
+        self,
+        spec: DetectorSpec,
+        backend: Backend,
+        max_batch: int = 256,
+        *,
+        fallback: Backend | None = None,
+        input_range: tuple[float, float] | None = None,
+    ) -> None:
         self.spec = spec
         self.backend = backend
         self.max_batch = max_batch
+        self.fallback = fallback if input_range is not None else None
+        self.input_range = input_range
+        self.fallback_windows = 0
 
     def _run(self, scaled: Float32Array) -> FloatArray:
         outs = [
@@ -94,7 +113,14 @@ class FeatureDeviationDetector:
         ]
         if not outs:
             return np.zeros((0, self.spec.n_features * len(self.spec.channels)))
-        return np.concatenate(outs).astype(np.float64)
+        feats = np.concatenate(outs).astype(np.float64)
+        if self.fallback is not None and self.input_range is not None:
+            low, high = self.input_range
+            outside = ((scaled < low) | (scaled > high)).any(axis=(1, 2))
+            if outside.any():
+                feats[outside] = self.fallback.run(scaled[outside]).astype(np.float64)
+                self.fallback_windows += int(outside.sum())
+        return feats
 
     def calibrate(self, samples: FloatArray) -> Calibration:
         """Fit scaler, feature statistics and threshold on raw ``samples`` (``(N, C)``).
