@@ -32,6 +32,24 @@ def install_hint(kind: str) -> str:
     return f"pip install 'edge-anomaly-agent[{extra}]'"
 
 
+def check_input_shape(shape: tuple[int, ...], expected: tuple[int | None, ...]) -> str | None:
+    """Why an input of ``shape`` does not fit a model input declared ``expected``, or None.
+
+    ``None`` (or a negative number) in ``expected`` is a dynamic dimension (the batch).
+
+    >>> check_input_shape((2, 10, 8), (None, 10, 8)) is None
+    True
+    >>> check_input_shape((2, 11, 8), (-1, 10, 8))
+    'input shape (2, 11, 8) does not fit the model input (?, 10, 8)'
+    """
+    fits = len(shape) == len(expected) and all(
+        e is None or e < 0 or s == e for s, e in zip(shape, expected, strict=True))
+    if fits:
+        return None
+    want = ", ".join("?" if e is None or e < 0 else str(e) for e in expected)
+    return f"input shape {tuple(shape)} does not fit the model input ({want})"
+
+
 class Backend(Protocol):
     """A loaded model artefact.
 

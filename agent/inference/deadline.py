@@ -200,7 +200,7 @@ class DeadlineGuard:
             self._metrics.degraded.labels(stream=self.stream, level=name).set(int(level >= i))
         if self.on_stride is not None:
             self.on_stride(self.policy.stride())
-        what = (f"scoring every {pm.skip_factor}th window" if level >= 1
+        what = (f"scoring 1 window in {pm.skip_factor}" if level >= 1
                 else "scoring every window")
         what += f" on {self._current.name}/{self._current.precision}"
         if level > before:

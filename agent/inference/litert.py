@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from agent.errors import BackendUnavailable, ModelError
-from agent.inference.base import install_hint
+from agent.inference.base import check_input_shape, install_hint
 from agent.records import Float32Array
 
 KIND = "litert"
@@ -142,6 +142,7 @@ class LiteRtBackend:
         self._in = self._interp.get_input_details()[0]
         self._out = self._interp.get_output_details()[0]
         self._shape = tuple(int(d) for d in self._in["shape"])
+        self._expected = tuple(int(d) for d in self._in.get("shape_signature", self._in["shape"]))
         self._lock = threading.Lock()  # the interpreter's tensors serve one call at a time
         self.precision = precision
         self.path = path
@@ -161,6 +162,9 @@ class LiteRtBackend:
         Thread-safe (calls are serialised on the one interpreter).
         """
         x = np.asarray(windows, dtype=np.float32)
+        problem = check_input_shape(tuple(x.shape), (None, *self._expected[1:]))
+        if problem is not None:
+            raise ModelError(f"inference failed: {problem}", path=self.path)
         try:
             with self._lock:
                 self._resize(tuple(x.shape))

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from agent.errors import BackendUnavailable, ModelError
-from agent.inference.base import install_hint
+from agent.inference.base import check_input_shape, install_hint
 from agent.records import Float32Array
 
 KIND = "openvino"
@@ -83,6 +83,8 @@ class OpenVinoBackend:
         except Exception as exc:  # openvino raises RuntimeError with its own text
             raise ModelError(f"cannot load model with OpenVINO: {exc}", path=path) from exc
         self._request = self._compiled.create_infer_request()
+        self._expected = tuple(d.get_length() if d.is_static else None
+                               for d in self._compiled.input(0).get_partial_shape())
         self._lock = threading.Lock()  # an infer request serves one call at a time
         self.precision = precision
         self.path = path
@@ -94,6 +96,9 @@ class OpenVinoBackend:
 
         Thread-safe (calls are serialised on the one infer request).
         """
+        problem = check_input_shape(tuple(windows.shape), self._expected)
+        if problem is not None:
+            raise ModelError(f"inference failed: {problem}", path=self.path)
         try:
             with self._lock:
                 self._request.infer({0: np.ascontiguousarray(windows, dtype=np.float32)})

@@ -212,9 +212,11 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def artefact_entries(paths: Iterable[tuple[Path, str]]) -> list[dict[str, Any]]:
-    """Manifest ``artefacts`` entries for ``(path, precision)`` pairs (ONNX Runtime)."""
-    return [{"runtime": "onnxruntime", "precision": prec, "path": p.name, "sha256": sha256(p),
+def artefact_entries(
+    paths: Iterable[tuple[Path, str]], runtime: str = "onnxruntime"
+) -> list[dict[str, Any]]:
+    """Manifest ``artefacts`` entries for ``(path, precision)`` pairs of one ``runtime``."""
+    return [{"runtime": runtime, "precision": prec, "path": p.name, "sha256": sha256(p),
              "size_bytes": p.stat().st_size} for p, prec in paths]
 
 

@@ -17,6 +17,11 @@ Steps (re-runnable; needs the ``train`` extra for ``onnx``):
    of the training data as calibration data (MinMax, per-tensor, QInt8 activations and weights;
    MatMul, Sub and Abs quantized).
 5. Check FP32 vs INT8 agreement and write golden vectors, sha256 and the manifest.
+6. The same model for the other runtimes (:mod:`fleet.training.runtimes`): OpenVINO IR converted
+   from the INT8 QDQ ONNX (needs the ``openvino`` extra) and a TFLite full-integer INT8 file
+   quantized on the same calibration windows (needs TensorFlow, extra ``tflite``); each shipped
+   only when it reproduces the golden outputs, and skipped with a note when its library is
+   missing. The ONNX artefacts are unchanged by this step.
 
 Why window statistics and not an autoencoder: on the SKAB protocol (calibrate on each file's first
 400 rows) dense and feature autoencoders trained on the anomaly-free recording scored worse (they
@@ -30,6 +35,7 @@ import datetime as dt
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -39,6 +45,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from skab_data import anomaly_free_file, read_skab
 
 from cloud_sync.calibration import FEATURES, window_features
+from fleet.training.runtimes import (
+    export_openvino_ir,
+    export_tflite_int8,
+    ov_version,
+    tf_version,
+)
 from fleet.training.wstat import (
     METHODS,
     artefact_entries,
@@ -59,6 +71,58 @@ UNITS = {
     "Voltage": "V",
     "Volume Flow RateRMS": "l/min",
 }
+
+
+def other_runtimes(
+    out: Path, int8_onnx: Path, quant_sample: np.ndarray, check: np.ndarray, f32: np.ndarray,
+    atol: float, golden_x: np.ndarray,
+) -> dict[str, Any]:
+    """Step 6: the OpenVINO IR (from the QDQ INT8 ONNX) and the TFLite INT8 artefact (from the
+    same model in TensorFlow, quantized on the same calibration windows), each only when its
+    library is installed and its outputs agree with FP32 within the golden tolerance.
+
+    Returns:
+        ``artefacts`` (manifest entries) and per-runtime lineage (tool, agreement or note).
+    """
+    from agent.inference.registry import build_backend  # noqa: PLC0415
+
+    info: dict[str, Any] = {"artefacts": []}
+    w, c = check.shape[1], check.shape[2]
+    try:
+        xml, weights = export_openvino_ir(int8_onnx, out / "model.int8.xml")
+        built: tuple[str, Path, list[tuple[Path, str]], str] | None = (
+            "openvino", xml, [(xml, "int8"), (weights, "int8")],
+            f"openvino.convert_model {ov_version()} of {int8_onnx.name}")
+    except ImportError:
+        built = None
+        info["openvino"] = {"note": "openvino not installed: no IR artefact"}
+    candidates = [built] if built else []
+    try:
+        tfl = export_tflite_int8(w, c, quant_sample, out / "model.int8.tflite")
+        candidates.append(("litert", tfl, [(tfl, "int8")],
+                           f"tensorflow {tf_version()} TFLiteConverter, full-integer PTQ "
+                           f"on the {quant_sample.shape[0]} calibration windows"))
+    except ImportError:
+        info["litert"] = {"note": "TensorFlow not installed (extra 'tflite'): no TFLite "
+                                  "artefact"}
+    for runtime, path, files, tool in candidates:
+        backend = build_backend(runtime, path, "int8")
+        err = np.abs(backend.run(check) - f32)
+        golden_err = float(np.abs(backend.run(golden_x) - f32[:8]).max())
+        entry = {"tool": tool, "fp32_agreement": {
+            "windows": int(check.shape[0]), "max_abs_err": round(float(err.max()), 5),
+            "mean_abs_err": round(float(err.mean()), 5), "golden_max_abs_err":
+            round(golden_err, 5)}}
+        if golden_err > atol:
+            entry["note"] = f"not shipped: golden error {golden_err:.4f} > atol {atol:.4f}"
+            for p, _ in files:
+                p.unlink()
+        else:
+            info["artefacts"] += artefact_entries(files, runtime=runtime)
+        info[runtime] = entry
+        print(f"{runtime}: {path.name} INT8 vs FP32 max |err| = {err.max():.4f}, golden "
+              f"{golden_err:.4f} (atol {atol:.4f}){' NOT SHIPPED' if 'note' in entry else ''}")
+    return info
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     golden_y = f32[:8]
     atol = float(max(0.05, 1.5 * np.abs(i8[:8] - f32[:8]).max()))
     artefacts = artefact_entries(((int8_path, "int8"), (fp32_path, "fp32")))
+    runtimes = other_runtimes(args.out, int8_path, quant_sample, check, f32, atol, golden_x)
+    artefacts += runtimes.pop("artefacts")
     manifest = {
         "format": 1,
         "name": "skab-wstat",
@@ -155,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             "fp32_int8_agreement": {"windows": int(check.shape[0]),
                                     "max_abs_err": round(float(int8_err.max()), 5),
                                     "mean_abs_err": round(float(int8_err.mean()), 5)},
+            "runtimes": runtimes,
             "built_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         },
         "signature": None,

@@ -36,7 +36,7 @@ def test_shipped_copy_loads(pkg: Path) -> None:
     assert p.label == "skab-wstat@1"
     assert p.path == pkg
     assert {(a.runtime, a.precision) for a in p.manifest.artefacts} == {
-        ("onnxruntime", "int8"), ("onnxruntime", "fp32")
+        ("onnxruntime", "int8"), ("onnxruntime", "fp32"), ("openvino", "int8"), ("litert", "int8")
     }
     spec = p.detector_spec()
     assert spec.window == 10 and len(spec.channels) == 8
@@ -153,8 +153,8 @@ def test_open_backend_on_an_intact_copy(pkg: Path) -> None:
 
 def test_unknown_precision_artefact(pkg: Path) -> None:
     p = load_package(pkg)
-    with pytest.raises(ModelError, match="no openvino/int8 artefact"):
-        p.artefact("openvino", "int8")
+    with pytest.raises(ModelError, match="no litert/fp32 artefact"):
+        p.artefact("litert", "fp32")
 
 
 def _point_artefact_at(pkg: Path, rel: str, target: Path) -> None:

@@ -198,7 +198,8 @@ def test_deterministic_pack(signed: Path, tmp_path: Path) -> None:
     with tarfile.open(tmp_path / "a.tar.gz") as tar:
         members = tar.getmembers()
     assert [m.name for m in members] == sorted(m.name for m in members)
-    assert {m.name for m in members} == {MANIFEST, "model.fp32.onnx", "model.int8.onnx"}
+    assert {m.name for m in members} == {MANIFEST, "model.fp32.onnx", "model.int8.onnx",
+                                         "model.int8.xml", "model.int8.bin", "model.int8.tflite"}
     assert all(m.isreg() and m.mtime == 0 and m.uid == 0 and m.mode == 0o644 for m in members)
 
 
