@@ -1,0 +1,223 @@
+"""Inference runtimes side by side: every installed backend × FP32/INT8 × threads × batch.
+
+    python3 benchmarks/inference.py [--models models] [--reps 30] [--calls 20]
+
+A benchmark, not a test: it prints figures and asserts nothing. For every model package under
+``--models`` (the sensor model ``skab-wstat``; an image model, a manifest with ``"kind":
+"image"``, when one is there), every runtime the agent can load (:mod:`agent.inference.select`:
+ONNX Runtime, OpenVINO on its IR and on the ONNX files, LiteRT on the TFLite file) runs every
+artefact at threads 1 and 2 and batch 1, 8 and 32, plus PyTorch eager FP32 where torch is
+installed (sensor model: a torch re-implementation of the window statistics; image model: the
+recipe's torch module when its recipe exposes ``torch_model(package_dir)``).
+
+Interleaved: each repetition runs ``--calls`` timed calls of every configuration in turn
+(round-robin), so thermal or load drift hits all configurations alike. Figures per configuration:
+p50 and p99 of one call divided by the batch (seconds per window), and windows per second.
+Sizes: bytes of every artefact. The inputs are the package's golden inputs, tiled to the batch.
+
+The last line is ``int8_vs_ort_fp32=<x> int8_vs_torch=<x>``: batch-1, 1-thread p50 speedup of
+the INT8 backend that auto-selection picks over ONNX Runtime FP32 and over PyTorch eager FP32,
+for the image model (targets: ≥ 3 and ≥ 5; INT8 size ≤ 0.3 × FP32), or for the sensor model when
+there is no image model (said on the line before).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from agent.errors import ModelError
+from agent.inference.package import ModelPackage, load_package
+from agent.inference.registry import build_backend
+from agent.inference.select import candidates, select_backend
+
+THREADS = (1, 2)
+BATCHES = (1, 8, 32)
+
+
+@dataclass
+class Config:
+    label: str  # runtime label (openvino-onnx ...) or "torch"
+    precision: str
+    threads: int
+    batch: int
+    run: Callable[[np.ndarray], Any]
+    setup: Callable[[], None] = lambda: None
+    times: list[float] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        return f"{self.label}/{self.precision}"
+
+
+def torch_threads(n: int) -> Callable[[], None]:
+    def setup() -> None:
+        import torch  # noqa: PLC0415
+
+        torch.set_num_threads(n)
+
+    return setup
+
+
+def torch_sensor(package: ModelPackage) -> Callable[[np.ndarray], Any] | None:
+    """PyTorch eager FP32 window statistics (the same features as the ONNX graph)."""
+    try:
+        import torch  # noqa: PLC0415
+    except ImportError:
+        return None
+
+    def run(x: np.ndarray) -> Any:
+        with torch.inference_mode():
+            t = torch.from_numpy(x)
+            mean = t.mean(dim=1)
+            mad = (t - mean[:, None, :]).abs().mean(dim=1)
+            delta = (t[:, 1:, :] - t[:, :-1, :]).abs().mean(dim=1)
+            return torch.cat([mean, mad, delta], dim=1).numpy()
+
+    return run
+
+
+def torch_image(package: ModelPackage, root: Path) -> Callable[[np.ndarray], Any] | None:
+    """The image recipe's torch module, when its recipe exposes ``torch_model(package_dir)``."""
+    recipe = package.manifest.lineage.get("recipe")
+    if not recipe:
+        return None
+    path = root / recipe
+    try:
+        import torch  # noqa: PLC0415
+
+        spec = importlib.util.spec_from_file_location("recipe_under_bench", path)
+        if spec is None or spec.loader is None:
+            return None
+        module = importlib.util.module_from_spec(spec)
+        sys.path.insert(0, str(path.parent))
+        spec.loader.exec_module(module)
+        model = module.torch_model(package.path).eval()
+    except Exception as exc:  # any failure: no torch column, with the reason
+        print(f"note: no torch baseline for {package.label}: {type(exc).__name__}: {exc}")
+        return None
+
+    def run(x: np.ndarray) -> Any:
+        with torch.inference_mode():
+            return model(torch.from_numpy(x))
+
+    return run
+
+
+def configs_for(package: ModelPackage, root: Path) -> list[Config]:
+    out: list[Config] = []
+    for prec in ("int8", "fp32"):
+        for cand in candidates(package, "auto", prec):
+            for threads in THREADS:
+                try:
+                    backend = build_backend(cand.kind, package.path / cand.artefact.path, prec,
+                                            threads=threads)
+                except ModelError as exc:
+                    print(f"note: {cand.label}/{prec} threads {threads}: {exc}")
+                    continue
+                out.extend(Config(cand.label, prec, threads, b, backend.run) for b in BATCHES)
+    image = package.manifest.kind != "sensor"
+    torch_run = torch_image(package, root) if image else torch_sensor(package)
+    if torch_run is None:
+        print(f"note: {package.label}: PyTorch eager baseline not available")
+    else:
+        out.extend(Config("torch", "fp32", t, b, torch_run, torch_threads(t))
+                   for t in THREADS for b in BATCHES)
+    return out
+
+
+def measure(package: ModelPackage, configs: list[Config], reps: int, calls: int) -> None:
+    golden = np.asarray(package.manifest.golden.inputs, dtype=np.float32)
+    inputs = {b: np.ascontiguousarray(np.resize(golden, (b, *golden.shape[1:])))
+              for b in BATCHES}
+    for cfg in configs:  # warm-up
+        cfg.setup()
+        for _ in range(3):
+            cfg.run(inputs[cfg.batch])
+    for _ in range(reps):
+        for cfg in configs:
+            cfg.setup()
+            x = inputs[cfg.batch]
+            for _ in range(calls):
+                t0 = time.perf_counter()
+                cfg.run(x)
+                cfg.times.append(time.perf_counter() - t0)
+
+
+def p50_window(cfg: Config) -> float:
+    return float(np.median(cfg.times)) / cfg.batch
+
+
+def report(package: ModelPackage, configs: list[Config]) -> None:
+    print(f"\n{package.label} ({package.manifest.kind}); per window, interleaved "
+          f"({len(configs[0].times) if configs else 0} calls per configuration)")
+    print(f"{'backend':<16}{'prec':<6}{'thr':>4}{'batch':>6}{'p50 µs':>11}{'p99 µs':>11}"
+          f"{'windows/s':>12}")
+    for cfg in sorted(configs, key=lambda c: (c.batch, c.threads, p50_window(c))):
+        t = np.asarray(cfg.times)
+        print(f"{cfg.label:<16}{cfg.precision:<6}{cfg.threads:>4}{cfg.batch:>6}"
+              f"{p50_window(cfg) * 1e6:>11.2f}{np.quantile(t, 0.99) / cfg.batch * 1e6:>11.2f}"
+              f"{cfg.batch / np.median(t):>12.0f}")
+    print("sizes:")
+    for a in package.manifest.artefacts:
+        print(f"  {a.path:<24}{a.runtime:<13}{a.precision:<6}{a.size_bytes:>10} B")
+
+
+def ratios(package: ModelPackage, configs: list[Config]) -> tuple[str, float, float, float]:
+    chosen = select_backend(package, "auto", "int8").chosen.candidate
+    one = {c.key: p50_window(c) for c in configs if c.batch == 1 and c.threads == 1}
+    int8 = one[f"{chosen.label}/int8"]
+    vs_ort = one.get("onnxruntime/fp32", float("nan")) / int8
+    vs_torch = one.get("torch/fp32", float("nan")) / int8
+    sizes = {(a.runtime, a.precision): a.size_bytes for a in package.manifest.artefacts}
+    size_ratio = sizes.get(("onnxruntime", "int8"), np.nan) / sizes.get(
+        ("onnxruntime", "fp32"), np.nan)
+    return f"{chosen.label}/int8", vs_ort, vs_torch, size_ratio
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    root = Path(__file__).resolve().parents[1]
+    ap.add_argument("--models", type=Path, default=root / "models")
+    ap.add_argument("--reps", type=int, default=30, help="round-robin repetitions")
+    ap.add_argument("--calls", type=int, default=20, help="timed calls per config per rep")
+    args = ap.parse_args(argv)
+    packages = []
+    for mpath in sorted(args.models.glob("*/manifest.json")):
+        kind = json.loads(mpath.read_text()).get("kind")
+        try:
+            packages.append(load_package(mpath.parent))
+        except ModelError as exc:
+            print(f"note: {mpath.parent.name} ({kind}) skipped: {exc}")
+    results = {}
+    for package in packages:
+        configs = configs_for(package, root)
+        measure(package, configs, args.reps, args.calls)
+        report(package, configs)
+        results[package.manifest.kind] = ratios(package, configs)
+        label, vs_ort, vs_torch, size = results[package.manifest.kind]
+        print(f"{package.label}: selected {label}: batch-1 p50 speedup {vs_ort:.2f}x over ORT "
+              f"FP32, {vs_torch:.2f}x over torch FP32; ONNX INT8/FP32 size {size:.2f}")
+    if "image" in results:
+        _, vs_ort, vs_torch, _ = results["image"]
+    else:
+        print("note: no image model package (manifest kind 'image') under "
+              f"{args.models}: the figures below are the sensor model's")
+        _, vs_ort, vs_torch, _ = results["sensor"]
+    print(f"int8_vs_ort_fp32={vs_ort:.2f} int8_vs_torch={vs_torch:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
