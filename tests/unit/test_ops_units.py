@@ -64,33 +64,38 @@ def test_rate_limit_zero_disables() -> None:
 def test_setup_logging_installs_the_filter_and_json_reports_suppressed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    stream = io.StringIO()
-    monkeypatch.setattr("sys.stderr", stream)
+    monkeypatch.setattr("sys.stderr", io.StringIO())
     root = logging.getLogger()
     saved = root.handlers[:], root.level
     try:
         setup_logging("INFO", "json", rate_limit_s=3600)
-        log = logging.getLogger("agent.test")
-        for i in range(5):
-            log.warning("disk %d full", i)
-        handler = root.handlers[0]
-        assert any(isinstance(f, RateLimitFilter) for f in handler.filters)
-        lines = [json.loads(line) for line in stream.getvalue().splitlines()]
-        # (other tests' leftover threads may log too: look at this logger only)
-        mine = [line for line in lines if line["logger"] == "agent.test"]
-        assert [line["message"] for line in mine] == ["disk 0 full"]
-        flt = next(f for f in handler.filters if isinstance(f, RateLimitFilter))
-        flt.interval_s = 0.0001
-        log.warning("disk %d full", 9)
-        last = next(
-            obj for obj in map(json.loads, reversed(stream.getvalue().splitlines()))
-            if obj["logger"] == "agent.test"
-        )
-        assert last["suppressed"] == 4 and "4 similar messages suppressed" in last["message"]
+        installed = root.handlers[0]
+        flt = next(f for f in installed.filters if isinstance(f, RateLimitFilter))
+        assert isinstance(installed.formatter, JsonFormatter)
     finally:
         root.handlers[:], level = saved
         root.setLevel(level)
-    assert isinstance(JsonFormatter(), logging.Formatter)
+    # Exercise the installed filter and formatter on a private logger, so threads left over by
+    # other tests (which may log, or even call setup_logging again) cannot interfere.
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(flt)
+    handler.setFormatter(installed.formatter)
+    log = logging.getLogger("agent.test.ratelimit")
+    log.propagate = False
+    log.addHandler(handler)
+    try:
+        for i in range(5):
+            log.warning("disk %d full", i)
+        lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+        assert [line["message"] for line in lines] == ["disk 0 full"]
+        flt.interval_s = 0.0001
+        log.warning("disk %d full", 9)
+        last = json.loads(stream.getvalue().splitlines()[-1])
+        assert last["suppressed"] == 4 and "4 similar messages suppressed" in last["message"]
+    finally:
+        log.removeHandler(handler)
+        log.propagate = True
 
 
 # -- health ---------------------------------------------------------------------------------------
