@@ -15,9 +15,9 @@ ensure_ascii=False).encode("utf-8")`` of the manifest without its ``signature`` 
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 FORMAT_VERSION = 1
 
@@ -149,6 +149,86 @@ class Manifest(_Strict):
         "calibrates on its first readings). Optional, so format 1 stays backward-compatible.",
     )
     signature: str | None = Field(None, description="Reserved: Ed25519 signature (base64).")
+
+
+class ImageInputSpec(_Strict):
+    """What an image model reads: ``(B, channels, height, width)`` float32, each pixel
+    ``(value / 255 - mean[c]) / std[c]`` after conversion (grayscale when ``grayscale``) and
+    resizing to ``height`` x ``width`` (``resize = "area"``: OpenCV ``INTER_AREA``)."""
+
+    height: int = Field(ge=8, description="Model input height in pixels.")
+    width: int = Field(ge=8, description="Model input width in pixels.")
+    channels: Literal[1, 3] = Field(description="1 = grayscale, 3 = RGB.")
+    grayscale: bool = Field(description="Convert frames to grayscale before resizing.")
+    resize: Literal["area", "linear"] = Field("area", description="Resize interpolation.")
+    mean: list[float] = Field(min_length=1, description="Per-channel mean of value / 255.")
+    std: list[float] = Field(min_length=1, description="Per-channel std of value / 255, > 0.")
+
+
+class ImageThresholdSpec(_Strict):
+    """``value`` = quantile ``quantile`` of the model's scores on held-out good images."""
+
+    kind: Literal["validation_quantile"] = Field(description="How the threshold was fitted.")
+    quantile: float = Field(gt=0, le=1, description="Quantile of validation-good scores.")
+    value: float = Field(gt=0, description="The threshold, in score units.")
+
+
+class ImageScoreSpec(_Strict):
+    """``model_score``: the model's own output ``(B,)`` is the anomaly score (larger = more
+    anomalous); ``aggregation`` names how the model reduces its map to one number."""
+
+    kind: Literal["model_score"] = Field(description="Score definition.")
+    aggregation: str = Field(description="E.g. 'max_cell_mahalanobis'.")
+    grid: list[int] = Field(min_length=2, max_length=2, description="Score map cells (rows, cols).")
+    threshold: ImageThresholdSpec
+
+
+class ImageGolden(_Strict):
+    """Golden images: preprocessed inputs in a ``.npy`` file of the package, ``(N, C, H, W)``
+    float32, and the FP32 model's scores ``(N,)``."""
+
+    inputs_file: str = Field(description="Path of the .npy file, relative to the package.")
+    inputs_sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="Hex sha256 of it.")
+    outputs: list[float] = Field(min_length=1, description="Expected scores (N,).")
+    atol: float = Field(gt=0, description="Absolute tolerance for every artefact.")
+
+
+class ImageManifest(_Strict):
+    """The manifest of an image model package (format 1, ``kind = "image"``).
+
+    A class of its own rather than optional fields on :class:`Manifest`, so that sensor code
+    keeps its precise types; :func:`parse_manifest` picks the class by ``kind``.
+    """
+
+    format: Literal[1] = Field(description="Manifest format version.")
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$", description="Model name.")
+    version: int = Field(ge=1, description="Monotonic integer version.")
+    kind: Literal["image"] = Field(description="Input kind.")
+    description: str = Field(description="One line for operators.")
+    input: ImageInputSpec
+    score: ImageScoreSpec
+    artefacts: list[Artefact] = Field(min_length=1)
+    golden: ImageGolden
+    latency_budget_ms_p99: float = Field(gt=0, description="p99 budget for one image, in ms.")
+    lineage: dict[str, Any] = Field(description="Training data, recipe, FP32-vs-INT8 agreement.")
+    signature: str | None = Field(None, description="Reserved: Ed25519 signature (base64).")
+
+
+#: Kinds of model package.
+ManifestKind = Literal["sensor", "image"]
+
+AnyManifest = Annotated[Manifest | ImageManifest, Field(discriminator="kind")]
+_ANY = TypeAdapter(AnyManifest)
+
+
+def parse_manifest(obj: object) -> Manifest | ImageManifest:
+    """Validate a manifest of either kind (``kind`` picks :class:`Manifest` or
+    :class:`ImageManifest`).
+
+    Raises:
+        pydantic.ValidationError: The object matches neither.
+    """
+    return _ANY.validate_python(obj)
 
 
 def canonical_bytes(manifest: dict[str, Any]) -> bytes:
