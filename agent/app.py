@@ -59,6 +59,7 @@ from agent.pipeline.rules import RuleParams
 from agent.pipeline.stream import AlertEvent, StreamPipeline
 from agent.publish.mqtt import MqttPublisher
 from agent.records import Aggregate, Alert, Float32Array, Reading, iso_utc
+from agent.services.camera import CameraStream, build_camera_stream
 from agent.services.model_slot import ModelSlot
 from agent.services.model_store import ModelStore
 from agent.services.samples import SampleCollector, SampleUploader, config_hash
@@ -66,6 +67,7 @@ from agent.services.supervisor import SourceSupervisor
 from agent.services.updater import StreamHandle, Updater
 from agent.services.uploader import Uploader, read_token
 from agent.sources.base import Source
+from agent.sources.camera import CameraConfig
 from agent.sources.registry import build_source
 from agent.store.sqlite import Store
 from agent.systemd import Notifier, watchdog_interval_s
@@ -181,10 +183,18 @@ class Agent:
                 config.mqtt, self.store, config.agent.device_id, self.metrics, clock=clock
             )
         self.streams: dict[str, _Stream] = {}
+        #: Camera streams score in their own threads; alerts/aggregates come back on a queue.
+        self.cameras: dict[str, CameraStream] = {}
+        self.image_events: queue.Queue[AlertEvent | Aggregate] = queue.Queue()
         self._updates = _open_model_store(config) if config.updater.enabled else None
         for sc in config.streams:
             self.notifier.extend_timeout(START_STEP_S, f"loading the model of stream {sc.name}")
             self.notifier.watchdog()  # a reload builds under a running watchdog: progress
+            if sc.source.kind == "camera":
+                self.cameras[sc.name] = build_camera_stream(
+                    sc, config.agent.device_id, config.store.aggregate_interval_s,
+                    self.image_events.put, self.stop_event, self.metrics)
+                continue
             self.streams[sc.name] = self._build_stream(sc, given.get(sc.name))
         self.updater: Updater | None = None
         if self._updates is not None:
@@ -216,6 +226,9 @@ class Agent:
     # -- construction ---------------------------------------------------------------------------
 
     def _build_stream(self, sc: StreamConfig, source: Source | None = None) -> _Stream:
+        if isinstance(sc.source, CameraConfig):  # built by build_camera_stream instead
+            msg = f"streams.{sc.name}: a camera stream is not a sensor stream"
+            raise ConfigError(msg, problems=[msg])
         installed = None
         if self._updates is not None:  # a package installed by the updater, verified again
             installed = self._updates[0].load_active(sc.name, self._updates[1])
@@ -334,7 +347,9 @@ class Agent:
             self.samples.start()
         for s in self.streams.values():
             s.supervisor.start()
-        self.notifier.ready(f"running {len(self.streams)} stream(s)")
+        for c in self.cameras.values():
+            c.start()
+        self.notifier.ready(f"running {len(self.streams) + len(self.cameras)} stream(s)")
         log.info("agent %s running as device %s", __version__, self.config.agent.device_id)
         # Tick at least twice per watchdog interval, so pings are never more than 1.5 apart.
         period = min(HEARTBEAT_S, self.monitor.watchdog_interval_s / 2)
@@ -352,7 +367,8 @@ class Agent:
                         self.next_config = self._reload()
                         if self.next_config is not None:
                             break
-                if all(s.supervisor.done for s in self.streams.values()) and self.queue.empty():
+                if (all(s.supervisor.done for s in self.streams.values()) and self.queue.empty()
+                        and all(c.done for c in self.cameras.values())):
                     log.info("every source is exhausted; shutting down")
                     break
         finally:
@@ -364,6 +380,7 @@ class Agent:
         self.monitor.tick(self.alerts_raised)
 
     def _drain_once(self, timeout: float) -> None:
+        self._drain_images()
         try:
             first = self.queue.get(timeout=timeout)
         except queue.Empty:
@@ -416,7 +433,19 @@ class Agent:
         for agg in out.aggregates:
             self._write_aggregate(agg)
 
-    def _raise(self, s: _Stream, event: AlertEvent) -> None:
+    def _drain_images(self) -> None:
+        """Store the alerts and aggregates the camera streams produced (main thread)."""
+        while True:
+            try:
+                item = self.image_events.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, AlertEvent):
+                self._raise(self.cameras[item.stream], item)
+            else:
+                self._write_aggregate(item)
+
+    def _raise(self, s: _Stream | CameraStream, event: AlertEvent) -> None:
         device = self.config.agent.device_id
         m = s.package.manifest
         def make(seq: int) -> Alert:
@@ -493,6 +522,11 @@ class Agent:
         for s in self.streams.values():
             for agg in s.pipeline.flush():
                 self._write_aggregate(agg)
+        for c in self.cameras.values():
+            c.join(timeout=5.0)
+            for agg in c.flush():
+                self.image_events.put(agg)
+        self._drain_images()
         if self.publisher is not None:
             if self.publisher.connected and not self.publisher.flush(SHUTDOWN_FLUSH_S):
                 log.warning("outbox not empty at shutdown; the rest is sent at next start")

@@ -228,7 +228,7 @@ def summarize(config: AgentConfig) -> str:
     """
     streams = ", ".join(
         f"{s.name}: {s.source.kind}"
-        + (f", {len(s.source.channels)} channels" if s.source.channels else "")
+        + (f", {len(ch)} channels" if (ch := getattr(s.source, "channels", None)) else "")
         for s in config.streams
     )
     count = len(config.streams)

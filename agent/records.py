@@ -1,10 +1,11 @@
-"""Value types that flow through the agent: Reading, Window, Score, Alert, Aggregate.
+"""Value types that flow through the agent: Reading, Frame, Window, Score, Alert, Aggregate.
 
 Conventions (the same everywhere in the agent):
     * wall-clock timestamps are float epoch seconds, UTC (``time.time()``); they become ISO 8601
       strings with ``Z`` only on the wire (:func:`iso_utc`);
     * sensor values are ``numpy.float64`` arrays of shape ``(C,)`` in the stream's channel order;
-    * a window is ``float32`` of shape ``(W, C)``: W samples (oldest first) by C channels.
+    * a window is ``float32`` of shape ``(W, C)``: W samples (oldest first) by C channels;
+    * a camera frame is ``uint8`` of shape ``(H, W)`` (grayscale) or ``(H, W, 3)`` (BGR).
 """
 
 from __future__ import annotations
@@ -45,6 +46,26 @@ class Reading:
     ts: float
     values: FloatArray
     received_mono: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One camera image from a camera source.
+
+    Attributes:
+        stream: Name of the stream (from the config) that produced it.
+        ts: Capture time, epoch seconds UTC (wall clock when the grabber read it).
+        image: ``uint8``, ``(H, W)`` grayscale or ``(H, W, 3)`` BGR; already resized to the
+            model's input size when the source was given one.
+        received_mono: ``time.monotonic()`` at capture (frame age = now - received_mono).
+        seq: Frame number since the source started (gaps = frames dropped for newer ones).
+    """
+
+    stream: str
+    ts: float
+    image: npt.NDArray[np.uint8]
+    received_mono: float = 0.0
+    seq: int = 0
 
 
 @dataclass(frozen=True, slots=True)

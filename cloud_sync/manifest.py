@@ -218,7 +218,7 @@ class ImageManifest(_Strict):
 ManifestKind = Literal["sensor", "image"]
 
 AnyManifest = Annotated[Manifest | ImageManifest, Field(discriminator="kind")]
-_ANY = TypeAdapter(AnyManifest)
+_ANY: TypeAdapter[Manifest | ImageManifest] = TypeAdapter(AnyManifest)
 
 
 def parse_manifest(obj: object) -> Manifest | ImageManifest:

@@ -4,7 +4,7 @@ TOML shape::
 
     [agent]          AgentSection   device identity, state directory, logging, metrics port
     [[streams]]      StreamConfig   one per input stream (at least one)
-      [streams.source]              Replay-, Serial- or SimulatorConfig, chosen by ``kind``
+      [streams.source]              Replay-, Serial-, Simulator- or CameraConfig, chosen by ``kind``
       [streams.rules]  RulesConfig  k-of-n alerting, hysteresis, cooldown
     [store]          StoreSection   SQLite store and aggregation interval
     [mqtt]           MqttConfig     alert publisher (off by default; agent.publish.mqtt)
@@ -45,6 +45,7 @@ from agent.publish.mqtt import MqttConfig
 from agent.services.samples import SamplesConfig
 from agent.services.updater import UpdaterConfig
 from agent.services.uploader import FleetConfig
+from agent.sources.camera import CameraConfig
 from agent.sources.replay import ReplayConfig
 from agent.sources.serial import SerialConfig
 from agent.sources.simulator import FaultConfig, SimulatorConfig
@@ -62,7 +63,9 @@ BUILTIN_MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
 #: ``/opt/edge-agent/models``, set by the systemd unit).
 MODELS_DIR_ENV = "EDGE_AGENT_MODELS_DIR"
 
-SourceConfig = Annotated[ReplayConfig | SerialConfig | SimulatorConfig, Field(discriminator="kind")]
+SourceConfig = Annotated[
+    ReplayConfig | SerialConfig | SimulatorConfig | CameraConfig, Field(discriminator="kind")
+]
 """One source config; the ``kind`` key selects the class."""
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
@@ -173,7 +176,7 @@ class StreamConfig(StrictModel):
         "1-64 of A-Z a-z 0-9 _ . -",
     )
     source: SourceConfig = Field(
-        description="Where readings come from; 'kind' selects replay, serial or simulator."
+        description="Where readings come from; 'kind' selects replay, serial, simulator or camera."
     )
     model: str = Field(
         "builtin:skab-wstat",
@@ -344,6 +347,11 @@ class AgentConfig(StrictModel):
                 source = source.model_copy(
                     update={"path": str(resolve_path(source.path, config_dir))}
                 )
+            elif isinstance(source, CameraConfig):
+                source = source.model_copy(update={
+                    k: str(resolve_path(v, config_dir))
+                    for k in ("path", "folder") if isinstance(v := getattr(source, k), str)
+                })
             model = str(resolve_model_path(stream.model, config_dir))
             streams.append(stream.model_copy(update={"source": source, "model": model}))
         mqtt_paths = {

@@ -13,11 +13,12 @@ from typing import Any
 
 from agent.config.base import StrictModel
 from agent.errors import ConfigError
-from agent.sources import replay, serial, simulator
+from agent.sources import camera, replay, serial, simulator
 from agent.sources.base import Source
 
 #: kind -> (config class, "module:Class" of the implementation).
 REGISTRY: dict[str, tuple[type[StrictModel], str]] = {
+    camera.KIND: (camera.CameraConfig, "agent.sources.camera:CameraSource"),
     replay.KIND: (replay.ReplayConfig, "agent.sources.replay:ReplaySource"),
     serial.KIND: (serial.SerialConfig, "agent.sources.serial:SerialSource"),
     simulator.KIND: (simulator.SimulatorConfig, "agent.sources.simulator:SimulatorSource"),
@@ -28,7 +29,7 @@ def source_kinds() -> tuple[str, ...]:
     """Return the registered kinds, sorted.
 
     >>> source_kinds()
-    ('replay', 'serial', 'simulator')
+    ('camera', 'replay', 'serial', 'simulator')
     """
     return tuple(sorted(REGISTRY))
 

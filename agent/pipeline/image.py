@@ -1,0 +1,129 @@
+"""One camera stream's pipeline: frame → normalise → model → score vs threshold → alert rules.
+
+Pure code: no I/O, no clocks (the frame carries its times). The camera source has already
+converted the frame to the model's colour mode and size
+(:func:`agent.sources.camera.to_model_image`); this module normalises it as the package's
+image input spec says::
+
+    x[c, y, x] = (pixel / 255 - mean[c]) / std[c]        float32, shape (1, C, H, W)
+
+The score is the model's own output (``score.kind = "model_score"``) and the threshold the
+package's (a quantile of held-out good images' scores). The alert rules are the sensor streams'
+(:mod:`agent.pipeline.rules`: k of n frames above the threshold, hysteresis, cooldown), one
+"window" per frame; alerts name no channels. Aggregates count frames, scores and alerts per
+interval (no sensor channels).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from agent.inference.base import Backend
+from agent.pipeline.aggregates import IntervalAggregator
+from agent.pipeline.rules import AlertRules, RuleParams
+from agent.pipeline.stream import AlertEvent
+from agent.records import Aggregate, Float32Array, Frame
+
+
+@dataclass(frozen=True, slots=True)
+class ImageSpec:
+    """Model input: ``height`` x ``width`` x ``channels``; per-channel ``mean`` and ``std`` of
+    pixel / 255 (shape ``(C,)`` each)."""
+
+    height: int
+    width: int
+    channels: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+def normalise(image: np.ndarray, spec: ImageSpec) -> Float32Array:
+    """Turn a model-sized uint8 image into the model input.
+
+    Args:
+        image: ``uint8`` ``(H, W)`` (C = 1) or ``(H, W, C)``.
+        spec: The input spec.
+
+    Returns:
+        ``float32`` ``(1, C, H, W)``.
+
+    Raises:
+        ValueError: the image's size or channel count differs from the spec.
+
+    >>> spec = ImageSpec(2, 2, 1, (0.5,), (0.5,))
+    >>> normalise(np.array([[0, 255], [255, 0]], np.uint8), spec)[0, 0].tolist()
+    [[-1.0, 1.0], [1.0, -1.0]]
+    """
+    img = image[:, :, None] if image.ndim == 2 else image
+    if img.shape != (spec.height, spec.width, spec.channels):
+        raise ValueError(f"frame shape {image.shape} does not fit the model input "
+                         f"{spec.height}x{spec.width}x{spec.channels}")
+    mean = np.asarray(spec.mean, np.float32) * 255.0
+    scale = 1.0 / (np.asarray(spec.std, np.float32) * 255.0)
+    x = (img.astype(np.float32) - mean) * scale
+    return np.ascontiguousarray(x.transpose(2, 0, 1)[None])
+
+
+@dataclass(slots=True)
+class ImageOutput:
+    """What one frame produced: its ``score``, the ``threshold``, alerts and closed aggregates."""
+
+    score: float
+    threshold: float
+    alerts: list[AlertEvent] = field(default_factory=list)
+    aggregates: list[Aggregate] = field(default_factory=list)
+
+
+class ImagePipeline:
+    """Score one camera stream's frames.
+
+    Args:
+        stream: Stream name.
+        device_id: Device id (stamped on aggregates).
+        spec: Model input spec.
+        backend: Runs the model: ``(1, C, H, W)`` float32 → ``(1,)`` score.
+        threshold: Score threshold (from the package).
+        rules: Alert rule parameters.
+        aggregate_interval_s: Aggregate interval in seconds (stream time).
+    """
+
+    def __init__(self, stream: str, device_id: str, spec: ImageSpec, backend: Backend,
+                 threshold: float, rules: RuleParams, aggregate_interval_s: float = 60.0) -> None:
+        self.stream = stream
+        self.spec = spec
+        self.backend = backend
+        self.threshold = threshold
+        self.rules = AlertRules(rules)
+        self.aggregator = IntervalAggregator(device_id, stream, (), aggregate_interval_s)
+
+    def score(self, image: np.ndarray) -> float:
+        """The model's score of one model-sized uint8 image (see :func:`normalise`).
+
+        Raises:
+            ValueError: wrong image shape. agent.errors.ModelError: the backend failed.
+        """
+        out = self.backend.run(normalise(image, self.spec))
+        return float(np.asarray(out).reshape(-1)[0])
+
+    def process(self, frame: Frame) -> ImageOutput:
+        """Score ``frame``, apply the alert rules, count it in its aggregate interval.
+
+        Raises:
+            ValueError: wrong image shape. agent.errors.ModelError: the backend failed.
+        """
+        score = self.score(frame.image)
+        ts = np.array([frame.ts])
+        out = ImageOutput(score, self.threshold)
+        out.aggregates = self.aggregator.add_readings(np.zeros((1, 0)), ts)
+        alert = self.rules.update(score, self.threshold, frame.ts)
+        if alert:
+            out.alerts.append(AlertEvent(self.stream, score, self.threshold, frame.ts, frame.ts,
+                                         (), frame.received_mono))
+        self.aggregator.add_scores(np.array([score]), int(alert))
+        return out
+
+    def flush(self) -> list[Aggregate]:
+        """Close the open aggregate interval (shutdown)."""
+        return self.aggregator.flush()

@@ -1,0 +1,186 @@
+"""Camera streams: a camera source and its image pipeline in one thread per stream.
+
+A camera stream does not go through the sensor queue: the source's consumer loop (its
+:meth:`agent.sources.camera.CameraSource.run`) calls :meth:`CameraStream.on_frame`, which scores
+the frame at once, so frame → score latency is one inference and never waits behind sensor
+batches. Alerts and closed aggregates are handed to ``deliver`` (the agent puts them on a queue
+its main loop drains into the store and the MQTT outbox, as for sensor streams).
+
+The runner restarts the source after a retryable :class:`agent.errors.SourceError` with backoff
+(the source itself already reconnects stalled or failed captures); a file or folder that ends
+(:class:`agent.errors.SourceExhausted`) ends the stream (:attr:`CameraStream.done`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from agent.errors import (
+    AgentError,
+    ConfigError,
+    ModelError,
+    RecordError,
+    SourceError,
+    SourceExhausted,
+)
+from agent.inference.image_package import ImagePackage, load_image_package, open_image_backend
+from agent.pipeline.image import ImagePipeline, ImageSpec
+from agent.pipeline.rules import RuleParams
+from agent.pipeline.stream import AlertEvent
+from agent.records import Aggregate, Frame
+from agent.sources.backoff import Backoff
+from agent.sources.camera import CameraConfig, CameraSource
+
+if TYPE_CHECKING:
+    from agent.config.schema import StreamConfig
+    from agent.metrics import Metrics
+
+log = logging.getLogger("agent.camera")
+
+Deliver = Callable[[AlertEvent | Aggregate], None]
+ScoreHook = Callable[[Frame, float, float], None]
+
+
+class CameraStream:
+    """One camera stream: source, pipeline and the thread running them.
+
+    Args:
+        source: The camera source (built for the package's input size).
+        pipeline: The image pipeline.
+        package: The verified image package (name and version for alerts).
+        deliver: Receives alerts and closed aggregates (any thread; must not block long).
+        stop: Set to stop.
+        on_score: Optional ``(frame, score, latency_s)`` hook per scored frame (metrics,
+            benchmarks); latency = monotonic now − frame capture time.
+        observe_inference: Optional histogram ``observe`` for the inference time in seconds.
+        monotonic: Monotonic clock.
+
+    Attributes:
+        scored: Frames scored. errors: Frames that failed to score (wrong shape, model error).
+        done: The source ended or failed fatally.
+    """
+
+    def __init__(self, source: CameraSource, pipeline: ImagePipeline, package: ImagePackage,
+                 deliver: Deliver, stop: threading.Event, *, on_score: ScoreHook | None = None,
+                 observe_inference: Callable[[float], None] | None = None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.name = source.stream
+        self.source = source
+        self.pipeline = pipeline
+        self.package = package
+        self._deliver = deliver
+        self._stop = stop
+        self._on_score = on_score
+        self._observe = observe_inference
+        self._monotonic = monotonic
+        self.scored = self.errors = 0
+        self.last_score: float | None = None
+        self.done = False
+        self._thread = threading.Thread(target=self._run, name=f"camera-{self.name}", daemon=True)
+
+    def start(self) -> None:
+        """Start the stream's thread."""
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the thread to end (after ``stop`` is set)."""
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def on_frame(self, frame: Frame) -> None:
+        """Score one frame and deliver what it produced (the source's thread)."""
+        t0 = self._monotonic()
+        try:
+            out = self.pipeline.process(frame)
+        except (ValueError, ModelError) as exc:
+            self.errors += 1
+            if self.errors in (1, 10, 100, 1000):
+                log.warning("camera %s: frame not scored (%d so far): %s", self.name,
+                            self.errors, exc)
+            return
+        now = self._monotonic()
+        if self._observe is not None:
+            self._observe(now - t0)
+        self.scored += 1
+        self.last_score = out.score
+        if self._on_score is not None:
+            self._on_score(frame, out.score, now - frame.received_mono)
+        for alert in out.alerts:
+            self._deliver(alert)
+        for agg in out.aggregates:
+            self._deliver(agg)
+
+    def _reject(self, error: RecordError) -> None:
+        log.debug("camera %s: frame rejected: %s", self.name, error)
+
+    def _run(self) -> None:
+        backoff = Backoff(1.0, 60.0)
+        try:
+            while not self._stop.is_set():
+                try:
+                    self.source.run(self.on_frame, self._reject, self._stop)
+                    return
+                except SourceExhausted:
+                    log.info("camera %s: input ended after %d frames", self.name,
+                             self.source.frames)
+                    return
+                except SourceError as exc:
+                    log.warning("camera %s: %s; retrying", self.name, exc)
+                    self._stop.wait(backoff.next_delay())
+                except AgentError as exc:
+                    log.error("camera %s: stopped: %s", self.name, exc)
+                    return
+        finally:
+            self.done = True
+
+    def flush(self) -> list[Aggregate]:
+        """Close the open aggregate interval (shutdown, after :meth:`join`)."""
+        return self.pipeline.flush()
+
+
+def build_camera_stream(config: StreamConfig, device_id: str, aggregate_interval_s: float,
+                        deliver: Deliver, stop: threading.Event, metrics: Metrics | None = None,
+                        on_score: ScoreHook | None = None) -> CameraStream:
+    """Load the stream's image package (verified, golden images), build source and pipeline.
+
+    Raises:
+        ModelError: the package is missing, not an image package, or fails its checks.
+        ConfigError: the stream's source is not a camera.
+    """
+    from agent.config.schema import resolve_model_path  # noqa: PLC0415 - avoids an import cycle
+    from agent.sources.registry import build_source  # noqa: PLC0415
+
+    if not isinstance(config.source, CameraConfig):
+        msg = f"streams.{config.name}: not a camera source"
+        raise ConfigError(msg, problems=[msg])
+    package = load_image_package(resolve_model_path(config.model, Path.cwd()))
+    backend = open_image_backend(package, "int8")
+    inp = package.manifest.input
+    source = build_source(config.source, config.name, image_size=(inp.height, inp.width),
+                          grayscale=inp.grayscale)
+    assert isinstance(source, CameraSource)
+    r = config.rules
+    pipeline = ImagePipeline(
+        config.name, device_id,
+        ImageSpec(inp.height, inp.width, inp.channels, tuple(inp.mean), tuple(inp.std)),
+        backend, package.threshold,
+        RuleParams(r.k, r.n, r.clear_ratio, r.clear_windows, r.cooldown_s),
+        aggregate_interval_s,
+    )
+    observe = None
+    if metrics is not None:
+        observe = metrics.inference_seconds.labels(stream=config.name, backend=backend.name).observe
+        metrics.model_info.labels(stream=config.name).info(
+            {"name": package.manifest.name, "version": str(package.manifest.version),
+             "backend": backend.name, "precision": backend.precision})
+        metrics.threshold.labels(stream=config.name).set(package.threshold)
+    log.info("stream %s: camera source, model %s (%s/%s, %dx%d), threshold %.3f", config.name,
+             package.label, backend.name, backend.precision, inp.height, inp.width,
+             package.threshold)
+    return CameraStream(source, pipeline, package, deliver, stop, on_score=on_score,
+                        observe_inference=observe)

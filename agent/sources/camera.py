@@ -1,0 +1,382 @@
+"""Camera source: a USB device, an RTSP/HTTP URL, a video file or a folder of images (OpenCV).
+
+Threads and frames:
+
+* a **grabber** thread reads frames as fast as the capture delivers them and keeps only the
+  newest in a one-frame slot; a frame that is replaced before the consumer took it is counted
+  in :attr:`CameraSource.dropped` (the pipeline always scores the freshest image instead of
+  falling behind a 30 fps stream);
+* :meth:`CameraSource.run` (the consumer, in the caller's thread) takes the newest frame,
+  converts it to grayscale and resizes it to the model's input size (``cv2.INTER_AREA``) when
+  the source was given one, and emits a :class:`agent.records.Frame`.
+
+Watchdog and reconnect: frame age = now − capture time of the newest frame (monotonic). When
+no new frame arrived for ``stall_s`` seconds, or the capture fails to open or read, the grabber
+is replaced by a new one with a fresh capture after a backoff delay
+(:class:`agent.sources.backoff.Backoff`, exponential with jitter); a grabber stuck inside a
+blocking ``read()`` (an RTSP camera that went silent) is abandoned (daemon thread; it exits
+when its read returns). Reconnects are counted in :attr:`CameraSource.reconnects` and reported
+to a status listener (:class:`agent.sources.base.ReportsStatus`).
+
+Files and folders end (:class:`agent.errors.SourceExhausted`) unless ``loop``; they are paced at
+``fps`` (0 = as fast as they decode). OpenCV is imported only when a camera stream is built
+(``pip install -e '.[camera]'``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import Field, model_validator
+
+from agent.config.base import StrictModel
+from agent.errors import RecordError, SourceError, SourceExhausted
+from agent.records import Frame
+from agent.sources.backoff import Backoff
+from agent.sources.base import StatusListener
+
+KIND = "camera"
+
+Image = npt.NDArray[np.uint8]
+FrameEmit = Callable[[Frame], None]
+FrameReject = Callable[[RecordError], None]
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
+
+
+class CameraConfig(StrictModel):
+    """Config of the ``camera`` source: exactly one of ``device``, ``url``, ``path``, ``folder``."""
+
+    kind: Literal["camera"] = Field("camera", description="Source kind.")
+    device: int | None = Field(None, ge=0, description="USB/V4L2 device index (0 = first).")
+    url: str | None = Field(None, examples=["rtsp://10.0.0.5/stream1"],
+                            description="Stream URL (RTSP, HTTP MJPEG) opened with OpenCV.")
+    path: str | None = Field(None, description="Video file (relative to the config file).")
+    folder: str | None = Field(
+        None, description="Folder of images (png, jpg, bmp, tif), read in name order "
+        "(relative to the config file)."
+    )
+    fps: float = Field(0.0, ge=0.0, description="Pacing of files and folders in frames per "
+                       "second (0 = as fast as they decode); ignored for devices and URLs.")
+    loop: bool = Field(False, description="Start a file or folder again at its end.")
+    stall_s: float = Field(5.0, gt=0.0, description="Reconnect when no new frame arrived for "
+                           "this many seconds (frame-age watchdog).")
+    reconnect_initial_s: float = Field(0.5, gt=0.0, description="First reconnect delay, s.")
+    reconnect_max_s: float = Field(30.0, gt=0.0, description="Largest reconnect delay, s.")
+
+    @model_validator(mode="after")
+    def _one_input(self) -> CameraConfig:
+        given = [k for k in ("device", "url", "path", "folder") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                f"set exactly one of device, url, path, folder (got {given or 'none'})"
+            )
+        return self
+
+    @property
+    def finite(self) -> bool:
+        """A file or folder that ends (not looped)."""
+        return (self.path is not None or self.folder is not None) and not self.loop
+
+
+class Capture(Protocol):
+    """What the source needs of a capture (``cv2.VideoCapture`` has this shape)."""
+
+    def read(self) -> tuple[bool, Any]:
+        """Return ``(True, image)`` or ``(False, None)`` at the end or on an error."""
+        ...
+
+    def release(self) -> None:
+        """Close the capture."""
+        ...
+
+
+CaptureFactory = Callable[[CameraConfig], Capture]
+
+
+class FolderCapture:
+    """A folder of images as a capture: one image per :meth:`read`, in name order.
+
+    Raises:
+        SourceError: From the constructor when the folder is missing or holds no image.
+    """
+
+    def __init__(self, folder: Path, loop: bool = False) -> None:
+        if not folder.is_dir():
+            raise SourceError("camera folder does not exist", path=str(folder))
+        self._files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        if not self._files:
+            raise SourceError("camera folder holds no image", path=str(folder))
+        self._loop = loop
+        self._i = 0
+
+    def read(self) -> tuple[bool, Any]:
+        import cv2  # noqa: PLC0415 - lazy: only with a camera stream
+
+        if self._i >= len(self._files):
+            if not self._loop:
+                return False, None
+            self._i = 0
+        path = self._files[self._i]
+        self._i += 1
+        img = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+        return (img is not None), img
+
+    def release(self) -> None:
+        self._i = len(self._files)
+
+
+def open_capture(config: CameraConfig) -> Capture:
+    """The default capture factory: :class:`FolderCapture` or ``cv2.VideoCapture``.
+
+    Raises:
+        SourceError: OpenCV is missing, or the capture does not open.
+    """
+    if config.folder is not None:
+        return FolderCapture(Path(config.folder), config.loop)
+    try:
+        import cv2  # noqa: PLC0415 - lazy: only with a camera stream
+    except ImportError as exc:
+        raise SourceError("OpenCV is not installed: pip install -e '.[camera]'") from exc
+    target: int | str = (config.device if config.device is not None
+                         else config.url if config.url is not None else str(config.path))
+    cap = cv2.VideoCapture(target)
+    if not cap.isOpened():
+        cap.release()
+        raise SourceError("camera capture does not open", target=str(target))
+    return cap
+
+
+def to_model_image(image: Image, size: tuple[int, int] | None, grayscale: bool) -> Image:
+    """Convert a captured image for the model: grayscale (from BGR/BGRA) and resize.
+
+    Args:
+        image: ``uint8`` ``(H, W)``, ``(H, W, 3)`` BGR or ``(H, W, 4)`` BGRA (16-bit images are
+            scaled to 8 bits).
+        size: ``(height, width)`` of the model input; None = keep the size.
+        grayscale: Convert to one channel.
+
+    Returns:
+        ``uint8`` ``(h, w)`` when grayscale, else ``(h, w, 3)``.
+    """
+    import cv2  # noqa: PLC0415 - lazy: only with a camera stream
+
+    img: Any = np.asarray(image)
+    if img.dtype != np.uint8:
+        if np.issubdtype(img.dtype, np.integer):
+            img = img.astype(np.float64) * (255.0 / float(np.iinfo(img.dtype).max))
+        img = np.asarray(img).clip(0, 255).astype(np.uint8)
+    if grayscale and img.ndim == 3:
+        img = cv2.cvtColor(img, cv2.COLOR_BGRA2GRAY if img.shape[2] == 4 else cv2.COLOR_BGR2GRAY)
+    if size is not None and img.shape[:2] != size:
+        img = cv2.resize(img, (size[1], size[0]), interpolation=cv2.INTER_AREA)
+    return np.asarray(img, dtype=np.uint8)
+
+
+class _Grabber:
+    """One capture and the thread reading it (replaced as a whole on reconnect)."""
+
+    def __init__(self, cap: Capture, owner: CameraSource, generation: int) -> None:
+        self.cap = cap
+        self.generation = generation
+        self.ended = False  # the file or folder ended
+        self.failed = False  # a read failed on a live source
+        self._owner = owner
+        self.thread = threading.Thread(target=self._run, name=f"camera-{owner.stream}",
+                                       daemon=True)
+
+    def _run(self) -> None:
+        o = self._owner
+        period = 1.0 / o.config.fps if o.config.fps > 0 and not o.live else 0.0
+        due = o.monotonic()
+        try:
+            while not o.stopping.is_set() and o.generation == self.generation:
+                if period:
+                    delay = due - o.monotonic()
+                    if delay > 0 and o.stopping.wait(delay):
+                        return
+                    due = max(due + period, o.monotonic() - period)
+                ok, img = self.cap.read()
+                if o.generation != self.generation:
+                    return  # abandoned while blocked in read()
+                if not ok or img is None:
+                    if o.live:
+                        self.failed = True
+                    else:
+                        self.ended = True
+                    o.wake()
+                    return
+                o.offer(np.asarray(img), self.generation)
+        finally:
+            with contextlib.suppress(Exception):  # a failing release must not kill the thread
+                self.cap.release()
+
+
+class CameraSource:
+    """Frames from a camera, a video file or an image folder; see the module docstring.
+
+    Args:
+        config: The ``camera`` config.
+        stream: Stream name stamped on every frame.
+        image_size: ``(height, width)`` frames are resized to (the model's input); None = keep.
+        grayscale: Convert frames to grayscale (the model's input spec).
+        capture_factory: Opens a capture for the config (tests inject fakes).
+        clock: Wall clock, epoch seconds (``Frame.ts``).
+        monotonic: Monotonic clock in seconds (frame age, watchdog, pacing).
+
+    Attributes:
+        stream: The stream name.
+        channels: Empty: a camera has no sensor channels.
+        frames: Frames captured.
+        emitted: Frames handed to ``emit``.
+        dropped: Frames replaced by a newer one before they were taken.
+        reconnects: Captures reopened after a stall, a failed read or a failed open.
+        stalls: Watchdog firings (no new frame for ``stall_s``).
+    """
+
+    def __init__(
+        self,
+        config: CameraConfig,
+        stream: str,
+        *,
+        image_size: tuple[int, int] | None = None,
+        grayscale: bool = True,
+        capture_factory: CaptureFactory = open_capture,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.stream = stream
+        self.channels: tuple[str, ...] = ()
+        self.image_size = image_size
+        self.grayscale = grayscale
+        self.live = config.device is not None or config.url is not None
+        self._factory = capture_factory
+        self._clock = clock
+        self.monotonic = monotonic
+        self.stopping = threading.Event()
+        self.generation = 0
+        self._cond = threading.Condition()
+        self._slot: tuple[Image, float, float, int] | None = None
+        self._listener: StatusListener | None = None
+        self._last_frame_mono: float | None = None
+        self.frames = self.emitted = self.dropped = self.reconnects = self.stalls = 0
+
+    def set_status_listener(self, listener: StatusListener | None) -> None:
+        """Report failed (re)connects and recoveries (:class:`agent.sources.base.ReportsStatus`)."""
+        self._listener = listener
+
+    # -- grabber side ---------------------------------------------------------------------------
+
+    def offer(self, image: Image, generation: int) -> None:
+        """Put a captured frame into the one-frame slot (grabber thread)."""
+        now = self.monotonic()
+        with self._cond:
+            if generation != self.generation:
+                return
+            if self._slot is not None:
+                self.dropped += 1
+            self.frames += 1
+            self._slot = (image, self._clock(), now, self.frames)
+            self._last_frame_mono = now
+            self._cond.notify()
+
+    def wake(self) -> None:
+        """Wake the consumer (a grabber ended or failed)."""
+        with self._cond:
+            self._cond.notify()
+
+    @property
+    def frame_age_s(self) -> float | None:
+        """Seconds since the newest frame was captured (None before the first)."""
+        last = self._last_frame_mono
+        return None if last is None else self.monotonic() - last
+
+    # -- consumer side --------------------------------------------------------------------------
+
+    def _open(self, backoff: Backoff, stop: threading.Event) -> _Grabber | None:
+        """Open a capture and start its grabber, retrying with backoff; None when stopped."""
+        while not stop.is_set():
+            try:
+                cap = self._factory(self.config)
+            except SourceError as exc:
+                if self._listener is not None:
+                    self._listener(exc)
+                if not self.live and isinstance(exc, SourceError) and self.reconnects == 0:
+                    raise  # a missing file or folder at start: the supervisor's problem
+                self.reconnects += 1
+                stop.wait(backoff.next_delay())
+                continue
+            with self._cond:
+                self.generation += 1
+                self._last_frame_mono = self.monotonic()  # the watchdog restarts its count
+                grabber = _Grabber(cap, self, self.generation)
+            grabber.thread.start()
+            return grabber
+        return None
+
+    def run(self, emit: FrameEmit, reject: FrameReject, stop: threading.Event) -> None:
+        """Capture until ``stop`` is set; see the module docstring.
+
+        Args:
+            emit: Called with every frame taken (in this thread).
+            reject: Unused (a camera frame is never malformed); kept for the Source shape.
+            stop: Set to stop.
+
+        Raises:
+            SourceExhausted: A file or folder ended (not looped).
+            SourceError: A file or folder cannot be opened at start.
+        """
+        del reject
+        self.stopping.clear()
+        backoff = Backoff(self.config.reconnect_initial_s,
+                          max(self.config.reconnect_max_s, self.config.reconnect_initial_s))
+        grabber = self._open(backoff, stop)
+        healthy = True
+        try:
+            while grabber is not None and not stop.is_set():
+                with self._cond:
+                    if self._slot is None and not (grabber.ended or grabber.failed):
+                        self._cond.wait(timeout=min(0.1, self.config.stall_s / 4))
+                    item, self._slot = self._slot, None
+                if item is not None:
+                    image, ts, mono, seq = item
+                    if not healthy:
+                        healthy = True
+                        backoff.reset()
+                        if self._listener is not None:
+                            self._listener(None)
+                    emit(Frame(self.stream, ts,
+                               to_model_image(image, self.image_size, self.grayscale),
+                               received_mono=mono, seq=seq))
+                    self.emitted += 1
+                    continue
+                if grabber.ended:
+                    raise SourceExhausted("camera file or folder ended", stream=self.stream,
+                                          frames=self.frames)
+                age = self.frame_age_s
+                stalled = age is not None and age > self.config.stall_s
+                if grabber.failed or stalled:
+                    if stalled:
+                        self.stalls += 1
+                    healthy = False
+                    if self._listener is not None:
+                        why = "stalled" if stalled else "read failed"
+                        self._listener(SourceError(f"camera {why}; reconnecting",
+                                                   stream=self.stream))
+                    with self._cond:
+                        self.generation += 1  # abandon the old grabber
+                    self.reconnects += 1
+                    if stop.wait(backoff.next_delay()):
+                        return
+                    grabber = self._open(backoff, stop)
+        finally:
+            self.stopping.set()
+            with self._cond:
+                self.generation += 1
