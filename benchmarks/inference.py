@@ -41,6 +41,7 @@ from agent.errors import ModelError
 from agent.inference.package import ModelPackage, load_package
 from agent.inference.registry import build_backend
 from agent.inference.select import candidates, select_backend
+from cloud_sync.manifest import ImageManifest, parse_manifest
 
 THREADS = (1, 2)
 BATCHES = (1, 8, 32)
@@ -88,8 +89,31 @@ def torch_sensor(package: ModelPackage) -> Callable[[np.ndarray], Any] | None:
     return run
 
 
-def torch_image(package: ModelPackage, root: Path) -> Callable[[np.ndarray], Any] | None:
-    """The image recipe's torch module, when its recipe exposes ``torch_model(package_dir)``."""
+@dataclass(frozen=True)
+class ImagePackage:
+    """An image model package (``kind = "image"``), enough of it for this benchmark."""
+
+    path: Path
+    manifest: ImageManifest
+
+    @property
+    def label(self) -> str:
+        return f"{self.manifest.name}@{self.manifest.version}"
+
+    def golden_inputs(self) -> np.ndarray:
+        return np.load(self.path / self.manifest.golden.inputs_file).astype(np.float32)
+
+
+def golden_inputs(package: Any) -> np.ndarray:
+    if isinstance(package, ImagePackage):
+        return package.golden_inputs()
+    return np.asarray(package.manifest.golden.inputs, dtype=np.float32)
+
+
+def torch_image(package: Any, root: Path) -> Callable[[np.ndarray], Any] | None:
+    """The image recipe's torch module: ``torch_model(package_dir)`` when the recipe has one,
+    else the recipe's ``_model`` (backbone + PaDiM head) with head constants of the manifest's
+    shapes (zeros and identities: the same operations and sizes; timing only)."""
     recipe = package.manifest.lineage.get("recipe")
     if not recipe:
         return None
@@ -101,9 +125,19 @@ def torch_image(package: ModelPackage, root: Path) -> Callable[[np.ndarray], Any
         if spec is None or spec.loader is None:
             return None
         module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # its dataclasses look themselves up there
         sys.path.insert(0, str(path.parent))
         spec.loader.exec_module(module)
-        model = module.torch_model(package.path).eval()
+        if hasattr(module, "torch_model"):
+            model = module.torch_model(package.path).eval()
+        else:
+            g, _ = package.manifest.score.grid
+            d = int(package.manifest.lineage["args"]["dim"])
+            head = {"proj_w": np.zeros((d, 120, 1, 1)), "proj_b": np.zeros(d),
+                    "mu": np.zeros((1, d, g, g)), "chol": np.tile(np.eye(d), (g * g, 1, 1))}
+            model = module._model(package.manifest.input.height, head).eval()
+            print(f"note: {package.label}: torch baseline = {recipe} _model with head "
+                  "constants of the same shapes (timing only)")
     except Exception as exc:  # any failure: no torch column, with the reason
         print(f"note: no torch baseline for {package.label}: {type(exc).__name__}: {exc}")
         return None
@@ -115,7 +149,7 @@ def torch_image(package: ModelPackage, root: Path) -> Callable[[np.ndarray], Any
     return run
 
 
-def configs_for(package: ModelPackage, root: Path) -> list[Config]:
+def configs_for(package: Any, root: Path) -> list[Config]:
     out: list[Config] = []
     for prec in ("int8", "fp32"):
         for cand in candidates(package, "auto", prec):
@@ -137,8 +171,8 @@ def configs_for(package: ModelPackage, root: Path) -> list[Config]:
     return out
 
 
-def measure(package: ModelPackage, configs: list[Config], reps: int, calls: int) -> None:
-    golden = np.asarray(package.manifest.golden.inputs, dtype=np.float32)
+def measure(package: Any, configs: list[Config], reps: int, calls: int) -> None:
+    golden = golden_inputs(package)
     inputs = {b: np.ascontiguousarray(np.resize(golden, (b, *golden.shape[1:])))
               for b in BATCHES}
     for cfg in configs:  # warm-up
@@ -159,7 +193,7 @@ def p50_window(cfg: Config) -> float:
     return float(np.median(cfg.times)) / cfg.batch
 
 
-def report(package: ModelPackage, configs: list[Config]) -> None:
+def report(package: Any, configs: list[Config]) -> None:
     print(f"\n{package.label} ({package.manifest.kind}); per window, interleaved "
           f"({len(configs[0].times) if configs else 0} calls per configuration)")
     print(f"{'backend':<16}{'prec':<6}{'thr':>4}{'batch':>6}{'p50 µs':>11}{'p99 µs':>11}"
@@ -174,16 +208,35 @@ def report(package: ModelPackage, configs: list[Config]) -> None:
         print(f"  {a.path:<24}{a.runtime:<13}{a.precision:<6}{a.size_bytes:>10} B")
 
 
-def ratios(package: ModelPackage, configs: list[Config]) -> tuple[str, float, float, float]:
-    chosen = select_backend(package, "auto", "int8").chosen.candidate
+def image_choice(package: ImagePackage, one: dict[str, float]) -> str:
+    """What auto-selection does, for an image package: the fastest INT8 runtime (batch 1,
+    1 thread) whose outputs on the golden images are within the manifest's tolerance."""
+    x, want = package.golden_inputs(), np.asarray(package.manifest.golden.outputs, np.float32)
+    passing = []
+    for cand in candidates(package, "auto", "int8"):  # type: ignore[arg-type]
+        b = build_backend(cand.kind, package.path / cand.artefact.path, "int8")
+        err = float(np.abs(np.asarray(b.run(x), np.float32).reshape(-1) - want).max())
+        ok = err <= package.manifest.golden.atol
+        print(f"golden {cand.label}/int8: max |err| {err:.4g} (atol "
+              f"{package.manifest.golden.atol}) {'ok' if ok else 'FAILS'}")
+        if ok and f"{cand.label}/int8" in one:
+            passing.append((one[f"{cand.label}/int8"], cand.label))
+    return min(passing)[1]
+
+
+def ratios(package: Any, configs: list[Config]) -> tuple[str, float, float, float]:
     one = {c.key: p50_window(c) for c in configs if c.batch == 1 and c.threads == 1}
-    int8 = one[f"{chosen.label}/int8"]
+    if isinstance(package, ImagePackage):
+        label = image_choice(package, one)
+    else:
+        label = select_backend(package, "auto", "int8").chosen.candidate.label
+    int8 = one[f"{label}/int8"]
     vs_ort = one.get("onnxruntime/fp32", float("nan")) / int8
     vs_torch = one.get("torch/fp32", float("nan")) / int8
     sizes = {(a.runtime, a.precision): a.size_bytes for a in package.manifest.artefacts}
     size_ratio = sizes.get(("onnxruntime", "int8"), np.nan) / sizes.get(
         ("onnxruntime", "fp32"), np.nan)
-    return f"{chosen.label}/int8", vs_ort, vs_torch, size_ratio
+    return f"{label}/int8", vs_ort, vs_torch, size_ratio
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,18 +245,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", type=Path, default=root / "models")
     ap.add_argument("--reps", type=int, default=30, help="round-robin repetitions")
     ap.add_argument("--calls", type=int, default=20, help="timed calls per config per rep")
+    ap.add_argument("--image-reps", type=int, default=5, help="repetitions, image models")
+    ap.add_argument("--image-calls", type=int, default=3, help="calls per rep, image models")
     args = ap.parse_args(argv)
-    packages = []
+    packages: list[Any] = []
     for mpath in sorted(args.models.glob("*/manifest.json")):
-        kind = json.loads(mpath.read_text()).get("kind")
+        obj = json.loads(mpath.read_text())
         try:
-            packages.append(load_package(mpath.parent))
-        except ModelError as exc:
-            print(f"note: {mpath.parent.name} ({kind}) skipped: {exc}")
+            if obj.get("kind") == "image":
+                manifest = parse_manifest(obj)
+                assert isinstance(manifest, ImageManifest)
+                packages.append(ImagePackage(mpath.parent, manifest))
+            else:
+                packages.append(load_package(mpath.parent))
+        except (ModelError, ValueError) as exc:
+            print(f"note: {mpath.parent.name} ({obj.get('kind')}) skipped: {exc}")
     results = {}
     for package in packages:
         configs = configs_for(package, root)
-        measure(package, configs, args.reps, args.calls)
+        image = package.manifest.kind == "image"
+        measure(package, configs, args.image_reps if image else args.reps,
+                args.image_calls if image else args.calls)
         report(package, configs)
         results[package.manifest.kind] = ratios(package, configs)
         label, vs_ort, vs_torch, size = results[package.manifest.kind]
