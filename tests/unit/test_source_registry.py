@@ -14,7 +14,7 @@ from agent.sources.simulator import SimulatorConfig, SimulatorSource
 
 
 def test_every_kind_has_a_loadable_class_whose_module_defines_the_config() -> None:
-    assert source_kinds() == ("replay", "serial", "simulator")
+    assert source_kinds() == ("camera", "replay", "serial", "simulator")
     for kind, (config_class, _) in REGISTRY.items():
         cls = load_class(kind)
         assert cls.__module__ == config_class.__module__
@@ -33,8 +33,8 @@ def test_build_each_kind(tmp_path: Path) -> None:
 
 
 def test_unknown_kind() -> None:
-    with pytest.raises(ConfigError, match="unknown source kind 'camera'"):
-        load_class("camera")
+    with pytest.raises(ConfigError, match="unknown source kind 'lidar'"):
+        load_class("lidar")
 
 
 def test_config_without_kind() -> None:
