@@ -150,7 +150,28 @@ def open_capture(config: CameraConfig) -> Capture:
     if not cap.isOpened():
         cap.release()
         raise SourceError("camera capture does not open", target=str(target))
+    if config.path is not None and config.loop:
+        return _RewindingCapture(cap)
     return cap
+
+
+class _RewindingCapture:
+    """A video file that starts again at its first frame when it ends (``loop``)."""
+
+    def __init__(self, cap: Any) -> None:
+        self._cap = cap
+
+    def read(self) -> tuple[bool, Any]:
+        import cv2  # noqa: PLC0415 - lazy: only with a camera stream
+
+        ok, img = self._cap.read()
+        if not ok:
+            self._cap.set(cv2.CAP_PROP_POS_FRAMES, 0)
+            ok, img = self._cap.read()
+        return ok, img
+
+    def release(self) -> None:
+        self._cap.release()
 
 
 def to_model_image(image: Image, size: tuple[int, int] | None, grayscale: bool) -> Image:
