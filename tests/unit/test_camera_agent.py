@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
@@ -21,8 +22,6 @@ PACKAGE = ROOT / "models" / "mtd-padim"
 
 def _write_frames(folder: Path) -> None:
     """10 good tiles (the package's golden images) then 10 with a drawn crack."""
-    import json
-
     folder.mkdir()
     m = json.loads((PACKAGE / "manifest.json").read_text())["input"]
     g = np.load(PACKAGE / "golden.npy")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 from pathlib import Path
@@ -20,6 +21,7 @@ from agent.inference.image_package import (  # noqa: E402
 from agent.pipeline.image import ImagePipeline, ImageSpec, normalise  # noqa: E402
 from agent.pipeline.rules import RuleParams  # noqa: E402
 from agent.records import Frame  # noqa: E402
+from agent.sources.camera import to_model_image  # noqa: E402
 from cloud_sync.manifest import ImageManifest, Manifest, parse_manifest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,10 +103,6 @@ def test_sensor_package_is_not_an_image_package() -> None:
 @pytest.mark.dataset
 def test_shipped_int8_package_on_real_mtd_test_images() -> None:
     """A small subset (every 4th test image) scored by the agent's own path."""
-    import csv
-
-    from agent.sources.camera import to_model_image
-
     if not DATASET.is_dir():
         pytest.skip("MTD dataset not present")
     p = load_image_package(PACKAGE)
