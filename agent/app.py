@@ -49,7 +49,7 @@ from agent.health import StallPolicy, stall_policy
 from agent.httpd import OpsServer
 from agent.inference.base import Backend
 from agent.inference.deadline import DeadlineGuard, DegradeParams
-from agent.inference.package import ModelPackage, load_package
+from agent.inference.package import ModelPackage, load_package, saturation_fallback
 from agent.inference.select import record_selection, registry_opener, select_backend
 from agent.logs import setup_logging
 from agent.metrics import Metrics
@@ -242,6 +242,7 @@ class Agent:
                               DegradeParams(package.manifest.latency_budget_ms_p99 / 1e3),
                               self.metrics)
         backend: Backend = guard
+        fallback, input_range = saturation_fallback(package, selection.chosen.candidate.artefact)
         hist = self.metrics.inference_seconds.labels(stream=sc.name, backend=backend.name)
         spec = package.detector_spec(
             window=sc.window,
@@ -268,7 +269,8 @@ class Agent:
             sc.name,
             self.config.agent.device_id,
             spec,
-            FeatureDeviationDetector(spec, _TimedBackend(backend, hist.observe)),
+            FeatureDeviationDetector(spec, _TimedBackend(backend, hist.observe),
+                                     fallback=fallback, input_range=input_range),
             RuleParams(r.k, r.n, r.clear_ratio, r.clear_windows, r.cooldown_s),
             aggregate_interval_s=self.config.store.aggregate_interval_s,
             top_channels=r.top_channels,

@@ -31,7 +31,11 @@ sys.path.insert(0, str(ROOT / "models" / "recipes"))
 from skab_data import labelled_files  # noqa: E402
 
 from agent.errors import RecordError, SourceExhausted  # noqa: E402
-from agent.inference.package import load_package, open_backend  # noqa: E402
+from agent.inference.package import (  # noqa: E402
+    load_package,
+    open_backend,
+    saturation_fallback,
+)
 from agent.pipeline.detector import FeatureDeviationDetector  # noqa: E402
 from agent.pipeline.rules import RuleParams  # noqa: E402
 from agent.pipeline.stream import StreamPipeline  # noqa: E402
@@ -88,8 +92,10 @@ def predict(readings: list[Reading], channels: tuple[str, ...], package, backend
     spec = package.detector_spec()
     if channels != spec.channels:
         raise SystemExit(f"file channels {channels} differ from the model's {spec.channels}")
-    pipe = StreamPipeline("bench", "bench", spec, FeatureDeviationDetector(spec, backend),
-                          RuleParams())
+    fallback, input_range = saturation_fallback(
+        package, package.artefact("onnxruntime", backend.precision))
+    detector = FeatureDeviationDetector(spec, backend, fallback=fallback, input_range=input_range)
+    pipe = StreamPipeline("bench", "bench", spec, detector, RuleParams())
     values = np.stack([r.values for r in readings])
     ts = np.array([r.ts for r in readings])
     out = pipe.process_block(values, ts)

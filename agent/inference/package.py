@@ -237,3 +237,23 @@ def open_backend(
                             threads=threads, cache_dir=cache_dir)
     check_golden(package, backend)
     return backend
+
+
+def saturation_fallback(
+    package: ModelPackage, artefact: Artefact
+) -> tuple[Backend | None, tuple[float, float] | None]:
+    """The FP32 twin that scores windows outside an INT8 artefact's ``input_range``.
+
+    Returns:
+        ``(fp32 backend, input range)``, or ``(None, None)`` when ``artefact`` is not INT8, has
+        no recorded input range, or the package has no FP32 ONNX artefact.
+
+    Raises:
+        ModelError: the FP32 artefact exists but fails to load or its golden check.
+    """
+    if artefact.precision != "int8" or artefact.input_range is None:
+        return None, None
+    if not any(a.runtime == "onnxruntime" and a.precision == "fp32"
+               for a in package.manifest.artefacts):
+        return None, None
+    return open_backend(package, "fp32"), artefact.input_range

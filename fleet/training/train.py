@@ -53,6 +53,7 @@ from fleet.errors import FleetError
 from fleet.training.wstat import (
     artefact_entries,
     build_graph,
+    int8_input_range,
     ort_version,
     quantize_int8,
     session_runner,
@@ -268,7 +269,8 @@ def train_wstat(
                   "sample_rate_hz": data.sample_rate_hz or base.input.sample_rate_hz},
         "preprocessing": base.preprocessing.model_dump(),
         "score": base.score.model_dump(),
-        "artefacts": artefact_entries(((int8_path, "int8"), (fp32_path, "fp32"))),
+        "artefacts": artefact_entries(((int8_path, "int8"), (fp32_path, "fp32")),
+                                      input_range=int8_input_range(int8_path, "onnxruntime")),
         "golden": {"inputs": golden_x.round(6).tolist(), "outputs": golden_y.round(6).tolist(),
                    "atol": round(atol, 4)},
         "latency_budget_ms_p99": base.latency_budget_ms_p99,

@@ -213,11 +213,60 @@ def sha256(path: Path) -> str:
 
 
 def artefact_entries(
-    paths: Iterable[tuple[Path, str]], runtime: str = "onnxruntime"
+    paths: Iterable[tuple[Path, str]],
+    runtime: str = "onnxruntime",
+    input_range: tuple[float, float] | None = None,
 ) -> list[dict[str, Any]]:
-    """Manifest ``artefacts`` entries for ``(path, precision)`` pairs of one ``runtime``."""
-    return [{"runtime": runtime, "precision": prec, "path": p.name, "sha256": sha256(p),
-             "size_bytes": p.stat().st_size} for p, prec in paths]
+    """Manifest ``artefacts`` entries for ``(path, precision)`` pairs of one ``runtime``;
+    ``input_range`` goes on the int8 entries (see :func:`int8_input_range`)."""
+    entries: list[dict[str, Any]] = []
+    for p, prec in paths:
+        entry: dict[str, Any] = {"runtime": runtime, "precision": prec, "path": p.name,
+                                 "sha256": sha256(p), "size_bytes": p.stat().st_size}
+        if prec == "int8" and input_range is not None:
+            entry["input_range"] = [round(input_range[0], 6), round(input_range[1], 6)]
+        entries.append(entry)
+    return entries
+
+
+def _int8_range(scale: float, zero_point: int) -> tuple[float, float]:
+    # affine int8: real = scale * (q - zero_point), q in [-128, 127] (Jacob et al. 2018)
+    return float(scale * (-128 - zero_point)), float(scale * (127 - zero_point))
+
+
+def int8_input_range(path: Path, runtime: str) -> tuple[float, float] | None:
+    """The model input range an INT8 artefact represents without clipping.
+
+    Read from the quantization parameters of the op that quantizes the graph input: the
+    ``QuantizeLinear`` fed by ``window`` in a QDQ ONNX model (also the source of the OpenVINO IR,
+    so pass the ONNX path for ``openvino``), or the first ``QUANTIZE`` op of a TFLite model.
+
+    Returns:
+        ``(low, high)`` in scaled input units, or None when the input is not quantized.
+
+    Raises:
+        ValueError: unknown runtime.
+    """
+    if runtime in ("onnxruntime", "openvino"):
+        model = onnx.load(str(path))
+        inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+        for node in model.graph.node:
+            if node.op_type == "QuantizeLinear" and node.input[0] == "window":
+                zp = int(inits[node.input[2]]) if len(node.input) > 2 else 0
+                return _int8_range(float(inits[node.input[1]]), zp)
+        return None
+    if runtime == "litert":
+        from ai_edge_litert.interpreter import Interpreter  # noqa: PLC0415
+
+        interp = Interpreter(model_path=str(path))
+        first_input = interp.get_input_details()[0]["index"]
+        tensors = {t["index"]: t for t in interp.get_tensor_details()}
+        for op in interp._get_ops_details():  # the public API has no op list
+            if op["op_name"] == "QUANTIZE" and int(op["inputs"][0]) == first_input:
+                scale, zp = tensors[int(op["outputs"][0])]["quantization"]
+                return _int8_range(float(scale), int(zp))
+        return None
+    raise ValueError(f"unknown runtime {runtime!r}")
 
 
 def ort_version() -> str:

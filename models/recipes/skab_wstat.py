@@ -55,6 +55,7 @@ from fleet.training.wstat import (
     METHODS,
     artefact_entries,
     build_graph,
+    int8_input_range,
     ort_version,
     quantize_int8,
     scaled_windows,
@@ -118,7 +119,8 @@ def other_runtimes(
             for p, _ in files:
                 p.unlink()
         else:
-            info["artefacts"] += artefact_entries(files, runtime=runtime)
+            info["artefacts"] += artefact_entries(files, runtime=runtime, input_range=(
+                int8_input_range(int8_onnx if runtime == "openvino" else path, runtime)))
         info[runtime] = entry
         print(f"{runtime}: {path.name} INT8 vs FP32 max |err| = {err.max():.4f}, golden "
               f"{golden_err:.4f} (atol {atol:.4f}){' NOT SHIPPED' if 'note' in entry else ''}")
@@ -183,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     golden_x = check[:8]
     golden_y = f32[:8]
     atol = float(max(0.05, 1.5 * np.abs(i8[:8] - f32[:8]).max()))
-    artefacts = artefact_entries(((int8_path, "int8"), (fp32_path, "fp32")))
+    artefacts = artefact_entries(((int8_path, "int8"), (fp32_path, "fp32")),
+                                 input_range=int8_input_range(int8_path, "onnxruntime"))
     runtimes = other_runtimes(args.out, int8_path, quant_sample, check, f32, atol, golden_x)
     artefacts += runtimes.pop("artefacts")
     manifest = {

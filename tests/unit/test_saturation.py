@@ -1,0 +1,62 @@
+"""INT8 clipping and the FP32 saturation fallback, on the shipped package."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from agent.inference.package import load_package, open_backend, saturation_fallback
+from agent.pipeline.detector import FeatureDeviationDetector
+
+PACKAGE = Path(__file__).resolve().parents[2] / "models" / "skab-wstat"
+
+
+def _windows(spec, rng: np.random.Generator, n: int) -> np.ndarray:  # type: ignore[no-untyped-def]
+    return rng.normal(size=(n, spec.window, len(spec.channels))) * spec.scale_floor * 10 + 5
+
+
+def test_shipped_int8_artefacts_record_their_input_range() -> None:
+    pkg = load_package(PACKAGE)
+    for art in pkg.manifest.artefacts:
+        if art.precision == "int8":
+            assert art.input_range is not None
+            low, high = art.input_range
+            assert low < -5 and high > 5  # covers normal scaled data with room to spare
+
+
+def test_single_sample_spike_is_clipped_by_int8_and_caught_by_the_fallback() -> None:
+    pkg = load_package(PACKAGE)
+    spec = pkg.detector_spec()
+    int8 = open_backend(pkg, "int8")
+    fallback, input_range = saturation_fallback(pkg, pkg.artefact("onnxruntime", "int8"))
+    assert fallback is not None and fallback.precision == "fp32"
+    rng = np.random.default_rng(0)
+    cal = rng.normal(size=(400, len(spec.channels))) * spec.scale_floor * 10 + 5
+    spike = _windows(spec, rng, 1).astype(np.float32)
+    spike[0, 5, 2] += 1000 * spec.scale_floor[2] * 10  # one reading, 1000 calibration stds
+    plain = FeatureDeviationDetector(spec, int8)
+    guarded = FeatureDeviationDetector(spec, int8, fallback=fallback, input_range=input_range)
+    c_plain, c_guarded = plain.calibrate(cal), guarded.calibrate(cal)
+    assert plain.score(spike, c_plain).scores[0] < c_plain.threshold  # INT8 alone misses it
+    scored = guarded.score(spike, c_guarded)
+    assert scored.scores[0] > 10 * c_guarded.threshold
+    assert int(np.argmax(scored.contributions[0])) == 2
+    assert guarded.fallback_windows == 1
+
+
+def test_in_range_windows_never_use_the_fallback() -> None:
+    pkg = load_package(PACKAGE)
+    spec = pkg.detector_spec()
+    fallback, input_range = saturation_fallback(pkg, pkg.artefact("onnxruntime", "int8"))
+    det = FeatureDeviationDetector(spec, open_backend(pkg, "int8"), fallback=fallback,
+                                   input_range=input_range)
+    rng = np.random.default_rng(1)
+    cal = det.calibrate(rng.normal(size=(400, len(spec.channels))) * spec.scale_floor * 10 + 5)
+    det.score(_windows(spec, rng, 50).astype(np.float32), cal)
+    assert det.fallback_windows == 0
+
+
+def test_no_fallback_for_fp32_artefacts() -> None:
+    pkg = load_package(PACKAGE)
+    assert saturation_fallback(pkg, pkg.artefact("onnxruntime", "fp32")) == (None, None)
