@@ -6,6 +6,17 @@ stay raw) must be valid or the whole request is refused (422); each record is th
 alone (:func:`validate_record`) and either becomes a row for the store or a ``rejected`` result
 with a reason. Records sharing ``(kind, id)`` within one batch are stored once; later copies
 report ``duplicate`` (the same id is the same record, by contract).
+
+Fast path: when the body holds no ``\\u0000`` escape (:func:`fleet.api.body.parse_json`),
+:func:`prepare` first checks the whole record list in ONE strict call of a validate-only twin of
+the record schema (:data:`_RECORDS`, :mod:`fleet.checker`: no model instances, no type coercion,
+so the raw JSON values are exactly what the schema accepted, and database bounds on every number
+so :func:`unstorable`'s per-value walk has nothing left to find) and builds the rows from the raw
+dicts. Only when that call finds any error does it fall back to validating each record alone,
+which is what tells the device which index failed and why. Both paths accept and reject the same
+records: the fast check accepts a subset of what the per-record path accepts (strict mode
+refuses ``"count": "5"``, which the lenient path coerces; the extra bounds refuse what
+:func:`unstorable` would), and such batches simply take the slow path.
 """
 
 from __future__ import annotations
@@ -24,6 +35,7 @@ from cloud_sync.protocol import (
     IngestBatch,
     RecordResult,
 )
+from fleet.checker import checker
 
 Kind = Literal["alert", "aggregate"]
 _MAX_REASON = 300
@@ -31,6 +43,11 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 _RECORD = TypeAdapter[AlertRecord | AggregateRecord](
     Annotated[AlertRecord | AggregateRecord, Field(discriminator="kind")]
+)
+#: The fast path's whole-list check: the same schema as :data:`_RECORD`, checked without
+#: building model instances (:mod:`fleet.checker`).
+_RECORDS = checker(
+    list[Annotated[AlertRecord | AggregateRecord, Field(discriminator="kind")]], storable=True
 )
 
 
@@ -57,13 +74,52 @@ class Prepared:
     repeats: dict[int, int] = field(default_factory=dict)
 
 
-def prepare(device_id: str, records: list[Any], received_at: dt.datetime) -> Prepared:
-    """Validate every record of a batch from ``device_id``; never raises on bad records."""
+def prepare(
+    device_id: str, records: list[Any], received_at: dt.datetime, *, storable: bool = False
+) -> Prepared:
+    """Validate every record of a batch from ``device_id``; never raises on bad records.
+
+    Args:
+        device_id: The authenticated device.
+        records: The raw records (parsed JSON).
+        received_at: Stored as ``received_at`` (aware UTC).
+        storable: The body holds no ``\\u0000`` escape (:func:`fleet.api.body.parse_json`):
+            try the one-call fast path first (module docstring).
+    """
+    if storable:
+        fast = _prepare_fast(device_id, records, received_at)
+        if fast is not None:
+            return fast
     out = Prepared()
     first: dict[tuple[Kind, str], int] = {}
     for index, raw in enumerate(records):
         try:
             kind, row = validate_record(device_id, raw, received_at)
+        except RecordRejected as exc:
+            out.results[index] = RecordResult(index=index, status="rejected", reason=str(exc))
+            continue
+        key = (kind, row["id"])
+        if key in first:
+            out.repeats[index] = first[key]
+            continue
+        first[key] = index
+        out.rows[kind].append((index, row))
+    return out
+
+
+def _prepare_fast(
+    device_id: str, records: list[Any], received_at: dt.datetime
+) -> Prepared | None:
+    """The fast path of :func:`prepare`; None when any record needs the per-record path."""
+    try:
+        _RECORDS.validate_python(records, strict=True)
+    except ValidationError:
+        return None
+    out = Prepared()
+    first: dict[tuple[Kind, str], int] = {}
+    for index, raw in enumerate(records):
+        try:
+            kind, row = _checked_row(device_id, raw, received_at)
         except RecordRejected as exc:
             out.results[index] = RecordResult(index=index, status="rejected", reason=str(exc))
             continue
@@ -105,15 +161,29 @@ def validate_record(
     bad = unstorable(raw)  # after the schema check, so nesting depth is bounded
     if bad is not None:
         raise RecordRejected(bad)
-    body = record.body
-    owner, stream, _ = record.id.split(":")
-    if owner != device_id or body.device_id != device_id:
-        raise RecordRejected(f"record belongs to another device (token is for {device_id!r})")
-    if stream != body.stream:
-        raise RecordRejected("id stream does not match body.stream")
+    _check_owner(device_id, record.id, record.body.device_id, record.body.stream)
     if isinstance(record, AlertRecord):
         return "alert", _alert_row(record, received_at)
     return "aggregate", _aggregate_row(record, received_at)
+
+
+def _check_owner(device_id: str, record_id: str, body_device: str, body_stream: str) -> None:
+    owner, stream, _ = record_id.split(":")
+    if owner != device_id or body_device != device_id:
+        raise RecordRejected(f"record belongs to another device (token is for {device_id!r})")
+    if stream != body_stream:
+        raise RecordRejected("id stream does not match body.stream")
+
+
+def _checked_row(
+    device_id: str, raw: dict[str, Any], received_at: dt.datetime
+) -> tuple[Kind, dict[str, Any]]:
+    """The row of a record :data:`_RECORDS` accepted (strict, storable numbers, no NUL)."""
+    body = raw["body"]
+    _check_owner(device_id, raw["id"], body["device_id"], body["stream"])
+    if raw["kind"] == "alert":  # rare: the model path (timestamps parsed there)
+        return "alert", _alert_row(AlertRecord.model_validate(raw, strict=True), received_at)
+    return "aggregate", _aggregate_row_raw(raw, received_at)
 
 
 def _alert_row(record: AlertRecord, received_at: dt.datetime) -> dict[str, Any]:
@@ -150,6 +220,29 @@ def _aggregate_row(record: AggregateRecord, received_at: dt.datetime) -> dict[st
         "max_score": body.max_score,
         "windows": body.windows,
         "alert_count": body.alert_count,
+        "received_at": received_at,
+    }
+
+
+def _aggregate_row_raw(raw: dict[str, Any], received_at: dt.datetime) -> dict[str, Any]:
+    """:func:`_aggregate_row` from a strictly validated raw record: no model instances.
+
+    Strict validation guarantees exactly the schema's keys with values of the schema's kinds;
+    JSON lets an integer stand for a float, so float columns go through ``float()``.
+    """
+    body = raw["body"]
+    max_score = body["max_score"]
+    return {
+        "id": raw["id"],
+        "device_id": body["device_id"],
+        "stream": body["stream"],
+        "interval_start": dt.datetime.fromtimestamp(body["interval_start"], tz=dt.UTC),
+        "interval_s": float(body["interval_s"]),
+        "count": body["count"],
+        "channels": body["channels"],
+        "max_score": None if max_score is None else float(max_score),
+        "windows": body["windows"],
+        "alert_count": body["alert_count"],
         "received_at": received_at,
     }
 

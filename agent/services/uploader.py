@@ -1,9 +1,11 @@
 """Store-and-forward upload of alerts and aggregates to the fleet (``[fleet]``).
 
 One thread (``fleet-uploader``) loops: read up to ``batch_records`` un-acknowledged rows from the
-store (alerts first, then the aggregate backlog, each oldest first), build an
-:class:`~cloud_sync.protocol.IngestBatch`, post it with :class:`~cloud_sync.client.FleetClient`,
-and apply the fleet's per-record verdict:
+store (alerts first, then the aggregate backlog, each oldest first) as wire JSON, splice them into
+an :class:`~cloud_sync.protocol.IngestBatch` (:func:`cloud_sync.client.batch_json`: the header is
+validated with pydantic, the records are not re-validated on the device: the fleet validates each
+one and rejects bad ones by index), post it with :class:`~cloud_sync.client.FleetClient`, and
+apply the fleet's per-record verdict:
 
 * ``accepted`` and ``duplicate`` rows are marked uploaded (never deleted here; the disk budget
   evicts them first when space runs short);
@@ -13,6 +15,13 @@ and apply the fleet's per-record verdict:
 Nothing lost, nothing duplicated: a row leaves the queue only when a 200 response names its index.
 A crash between the fleet storing a batch and the store marking it just resends the batch; the
 fleet's ingest is idempotent on ``(kind, id)`` and answers ``duplicate``, which clears the rows.
+
+Pipelining (draining a backlog): while a full batch is in flight, a helper thread reads and
+compresses the NEXT batch (the rows after the in-flight ones; one slot, never more). It is used
+only when the in-flight batch was answered and applied; after any failure it is thrown away and
+the queue is read again from its start. Reading never changes a row, so this only overlaps the
+agent's work with the fleet's; rows are still cleared only by an acknowledgement. Its
+``sent_at`` is when it was prepared (at most one request earlier).
 
 Failures (:mod:`cloud_sync.errors`): :class:`FleetUnavailable` and :class:`FleetProtocolError`
 back off exponentially with full jitter (``delay = U(0, min(max, initial * 2**n))``; Marc Brooker,
@@ -38,18 +47,21 @@ import random
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
 from agent import __version__
 from agent.config.base import StrictModel
 from agent.errors import ConfigError, StoreError
 from agent.metrics import Metrics
 from agent.sources.backoff import Backoff
-from agent.store.sqlite import RecordKind, Store, UploadRow
+from agent.store.sqlite import RecordKind, Store
+from agent.store.wire import WireRow
+from cloud_sync.client import batch_json
 from cloud_sync.errors import (
     FleetAuthError,
     FleetProtocolError,
@@ -151,7 +163,7 @@ def read_token(config: FleetConfig, env: Mapping[str, str] | None = None) -> str
 class IngestClient(Protocol):
     """What the uploader needs from :class:`cloud_sync.client.FleetClient`."""
 
-    def encode(self, batch: IngestBatch) -> bytes: ...
+    def compress(self, document: bytes) -> bytes: ...
 
     def send(self, body: bytes, n_records: int) -> IngestResult: ...
 
@@ -193,6 +205,20 @@ class TokenBucket:
         self._last = now
         self._tokens -= n
         return 0.0 if self._tokens >= 0 else -self._tokens / self.rate
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """A batch ready to send: its rows (index order) and compressed body."""
+
+    rows: list[WireRow]
+    body: bytes
+
+    def after(self) -> tuple[int, int]:
+        """``(alert, aggregate)`` row ids the next batch starts after (see the store)."""
+        alerts = [r.row_id for r in self.rows if r.kind == "alert"]
+        aggregates = [r.row_id for r in self.rows if r.kind == "aggregate"]
+        return max(alerts, default=0), max(aggregates, default=0)
 
 
 @dataclass
@@ -269,6 +295,8 @@ class Uploader:
         self._backlog = (0, 0)
         self._backlog_at = -BACKLOG_REFRESH_S
         self._thread: threading.Thread | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._next: Future[_Batch | None] | None = None
 
     # -- thread ---------------------------------------------------------------------------------
 
@@ -291,9 +319,17 @@ class Uploader:
         self.stop_event.set()
         self._wake.set()
         if self._thread is None:
+            self.close()
             return True
         self._thread.join(timeout)
         return not self._thread.is_alive()
+
+    def close(self) -> None:
+        """Drop a prefetched batch and end the helper thread (the loop does this on exit)."""
+        self._drop_prefetch()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
 
     def _run(self) -> None:
         while not self.stop_event.is_set():
@@ -307,6 +343,7 @@ class Uploader:
                 self._wake.clear()
         if not self._failing:
             self.run_once()  # final attempt: what arrived during the last idle wait
+        self.close()
 
     # -- one step -------------------------------------------------------------------------------
 
@@ -318,83 +355,120 @@ class Uploader:
         and logged).
         """
         try:
-            rows = self.store.pending_uploads(self._limit)
+            batch = self._take_prefetch()
+            if batch is None:
+                batch = self._prepare(self._limit, (0, 0), self._refresh_gauges())
         except StoreError as exc:
             return self._failed("store", f"cannot read the upload queue: {exc}", None)
-        if not rows:
+        if batch is None:
             self._refresh_gauges(force=True)
             return self.interval_s
-        batch = self._build(rows)
-        if batch is None:
-            return 0.0  # invalid rows were dead-lettered; go on with the rest
-        body = self.client.encode(batch)
+        rows, body = batch.rows, batch.body
+        if len(rows) >= self._limit:
+            self._prefetch(batch)
         if self._bucket is not None:
             wait = self._bucket.reserve(len(body))
             if wait > 0 and self.stop_event.wait(wait):
+                self._drop_prefetch()
                 return 0.0  # stopping; rows stay pending
         t0 = self.monotonic()
         try:
             result = self.client.send(body, len(rows))
-        except FleetAuthError as exc:
-            return self._auth_failed(exc)
-        except FleetRejected as exc:
-            return self._rejected_batch(rows, exc)
-        except FleetUnavailable as exc:
-            return self._failed("unavailable", str(exc), exc.retry_after_s)
-        except FleetProtocolError as exc:
-            return self._failed("protocol", str(exc), None)
+        except (FleetAuthError, FleetRejected, FleetUnavailable, FleetProtocolError) as exc:
+            self._drop_prefetch()
+            return self._send_failed(rows, exc)
         finally:
             self.metrics.upload_seconds.observe(self.monotonic() - t0)
         try:
             self._apply(rows, result)
         except StoreError as exc:
             # The fleet has the records; they stay pending here and come back as duplicates.
+            self._drop_prefetch()
             return self._failed("store", f"cannot record the fleet's answer: {exc}", None)
         self._recovered()
         full = len(rows) >= self._limit
         self._limit = min(self.batch_records, self._limit * 2)
         return 0.0 if full else self.interval_s
 
-    def _build(self, rows: Sequence[UploadRow]) -> IngestBatch | None:
-        alerts, aggregates = self._refresh_gauges()
+    def _prepare(
+        self, limit: int, after: tuple[int, int], backlog: tuple[int, int]
+    ) -> _Batch | None:
+        """Read up to ``limit`` rows after ``after`` and build the compressed body.
+
+        ``backlog`` is what the store held unacknowledged, before this batch (header field).
+        Raises StoreError; a header pydantic rejects is a bug and raises ValidationError.
+        """
+        rows = self.store.pending_upload_records(limit, after)
+        if not rows:
+            return None
         n_alerts = sum(1 for r in rows if r.kind == "alert")
-        data: dict[str, Any] = {
+        header = IngestBatch.model_validate({
             "schema": 1,
             "device_id": self.device_id,
             "sent_at": self.clock(),
             "agent_version": self.agent_version[:64],
             "backlog": {
-                "alerts": max(0, alerts - n_alerts),
-                "aggregates": max(0, aggregates - (len(rows) - n_alerts)),
+                "alerts": max(0, backlog[0] - n_alerts),
+                "aggregates": max(0, backlog[1] - (len(rows) - n_alerts)),
             },
-            "records": [{"kind": r.kind, "id": r.record_id, "body": r.body} for r in rows],
-        }
-        try:
-            return IngestBatch.model_validate(data)
-        except ValidationError as exc:
-            bad: dict[int, str] = {}
-            for err in exc.errors():
-                loc = err["loc"]
-                if len(loc) >= 2 and loc[0] == "records" and isinstance(loc[1], int):
-                    bad.setdefault(loc[1], f"invalid on the device: {err['msg']} at {loc[2:]}")
-            if not bad:
-                raise  # a header problem is a bug, not a data problem
-            for index, reason in bad.items():
-                self._dead_letter(rows[index].kind, [rows[index].row_id], reason)
-            return None
+            "records": [],
+        })
+        body = self.client.compress(batch_json(header, [r.json for r in rows]))
+        return _Batch(rows, body)
 
-    def _apply(self, rows: Sequence[UploadRow], result: IngestResult) -> None:
+    # -- prefetch (module docstring) ------------------------------------------------------------
+
+    def _prefetch(self, current: _Batch) -> None:
+        """Start preparing the batch after ``current`` (in flight) in the helper thread."""
+        self._drop_prefetch()
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="fleet-prefetch")
+        n_alerts = sum(1 for r in current.rows if r.kind == "alert")
+        alerts, aggregates = self._backlog
+        backlog = (max(0, alerts - n_alerts),
+                   max(0, aggregates - (len(current.rows) - n_alerts)))
+        self._next = self._executor.submit(self._prepare, self._limit, current.after(), backlog)
+
+    def _take_prefetch(self) -> _Batch | None:
+        """The prefetched batch (waits for it), or None; a failed read is just dropped."""
+        future, self._next = self._next, None
+        if future is None:
+            return None
+        try:
+            return future.result()
+        except StoreError:
+            return None  # read again, synchronously, and report a failure there
+
+    def _drop_prefetch(self) -> None:
+        future, self._next = self._next, None
+        if future is not None:
+            future.cancel()
+
+    def _send_failed(self, rows: Sequence[WireRow], exc: Exception) -> float:
+        if isinstance(exc, FleetAuthError):
+            return self._auth_failed(exc)
+        if isinstance(exc, FleetRejected):
+            return self._rejected_batch(rows, exc)
+        if isinstance(exc, FleetUnavailable):
+            return self._failed("unavailable", str(exc), exc.retry_after_s)
+        return self._failed("protocol", str(exc), None)
+
+    def _apply(self, rows: Sequence[WireRow], result: IngestResult) -> None:
         now = self.clock()
         done: dict[RecordKind, list[int]] = {"alert": [], "aggregate": []}
         rejected: dict[tuple[RecordKind, str], list[int]] = {}
+        tally: dict[tuple[RecordKind, str], int] = {}
         for item in result.results:
             row = rows[item.index]
-            self.metrics.upload_records_total.labels(kind=row.kind, status=item.status).inc()
+            key_status = (row.kind, item.status)
+            tally[key_status] = tally.get(key_status, 0) + 1
             if item.status == "rejected":
                 key = (row.kind, item.reason or "no reason given")
                 rejected.setdefault(key, []).append(row.row_id)
             else:
                 done[row.kind].append(row.row_id)
+        for (kind, status), n in tally.items():
+            self.metrics.upload_records_total.labels(kind=kind, status=status).inc(n)
         for kind, ids in done.items():
             self.store.mark_uploaded(kind, ids, now)
         for (kind, reason), ids in rejected.items():
@@ -450,7 +524,7 @@ class Uploader:
         self._refresh_gauges()
         return self._backoff.max_s
 
-    def _rejected_batch(self, rows: Sequence[UploadRow], exc: FleetRejected) -> float:
+    def _rejected_batch(self, rows: Sequence[WireRow], exc: FleetRejected) -> float:
         if exc.status not in _SPLIT_STATUSES:
             return self._failed("rejected", str(exc), None)
         self.metrics.upload_failures_total.labels(reason="rejected").inc()

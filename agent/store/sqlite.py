@@ -21,8 +21,9 @@ renamed aside and a fresh store started), the disk budget with its eviction orde
 bounds: :mod:`agent.store.maintenance`.
 
 Cloud upload (the uploader thread): ``pending_uploads`` (alerts first, then aggregates, each
-oldest first), ``mark_uploaded`` (rows the fleet acknowledged), ``dead_letter`` (rows it
-rejected), ``upload_backlog`` and ``oldest_pending_upload``.
+oldest first; ``pending_upload_records`` is the same queue as wire JSON, :mod:`agent.store.wire`),
+``mark_uploaded`` (rows the fleet acknowledged), ``dead_letter`` (rows it rejected),
+``upload_backlog`` and ``oldest_pending_upload``.
 
 Errors: every ``sqlite3`` failure becomes :class:`agent.errors.StoreError` (retryable) with the
 operation and path as context; a full disk says so in the message. When ``metrics`` is given the
@@ -49,6 +50,7 @@ from agent.errors import StoreError
 from agent.metrics import Metrics
 from agent.records import Aggregate, Alert
 from agent.store import maintenance as mt
+from agent.store import wire
 from agent.store.schema import migrate
 
 Clock = Callable[[], float]
@@ -97,6 +99,23 @@ class UploadRow:
     row_id: int
     record_id: str
     body: dict[str, Any]
+
+
+def id_runs(row_ids: Sequence[int]) -> list[tuple[int, int]]:
+    """Sorted, de-duplicated ids as inclusive runs of consecutive integers.
+
+    Every id of a run is in ``row_ids``, so ``id BETWEEN lo AND hi`` touches only those rows.
+
+    >>> id_runs([5, 1, 2, 3, 3, 7, 8])
+    [(1, 3), (5, 5), (7, 8)]
+    """
+    runs: list[tuple[int, int]] = []
+    for i in sorted({int(x) for x in row_ids}):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], i)
+        else:
+            runs.append((i, i))
+    return runs
 
 
 def _finite_or_none(value: float) -> float | None:
@@ -602,6 +621,44 @@ class Store:
             out.append(UploadRow("aggregate", int(r[0]), r[1], body))
         return out
 
+    def pending_upload_records(
+        self, limit: int, after: tuple[int, int] = (0, 0)
+    ) -> list[wire.WireRow]:
+        """:meth:`pending_uploads` as wire JSON text (:mod:`agent.store.wire`), from row ids on.
+
+        Args:
+            limit: Most records returned.
+            after: ``(alert row id, aggregate row id)``: only rows with larger ids (the uploader
+                reads the next batch while the current one, not yet acknowledged, is in flight).
+
+        Raises:
+            StoreError: The read failed.
+        """
+        out: list[wire.WireRow] = []
+        payload = wire.JSON_OR_NULL.format(col="payload")
+        channels = wire.JSON_OR_NULL.format(col="channels")
+        with self._use("pending_uploads") as conn:
+            for row_id, alert_id, body in conn.execute(
+                f"SELECT id, alert_id, {payload} FROM alerts "  # noqa: S608 - fixed text
+                "WHERE uploaded_at IS NULL AND id > ? ORDER BY id LIMIT ?",
+                (after[0], limit),
+            ):
+                out.append(
+                    wire.WireRow("alert", int(row_id), alert_id, wire.alert_record(alert_id, body))
+                )
+            if len(out) >= limit:
+                return out
+            columns = ("id, aggregate_id, device_id, stream, interval_start, interval_s, count,"
+                       f" {channels}, max_score, windows, alert_count")
+            rows = conn.execute(
+                f"SELECT {columns} FROM aggregates "  # noqa: S608 - fixed text
+                "WHERE uploaded_at IS NULL AND id > ? ORDER BY id LIMIT ?",
+                (after[1], limit - len(out)),
+            ).fetchall()
+        record = wire.aggregate_record
+        out.extend(wire.WireRow("aggregate", r[0], r[1], record(r[1:])) for r in rows)
+        return out
+
     def mark_uploaded(self, kind: RecordKind, row_ids: Sequence[int], at: float) -> int:
         """Set ``uploaded_at = at`` (epoch seconds) on rows the fleet acknowledged.
 
@@ -615,12 +672,13 @@ class Store:
         table = _table(kind)
         if not row_ids:
             return 0
+        # Runs of consecutive ids (a drained backlog is one run) become one range update each.
         with self._use("mark_uploaded", transaction=True) as conn:
             before = conn.total_changes
             conn.executemany(
                 f"UPDATE {table} SET uploaded_at = ? "  # noqa: S608 - fixed table names
-                "WHERE id = ? AND uploaded_at IS NULL",
-                [(at, int(i)) for i in row_ids],
+                "WHERE id BETWEEN ? AND ? AND uploaded_at IS NULL",
+                [(at, lo, hi) for lo, hi in id_runs(row_ids)],
             )
             changed = conn.total_changes - before
         self._maintain()

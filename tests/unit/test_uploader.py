@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import threading
 from pathlib import Path
 
 import pytest
@@ -19,17 +20,24 @@ from tests.unit.test_store import make_aggregate, make_alert
 class FakeClient:
     def __init__(self) -> None:
         self.batches: list[IngestBatch] = []
+        self.prepared: list[IngestBatch] = []
+        self.lock = threading.Lock()
         self.fail: list[Exception] = []
         self.statuses: dict[str, str] = {}
 
-    def encode(self, batch: IngestBatch) -> bytes:
-        self.batches.append(batch)
-        return b"x" * 100
+    def compress(self, document: bytes) -> bytes:
+        # Every batch the uploader builds (fast JSON splicing) must be a valid IngestBatch.
+        # Called from the prefetch thread too: the body names its batch.
+        batch = IngestBatch.model_validate_json(document)
+        with self.lock:
+            self.prepared.append(batch)
+            return b"%099d" % (len(self.prepared) - 1)
 
     def send(self, body: bytes, n_records: int) -> IngestResult:
+        batch = self.prepared[int(body)]
+        self.batches.append(batch)  # what was sent, in order
         if self.fail:
             raise self.fail.pop(0)
-        batch = self.batches[-1]
         return IngestResult(results=[
             RecordResult(index=i, status=self.statuses.get(r.id, "accepted"),  # type: ignore[arg-type]
                          reason="nope" if self.statuses.get(r.id) == "rejected" else None)
