@@ -22,7 +22,8 @@ side: no ORM objects and no per-value SQLAlchemy bind processing.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Sequence
+import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,8 +35,6 @@ from fleet.db.schema import UtcDateTime, aggregates, alerts, devices
 #: Rows per multi-row ``INSERT ... VALUES`` on SQLite (11-13 columns: well under the 32,766
 #: bound-parameter limit; one compiled statement per chunk size, cached by sqlite3).
 SQLITE_CHUNK_ROWS = 500
-#: SQLAlchemy's SQLite DATETIME storage format (every stored time in one sortable format).
-_SQLITE_TIME = "%Y-%m-%d %H:%M:%S.%f"
 
 
 @dataclass(frozen=True)
@@ -167,15 +166,23 @@ def _insert_sqlite(conn: Connection, table: Table, rows: Sequence[dict[str, Any]
     if not rows:
         return []
     names = [c.name for c in table.c if c.name != "pk"]
-    convert = [_sqlite_converter(table.c[n].type) for n in names]
+    times = [i for i, n in enumerate(names) if isinstance(table.c[n].type, UtcDateTime)]
+    docs = [i for i, n in enumerate(names) if isinstance(table.c[n].type, JSON)]
+    getter = operator.itemgetter(*names)
     cols = ", ".join(names)
     one = "(" + ", ".join("?" * len(names)) + ")"
+    stored_time = _TimeText()
     new: list[str] = []
     for start in range(0, len(rows), SQLITE_CHUNK_ROWS):
         chunk = rows[start:start + SQLITE_CHUNK_ROWS]
         params: list[Any] = []
         for row in chunk:
-            params.extend(f(row[n]) for n, f in zip(names, convert, strict=True))
+            values = list(getter(row))
+            for i in times:
+                values[i] = stored_time(values[i])
+            for i in docs:
+                values[i] = to_json(values[i]).decode()
+            params.extend(values)
         sql = (  # table and column names come from fleet.db.schema, never from input
             f"INSERT INTO {table.name} ({cols}) VALUES "  # noqa: S608
             + ", ".join([one] * len(chunk))
@@ -185,29 +192,24 @@ def _insert_sqlite(conn: Connection, table: Table, rows: Sequence[dict[str, Any]
     return new
 
 
-def _same(value: Any) -> Any:
-    return value
+class _TimeText:
+    """What :class:`UtcDateTime` + SQLAlchemy's SQLite DATETIME store for an aware time
+    (``YYYY-MM-DD HH:MM:SS.ffffff``, naive UTC); remembers the last value (``received_at`` is
+    the same for a whole batch)."""
 
+    def __init__(self) -> None:
+        self._last: tuple[dt.datetime, str] | None = None
 
-def _sqlite_time(value: dt.datetime | None) -> str | None:
-    """What :class:`UtcDateTime` + SQLAlchemy's SQLite DATETIME store for an aware time."""
-    if value is None:
-        return None
-    if value.tzinfo is None:
-        raise ValueError("naive datetime: UTC-aware values only")
-    return value.astimezone(dt.UTC).strftime(_SQLITE_TIME)
-
-
-def _sqlite_json(value: Any) -> str:
-    return to_json(value).decode()
-
-
-def _sqlite_converter(type_: Any) -> Callable[[Any], Any]:
-    if isinstance(type_, UtcDateTime):
-        return _sqlite_time
-    if isinstance(type_, JSON):
-        return _sqlite_json
-    return _same
+    def __call__(self, value: dt.datetime | None) -> str | None:
+        if value is None:
+            return None
+        if self._last is not None and self._last[0] is value:
+            return self._last[1]
+        if value.tzinfo is None:
+            raise ValueError("naive datetime: UTC-aware values only")
+        text = value.astimezone(dt.UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
+        self._last = (value, text)
+        return text
 
 
 def _pg_ingest_sql() -> str:
