@@ -6,7 +6,8 @@ them, not checking, is most of the cost (~2 us per instance). :func:`checker` re
 pydantic-core schema so that every ``model`` node becomes a ``typed-dict`` node with the very same
 field schemas (types, constraints, patterns, aliases, defaults, ``extra="forbid"``), compiles it
 with :class:`pydantic_core.SchemaValidator`, and so checks a document ~4x faster, returning plain
-dicts. The schema is derived from the models at import time, so it cannot drift from them; a
+dicts keyed by the wire names (aliases). The schema is derived from the models at import time,
+so it cannot drift from them; a
 model with validators of its own (``function-*`` schema nodes, which expect the model instance)
 is refused rather than half-checked.
 
@@ -83,9 +84,13 @@ def _typed_dict(model: dict[str, Any], storable: bool) -> dict[str, Any]:
             "schema": _rewrite(field["schema"], storable),
             "required": field["schema"].get("type") != "default",
         }
-        if "validation_alias" in field:
-            out["validation_alias"] = field["validation_alias"]
-        fields[name] = out
+        alias = field.get("validation_alias")
+        key = name
+        if isinstance(alias, str):
+            key = alias  # the wire name is the key, in and out (e.g. "schema", not "schema_")
+        elif alias is not None:
+            out["validation_alias"] = alias
+        fields[key] = out
     config = model.get("config", {})
     td: dict[str, Any] = {
         "type": "typed-dict",

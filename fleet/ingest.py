@@ -7,16 +7,16 @@ alone (:func:`validate_record`) and either becomes a row for the store or a ``re
 with a reason. Records sharing ``(kind, id)`` within one batch are stored once; later copies
 report ``duplicate`` (the same id is the same record, by contract).
 
-Fast path: when the body holds no ``\\u0000`` escape (:func:`fleet.api.body.parse_json`),
-:func:`prepare` first checks the whole record list in ONE strict call of a validate-only twin of
-the record schema (:data:`_RECORDS`, :mod:`fleet.checker`: no model instances, no type coercion,
-so the raw JSON values are exactly what the schema accepted, and database bounds on every number
-so :func:`unstorable`'s per-value walk has nothing left to find) and builds the rows from the raw
-dicts. Only when that call finds any error does it fall back to validating each record alone,
-which is what tells the device which index failed and why. Both paths accept and reject the same
-records: the fast check accepts a subset of what the per-record path accepts (strict mode
-refuses ``"count": "5"``, which the lenient path coerces; the extra bounds refuse what
-:func:`unstorable` would), and such batches simply take the slow path.
+Fast path (:func:`check_batch`, then :func:`prepare_checked`): the raw body bytes go through
+ONE strict call of a validate-only twin of the batch schema (:mod:`fleet.checker`: JSON parsed
+and checked in one pass by pydantic-core, no model instances, no type coercion, so the values
+are exactly what the schema accepted, plus database bounds on every number and no ``\\u0000``
+escape, so :func:`unstorable` has nothing left to find); rows are built from the checked dicts.
+Only when that call finds any error does the batch take the slow path: envelope model, then each
+record validated alone, which is what tells the device which index failed and why. Both paths
+accept and reject the same records: the fast check accepts a subset of what the slow path
+accepts (strict mode refuses ``"count": "5"``, which the lenient path coerces; the extra bounds
+refuse what :func:`unstorable` would), and such batches simply take the slow path.
 """
 
 from __future__ import annotations
@@ -44,17 +44,39 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _RECORD = TypeAdapter[AlertRecord | AggregateRecord](
     Annotated[AlertRecord | AggregateRecord, Field(discriminator="kind")]
 )
-#: The fast path's whole-list check: the same schema as :data:`_RECORD`, checked without
-#: building model instances (:mod:`fleet.checker`).
-_RECORDS = checker(
-    list[Annotated[AlertRecord | AggregateRecord, Field(discriminator="kind")]], storable=True
-)
 
 
 class Envelope(IngestBatch):
     """An :class:`~cloud_sync.protocol.IngestBatch` whose records are not validated yet."""
 
     records: list[Any] = Field(max_length=MAX_BATCH_RECORDS)
+
+
+class _TaggedBatch(IngestBatch):
+    """The same batch schema with records told apart by ``kind`` (what the fast path checks)."""
+
+    records: list[Annotated[AlertRecord | AggregateRecord, Field(discriminator="kind")]] = Field(
+        max_length=MAX_BATCH_RECORDS
+    )
+
+
+#: The fast path's one-call check of a whole body (module docstring).
+_BATCH = checker(_TaggedBatch, storable=True)
+
+
+def check_batch(data: bytes) -> dict[str, Any] | None:
+    """The body as checked dicts when it passes the fast path's check, else None.
+
+    The result has the wire names of :class:`~cloud_sync.protocol.IngestBatch` (``schema``,
+    ``device_id``, ``sent_at``, ``agent_version``, ``model``, ``backlog``, ``records``).
+    """
+    if b"\\u0000" in data:
+        return None
+    try:
+        checked: dict[str, Any] = _BATCH.validate_json(data, strict=True)
+    except ValidationError:
+        return None
+    return checked
 
 
 @dataclass
@@ -74,22 +96,8 @@ class Prepared:
     repeats: dict[int, int] = field(default_factory=dict)
 
 
-def prepare(
-    device_id: str, records: list[Any], received_at: dt.datetime, *, storable: bool = False
-) -> Prepared:
-    """Validate every record of a batch from ``device_id``; never raises on bad records.
-
-    Args:
-        device_id: The authenticated device.
-        records: The raw records (parsed JSON).
-        received_at: Stored as ``received_at`` (aware UTC).
-        storable: The body holds no ``\\u0000`` escape (:func:`fleet.api.body.parse_json`):
-            try the one-call fast path first (module docstring).
-    """
-    if storable:
-        fast = _prepare_fast(device_id, records, received_at)
-        if fast is not None:
-            return fast
+def prepare(device_id: str, records: list[Any], received_at: dt.datetime) -> Prepared:
+    """Validate every record of a batch from ``device_id``; never raises on bad records."""
     out = Prepared()
     first: dict[tuple[Kind, str], int] = {}
     for index, raw in enumerate(records):
@@ -107,14 +115,10 @@ def prepare(
     return out
 
 
-def _prepare_fast(
-    device_id: str, records: list[Any], received_at: dt.datetime
-) -> Prepared | None:
-    """The fast path of :func:`prepare`; None when any record needs the per-record path."""
-    try:
-        _RECORDS.validate_python(records, strict=True)
-    except ValidationError:
-        return None
+def prepare_checked(
+    device_id: str, records: list[dict[str, Any]], received_at: dt.datetime
+) -> Prepared:
+    """:func:`prepare` for the records of a :func:`check_batch` result (ownership only)."""
     out = Prepared()
     first: dict[tuple[Kind, str], int] = {}
     for index, raw in enumerate(records):
@@ -178,7 +182,7 @@ def _check_owner(device_id: str, record_id: str, body_device: str, body_stream: 
 def _checked_row(
     device_id: str, raw: dict[str, Any], received_at: dt.datetime
 ) -> tuple[Kind, dict[str, Any]]:
-    """The row of a record :data:`_RECORDS` accepted (strict, storable numbers, no NUL)."""
+    """The row of a record :func:`check_batch` accepted (strict, storable, no NUL)."""
     body = raw["body"]
     _check_owner(device_id, raw["id"], body["device_id"], body["stream"])
     if raw["kind"] == "alert":  # rare: the model path (timestamps parsed there)

@@ -11,11 +11,10 @@ Limits (all give a 4xx, never a 500):
 * not UTF-8 or not JSON: 400. ``NaN``/``Infinity`` literals parse (to float) and are rejected
   per record by :mod:`fleet.ingest`.
 
-Parsing: :func:`parse_json` tries ``pydantic_core.from_json`` (Rust; exact big integers, a
-nesting limit of 200, refuses ``NaN`` literals and lone surrogates) and falls back to the stdlib
-``json`` for whatever it refuses, so every body is accepted or refused exactly as before. It also
-says whether the body holds a ``\\u0000`` escape (the only way JSON can carry a NUL character,
-which PostgreSQL refuses): :mod:`fleet.ingest` tries its one-call fast path only without one.
+:func:`read_body` stops after the limits and gzip (ingest checks the raw bytes in one pass, see
+:mod:`fleet.ingest`); :func:`parse_json` tries ``pydantic_core.from_json`` (Rust; exact big
+integers, a nesting limit of 200, refuses ``NaN`` literals and lone surrogates) and falls back to
+the stdlib ``json`` for whatever it refuses, so every body is accepted or refused as before.
 """
 
 from __future__ import annotations
@@ -33,26 +32,24 @@ _CHUNK = 64 * 1024
 
 
 async def read_json(request: Request, max_bytes: int) -> Any:
-    """Read, inflate and parse the request body (see :func:`read_json_checked`)."""
-    value, _storable = await read_json_checked(request, max_bytes)
-    return value
+    """Read, inflate and parse the request body (:func:`read_body`, :func:`parse_json`)."""
+    return parse_json(await read_body(request, max_bytes))
 
 
-async def read_json_checked(request: Request, max_bytes: int) -> tuple[Any, bool]:
-    """Read, inflate and parse the request body.
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """Read and inflate the request body of a JSON request.
 
     Args:
         request: The incoming request.
         max_bytes: Largest body accepted, compressed and decompressed (bytes).
 
     Returns:
-        ``(value, nul_free)``: the parsed JSON value, and whether the body is free of ``\\u0000``
-        escapes (see :func:`parse_json`).
+        The body bytes (inflated), not parsed yet.
 
     Raises:
         PayloadTooLarge: The body is over ``max_bytes`` (before or after inflating).
         UnsupportedMediaType: Not JSON, or an encoding other than gzip/identity.
-        BadRequest: Broken gzip, not UTF-8, not JSON, client went away.
+        BadRequest: Broken gzip, client went away.
     """
     ctype = request.headers.get("content-type", "application/json").split(";")[0].strip()
     if ctype.lower() != "application/json":
@@ -67,31 +64,26 @@ async def read_json_checked(request: Request, max_bytes: int) -> tuple[Any, bool
         if int(length) > max_bytes:
             raise PayloadTooLarge(f"body of {length} bytes is over the {max_bytes}-byte limit")
     raw = await _read_limited(request, max_bytes)
-    data = _gunzip(raw, max_bytes) if encoding == "gzip" else raw
-    return parse_json(data)
+    return _gunzip(raw, max_bytes) if encoding == "gzip" else raw
 
 
-def parse_json(data: bytes) -> tuple[Any, bool]:
+def parse_json(data: bytes) -> Any:
     """Parse a JSON body, fast when possible, as the stdlib would (module docstring).
-
-    Returns:
-        ``(value, nul_free)``: ``nul_free`` is False when the body holds a ``\\u0000`` escape.
 
     Raises:
         BadRequest: Not UTF-8, or not JSON.
 
     >>> parse_json(b'{"a": [1, 2.5, "x", 18446744073709551616]}')
-    ({'a': [1, 2.5, 'x', 18446744073709551616]}, True)
+    {'a': [1, 2.5, 'x', 18446744073709551616]}
     >>> parse_json(b'[NaN, "\\\\u0000"]')
-    ([nan, '\\x00'], False)
+    [nan, '\\x00']
     """
-    nul_free = b"\\u0000" not in data
     try:
-        return from_json(data, cache_strings="keys"), nul_free
+        return from_json(data, cache_strings="keys")
     except ValueError:
         pass  # NaN literal, lone surrogate, deep nesting, ... or broken: the stdlib decides
     try:
-        return json.loads(data.decode("utf-8")), nul_free
+        return json.loads(data.decode("utf-8"))
     except UnicodeDecodeError:
         raise BadRequest("body is not UTF-8") from None
     except (json.JSONDecodeError, RecursionError) as exc:
