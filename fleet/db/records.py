@@ -171,7 +171,7 @@ def _insert_sqlite(conn: Connection, table: Table, rows: Sequence[dict[str, Any]
     getter = operator.itemgetter(*names)
     cols = ", ".join(names)
     one = "(" + ", ".join("?" * len(names)) + ")"
-    stored_time = _TimeText()
+    stored_time = _TimeText(rows[0].get("received_at"))
     new: list[str] = []
     for start in range(0, len(rows), SQLITE_CHUNK_ROWS):
         chunk = rows[start:start + SQLITE_CHUNK_ROWS]
@@ -194,22 +194,30 @@ def _insert_sqlite(conn: Connection, table: Table, rows: Sequence[dict[str, Any]
 
 class _TimeText:
     """What :class:`UtcDateTime` + SQLAlchemy's SQLite DATETIME store for an aware time
-    (``YYYY-MM-DD HH:MM:SS.ffffff``, naive UTC); remembers the last value (``received_at`` is
-    the same for a whole batch)."""
+    (``YYYY-MM-DD HH:MM:SS.ffffff``, naive UTC); ``same`` (``received_at``, one value for a
+    whole batch) is converted once.
 
-    def __init__(self) -> None:
-        self._last: tuple[dt.datetime, str] | None = None
+    >>> t = dt.datetime(2024, 5, 1, 12, 0, 0, 5, tzinfo=dt.UTC)
+    >>> _TimeText(t)(t), _TimeText(None)(t.astimezone(dt.timezone(dt.timedelta(hours=2))))
+    ('2024-05-01 12:00:00.000005', '2024-05-01 12:00:00.000005')
+    """
+
+    def __init__(self, same: dt.datetime | None) -> None:
+        self._same = same
+        self._same_text = self.convert(same)
 
     def __call__(self, value: dt.datetime | None) -> str | None:
+        return self._same_text if value is self._same else self.convert(value)
+
+    @staticmethod
+    def convert(value: dt.datetime | None) -> str | None:
         if value is None:
             return None
-        if self._last is not None and self._last[0] is value:
-            return self._last[1]
+        if value.tzinfo is dt.UTC:  # the usual case: cut "+00:00" off
+            return value.isoformat(" ", "microseconds")[:-6]
         if value.tzinfo is None:
             raise ValueError("naive datetime: UTC-aware values only")
-        text = value.astimezone(dt.UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
-        self._last = (value, text)
-        return text
+        return value.astimezone(dt.UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
 
 
 def _pg_ingest_sql() -> str:
