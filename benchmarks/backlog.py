@@ -2,13 +2,19 @@
 
 Scenario: the gateway was offline; its store buffered ``--rows`` aggregate rows (inserted fast:
 ``executemany`` in one transaction). Then a fleet service starts (``edge-fleet serve``
-subprocess on a SQLite file in ``--workdir``) and the real :class:`agent.services.uploader.
-Uploader` with the real :class:`cloud_sync.client.FleetClient` drains the backlog. At the end the
-fleet database is checked: ``COUNT(*)`` and ``COUNT(DISTINCT id)`` against ``--rows``.
+subprocess, one worker) and the real :class:`agent.services.uploader.Uploader` with the real
+:class:`cloud_sync.client.FleetClient` drains the backlog. At the end the fleet database is
+checked: ``COUNT(*)`` and ``COUNT(DISTINCT id)`` against ``--rows``.
+
+Fleet database (``--fleet-db``): ``sqlite`` (default: a SQLite file in ``--workdir``, WAL,
+``synchronous=FULL``: the zero-setup fleet of one site, and what the sync fault tests run) or
+``postgresql`` (a fresh database on ``--pg``, dropped at the end: what real fleets use; its server
+shares this machine's cores with the agent and the fleet process). Commits are durable in both.
 
 Usage::
 
     python benchmarks/backlog.py [--rows 1000000] [--batch 5000] [--gzip-level 1]
+        [--fleet-db sqlite|postgresql] [--pg "host=127.0.0.1 user=postgres dbname=test"]
 
 Last line: ``rows_per_s=<n> lost=<n> duplicated=<n> peak_rss_mb=<n>`` (agent process).
 """
@@ -18,8 +24,10 @@ from __future__ import annotations
 import argparse
 import cProfile
 import json
+import os
 import pstats
 import resource
+import secrets
 import sqlite3
 import sys
 import tempfile
@@ -72,13 +80,34 @@ def main() -> int:
     ap.add_argument("--gzip-level", type=int, default=1)
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--profile", action="store_true", help="cProfile the agent side")
+    ap.add_argument("--fleet-db", choices=("sqlite", "postgresql"), default="sqlite")
+    ap.add_argument("--pg", default="host=127.0.0.1 port=5432 user=postgres dbname=test")
     args = ap.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="backlog-"))
     db = workdir / "agent.db"
-    print(f"workdir {workdir}; fleet storage: SQLite file (edge-fleet serve subprocess)")
+    print(f"workdir {workdir}; fleet storage: {args.fleet_db} (edge-fleet serve subprocess); "
+          f"load average {os.getloadavg()[0]:.2f}")
     print(f"filling the agent store with {args.rows} aggregates ...", flush=True)
     print(f"  filled in {fill(db, args.rows):.1f} s", flush=True)
-    fleet = FleetProcess(workdir / "fleet")
+    pg_admin = None
+    db_url = None
+    if args.fleet_db == "postgresql":
+        import psycopg  # noqa: PLC0415
+
+        pg_admin = psycopg.connect(args.pg, autocommit=True)
+        pg_name = f"backlog_{secrets.token_hex(4)}"
+        pg_admin.execute(f'CREATE DATABASE "{pg_name}"')
+        info = pg_admin.info
+        db_url = f"postgresql+psycopg://{info.user}@{info.host}:{info.port}/{pg_name}"
+    try:
+        return drain(args, db, FleetProcess(workdir / "fleet", db_url=db_url))
+    finally:
+        if pg_admin is not None:
+            pg_admin.execute(f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)')
+            pg_admin.close()
+
+
+def drain(args: argparse.Namespace, db: Path, fleet: FleetProcess) -> int:
     fleet.start()
     store = Store(db, budget_bytes=None)
     client = FleetClient(fleet.url, fleet.token, read_timeout_s=120, gzip_level=args.gzip_level)
@@ -119,7 +148,7 @@ def main() -> int:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     fleet_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(f"fleet rows {n}, distinct {distinct}; drain {elapsed:.1f} s; "
-          f"fleet peak RSS {fleet_peak:.0f} MB")
+          f"fleet peak RSS {fleet_peak:.0f} MB; load average {os.getloadavg()[0]:.2f}")
     print(f"rows_per_s={args.rows / elapsed:.0f} lost={lost} duplicated={duplicated} "
           f"peak_rss_mb={peak:.0f}")
     return 0 if lost == 0 and duplicated == 0 else 1

@@ -1,8 +1,9 @@
-"""A real ``edge-fleet serve`` process on a SQLite file, for sync tests and the benchmark.
+"""A real ``edge-fleet serve`` process, for sync tests and the benchmarks.
 
 ``FleetProcess`` enrolls a device (``edge-fleet device add``), starts the server on a fixed free
 port, and can stop/kill/restart it on the same port; ``counts`` reads the fleet's database
-directly (``COUNT(*)`` and ``COUNT(DISTINCT id)`` per record table).
+directly (``COUNT(*)`` and ``COUNT(DISTINCT id)`` per record table). The database is a SQLite
+file in ``workdir`` unless ``db_url`` names another (``postgresql+psycopg://...``).
 """
 
 from __future__ import annotations
@@ -34,11 +35,11 @@ def fleet_command() -> list[str]:
 class FleetProcess:
     """One fleet server process with its SQLite database in ``workdir``."""
 
-    def __init__(self, workdir: Path, device_id: str = "gw1") -> None:
+    def __init__(self, workdir: Path, device_id: str = "gw1", db_url: str | None = None) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         self.workdir = workdir
         self.db_path = workdir / "fleet.db"
-        self.db_url = f"sqlite:///{self.db_path}"
+        self.db_url = db_url or f"sqlite:///{self.db_path}"
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {**os.environ, "EDGE_FLEET_ADMIN_TOKEN": ADMIN_TOKEN}
@@ -89,9 +90,17 @@ class FleetProcess:
     def counts(self, table: str) -> tuple[int, int]:
         """``(COUNT(*), COUNT(DISTINCT id))`` of ``alerts`` or ``aggregates`` in the fleet DB."""
         assert table in ("alerts", "aggregates")
+        sql = f"SELECT COUNT(*), COUNT(DISTINCT id) FROM {table}"
+        if self.db_url.startswith("postgresql"):
+            import psycopg  # noqa: PLC0415
+
+            with psycopg.connect(self.db_url.replace("+psycopg", "")) as pg:
+                row = pg.execute(sql).fetchone()
+                assert row is not None
+                return int(row[0]), int(row[1])
         conn = sqlite3.connect(self.db_path, timeout=30)
         try:
-            row = conn.execute(f"SELECT COUNT(*), COUNT(DISTINCT id) FROM {table}").fetchone()
+            row = conn.execute(sql).fetchone()
         finally:
             conn.close()
         return int(row[0]), int(row[1])
