@@ -114,6 +114,7 @@ def drain(args: argparse.Namespace, db: Path, fleet: FleetProcess) -> int:
     up = Uploader(store, client, "gw1", Metrics(CollectorRegistry()), batch_records=args.batch,
                   interval_s=0.01, backoff_initial_s=0.1, backoff_max_s=2.0)
     prof = cProfile.Profile() if args.profile else None
+    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     last = t0
     failures = 0
@@ -135,6 +136,7 @@ def drain(args: argparse.Namespace, db: Path, fleet: FleetProcess) -> int:
                 if left == 0:
                     break
         elapsed = time.perf_counter() - t0
+        cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     finally:
         if prof is not None:
             prof.disable()
@@ -146,7 +148,13 @@ def drain(args: argparse.Namespace, db: Path, fleet: FleetProcess) -> int:
     lost = args.rows - distinct
     duplicated = n - distinct
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    fleet_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    fleet_peak = children.ru_maxrss / 1024
+    batches = -(-args.rows // args.batch)
+    agent_cpu = (cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime) / batches
+    fleet_cpu = (children.ru_utime + children.ru_stime) / batches  # incl. its start-up
+    print(f"CPU per {args.batch}-row batch: agent {agent_cpu * 1000:.0f} ms, fleet process "
+          f"{fleet_cpu * 1000:.0f} ms (a loaded machine stretches wall time, not CPU time)")
     print(f"fleet rows {n}, distinct {distinct}; drain {elapsed:.1f} s; "
           f"fleet peak RSS {fleet_peak:.0f} MB; load average {os.getloadavg()[0]:.2f}")
     print(f"rows_per_s={args.rows / elapsed:.0f} lost={lost} duplicated={duplicated} "
