@@ -8,10 +8,9 @@ ingest`). The 200 answer gives one :class:`~cloud_sync.protocol.RecordResult` pe
 
 Cost per request matters (200 gateways, or a 5,000-record backlog batch): the body bytes first
 try the one-call check of :mod:`fleet.ingest` (parse + validate in one pass, off the event loop,
-like the rest of the work), and the answer is serialized straight
-to JSON bytes (``pydantic_core.to_json``) instead of through 5,000 ``RecordResult`` models and
-FastAPI's re-validation of the response model (the OpenAPI schema still says
-:class:`IngestResult`).
+like the rest of the work), and the answer is serialized straight to JSON bytes
+(``pydantic_core.to_json``) instead of through 5,000 ``RecordResult`` models and FastAPI's
+re-validation of the response model (the OpenAPI schema still says :class:`IngestResult`).
 """
 
 from __future__ import annotations
