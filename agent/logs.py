@@ -1,10 +1,12 @@
 """Logging set-up: text or JSON lines on stderr (journald adds the timestamp under systemd).
 
-Repeated messages are rate-limited (:class:`RateLimitFilter`): the same logger and message
-*template* (``record.msg`` before ``%`` formatting, so "port %s gone" is one message whatever the
-port) passes at most once per ``interval_s``; the next one that passes says how many were
-suppressed. Components that already limit themselves (the source supervisor) are unaffected,
-since their repeats are rarer than the interval.
+Repeated messages are rate-limited (:class:`RateLimitFilter`): the same logger, message
+*template* (``record.msg`` before ``%`` formatting) and *string* arguments pass at most once per
+``interval_s``; the next one that passes says how many were suppressed. String arguments name
+things (a stream, a reject reason, an update state), so "stream %s calibrated" for two streams
+are two messages; numbers (counts, values, durations) are ignored, so "disk %d full" repeating
+with a new count each time is one message. Components that already limit themselves (the source
+supervisor) are unaffected, since their repeats are rarer than the interval.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ class JsonFormatter(logging.Formatter):
 
 
 class RateLimitFilter(logging.Filter):
-    """Lets the same (logger, message template) through at most once per ``interval_s``.
+    """Lets the same (logger, template, string arguments) through at most once per ``interval_s``.
 
     A record that passes after others were suppressed gets `` [N similar messages suppressed in
     the last S s]`` appended to its template, and ``suppressed = N`` as an attribute (the JSON
@@ -56,6 +58,9 @@ class RateLimitFilter(logging.Filter):
     [True, False, False]
     >>> now[0] = 11.0; r = rec(); f.filter(r), r.getMessage()
     (True, 'port a gone [2 similar messages suppressed in the last 11 s]')
+    >>> other = logging.LogRecord("x", logging.WARNING, "", 0, "port %s gone", ("b",), None)
+    >>> f.filter(other)
+    True
     """
 
     def __init__(
@@ -65,14 +70,15 @@ class RateLimitFilter(logging.Filter):
         self.interval_s = interval_s
         self._monotonic = monotonic
         self._lock = threading.Lock()
-        self._last: dict[tuple[str, str], float] = {}
-        self._suppressed: dict[tuple[str, str], int] = {}
+        self._last: dict[tuple[str, str, tuple[str, ...]], float] = {}
+        self._suppressed: dict[tuple[str, str, tuple[str, ...]], int] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
         """True when ``record`` may be emitted (see the class docstring)."""
         if self.interval_s <= 0:
             return True
-        key = (record.name, str(record.msg))
+        args = record.args if isinstance(record.args, tuple) else ()
+        key = (record.name, str(record.msg), tuple(a for a in args if isinstance(a, str)))
         now = self._monotonic()
         with self._lock:
             last = self._last.get(key)

@@ -41,19 +41,24 @@ def _record(msg: str, *args: object, name: str = "agent.x") -> logging.LogRecord
 def test_rate_limit_lets_one_through_per_interval_and_counts_the_rest() -> None:
     clock = Clock()
     f = RateLimitFilter(10.0, clock)
-    assert f.filter(_record("port %s gone", "a"))
-    assert [f.filter(_record("port %s gone", p)) for p in "bcd"] == [False, False, False]
-    # another template or another logger is another key
+    assert f.filter(_record("disk %d full", 1))
+    # numbers are not part of the key: the same message with a new count is a repeat
+    assert [f.filter(_record("disk %d full", n)) for n in (2, 3, 4)] == [False, False, False]
+    # another template, another logger, or another string argument (a stream, a reason) is
+    # another message
     assert f.filter(_record("other %s", 1))
-    assert f.filter(_record("port %s gone", "a", name="agent.y"))
+    assert f.filter(_record("disk %d full", 1, name="agent.y"))
+    assert f.filter(_record("port %s gone", "a"))
+    assert f.filter(_record("port %s gone", "b"))
+    assert not f.filter(_record("port %s gone", "a"))
     clock.now += 10.0
-    rec = _record("port %s gone", "e")
+    rec = _record("disk %d full", 5)
     assert f.filter(rec)
-    assert rec.getMessage() == "port e gone [3 similar messages suppressed in the last 10 s]"
+    assert rec.getMessage() == "disk 5 full [3 similar messages suppressed in the last 10 s]"
     assert rec.suppressed == 3  # type: ignore[attr-defined]
     clock.now += 10.0
-    quiet = _record("port %s gone", "f")
-    assert f.filter(quiet) and quiet.getMessage() == "port f gone"
+    quiet = _record("disk %d full", 6)
+    assert f.filter(quiet) and quiet.getMessage() == "disk 6 full"
 
 
 def test_rate_limit_zero_disables() -> None:
