@@ -27,7 +27,9 @@ store) and a new one is built from the new config and run in the same process, k
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
 import queue
 import signal
 import sys
@@ -664,6 +666,42 @@ def check_reload(config_file: Path) -> AgentConfig | None:
     return config
 
 
+def lock_state_dir(state_dir: Path) -> TextIO:
+    """Take an exclusive lock on ``state_dir/agent.lock`` (one agent per state directory).
+
+    Two agents on one state directory would share one outbox and sequence counter and fight over
+    one MQTT client id. The lock (``fcntl.flock``) is released by the kernel when the process
+    exits, however it exits.
+
+    Returns:
+        The open lock file (keep a reference for the life of the process).
+
+    Raises:
+        AgentError: another process holds the lock (its pid is named) or the file cannot be made.
+    """
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = state_dir / "agent.lock"
+    try:
+        fh = path.open("a+", encoding="utf-8")
+    except OSError as exc:
+        raise AgentError(f"cannot create the state lock {path}: {exc}") from exc
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        fh.seek(0)
+        holder = fh.read().strip() or "unknown"
+        fh.close()
+        raise AgentError(
+            f"state directory {state_dir} is in use by another edge-agent (pid {holder}); "
+            "give each agent its own agent.state_dir"
+        ) from None
+    fh.seek(0)
+    fh.truncate()
+    fh.write(f"{os.getpid()}\n")
+    fh.flush()
+    return fh
+
+
 def run(config: AgentConfig, config_dir: Path, config_file: Path | None = None) -> int:
     """CLI entry: resolve paths, set up logging, signals and /metrics, run the agent.
 
@@ -675,6 +713,7 @@ def run(config: AgentConfig, config_dir: Path, config_file: Path | None = None) 
     """
     config = config.resolved(config_dir)
     setup_logging(config.agent.log_level, config.agent.log_format)
+    state_lock = lock_state_dir(Path(config.agent.state_dir))  # held until the process exits
     metrics = Metrics()
     notifier = Notifier()
     current: list[Agent] = []
@@ -740,5 +779,6 @@ def run(config: AgentConfig, config_dir: Path, config_file: Path | None = None) 
         if server is not None:
             server.stop()
         notifier.close()
+        state_lock.close()  # releases the flock
         for sig, old_handler in previous.items():
             signal.signal(sig, old_handler)  # type: ignore[arg-type]
