@@ -59,6 +59,7 @@ from agent.monitor import Monitor, WatchedSource
 from agent.pipeline.detector import Calibration, FeatureDeviationDetector
 from agent.pipeline.rules import RuleParams
 from agent.pipeline.stream import AlertEvent, StreamPipeline
+from agent.preflight import preflight
 from agent.publish.mqtt import MqttPublisher
 from agent.records import Aggregate, Alert, Float32Array, Reading, iso_utc
 from agent.services.camera import CameraStream, build_camera_stream
@@ -712,6 +713,9 @@ def run(config: AgentConfig, config_dir: Path, config_file: Path | None = None) 
         ConfigError, ModelError, StoreError: start-up failed (the CLI maps them to exit codes).
     """
     config = config.resolved(config_dir)
+    problems = preflight(config)
+    if problems:
+        raise ConfigError(f"{len(problems)} problem(s) in the configuration", problems=problems)
     setup_logging(config.agent.log_level, config.agent.log_format)
     state_lock = lock_state_dir(Path(config.agent.state_dir))  # held until the process exits
     metrics = Metrics()

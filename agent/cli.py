@@ -137,6 +137,12 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
         config = load_config(config_file)
     except ConfigError as exc:
         return _report_config_error(exc, config_file, sys.stderr)
+    from agent.preflight import preflight  # noqa: PLC0415 - loads the model code
+
+    problems = preflight(config.resolved(config_file.resolve().parent))
+    if problems:
+        error = ConfigError(f"{len(problems)} problem(s)", problems=problems)
+        return _report_config_error(error, config_file, sys.stderr)
     print(f"OK: {summarize(config)}")
     return EX_OK
 

@@ -613,10 +613,14 @@ def test_missing_model_directory_fails_naming_the_path(
     missing = tmp_path / "no-such-model"
     config = write_config(tmp_path / "agent.toml", simulator_source(), model=str(missing))
     agent = run_agent(["run", "--config", str(config)], tmp_path)
-    assert agent.wait(20) == 1
+    assert agent.wait(20) == 78  # EX_CONFIG: systemd does not restart it in a loop
     err = agent.stderr()
     assert str(missing) in err
     assert "does not exist" in err
+    assert "streams[0].model" in err
+    check = subprocess.run(["edge-agent", "check-config", str(config)], capture_output=True,
+                           text=True, timeout=60, check=False)
+    assert check.returncode == 78 and str(missing) in check.stderr
     assert "Traceback" not in err
 
 
@@ -634,7 +638,7 @@ def test_corrupt_model_fails_its_sha256_check(
     onnx.write_bytes(bytes(raw))
     config = write_config(tmp_path / "agent.toml", simulator_source(), model="model")
     agent = run_agent(["run", "--config", str(config)], tmp_path)
-    assert agent.wait(20) == 1
+    assert agent.wait(20) == 78
     err = agent.stderr()
     assert "sha256" in err
     assert "model.int8.onnx" in err

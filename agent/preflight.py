@@ -1,0 +1,57 @@
+"""Pre-flight checks: what the schema cannot see (files that must exist, models that must load).
+
+``edge-agent check-config`` runs them after the schema, and ``edge-agent run`` before it starts
+anything, so a config that points at a missing model or data file fails as a configuration error
+(exit 78, which systemd's ``RestartPreventExitStatus=78`` does not restart in a loop) instead of
+as a run-time failure restarted forever.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agent.config.schema import AgentConfig, resolve_model_path
+from agent.errors import ModelError
+
+
+def preflight(config: AgentConfig) -> list[str]:
+    """Check files and model packages a resolved config refers to.
+
+    Args:
+        config: A config whose paths are absolute (``AgentConfig.resolved``).
+
+    Returns:
+        One ``key.path: message`` per problem; empty when everything is in place.
+    """
+    from agent.inference.image_package import load_image_package  # noqa: PLC0415
+    from agent.inference.package import load_package  # noqa: PLC0415
+    from agent.sources.camera import CameraConfig  # noqa: PLC0415
+    from agent.sources.replay import ReplayConfig  # noqa: PLC0415
+
+    problems: list[str] = []
+    for i, stream in enumerate(config.streams):
+        key = f"streams[{i}]"
+        source = stream.source
+        if isinstance(source, ReplayConfig) and not Path(source.path).is_file():
+            problems.append(f"{key}.source.path: no such file {source.path!r}")
+        try:
+            path = resolve_model_path(stream.model, Path.cwd())
+        except ValueError as exc:
+            problems.append(f"{key}.model: {exc}")
+            continue
+        try:
+            if isinstance(source, CameraConfig):
+                load_image_package(path)
+            else:
+                load_package(path)
+        except ModelError as exc:
+            problems.append(f"{key}.model: {exc}")
+    files = [("mqtt.password_file", config.mqtt.password_file if config.mqtt.enabled else None),
+             ("mqtt.ca_file", config.mqtt.ca_file if config.mqtt.enabled else None)]
+    fleet = getattr(config, "fleet", None)
+    if fleet is not None and fleet.enabled:
+        files.append(("fleet.token_file", fleet.token_file))
+    for name, value in files:
+        if value is not None and not Path(value).is_file():
+            problems.append(f"{name}: no such file {value!r}")
+    return problems
