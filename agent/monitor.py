@@ -224,6 +224,10 @@ class Monitor:
             self._store_component = Component("store", RED, f"cannot read the store: {exc}")
             return
         age = 0.0 if oldest is None else max(0.0, self._clock() - oldest)
+        if self._publisher is None:
+            # MQTT disabled: nothing drains the outbox by design (alerts go to the console and
+            # the fleet), so a growing depth is not a stuck delivery and must not alarm.
+            depth, age = 0, 0.0
         self._outbox = (depth, age)
         self._metrics.outbox_depth.set(depth)
         self._metrics.outbox_oldest_age_seconds.set(age)
