@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 import urllib.error
 import urllib.request
@@ -58,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return EX_INTERRUPTED
+    except BrokenPipeError:  # e.g. `edge-agent status | head -1`: the reader left, not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EX_OK
 
 
 def _parser() -> argparse.ArgumentParser:
