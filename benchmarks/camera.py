@@ -1,7 +1,7 @@
 """Camera benchmark: N streams x F fps of S x S video through the agent's camera path.
 
     python3 benchmarks/camera.py [--streams 4] [--fps 30] [--size 128] [--seconds 20]
-                                 [--package models/mtd-padim]
+                                 [--package models/mtd-patchcore]
 
 The script writes one MJPG ``.avi`` per stream (frames of a noisy texture with a frame counter
 drawn in) into a temporary folder, then runs one :class:`agent.services.camera.CameraStream` per
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fps", type=float, default=30.0)
     ap.add_argument("--size", type=int, default=128)
     ap.add_argument("--seconds", type=float, default=20.0)
-    ap.add_argument("--package", type=Path, default=ROOT / "models" / "mtd-padim")
+    ap.add_argument("--package", type=Path, default=ROOT / "models" / "mtd-patchcore")
     args = ap.parse_args(argv)
     package = load_image_package(args.package)
     inp = package.manifest.input

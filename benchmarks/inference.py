@@ -17,7 +17,8 @@ Sizes: bytes of every artefact. The inputs are the package's golden inputs, tile
 
 The last line is ``int8_vs_ort_fp32=<x> int8_vs_torch=<x>``: batch-1, 1-thread p50 speedup of
 the INT8 backend that auto-selection picks over ONNX Runtime FP32 and over PyTorch eager FP32,
-for the image model (targets: ≥ 3 and ≥ 5; INT8 size ≤ 0.3 × FP32), or for the sensor model when
+for the image model (targets: ≥ 3 and ≥ 5; INT8 size ≤ 0.3 × FP32, counting every file of the
+selected artefact, e.g. an IR's .xml and .bin), or for the sensor model when
 there is no image model (said on the line before).
 """
 
@@ -38,10 +39,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent.errors import ModelError
+from agent.inference.image_package import ImagePackage, load_image_package
 from agent.inference.package import ModelPackage, load_package
 from agent.inference.registry import build_backend
 from agent.inference.select import candidates, select_backend
-from cloud_sync.manifest import ImageManifest, parse_manifest
 
 THREADS = (1, 2)
 BATCHES = (1, 8, 32)
@@ -89,24 +90,10 @@ def torch_sensor(package: ModelPackage) -> Callable[[np.ndarray], Any] | None:
     return run
 
 
-@dataclass(frozen=True)
-class ImagePackage:
-    """An image model package (``kind = "image"``), enough of it for this benchmark."""
-
-    path: Path
-    manifest: ImageManifest
-
-    @property
-    def label(self) -> str:
-        return f"{self.manifest.name}@{self.manifest.version}"
-
-    def golden_inputs(self) -> np.ndarray:
-        return np.load(self.path / self.manifest.golden.inputs_file).astype(np.float32)
-
-
 def golden_inputs(package: Any) -> np.ndarray:
     if isinstance(package, ImagePackage):
-        return package.golden_inputs()
+        g = package.manifest.golden
+        return np.load(package.path / g.inputs_file, allow_pickle=False).astype(np.float32)
     return np.asarray(package.manifest.golden.inputs, dtype=np.float32)
 
 
@@ -208,34 +195,28 @@ def report(package: Any, configs: list[Config]) -> None:
         print(f"  {a.path:<24}{a.runtime:<13}{a.precision:<6}{a.size_bytes:>10} B")
 
 
-def image_choice(package: ImagePackage, one: dict[str, float]) -> str:
-    """What auto-selection does, for an image package: the fastest INT8 runtime (batch 1,
-    1 thread) whose outputs on the golden images are within the manifest's tolerance."""
-    x, want = package.golden_inputs(), np.asarray(package.manifest.golden.outputs, np.float32)
-    passing = []
-    for cand in candidates(package, "auto", "int8"):  # type: ignore[arg-type]
-        b = build_backend(cand.kind, package.path / cand.artefact.path, "int8")
-        err = float(np.abs(np.asarray(b.run(x), np.float32).reshape(-1) - want).max())
-        ok = err <= package.manifest.golden.atol
-        print(f"golden {cand.label}/int8: max |err| {err:.4g} (atol "
-              f"{package.manifest.golden.atol}) {'ok' if ok else 'FAILS'}")
-        if ok and f"{cand.label}/int8" in one:
-            passing.append((one[f"{cand.label}/int8"], cand.label))
-    return min(passing)[1]
+def artefact_bytes(package: Any, path: str) -> int:
+    """Bytes of an artefact with every file it needs (an IR ``.xml`` and its ``.bin``)."""
+    files = {path} | ({path[:-4] + ".bin"} if path.endswith(".xml") else set())
+    return sum(a.size_bytes for a in package.manifest.artefacts if a.path in files)
 
 
 def ratios(package: Any, configs: list[Config]) -> tuple[str, float, float, float]:
+    """What auto-selection (:func:`agent.inference.select.select_backend`: fastest INT8
+    candidate passing the golden check) picks, its batch-1 1-thread p50 speedups here, and its
+    size (every file) over the ONNX FP32 artefact's."""
     one = {c.key: p50_window(c) for c in configs if c.batch == 1 and c.threads == 1}
-    if isinstance(package, ImagePackage):
-        label = image_choice(package, one)
-    else:
-        label = select_backend(package, "auto", "int8").chosen.candidate.label
+    selection = select_backend(package, "auto", "int8")
+    print(f"{package.label}: auto-selection: {selection.table()}")
+    chosen = selection.chosen.candidate
+    label = chosen.label
     int8 = one[f"{label}/int8"]
     vs_ort = one.get("onnxruntime/fp32", float("nan")) / int8
     vs_torch = one.get("torch/fp32", float("nan")) / int8
-    sizes = {(a.runtime, a.precision): a.size_bytes for a in package.manifest.artefacts}
-    size_ratio = sizes.get(("onnxruntime", "int8"), np.nan) / sizes.get(
-        ("onnxruntime", "fp32"), np.nan)
+    fp32 = [a for a in package.manifest.artefacts
+            if a.runtime == "onnxruntime" and a.precision == "fp32"]
+    size_ratio = (artefact_bytes(package, chosen.artefact.path) / fp32[0].size_bytes
+                  if fp32 else float("nan"))
     return f"{label}/int8", vs_ort, vs_torch, size_ratio
 
 
@@ -253,9 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         obj = json.loads(mpath.read_text())
         try:
             if obj.get("kind") == "image":
-                manifest = parse_manifest(obj)
-                assert isinstance(manifest, ImageManifest)
-                packages.append(ImagePackage(mpath.parent, manifest))
+                packages.append(load_image_package(mpath.parent))
             else:
                 packages.append(load_package(mpath.parent))
         except (ModelError, ValueError) as exc:

@@ -1,12 +1,15 @@
 """MTD image anomaly benchmark: image-level AUROC of the INT8 and FP32 models, per defect class.
 
-    python3 benchmarks/mtd.py --data ../shared/datasets/mtd                      # train, then score
-    python3 benchmarks/mtd.py --data ../shared/datasets/mtd --package models/mtd-padim
+    python3 benchmarks/mtd.py --data ../shared/datasets/mtd               # the shipped package
+    python3 benchmarks/mtd.py --data ../shared/datasets/mtd --train       # train, then score
 
-Without ``--package`` the recipe (``models/recipes/mtd_padim.py``, ``train`` extra) trains on the
-``train`` rows of ``DATA/splits/split.csv`` into a temporary package first. The ``test`` rows
-(good + Blowhole, Break, Crack) are preprocessed like the agent's camera source and scored with
-both artefacts; per class the AUROC is over that class's images plus every good test image.
+By default the shipped package ``models/mtd-patchcore`` is scored; ``--package`` names another,
+``--train`` builds one first with the recipe (``models/recipes/mtd_patchcore.py``, ``train`` and
+``openvino`` extras plus nncf) from the good ``train`` rows of ``DATA/splits/split.csv``. The
+``test`` rows (good + every defect class in the file) are preprocessed like the agent's camera
+source and scored by every artefact: ``int8`` = the OpenVINO INT8 IR (what auto-selection picks
+where OpenVINO is installed), ``int8-ort`` = the ONNX Runtime INT8 QDQ fallback, ``fp32`` = the
+ONNX FP32 twin. Per class the AUROC is over that class's images plus every good test image.
 The last line is ``AUROC=<overall INT8 AUROC>``.
 """
 
@@ -25,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "models" / "recipes"))
 sys.path.insert(0, str(ROOT))
 
-import mtd_padim as recipe  # noqa: E402
+import mtd_patchcore as recipe  # noqa: E402
+from mtd_padim import runner  # noqa: E402
 
 
 def evaluate(data: Path, package: Path) -> dict[str, dict[str, float]]:
@@ -38,9 +42,14 @@ def evaluate(data: Path, package: Path) -> dict[str, dict[str, float]]:
     classes = np.array([r.cls for r in rows])
     good = labels == 0
     result: dict[str, dict[str, float]] = {}
-    for prec in ("int8", "fp32"):
+    runs = {"int8": lambda: recipe.ov_runner(package / "model.int8.xml"),
+            "int8-ort": lambda: runner(package / "model.int8.onnx"),
+            "fp32": lambda: runner(package / "model.fp32.onnx")}
+    for prec, make in runs.items():
+        if prec == "int8" and not (package / "model.int8.xml").is_file():
+            continue
         t0 = time.perf_counter()
-        scores = recipe.runner(package / f"model.{prec}.onnx")(x)
+        scores = make()(x)
         ms = 1e3 * (time.perf_counter() - t0) / len(x)
         res = {"overall": recipe.auroc(labels, scores)}
         for cls in sorted(set(classes[~good])):
@@ -57,26 +66,26 @@ def evaluate(data: Path, package: Path) -> dict[str, dict[str, float]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--data", type=Path, required=True, help="MTD root (has splits/split.csv)")
-    ap.add_argument("--package", type=Path, help="score this package instead of training one")
-    ap.add_argument("--size", type=int, default=192)
-    ap.add_argument("--dim", type=int, default=48)
-    ap.add_argument("--skip", type=int, default=0)
-    ap.add_argument("--eps", type=float, default=0.01)
+    ap.add_argument("--package", type=Path, default=ROOT / "models" / "mtd-patchcore",
+                    help="package to score (default: the shipped one)")
+    ap.add_argument("--train", action="store_true", help="build a package with the recipe first")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         package = args.package
-        if package is None:
+        if args.train:
             package = Path(tmp) / "pkg"
-            recipe.build(args.data, package, size=args.size, dim=args.dim, skip=args.skip,
-                         eps=args.eps)
-        sizes = {p: (package / f"model.{p}.onnx").stat().st_size for p in ("int8", "fp32")}
+            recipe.build(args.data, package)
+        size = {p.name: p.stat().st_size for p in package.glob("model.*")}
         res = evaluate(args.data, package)
-    print(f"package: {package}  int8 {sizes['int8'] / 1e6:.2f} MB, fp32 {sizes['fp32'] / 1e6:.2f}"
-          f" MB, ratio {sizes['int8'] / sizes['fp32']:.2f}")
+    ir = size.get("model.int8.xml", 0) + size.get("model.int8.bin", 0)
+    fp32 = size["model.fp32.onnx"]
+    print(f"package: {package}  fp32 {fp32 / 1e6:.2f} MB; int8 IR (xml+bin) {ir / 1e6:.2f} MB "
+          f"= {ir / fp32:.2f}x; int8 ONNX {size['model.int8.onnx'] / 1e6:.2f} MB = "
+          f"{size['model.int8.onnx'] / fp32:.2f}x")
     keys = [k for k in res["int8"] if k not in ("overall",)]
-    print(f"{'':6} {'overall':>8} " + " ".join(f"{k:>10.10}" for k in keys))
+    print(f"{'':9} {'overall':>8} " + " ".join(f"{k:>10.10}" for k in keys))
     for prec, r in res.items():
-        print(f"{prec:6} {r['overall']:8.4f} " + " ".join(f"{r[k]:10.4f}" for k in keys))
+        print(f"{prec:9} {r['overall']:8.4f} " + " ".join(f"{r[k]:10.4f}" for k in keys))
     print(f"INT8 - FP32 overall AUROC: {res['int8']['overall'] - res['fp32']['overall']:+.4f}")
     print(f"AUROC={res['int8']['overall']:.4f}")
     return 0

@@ -4,7 +4,8 @@ For a stream configured with ``backend = "auto"``, every installed runtime is tr
 artefact it can run at the configured precision (:func:`candidates`: ONNX Runtime on the ONNX
 artefact, OpenVINO on its IR and on the ONNX artefact, LiteRT on the TFLite artefact). Each
 candidate is loaded, must reproduce the package's golden vectors within their tolerance
-(:func:`agent.inference.package.check_golden`), is warmed up (first-call allocations, kernel
+(:func:`agent.inference.package.check_golden`; image packages:
+``image_package.check_image_golden``), is warmed up (first-call allocations, kernel
 compilation), and is timed on a batch of one window: the p50 over ``runs`` calls. The fastest
 passing candidate is chosen; the other passing ones, fastest first, are the fallbacks of the
 latency guard (:mod:`agent.inference.deadline`). A candidate that fails to load or fails the
@@ -28,11 +29,16 @@ import numpy as np
 
 from agent.errors import BackendUnavailable, ModelError
 from agent.inference.base import Backend, install_hint
+from agent.inference.image_package import ImagePackage, check_image_golden
 from agent.inference.package import ModelPackage, check_golden
 from agent.inference.registry import RUNS_ARTEFACTS, backend_kinds, build_backend, installed
 from cloud_sync.manifest import Artefact
 
 log = logging.getLogger("agent.inference")
+
+#: A sensor package (golden windows in the manifest) or an image package (golden images in a
+#: ``.npy`` file of the package).
+AnyPackage = ModelPackage | ImagePackage
 
 #: Files an IR artefact needs beside it; not loadable on their own.
 WEIGHTS_SUFFIXES = (".bin",)
@@ -135,7 +141,7 @@ class Selection:
         return " | ".join(cells)
 
 
-def artefacts_for(package: ModelPackage, kind: str, precision: str) -> list[Artefact]:
+def artefacts_for(package: AnyPackage, kind: str, precision: str) -> list[Artefact]:
     """The artefacts of ``precision`` that runtime ``kind`` can run, its own format first.
 
     IR weights files (``.bin``, listed as artefacts so their hashes are verified) are skipped.
@@ -146,7 +152,7 @@ def artefacts_for(package: ModelPackage, kind: str, precision: str) -> list[Arte
 
 
 def candidates(
-    package: ModelPackage,
+    package: AnyPackage,
     backend: str = "auto",
     precision: str = "int8",
     is_installed: Callable[[str], bool] = installed,
@@ -182,13 +188,13 @@ def candidates(
 class Opener(Protocol):
     """Loads a candidate's backend (tests pass fakes)."""
 
-    def __call__(self, package: ModelPackage, candidate: Candidate) -> Backend: ...
+    def __call__(self, package: AnyPackage, candidate: Candidate) -> Backend: ...
 
 
 def registry_opener(threads: int = 1, cache_dir: Path | None = None) -> Opener:
     """An :class:`Opener` building backends through the registry with these settings."""
 
-    def open_(package: ModelPackage, candidate: Candidate) -> Backend:
+    def open_(package: AnyPackage, candidate: Candidate) -> Backend:
         return build_backend(candidate.kind, package.path / candidate.artefact.path,
                              candidate.precision, threads=threads, cache_dir=cache_dir)
 
@@ -210,8 +216,17 @@ def benchmark(
     return float(np.median(times))
 
 
+def golden_window(package: AnyPackage) -> np.ndarray:
+    """The first golden input as a batch of one (the timing input)."""
+    if isinstance(package, ImagePackage):
+        g = package.manifest.golden
+        x = np.load(package.path / g.inputs_file, allow_pickle=False)[:1]
+        return np.ascontiguousarray(x, dtype=np.float32)
+    return np.asarray(package.manifest.golden.inputs[:1], dtype=np.float32)
+
+
 def select_backend(
-    package: ModelPackage,
+    package: AnyPackage,
     backend: str = "auto",
     precision: str = "int8",
     *,
@@ -241,13 +256,16 @@ def select_backend(
         ModelError: a fixed ``backend`` has no artefact of ``precision``.
     """
     open_ = opener or registry_opener()
-    window = np.asarray(package.manifest.golden.inputs[:1], dtype=np.float32)
+    window = golden_window(package)
     passed: list[Trial] = []
     failed: list[Trial] = []
     for cand in candidates(package, backend, precision, is_installed):
         try:
             b = open_(package, cand)
-            check_golden(package, b)
+            if isinstance(package, ImagePackage):
+                check_image_golden(package, b)
+            else:
+                check_golden(package, b)
             p50 = benchmark(b, window, runs, warmup, clock)
         except ModelError as exc:  # BackendUnavailable included
             failed.append(Trial(cand, None, None, str(exc)))

@@ -17,7 +17,7 @@ from agent.metrics import Metrics  # noqa: E402
 from agent.systemd import Notifier  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGE = ROOT / "models" / "mtd-padim"
+PACKAGE = ROOT / "models" / "mtd-patchcore"
 
 
 def _write_frames(folder: Path) -> None:
@@ -58,7 +58,7 @@ magnitude = -15.0
 
 [[streams]]
 name = "cam1"
-model = "builtin:mtd-padim"
+model = "builtin:mtd-patchcore"
 [streams.source]
 kind = "camera"
 folder = "{tmp_path / 'frames'}"

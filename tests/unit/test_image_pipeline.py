@@ -25,7 +25,7 @@ from agent.sources.camera import to_model_image  # noqa: E402
 from cloud_sync.manifest import ImageManifest, Manifest, parse_manifest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGE = ROOT / "models" / "mtd-padim"
+PACKAGE = ROOT / "models" / "mtd-patchcore"
 DATASET = ROOT.parent / "shared" / "datasets" / "mtd"
 
 
@@ -58,10 +58,13 @@ def test_manifests_of_both_kinds_parse() -> None:
 
 def test_package_is_small_and_int8_is_a_fraction_of_fp32() -> None:
     p = load_image_package(PACKAGE)
-    sizes = {a.precision: a.size_bytes for a in p.manifest.artefacts}
+    sizes = {a.path: a.size_bytes for a in p.manifest.artefacts}
     total = sum(f.stat().st_size for f in PACKAGE.iterdir())
-    assert total < 5_000_000
-    assert sizes["int8"] <= 0.35 * sizes["fp32"]
+    assert total < 10_000_000
+    fp32 = sizes["model.fp32.onnx"]
+    # every file of an artefact counts: the OpenVINO IR is its .xml and its .bin
+    assert sizes["model.int8.xml"] + sizes["model.int8.bin"] <= 0.35 * fp32
+    assert sizes["model.int8.onnx"] <= 0.35 * fp32
 
 
 def test_crack_scores_above_threshold_and_good_below() -> None:
@@ -122,4 +125,4 @@ def test_shipped_int8_package_on_real_mtd_test_images() -> None:
         len(pos) * len(neg))
     assert len(pos) > 40 and len(neg) > 15
     print(f"subset AUROC {auc:.3f}")
-    assert auc > 0.80, auc
+    assert auc > 0.85, auc  # measured 0.901 (full split: 0.881 INT8)

