@@ -48,7 +48,7 @@ from pydantic import Field, model_validator
 from agent.config.base import StrictModel
 from agent.errors import ModelError
 from agent.inference.base import Backend
-from agent.inference.package import ModelPackage, load_package
+from agent.inference.package import ModelPackage, load_package, saturation_fallback
 from agent.metrics import Metrics
 from agent.pipeline.detector import Calibration, FeatureDeviationDetector
 from agent.pipeline.stream import StreamPipeline
@@ -333,6 +333,9 @@ class Updater:
                 hop=spec.hop, calibration_samples=spec.calibration_samples,
                 threshold_quantile=h.threshold_quantile,
             )
+            # as the stream's detector: windows outside the INT8 input range score in FP32
+            fallback, input_range = saturation_fallback(
+                package, package.artefact("onnxruntime", "int8"))
         except ModelError as exc:
             raise _Rejected(f"acceptance failed: {exc}") from exc
         if cand.channels != spec.channels or cand.window != spec.window:
@@ -341,7 +344,8 @@ class Updater:
         if self._wrap is not None:
             backend = self._wrap(h.name, backend)
         self._report(h, a, "accepted", details=details)
-        return package, FeatureDeviationDetector(cand, backend)
+        return package, FeatureDeviationDetector(cand, backend, fallback=fallback,
+                                                 input_range=input_range)
 
     def _shadow_then_swap(
         self, h: StreamHandle, a: ModelAssignment, package: ModelPackage,
