@@ -212,6 +212,22 @@ class StreamConfig(StrictModel):
         description="Readings used on the device to fit the scaler and threshold before scoring "
         "(400 = the SKAB protocol's anomaly-free prefix).",
     )
+    recalibrate_on_start: bool = Field(
+        False,
+        description="Calibrate afresh at every start and reload. false = restore the "
+        "calibration stored in the state store when it was fitted for the same model package "
+        "and the same detector settings (channels, window, calibration_samples, floors, "
+        "threshold quantile and factor, precision) and is not older than "
+        "calibration_max_age_s; the stream then scores from its first window.",
+    )
+    calibration_max_age_s: float | None = Field(
+        30 * 86400.0,
+        gt=0,
+        examples=[604800.0],
+        description="Seconds (wall clock) after which a stored calibration is no longer "
+        "restored and the stream calibrates afresh at its next start (default 30 days); "
+        "inf (or None from Python) = never.",
+    )
     threshold_quantile: float | None = Field(
         None,
         ge=0.5,

@@ -17,6 +17,14 @@ Version 2 (cloud upload):
                  the fleet's reason and when (epoch seconds).
     alerts_unuploaded, aggregates_unuploaded: partial indexes over rows the fleet has not
                  acknowledged yet (the uploader's queue, oldest first).
+
+Version 3 (calibration across restarts):
+    calibrations: one row per stream, its calibration in force (:mod:`agent.store.calibrations`):
+                 model name and version, ``package_sha256`` (of the manifest), ``spec_sha256`` and
+                 ``spec`` (JSON of the detector settings it was fitted with), ``calibration``
+                 (JSON: scaler, feature statistics, threshold), ``fitted_at`` (epoch s),
+                 ``samples`` (readings fitted on) and ``readings`` (those readings, ``(N, C)``
+                 little-endian float64, or NULL).
 """
 
 from __future__ import annotations
@@ -80,6 +88,23 @@ MIGRATIONS: tuple[Migration, ...] = (
         """,
         "CREATE INDEX alerts_unuploaded ON alerts (id) WHERE uploaded_at IS NULL",
         "CREATE INDEX aggregates_unuploaded ON aggregates (id) WHERE uploaded_at IS NULL",
+    ),
+    # 2 -> 3: each stream's calibration, restored at the next start.
+    (
+        """
+        CREATE TABLE calibrations (
+            stream         TEXT    PRIMARY KEY,
+            model_name     TEXT    NOT NULL,
+            model_version  INTEGER NOT NULL,
+            package_sha256 TEXT    NOT NULL,
+            spec_sha256    TEXT    NOT NULL,
+            spec           TEXT    NOT NULL,
+            calibration    TEXT    NOT NULL,
+            fitted_at      REAL    NOT NULL,
+            samples        INTEGER NOT NULL,
+            readings       BLOB
+        )
+        """,
     ),
 )
 
