@@ -60,6 +60,7 @@ from agent.pipeline.detector import Calibration, FeatureDeviationDetector
 from agent.pipeline.rules import RuleParams
 from agent.pipeline.stream import AlertEvent, StreamPipeline
 from agent.preflight import preflight
+from agent.publish.keeper import AlertKeeper
 from agent.publish.mqtt import MqttPublisher
 from agent.records import Aggregate, Alert, Float32Array, Reading, iso_utc
 from agent.services.camera import CameraStream, build_camera_stream
@@ -213,6 +214,9 @@ class Agent:
             self.samples = _build_samples(self)
         self.alerts_raised = 0
         self.aggregates_written = 0
+        self.aggregates_dropped = 0
+        #: Stores alerts; delivers those the store refuses over MQTT from memory.
+        self.keeper = AlertKeeper(self.store, self.publisher, self.metrics)
         self.monitor = Monitor(
             {n: WatchedSource(s.supervisor, s.policy) for n, s in self.streams.items()},
             lambda: [n for n, s in self.streams.items() if s.pipeline.calibrating],
@@ -469,18 +473,15 @@ class Agent:
                 top_channels=event.top_channels,
             )
 
-        try:
-            alert = self.store.add_new_alert(event.stream, make)
-        except StoreError as exc:
-            # The alert cannot be persisted: count it and say so; the pipeline keeps running.
-            self.metrics.dropped_total.labels(kind="alert", reason="store_error").inc()
-            log.error("stream %s: alert not stored: %s", event.stream, exc)
+        # A refused alert goes over MQTT from memory (or is counted lost): agent.publish.keeper.
+        alert, stored = self.keeper.add(event.stream, make)
+        if alert is None:
             return
         self.alerts_raised += 1
         self.metrics.alerts_total.labels(stream=event.stream).inc()
         if self.publisher is not None:
             self.publisher.notify(alert.alert_id, event.received_mono or None)
-        if self.uploader is not None:
+        if self.uploader is not None and stored:
             self.uploader.notify()
         if self.console is not None:
             top = ", ".join(f"{t.channel} {t.contribution:.0%}" for t in alert.top_channels)
@@ -497,8 +498,11 @@ class Agent:
             self.store.add_aggregate(agg)
             self.aggregates_written += 1
         except StoreError as exc:
+            self.aggregates_dropped += 1
             self.metrics.dropped_total.labels(kind="aggregate", reason="store_error").inc()
             log.error("stream %s: aggregate not stored: %s", agg.stream, exc)
+            return
+        self.keeper.persist_seq()
 
     def request_stop(self) -> None:
         """Ask the agent to stop (signal handler, tests)."""
@@ -542,10 +546,18 @@ class Agent:
             log.warning("model updater still busy at shutdown")
         if self.samples is not None:
             self.samples.stop(UPLOAD_STOP_S)
-        depth, _ = self.store.outbox_stats()
-        log.info(
-            "stopped: %d alert(s) raised, %d aggregate(s) written, %d alert(s) still in the "
-            "outbox", self.alerts_raised, self.aggregates_written,
+        self.keeper.persist_seq()
+        try:
+            depth, _ = self.store.outbox_stats()
+        except StoreError:
+            depth = -1
+        k = self.keeper
+        log.log(
+            logging.WARNING if k.lost_total or self.aggregates_dropped else logging.INFO,
+            "stopped: %d alert(s) raised (%d not stored: %d delivered over MQTT from memory, "
+            "%d lost), %d aggregate(s) written, %d aggregate(s) not stored, %d alert(s) still "
+            "in the outbox", self.alerts_raised, k.not_stored, k.delivered_from_memory,
+            k.lost_total, self.aggregates_written, self.aggregates_dropped,
             depth if self.publisher is not None else 0,
         )
         self.store.close()

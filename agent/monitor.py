@@ -7,7 +7,9 @@ second), so a stuck pipeline stops the ticks and with them the WATCHDOG=1 pings.
    :class:`agent.health.StallPolicy`), the pipeline (this tick, and the reading queue), the MQTT
    drain thread (its loop passes at least every second; no pass for ``PUBLISHER_STALL_S`` = stuck)
    and, every ``STATS_INTERVAL_S``, the store (outbox depth and oldest age, bytes of budget) and
-   the uploader's sync lag;
+   the uploader's sync lag; the store is red at once while its statements fail (disk full), with
+   how many alerts it refused and how many of those went over MQTT from memory, until
+   ``STORE_RECOVERY_S`` pass without a failure;
 2. sets ``edge_agent_stage_progress_age_seconds``/``_stage_stalled{stage}``, the outbox gauges
    (also when MQTT is disabled) and ``edge_agent_health_state{component}``;
 3. when no stage is stalled: sets ``edge_agent_watchdog_last_ok_timestamp_seconds`` and sends
@@ -56,6 +58,8 @@ STATS_INTERVAL_S = 5.0
 OUTBOX_SLOW_S = 60.0
 #: Share of the store budget above which the store is yellow.
 BUDGET_WARN = 0.9
+#: The store stays red this long after its last failed statement (seconds).
+STORE_RECOVERY_S = 30.0
 #: Sync lag above which the uploader is yellow (seconds).
 SYNC_LAG_WARN_S = 3600.0
 
@@ -153,11 +157,12 @@ class Monitor:
         if now - self._last_stats >= STATS_INTERVAL_S:
             self._last_stats = now
             self._read_store()
+        store = self._store_failing(now) or self._store_component
         mqtt, mqtt_stuck = self._mqtt(now)
         comps.append(mqtt)
         if mqtt_stuck:
             blocked.append(f"publisher: {mqtt.reason}")
-        comps.append(self._store_component)
+        comps.append(store)
         if self._has_uploader:
             comps.append(self._uploader())
         report = Report(tuple(comps), self._clock())
@@ -244,6 +249,28 @@ class Monitor:
                 self._store_component = Component("store", YELLOW, reason, details)
                 return
         self._store_component = Component("store", GREEN, None, details)
+
+    def _store_failing(self, now: float) -> Component | None:
+        """The store red while its statements fail (and ``STORE_RECOVERY_S`` after), else None."""
+        f = self._store.failure()
+        if f.last_mono is None or now - f.last_mono > STORE_RECOVERY_S:
+            return None
+        age = max(0.0, now - f.last_mono)
+        lost = self._metrics.registry.get_sample_value(
+            "edge_agent_dropped_total", {"kind": "alert", "reason": "store_error"}) or 0.0
+        delivered = 0 if self._publisher is None else self._publisher.volatile.delivered
+        reason = (
+            f"writes failing: {f.last_error}" if age < 2 * STATS_INTERVAL_S
+            else f"writes failed {age:.0f} s ago: {f.last_error}"
+        )
+        if f.alerts_not_stored:
+            reason += (f", {f.alerts_not_stored} alert(s) not stored (delivered via MQTT: "
+                       f"{delivered}, lost: {int(lost)})")
+        details = {**self._store_component.details, "failures": f.count,
+                   "last_failure_age_s": round(age, 1),
+                   "alerts_not_stored": f.alerts_not_stored,
+                   "alerts_delivered_from_memory": delivered}
+        return Component("store", RED, reason, details)
 
     def _mqtt(self, now: float) -> tuple[Component, bool]:
         pub = self._publisher

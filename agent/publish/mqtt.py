@@ -29,7 +29,12 @@ Delivery guarantee (what consumers may rely on):
       the drain restarts from the oldest unacknowledged alert, so up to ``max_inflight`` alerts
       may arrive twice: consumers deduplicate by ``alert_id``;
     * only QoS 1 is accepted: QoS 0 would lose alerts, QoS 2 costs a round trip for nothing
-      that ``alert_id`` deduplication does not already give.
+      that ``alert_id`` deduplication does not already give;
+    * an alert the store refused (disk full) is handed over with :meth:`MqttPublisher.
+      publish_volatile` and held in memory instead (:mod:`agent.publish.volatile`): same
+      guarantees while the process lives, in order among the stored ones; lost (and counted in
+      ``dropped_total{kind="alert", reason="store_error"}``) if the process stops before its
+      PUBACK.
 
 Threads: paho's network loop (``loop_start``) runs the callbacks; they only set flags, queue the
 acknowledged message ids and wake the drain thread. The drain thread (``mqtt-outbox``) is the
@@ -68,6 +73,7 @@ from pydantic import Field, model_validator
 from agent.config.base import StrictModel
 from agent.errors import ConfigError, StoreError
 from agent.metrics import Metrics
+from agent.publish.volatile import VolatileAlert, VolatileQueue, merge
 from agent.store.sqlite import OutboxRow, Store
 
 KIND = "mqtt"
@@ -248,8 +254,10 @@ class MqttPublisher:
         self._tracked: collections.OrderedDict[str, float] = collections.OrderedDict()
         self._track_lock = threading.Lock()
         # Owned by the drain thread (and by stop() once that thread has ended).
-        self._mids: dict[int, OutboxRow] = {}
+        self._mids: dict[int, OutboxRow | VolatileAlert] = {}
         self._unsaved: list[tuple[OutboxRow, float, float]] = []
+        #: Alerts the store refused, held in memory until acknowledged.
+        self.volatile = VolatileQueue()
         self._store_failing = False
         self._last_stats = -math.inf
 
@@ -312,6 +320,23 @@ class MqttPublisher:
             self.track(alert_id, received_mono)
         self._wake.set()
 
+    def publish_volatile(self, alert_id: str, stream: str, payload: str) -> bool:
+        """Deliver an alert the store refused, from memory (see the module docstring).
+
+        It goes out after every alert stored before it. Returns False when MQTT is disabled or
+        the in-memory queue is full: the alert is then the caller's to count as lost.
+        """
+        if not self.config.enabled or self._stopping.is_set():
+            return False
+        try:
+            after = self._store.last_alert_row()
+        except StoreError:
+            after = 0  # the outbox cannot be read either: nothing stored can go before it
+        if not self.volatile.put(after, alert_id, stream, payload):
+            return False
+        self._wake.set()
+        return True
+
     def flush(self, timeout_s: float) -> bool:
         """Wait until the outbox is empty (every alert acknowledged) or ``timeout_s`` passes.
 
@@ -324,7 +349,7 @@ class MqttPublisher:
         deadline = self._monotonic() + timeout_s
         while True:
             depth, _ = self._store.outbox_stats()
-            if depth == 0:
+            if depth == 0 and not len(self.volatile):
                 return True
             remaining = deadline - self._monotonic()
             if remaining <= 0:
@@ -360,6 +385,13 @@ class MqttPublisher:
                 self._update_stats(force=True)
             except StoreError as exc:
                 self._log.error("MQTT outbox: %s; acknowledged alerts will be re-sent", exc)
+        lost = self.volatile.clear()
+        if lost:
+            self._metrics.dropped_total.labels(kind="alert", reason="store_error").inc(lost)
+            self._log.error(
+                "%d alert(s) the store had refused were not acknowledged by the broker before "
+                "the stop: lost", lost,
+            )
 
     def subscribe(self, topic: str, callback: Callable[[bytes], None]) -> None:
         """Listen on ``topic`` (QoS 1, no wildcards), now and after every reconnect.
@@ -474,7 +506,7 @@ class MqttPublisher:
 
     def _run(self) -> None:
         generation = -1
-        cursor = 0  # id of the last row handed to paho in this connection
+        cursor = (0, 0)  # last row id and volatile n handed to paho in this connection
         window: set[int] = set()  # mids of this connection not yet acknowledged
         while not self._stopping.is_set():
             self._wake.wait(1.0)
@@ -485,7 +517,7 @@ class MqttPublisher:
                     connected, current = self._connected, self._generation
                 if current != generation:
                     # New connection: restart from the oldest unacknowledged alert.
-                    generation, cursor = current, 0
+                    generation, cursor = current, (0, 0)
                     window.clear()
                 if connected and not self._stopping.is_set():
                     cursor = self._fill(window, cursor, generation)
@@ -499,28 +531,32 @@ class MqttPublisher:
             with self._progress:
                 self._progress.notify_all()
 
-    def _fill(self, window: set[int], cursor: int, generation: int) -> int:
-        """Publish pending rows after ``cursor`` until ``max_inflight`` are unacknowledged."""
+    def _fill(
+        self, window: set[int], cursor: tuple[int, int], generation: int
+    ) -> tuple[int, int]:
+        """Publish pending rows (and volatile alerts) after ``cursor`` until ``max_inflight``
+        are unacknowledged; returns the new cursor ``(row id, volatile n)``."""
         while len(window) < self.config.max_inflight:
-            rows = self._store.pending_alerts(
-                self.config.max_inflight - len(window), after_id=cursor
-            )
-            if not rows:
+            room = self.config.max_inflight - len(window)
+            rows = self._store.pending_alerts(room, after_id=cursor[0])
+            batch = merge(rows, self.volatile.after(cursor[1]), len(rows) < room, room)
+            if not batch:
                 break
-            for row in rows:
+            for item in batch:
                 with self._state_lock:
                     if not self._connected or self._generation != generation:
                         return cursor
                 info = self._client.publish(
-                    self.alerts_topic, row.payload.encode("utf-8"), qos=1, retain=False
+                    self.alerts_topic, item.payload.encode("utf-8"), qos=1, retain=False
                 )
                 if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
-                    self._log.warning("paho refused to publish %s: %s", row.alert_id, info.rc)
+                    self._log.warning("paho refused to publish %s: %s", item.alert_id, info.rc)
                     return cursor
                 # paho holds the message even on NO_CONN and re-sends it after reconnecting.
-                self._mids[info.mid] = row
+                self._mids[info.mid] = item
                 window.add(info.mid)
-                cursor = row.id
+                cursor = ((cursor[0], item.n) if isinstance(item, VolatileAlert)
+                          else (item.id, cursor[1]))
                 if info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN:
                     return cursor
         return cursor
@@ -535,6 +571,11 @@ class MqttPublisher:
                 continue  # availability message, or a duplicate of a row already acknowledged
             if not accepted:
                 self._log.warning("broker rejected alert %s; it stays in the outbox", row.alert_id)
+                continue
+            if isinstance(row, VolatileAlert):
+                if self.volatile.ack(row.n):
+                    self._metrics.mqtt_published_total.inc()
+                    self._observe_latency(row.alert_id, row.stream, at_mono)
                 continue
             self._unsaved.append((row, at, at_mono))
         if not self._unsaved:
@@ -556,6 +597,13 @@ class MqttPublisher:
                 self._metrics.read_to_alert_seconds.labels(stream=row.stream).observe(
                     max(0.0, at_mono - mono)
                 )
+
+    def _observe_latency(self, alert_id: str, stream: str, at_mono: float) -> None:
+        with self._track_lock:
+            mono = self._tracked.pop(alert_id, None)
+        if mono is not None:
+            self._metrics.read_to_alert_seconds.labels(stream=stream).observe(
+                max(0.0, at_mono - mono))
 
     def _update_stats(self, *, force: bool = False) -> None:
         now = self._monotonic()

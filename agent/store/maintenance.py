@@ -26,9 +26,15 @@ are evicted oldest first, one class after the other, until the size is under
 3. alerts already published to MQTT and uploaded (or published, when no uploader is configured);
 4. every other alert, oldest first (last resort: unacknowledged alerts).
 
-The WAL is bounded by ``journal_size_limit`` (SQLite truncates it to that size after each
-checkpoint) and by a ``wal_checkpoint(TRUNCATE)`` whenever it grows past that limit, and at least
-every ``CHECKPOINT_EVERY_S``.
+WAL bound (:func:`wal_limit_bytes`): ``min(JOURNAL_SIZE_LIMIT, budget / 8, file system / 16)``,
+never below ``MIN_WAL_BYTES``. SQLite's own auto-checkpoint (PASSIVE, on commit) is set to that
+many pages, ``journal_size_limit`` truncates the file to it after each checkpoint, and the store
+runs ``wal_checkpoint(TRUNCATE)`` whenever the file is past it (also after a failed write), at
+least every ``CHECKPOINT_EVERY_S`` and after every eviction step. The bound matters most on a
+small or full disk: copying the WAL back into the database needs room for its pages, so a WAL
+that filled the disk could never be checkpointed again (nor could a DELETE append to it). The
+reserve file (:func:`reserve_bytes`) is at least twice the WAL bound, so releasing it always gives
+a checkpoint room to finish.
 """
 
 from __future__ import annotations
@@ -51,8 +57,11 @@ CHECKPOINT_EVERY_S = 30.0
 #: Smallest number of rows deleted per eviction step.
 MIN_EVICT_ROWS = 64
 
-#: Bytes kept in ``<db>-reserve``: released on a full disk so eviction itself has room to run.
+#: Bytes kept in ``<db>-reserve``: released on a full disk so eviction itself has room to run
+#: (at least; see :func:`reserve_bytes`).
 RESERVE_BYTES = 256 * 1024
+#: Smallest WAL bound, bytes (16 pages of 4 KiB).
+MIN_WAL_BYTES = 64 * 1024
 
 _CORRUPT_CODES = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
 
@@ -169,19 +178,44 @@ def ensure_incremental_vacuum(conn: sqlite3.Connection, path: str) -> bool:
     return int(conn.execute("PRAGMA auto_vacuum").fetchone()[0]) == 2
 
 
-def ensure_reserve(path: str) -> bool:
-    """Create the ``<db>-reserve`` file of :data:`RESERVE_BYTES` if missing; True when present."""
+def wal_limit_bytes(path: str, budget: int | None) -> int:
+    """The WAL bound for a store at ``path`` (see the module docstring), bytes.
+
+    ``min(JOURNAL_SIZE_LIMIT, budget / 8, file system size / 16)``, at least ``MIN_WAL_BYTES``.
+    """
+    limit = JOURNAL_SIZE_LIMIT
+    if budget is not None:
+        limit = min(limit, budget // 8)
+    if path != ":memory:":
+        with contextlib.suppress(OSError):
+            limit = min(limit, shutil.disk_usage(Path(path).parent).total // 16)
+    return max(MIN_WAL_BYTES, limit)
+
+
+def reserve_bytes(wal_limit: int) -> int:
+    """Size of the ``<db>-reserve`` file: room for a checkpoint of a WAL past its bound.
+
+    >>> reserve_bytes(64 * 1024) == RESERVE_BYTES
+    True
+    >>> reserve_bytes(4 * 1024 * 1024)
+    8388608
+    """
+    return max(RESERVE_BYTES, 2 * wal_limit)
+
+
+def ensure_reserve(path: str, size: int = RESERVE_BYTES) -> bool:
+    """Create the ``<db>-reserve`` file of ``size`` bytes if missing; True when present."""
     if path == ":memory:":
         return False
     reserve = path + "-reserve"
     try:
-        if os.path.getsize(reserve) >= RESERVE_BYTES:
+        if os.path.getsize(reserve) >= size:
             return True
     except OSError:
         pass
     try:
         with open(reserve, "wb") as f:
-            f.write(b"\0" * RESERVE_BYTES)
+            f.write(b"\0" * size)
             f.flush()
             os.fsync(f.fileno())
     except OSError:
@@ -198,6 +232,14 @@ def release_reserve(path: str) -> bool:
     except OSError:
         return False
     return True
+
+
+def free_bytes(path: str) -> int:
+    """Bytes free on the file system of ``path`` (0 when unknown)."""
+    try:
+        return shutil.disk_usage(Path(path).parent).free
+    except OSError:
+        return 0
 
 
 def wal_bytes(path: str) -> int:

@@ -29,7 +29,12 @@ Errors: every ``sqlite3`` failure becomes :class:`agent.errors.StoreError` (retr
 operation and path as context; a full disk says so in the message. When ``metrics`` is given the
 store counts ``store_errors_total{op}`` itself; callers must not count the same error again.
 When ``add_alert`` hits a full disk the store first evicts a step of aggregates (budget order)
-and retries once: alerts are worth more than summaries.
+and retries once: alerts are worth more than summaries. ``add_aggregate`` on a full disk evicts a
+step too (the aggregate that failed is the caller's to count; the next ones find room), so a disk
+smaller than the budget behaves like the budget.
+
+Failures are remembered for health (:meth:`Store.failure`): the last error, when, how many, and
+how many alerts could not be stored (the agent delivers those over MQTT from memory).
 """
 
 from __future__ import annotations
@@ -61,6 +66,25 @@ log = logging.getLogger("agent.store")
 _TABLES: dict[str, str] = {"alert": "alerts", "aggregate": "aggregates"}
 
 _ALERT_SEQ_PREFIX = "alert_seq:"
+#: Most eviction steps per eviction class on one full-disk write.
+_MAKE_ROOM_STEPS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class StoreFailure:
+    """The store's failures so far (for health and the shutdown line).
+
+    Attributes:
+        count: Statements that failed since the store was opened.
+        last_error: The last failure's description (``disk full: ...``), None if none yet.
+        last_mono: ``monotonic()`` of the last failure, None if none yet.
+        alerts_not_stored: Alerts ``add_new_alert``/``add_alert`` could not store.
+    """
+
+    count: int
+    last_error: str | None
+    last_mono: float | None
+    alerts_not_stored: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +216,11 @@ class Store:
         self._last_checkpoint = monotonic()
         self._evicting = False
         self._episode_evicted: dict[str, int] = {}
+        self._failures = 0
+        self._last_error: tuple[str, float] | None = None
+        self._alerts_not_stored = 0
+        self.wal_limit_bytes = mt.wal_limit_bytes(self.path, budget_bytes)
+        self._reserve_bytes = mt.reserve_bytes(self.wal_limit_bytes)
         self.quarantined: str | None = None
         self._conn: sqlite3.Connection | None = self._open(busy_timeout_s)
 
@@ -236,7 +265,9 @@ class Store:
             mt.prepare_new_file(conn)
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
-            conn.execute(f"PRAGMA journal_size_limit = {mt.JOURNAL_SIZE_LIMIT:d}")
+            conn.execute(f"PRAGMA journal_size_limit = {self.wal_limit_bytes:d}")
+            page = int(conn.execute("PRAGMA page_size").fetchone()[0])
+            conn.execute(f"PRAGMA wal_autocheckpoint = {max(8, self.wal_limit_bytes // page):d}")
             migrate(conn)
         except sqlite3.Error as exc:
             conn.close()
@@ -252,7 +283,7 @@ class Store:
                 )
         except sqlite3.Error as exc:
             log.warning("SQLite store %s: cannot switch on incremental vacuum: %s", self.path, exc)
-        mt.ensure_reserve(self.path)
+        mt.ensure_reserve(self.path, self._reserve_bytes)
         return conn
 
     # -- plumbing -------------------------------------------------------------------------------
@@ -287,7 +318,15 @@ class Store:
             except sqlite3.Error as exc:
                 if self._metrics is not None:
                     self._metrics.store_errors_total.labels(op=op).inc()
+                self._failures += 1
+                self._last_error = (_describe(exc), self._monotonic())
                 raise StoreError(_describe(exc), op=op, path=self.path) from exc
+
+    def failure(self) -> StoreFailure:
+        """The failures so far (any thread; no I/O)."""
+        last = self._last_error
+        return StoreFailure(self._failures, None if last is None else last[0],
+                            None if last is None else last[1], self._alerts_not_stored)
 
     # -- counters -------------------------------------------------------------------------------
 
@@ -330,20 +369,33 @@ class Store:
             alert.to_payload(), ensure_ascii=False, separators=(",", ":"), allow_nan=False
         )
         try:
-            inserted = self._insert_alert(alert, payload)
-        except StoreError as exc:
-            if not mt.is_disk_full(exc) or not self._make_room():
-                raise
-            inserted = self._insert_alert(alert, payload)
+            try:
+                inserted = self._insert_alert(alert, payload)
+            except StoreError as exc:
+                if not mt.is_disk_full(exc) or not self._make_room():
+                    raise
+                inserted = self._insert_alert(alert, payload)
+        except StoreError:
+            self._alerts_not_stored += 1
+            self._maintain()
+            raise
         self._maintain()
         return inserted
 
-    def add_new_alert(self, stream: str, make: Callable[[int], Alert]) -> Alert:
+    def add_new_alert(
+        self, stream: str, make: Callable[[int], Alert], seq_floor: int = 0
+    ) -> Alert:
         """Take the next alert sequence number of ``stream`` and store ``make(seq)``, atomically.
 
         One durable transaction (one fsync) instead of :meth:`next_alert_seq` followed by
         :meth:`add_alert` (two): the sequence number and the outbox row commit together, so a
         crash can neither lose the row nor reuse the number.
+
+        Args:
+            stream: Stream name.
+            make: Builds the alert from its sequence number.
+            seq_floor: The number is above this one too (sequence numbers the caller used while
+                the store refused writes; they are persisted by this transaction).
 
         Returns:
             The stored alert.
@@ -353,21 +405,53 @@ class Store:
             StoreError: The write failed (disk full after trying to make room).
         """
         try:
-            alert = self._insert_new_alert(stream, make)
-        except StoreError as exc:
-            if not mt.is_disk_full(exc) or not self._make_room():
-                raise
-            alert = self._insert_new_alert(stream, make)
+            try:
+                alert = self._insert_new_alert(stream, make, seq_floor)
+            except StoreError as exc:
+                if not mt.is_disk_full(exc) or not self._make_room():
+                    raise
+                alert = self._insert_new_alert(stream, make, seq_floor)
+        except StoreError:
+            self._alerts_not_stored += 1
+            self._maintain()
+            raise
         self._maintain()
         return alert
 
-    def _insert_new_alert(self, stream: str, make: Callable[[int], Alert]) -> Alert:
+    def last_alert_seq(self, stream: str) -> int:
+        """The last alert sequence number of ``stream`` taken (0 for none); a read only.
+
+        Raises:
+            StoreError: The read failed.
+        """
+        with self._use("alert_seq") as conn:
+            row = conn.execute(
+                "SELECT value FROM counters WHERE name = ?", (_ALERT_SEQ_PREFIX + stream,)
+            ).fetchone()
+        return 0 if row is None else int(row[0])
+
+    def raise_alert_seq(self, stream: str, floor: int) -> None:
+        """Make sure the next alert sequence number of ``stream`` is above ``floor`` (durable).
+
+        Raises:
+            StoreError: The write failed.
+        """
+        with self._use("alert_seq", transaction=True, durable=True) as conn:
+            conn.execute(
+                "INSERT INTO counters (name, value) VALUES (?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET value = MAX(value, excluded.value)",
+                (_ALERT_SEQ_PREFIX + stream, int(floor)),
+            )
+
+    def _insert_new_alert(
+        self, stream: str, make: Callable[[int], Alert], seq_floor: int = 0
+    ) -> Alert:
         with self._use("add_alert", transaction=True, durable=True) as conn:
             name = _ALERT_SEQ_PREFIX + stream
             conn.execute(
-                "INSERT INTO counters (name, value) VALUES (?, 1) "
-                "ON CONFLICT (name) DO UPDATE SET value = value + 1",
-                (name,),
+                "INSERT INTO counters (name, value) VALUES (?, ? + 1) "
+                "ON CONFLICT (name) DO UPDATE SET value = MAX(value, excluded.value - 1) + 1",
+                (name, int(seq_floor)),
             )
             row = conn.execute("SELECT value FROM counters WHERE name = ?", (name,)).fetchone()
             alert = make(int(row[0]))
@@ -389,6 +473,15 @@ class Store:
                 (alert.alert_id, alert.stream, alert.seq, payload, self._clock()),
             )
             return cur.rowcount == 1
+
+    def last_alert_row(self) -> int:
+        """The largest alert row id (0 for none): where the outbox ends now.
+
+        Raises:
+            StoreError: The read failed.
+        """
+        with self._use("pending_alerts") as conn:
+            return int(conn.execute("SELECT COALESCE(MAX(id), 0) FROM alerts").fetchone()[0])
 
     def pending_alerts(self, limit: int, after_id: int = 0) -> list[OutboxRow]:
         """Return up to ``limit`` unpublished alerts with ``id > after_id``, oldest first.
@@ -518,6 +611,19 @@ class Store:
             ensure_ascii=False,
             separators=(",", ":"),
         )
+        try:
+            inserted = self._insert_aggregate(agg, channels)
+        except StoreError as exc:
+            if mt.is_disk_full(exc):
+                self._make_room()  # for the next ones; this one is the caller's to count
+            self._maintain()
+            raise
+        if inserted and self._metrics is not None:
+            self._metrics.aggregates_total.labels(stream=agg.stream).inc()
+        self._maintain()
+        return inserted
+
+    def _insert_aggregate(self, agg: Aggregate, channels: str) -> bool:
         with self._use("add_aggregate") as conn:
             cur = conn.execute(
                 "INSERT OR IGNORE INTO aggregates (aggregate_id, device_id, stream, interval_start,"
@@ -536,11 +642,7 @@ class Store:
                     agg.alert_count,
                 ),
             )
-            inserted = cur.rowcount == 1
-        if inserted and self._metrics is not None:
-            self._metrics.aggregates_total.labels(stream=agg.stream).inc()
-        self._maintain()
-        return inserted
+            return cur.rowcount == 1
 
     def aggregates(
         self, stream: str | None = None, since: float | None = None
@@ -795,7 +897,10 @@ class Store:
             StoreError: The read failed.
         """
         with self._use("size") as conn:
-            return mt.store_bytes(conn, self.path)
+            used = mt.store_bytes(conn, self.path)
+        if self._metrics is not None:
+            self._metrics.store_bytes.set(used)
+        return used
 
     def checkpoint(self) -> None:
         """Copy the WAL into the database, truncate it and return free pages to the file system.
@@ -811,7 +916,7 @@ class Store:
         """After a write: run :meth:`enforce_budget` when the interval has passed (never raises)."""
         if self.path == ":memory:" or self._monotonic() < self._next_check:
             return
-        mt.ensure_reserve(self.path)
+        mt.ensure_reserve(self.path, self._reserve_bytes)
         try:
             self.enforce_budget()
         except StoreError as exc:
@@ -831,7 +936,7 @@ class Store:
         evicted = 0
         with self._use("budget") as conn:
             if (
-                mt.wal_bytes(self.path) > mt.JOURNAL_SIZE_LIMIT
+                mt.wal_bytes(self.path) > self.wal_limit_bytes
                 or now - self._last_checkpoint >= mt.CHECKPOINT_EVERY_S
             ):
                 conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
@@ -891,24 +996,51 @@ class Store:
         )
 
     def _make_room(self) -> bool:
-        """On a full disk: evict one step of aggregates and reclaim; True if anything went."""
+        """On a full disk: evict aggregates (budget order) until the reserve file is back and
+        the WAL has room to reach its bound; True if anything was evicted."""
+        evicted = False
         with self._lock:
             conn = self._conn
             if conn is None:
                 return False
             mt.release_reserve(self.path)
             try:
-                # Truncating the WAL first gives the DELETE's own WAL frames room.
+                # Truncating the WAL first gives the DELETE's own WAL frames room (the reserve
+                # is at least twice the WAL bound, so this checkpoint has room to finish).
                 conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
                 for cls in self._classes[:2]:
-                    n = mt.evict(conn, cls, 4 * mt.MIN_EVICT_ROWS)
-                    if n:
+                    # The DELETE itself needs WAL room: about half the free space.
+                    step = self._room_step(conn)
+                    for _ in range(_MAKE_ROOM_STEPS):
+                        try:
+                            n = mt.evict(conn, cls, step)
+                        except sqlite3.Error as exc:  # rows bigger than the average: smaller
+                            if not mt.is_disk_full(exc) or step == 1:
+                                raise
+                            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+                            step = max(1, step // 4)
+                            continue
+                        if not n:
+                            break
+                        evicted = True
                         self._count_eviction(cls.kind, n)
                         mt.reclaim(conn)
-                        return True
+                        step = self._room_step(conn)
+                        if (mt.ensure_reserve(self.path, self._reserve_bytes)
+                                and mt.free_bytes(self.path) >= self.wal_limit_bytes):
+                            return True
             except sqlite3.Error as exc:
                 log.warning("disk full and eviction failed: %s", exc)
-        return False
+        return evicted
+
+    def _room_step(self, conn: sqlite3.Connection) -> int:
+        """Rows to delete in one full-disk eviction step: about half the free bytes' worth."""
+        total = sum(
+            int(conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0])  # noqa: S608
+            for t in ("alerts", "aggregates")
+        )
+        per_row = mt.store_bytes(conn, self.path) / max(1, total)
+        return max(1, min(4 * mt.MIN_EVICT_ROWS, int(mt.free_bytes(self.path) / 2 / per_row)))
 
     # -- lifecycle ------------------------------------------------------------------------------
 

@@ -1,0 +1,130 @@
+"""Raising an alert: store it in the outbox, or deliver it from memory when the store refuses.
+
+:class:`AlertKeeper` is what the agent's pipeline thread calls for each alert. Normally the alert
+goes into the store's outbox (:meth:`agent.store.sqlite.Store.add_new_alert`) and the publisher
+drains it. When the store refuses the write (disk full, I/O error), the alert gets the next
+sequence number of its stream continued in memory and goes to the publisher's in-memory queue
+(:mod:`agent.publish.volatile`, which documents the id continuation and its crash window). Only an
+alert that is neither stored nor handed to MQTT (MQTT disabled, queue full, the stored counter
+unreadable) counts in ``dropped_total{kind="alert", reason="store_error"}``; one the publisher still
+holds unacknowledged when it stops is counted there by the publisher.
+
+Logging: one ERROR line when an episode of refused alerts starts, one WARNING line with the
+figures when the store takes alerts again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+
+from agent.errors import StoreError
+from agent.metrics import Metrics
+from agent.publish.mqtt import MqttPublisher
+from agent.records import Alert
+from agent.store.sqlite import Store
+
+log = logging.getLogger("agent")
+
+
+class AlertKeeper:
+    """Stores alerts, falling back to in-memory MQTT delivery (see the module docstring).
+
+    Args:
+        store: The agent's store.
+        publisher: The MQTT publisher, None when MQTT is disabled.
+        metrics: Receives ``dropped_total{kind="alert", reason="store_error"}``.
+    """
+
+    def __init__(self, store: Store, publisher: MqttPublisher | None, metrics: Metrics) -> None:
+        self._store = store
+        self._publisher = publisher
+        self._metrics = metrics
+        #: Per stream: the last sequence number used in memory and not yet persisted.
+        self._floor: dict[str, int] = {}
+        self._episode = 0  # alerts refused in the current episode
+        #: Alerts the store refused (this agent).
+        self.not_stored = 0
+        #: Alerts neither stored nor handed to MQTT (this agent; see also the publisher's).
+        self.lost = 0
+
+    @property
+    def delivered_from_memory(self) -> int:
+        """Refused alerts the broker acknowledged."""
+        return 0 if self._publisher is None else self._publisher.volatile.delivered
+
+    @property
+    def lost_total(self) -> int:
+        """Refused alerts that were really lost: never handed to MQTT, or unacknowledged at stop."""
+        return self.lost + (0 if self._publisher is None else self._publisher.volatile.lost)
+
+    def add(self, stream: str, make: Callable[[int], Alert]) -> tuple[Alert | None, bool]:
+        """Store ``make(seq)`` with the stream's next sequence number, or deliver it from memory.
+
+        Returns:
+            ``(alert, stored)``; ``alert`` is None only when no unique id could be made (the
+            store can be neither written nor read): that alert is lost and counted.
+
+        Raises:
+            ValueError: The payload holds a non-finite number.
+        """
+        try:
+            alert = self._store.add_new_alert(stream, make, self._floor.get(stream, 0))
+        except StoreError as exc:
+            return self._refused(stream, make, exc), False
+        self._floor.pop(stream, None)
+        if self._episode:
+            log.warning(
+                "the store takes alerts again after refusing %d; %d refused alert(s) so far "
+                "delivered over MQTT from memory, %d lost",
+                self._episode, self.delivered_from_memory, self.lost_total,
+            )
+            self._episode = 0
+        return alert, True
+
+    def persist_seq(self) -> None:
+        """Persist the in-memory sequence continuations (after any write the store took)."""
+        for stream, floor in list(self._floor.items()):
+            try:
+                self._store.raise_alert_seq(stream, floor)
+            except StoreError:
+                return
+            if self._floor.get(stream) == floor:
+                del self._floor[stream]
+
+    def _refused(self, stream: str, make: Callable[[int], Alert], exc: StoreError) -> Alert | None:
+        self.not_stored += 1
+        self._episode += 1
+        first = self._episode == 1
+        last = self._floor.get(stream)
+        if last is None:
+            try:
+                last = self._store.last_alert_seq(stream)
+            except StoreError as read_exc:
+                self._lose(f"stream {stream}: alert not stored ({exc}) and no unique id can be "
+                           f"made ({read_exc}): lost")
+                return None
+        alert = make(last + 1)
+        self._floor[stream] = alert.seq
+        payload = json.dumps(
+            alert.to_payload(), ensure_ascii=False, separators=(",", ":"), allow_nan=False
+        )
+        pub = self._publisher
+        if pub is not None and pub.publish_volatile(alert.alert_id, stream, payload):
+            if first:
+                log.error(
+                    "stream %s: alert %s not stored (%s); delivering alerts over MQTT from "
+                    "memory until the store takes them again (lost if the agent stops first)",
+                    stream, alert.alert_id, exc,
+                )
+            return alert
+        why = "MQTT is disabled" if pub is None or not pub.config.enabled else (
+            "the in-memory queue is full")
+        self._lose(f"stream {stream}: alert {alert.alert_id} not stored ({exc}) and {why}: lost")
+        return alert
+
+    def _lose(self, message: str) -> None:
+        self.lost += 1
+        self._metrics.dropped_total.labels(kind="alert", reason="store_error").inc()
+        log.error("%s", message)
