@@ -25,6 +25,10 @@ oldest first; ``pending_upload_records`` is the same queue as wire JSON, :mod:`a
 ``mark_uploaded`` (rows the fleet acknowledged), ``dead_letter`` (rows it rejected),
 ``upload_backlog`` and ``oldest_pending_upload``.
 
+Calibrations (the pipeline thread): ``save_calibration`` (durable, when a stream finishes its
+calibration or a model update swaps one in) and ``calibration`` (at start):
+:mod:`agent.store.calibrations`.
+
 Errors: every ``sqlite3`` failure becomes :class:`agent.errors.StoreError` (retryable) with the
 operation and path as context; a full disk says so in the message. When ``metrics`` is given the
 store counts ``store_errors_total{op}`` itself; callers must not count the same error again.
@@ -53,9 +57,10 @@ from typing import Any, Literal
 
 from agent.errors import StoreError
 from agent.metrics import Metrics
+from agent.pipeline.restore import StoredCalibration
 from agent.records import Aggregate, Alert
+from agent.store import calibrations, wire
 from agent.store import maintenance as mt
-from agent.store import wire
 from agent.store.schema import migrate
 
 Clock = Callable[[], float]
@@ -352,6 +357,30 @@ class Store:
             StoreError: The write failed.
         """
         return self.next_seq(_ALERT_SEQ_PREFIX + stream)
+
+    # -- calibrations ---------------------------------------------------------------------------
+
+    def save_calibration(self, rec: StoredCalibration) -> None:
+        """Keep ``rec`` as its stream's calibration (replaces the previous one); durable.
+
+        Raises:
+            StoreError: The write failed.
+        """
+        with self._use("save_calibration", transaction=True, durable=True) as conn:
+            calibrations.save(conn, rec)
+
+    def calibration(self, stream: str) -> StoredCalibration | None:
+        """The stored calibration of ``stream``, or None.
+
+        Raises:
+            StoreError: The read failed, or the row does not parse.
+        """
+        with self._use("load_calibration") as conn:
+            try:
+                return calibrations.load(conn, stream)
+            except ValueError as exc:
+                raise StoreError(f"stored calibration of stream {stream}: {exc}",
+                                 op="load_calibration", path=self.path) from exc
 
     # -- alerts / outbox ------------------------------------------------------------------------
 
