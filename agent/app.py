@@ -57,6 +57,7 @@ from agent.logs import setup_logging
 from agent.metrics import Metrics
 from agent.monitor import Monitor, WatchedSource
 from agent.pipeline.detector import Calibration, FeatureDeviationDetector
+from agent.pipeline.restore import CalibrationKey, StoredCalibration, calibration_key, refusal
 from agent.pipeline.rules import RuleParams
 from agent.pipeline.stream import AlertEvent, StreamPipeline
 from agent.preflight import preflight
@@ -272,6 +273,9 @@ class Agent:
         order = np.array([source.channels.index(c) for c in spec.channels], dtype=np.int64)
         r = sc.rules
         preset = _preset_calibration(package, self.config.agent.device_id, sc.name)
+        restored = None if preset is not None else self._restore_calibration(
+            sc, calibration_key(package.manifest, spec, backend.precision))
+        start_cal = preset if restored is None else restored.calibration
         pipeline = StreamPipeline(
             sc.name,
             self.config.agent.device_id,
@@ -281,22 +285,25 @@ class Agent:
             RuleParams(r.k, r.n, r.clear_ratio, r.clear_windows, r.cooldown_s),
             aggregate_interval_s=self.config.store.aggregate_interval_s,
             top_channels=r.top_channels,
-            calibration=preset,
+            calibration=start_cal,
         )
+        if restored is not None:  # a model update calibrates its candidate on these readings
+            pipeline.calibration_samples = restored.readings
         guard.on_stride = lambda k: setattr(pipeline.windower, "hop", spec.hop * k)
         supervisor = SourceSupervisor(source, self._enqueue, self.metrics, self.stop_event)
         self.metrics.model_info.labels(stream=sc.name).info(
             {"name": package.manifest.name, "version": str(package.manifest.version),
              "backend": backend.name, "precision": backend.precision}
         )
-        self.metrics.calibrating.labels(stream=sc.name).set(0 if preset else 1)
-        if preset is not None:
-            self.metrics.threshold.labels(stream=sc.name).set(preset.threshold)
+        self.metrics.calibrating.labels(stream=sc.name).set(0 if start_cal else 1)
+        if start_cal is not None:
+            self.metrics.threshold.labels(stream=sc.name).set(start_cal.threshold)
         log.info(
             "stream %s: source %s, model %s (%s/%s, window %d, hop %d), %s",
             sc.name, sc.source.kind, package.label, backend.name, backend.precision,
             spec.window, spec.hop,
             f"calibration from the package (threshold {preset.threshold:.3f})" if preset
+            else "calibration restored" if restored
             else f"calibrating on the first {spec.calibration_samples} readings",
         )
         policy = stall_policy(sc.source, package.manifest.input.sample_rate_hz, sc.stall_after_s)
@@ -305,9 +312,47 @@ class Agent:
             slot = ModelSlot(sc.name, package, lambda p: self._model_changed(sc.name, p))
         return _Stream(sc, package, pipeline, order, supervisor, backend, policy, slot=slot)
 
+    def _restore_calibration(
+        self, sc: StreamConfig, key: CalibrationKey
+    ) -> StoredCalibration | None:
+        """The stream's stored calibration when it fits ``key`` (else one INFO line why)."""
+        try:
+            stored = self.store.calibration(sc.name)
+        except StoreError as exc:
+            log.warning("stream %s: stored calibration unreadable (%s); calibrating afresh",
+                        sc.name, exc)
+            return None
+        if stored is None:
+            return None
+        why = ("streams.recalibrate_on_start is set" if sc.recalibrate_on_start
+               else refusal(stored, key, self.clock(), sc.calibration_max_age_s))
+        if why is not None:
+            log.info("stream %s: stored calibration not restored (%s); calibrating afresh",
+                     sc.name, why)
+            return None
+        log.info("stream %s: calibration restored (fitted %s, threshold %.3f)", sc.name,
+                 iso_utc(stored.fitted_at), stored.calibration.threshold)
+        return stored
+
+    def _save_calibration(self, s: _Stream, package: ModelPackage) -> None:
+        """Store the stream's calibration in force for the next start (pipeline thread)."""
+        cal, det = s.pipeline.calibration, s.pipeline.detector
+        if cal is None:
+            return
+        rec = StoredCalibration(
+            s.config.name, calibration_key(package.manifest, det.spec, det.backend.precision),
+            cal, self.clock(), det.spec.calibration_samples, s.pipeline.calibration_samples,
+        )
+        try:
+            self.store.save_calibration(rec)
+        except StoreError as exc:
+            log.error("stream %s: calibration not stored (the next start calibrates again): %s",
+                      s.config.name, exc)
+
     def _model_changed(self, name: str, package: ModelPackage) -> None:
         """A model update swapped the model in force (pipeline thread)."""
         s = self.streams[name]
+        self._save_calibration(s, package)
         s.pipeline.windower.hop = s.pipeline.spec.hop  # a degraded stride ends with the model
         self.metrics.model_info.labels(stream=name).info(
             {"name": package.manifest.name, "version": str(package.manifest.version),
@@ -423,6 +468,7 @@ class Agent:
             self.metrics.threshold.labels(stream=name).set(out.calibrated.threshold)
             log.info("stream %s: calibrated on %d readings, threshold %.3f", name,
                      s.pipeline.spec.calibration_samples, out.calibrated.threshold)
+            self._save_calibration(s, s.package)
         collector = self.collectors.get(name)
         if collector is not None:  # retraining samples: calibration block, normal windows
             if out.calibrated is not None and s.pipeline.calibration_samples is not None:

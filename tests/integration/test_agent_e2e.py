@@ -36,6 +36,7 @@ import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
+from agent.records import iso_utc
 from tests.conftest import MosquittoBroker
 
 pytestmark = pytest.mark.integration
@@ -249,6 +250,7 @@ def write_config(
     aggregate_interval_s: float = 60.0,
     rules: str = "",
     model: str = "builtin:skab-wstat",
+    stream: str = "",
 ) -> Path:
     mqtt = "[mqtt]\nenabled = false\n"
     if broker_port is not None:
@@ -258,7 +260,7 @@ def write_config(
         )
     path.write_text(
         f'[agent]\ndevice_id = "{DEVICE}"\nstate_dir = "state"\nconsole_alerts = true\n\n'
-        f'[[streams]]\nname = "s1"\nmodel = {json.dumps(model)}\n\n'
+        f'[[streams]]\nname = "s1"\nmodel = {json.dumps(model)}\n{stream}\n'
         f"{source}\n{rules}\n"
         f"[store]\naggregate_interval_s = {aggregate_interval_s}\n\n{mqtt}"
     )
@@ -663,3 +665,101 @@ def test_replay_columns_not_matching_the_model_name_the_missing_channels(
     err = agent.stderr()
     assert "['Current', 'Pressure']" in err
     assert "Traceback" not in err
+
+
+# --- 7. calibration kept across restarts ---------------------------------------------------------
+
+
+def stored_calibration(db: Path) -> tuple[Any, ...]:
+    """(model_name, model_version, samples, fitted_at, threshold) of stream s1's stored row."""
+    rows = db_rows(db, "SELECT model_name, model_version, samples, fitted_at, calibration "
+                       "FROM calibrations WHERE stream = 's1'")
+    assert len(rows) == 1, rows
+    name, version, samples, fitted_at, cal = rows[0]
+    return name, version, samples, fitted_at, json.loads(cal)["threshold"]
+
+
+def offset_fault(start_s: float, duration_s: float) -> str:
+    return (f'[[streams.source.faults]]\nkind = "offset"\nchannel = "Volume Flow RateRMS"\n'
+            f"start_s = {start_s}\nduration_s = {duration_s}\nmagnitude = -40.0\n")
+
+
+def test_restart_restores_the_calibration_and_scores_a_fault_at_start(
+    tmp_path: Path, run_agent: Callable[..., AgentProcess]
+) -> None:
+    """Run 1 calibrates on normal readings and stores it; run 2 starts in a fault, restores the
+    calibration and alerts on the fault; a changed calibration_samples or recalibrate_on_start
+    calibrates afresh (on the fault: no alert), saying why."""
+    db = tmp_path / "state" / "agent.db"
+
+    def run(source: str, stream: str = "") -> tuple[str, list[dict[str, Any]]]:
+        before = len(stored_alerts(db))
+        config = write_config(tmp_path / "agent.toml", source, rules=FAST_RULES, stream=stream)
+        agent = run_agent(["run", "--config", str(config)], tmp_path)
+        assert agent.wait(60) == 0, agent.stderr()
+        return agent.stderr(), stored_alerts(db)[before:]
+
+    sim = '[streams.source]\nkind = "simulator"\nspeed = 0\n'
+    err, alerts = run(f"{sim}duration_s = 600\n")
+    assert "calibrating on the first 400 readings" in err and "calibration restored" not in err
+    assert alerts == []
+    name, version, samples, fitted_at, threshold = stored_calibration(db)
+    assert (name, version, samples) == ("skab-wstat", 1, 400)
+
+    # the second run starts with a flow drop after 30 s: restored, it is scored from the first
+    # window, so the drop raises an alert (calibrating, the drop would be in the calibration)
+    faulty = f"{sim}duration_s = 300\n{offset_fault(30, 270)}"
+    err, alerts = run(faulty)
+    assert f"calibration restored (fitted {iso_utc(fitted_at)}, threshold {threshold:.3f})" in err
+    assert "calibrating on the first" not in err
+    assert alerts, f"the fault was not detected after the restore; stderr:\n{err[-3000:]}"
+    assert all(a["payload"]["threshold"] == pytest.approx(threshold) for a in alerts)
+    assert stored_calibration(db)[3] == fitted_at  # restored, not fitted again
+
+    # other detector settings: the stored calibration does not fit, the stream calibrates (on
+    # the fault, so it sees no fault) and stores the new calibration
+    err, alerts = run(faulty, stream="calibration_samples = 200\n")
+    assert ("stored calibration not restored (calibration_samples changed (400 → 200)); "
+            "calibrating afresh") in err
+    assert "calibrating on the first 200 readings" in err
+    assert alerts == []
+    assert stored_calibration(db)[2] == 200
+
+    err, _ = run(faulty, stream="calibration_samples = 200\nrecalibrate_on_start = true\n")
+    assert "(streams.recalibrate_on_start is set); calibrating afresh" in err
+
+
+@pytest.mark.dataset
+def test_skab_restart_at_the_valve_fault_restores_the_calibration(
+    tmp_path: Path, run_agent: Callable[..., AgentProcess]
+) -> None:
+    """SKAB valve1/0.csv cut where the labelled fault begins: run 1 replays the normal part
+    (calibrates on its first 400 rows), run 2 (a restart) replays from the fault on; restored,
+    it raises its alerts inside the labelled anomaly instead of calibrating on the fault."""
+    data = read_skab(skab_dir() / SKAB_FILE)
+    with (skab_dir() / SKAB_FILE).open(newline="") as fh:
+        rows = [r for r in csv.reader(fh, delimiter=";") if r]
+    cut = int(np.searchsorted(data.ts, data.anomaly_start))
+    before, after = tmp_path / "before.csv", tmp_path / "after.csv"  # outside the repository
+    for path, part in ((before, rows[1:cut + 1]), (after, rows[cut + 1:])):
+        with path.open("w", newline="") as fh:
+            csv.writer(fh, delimiter=";").writerows([rows[0], *part])
+    db = tmp_path / "state" / "agent.db"
+    config = tmp_path / "agent.toml"
+
+    write_config(config, replay_source(before, 0))
+    first = run_agent(["run", "--config", str(config)], tmp_path)
+    assert first.wait(30) == 0, first.stderr()
+    assert stored_alerts(db) == []
+    threshold = stored_calibration(db)[4]
+
+    write_config(config, replay_source(after, 0))
+    second = run_agent(["run", "--config", str(config)], tmp_path)
+    assert second.wait(30) == 0, second.stderr()
+    assert f"calibration restored (fitted {iso_utc(stored_calibration(db)[3])}" in second.stderr()
+    alerts = [a["payload"] for a in stored_alerts(db)]
+    assert alerts, f"no alert after the restore; stderr:\n{second.stderr()[-3000:]}"
+    first_end = parse_iso(alerts[0]["window_end"])
+    assert data.anomaly_start <= first_end <= data.anomaly_end
+    assert first_end < data.ts[cut] + 400  # before a calibration could even have ended
+    assert all(a["threshold"] == pytest.approx(threshold) for a in alerts)

@@ -316,13 +316,22 @@ def test_restart_comes_back_on_the_installed_model(
     fleet.publish(make_package(tmp_path, 2, priv), tmp_path)
     with _running(agent, finish):
         _wait_for(lambda: (2, "active") in fleet.states())
+    swapped_in = agent.streams["pump"].pipeline.threshold
     again = _agent(tmp_path, fleet, trusted, FlowingSource("pump", threading.Event()), monkeypatch)
     assert again.streams["pump"].package.manifest.version == 2
+    # the calibration v2 was swapped in with is stored: restored, with the calibration readings
+    # a later update calibrates its candidate on
+    pipeline = again.streams["pump"].pipeline
+    assert not pipeline.calibrating and pipeline.threshold == swapped_in
+    assert pipeline.calibration_samples is not None
+    assert pipeline.calibration_samples.shape == (CALIBRATION, len(CHANNELS))
     again.store.close()
-    # an installed package tampered with on disk is never loaded: the configured one is used
+    # an installed package tampered with on disk is never loaded: the configured one is used,
+    # and the stored calibration (of v2) does not fit it
     flip_byte(tmp_path / "state" / "models" / "skab-wstat-2")
     third = _agent(tmp_path, fleet, trusted, FlowingSource("pump", threading.Event()), monkeypatch)
     assert third.streams["pump"].package.manifest.version == 1
+    assert third.streams["pump"].pipeline.calibrating
     third.store.close()
 
 
