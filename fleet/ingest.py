@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -96,13 +97,15 @@ class Prepared:
     repeats: dict[int, int] = field(default_factory=dict)
 
 
-def prepare(device_id: str, records: list[Any], received_at: dt.datetime) -> Prepared:
-    """Validate every record of a batch from ``device_id``; never raises on bad records."""
+def _prepare(
+    records: list[Any], row_of: Callable[[Any], tuple[Kind, dict[str, Any]]]
+) -> Prepared:
+    """Turn records into rows with ``row_of``; rejected ones and in-batch repeats by index."""
     out = Prepared()
     first: dict[tuple[Kind, str], int] = {}
     for index, raw in enumerate(records):
         try:
-            kind, row = validate_record(device_id, raw, received_at)
+            kind, row = row_of(raw)
         except RecordRejected as exc:
             out.results[index] = RecordResult(index=index, status="rejected", reason=str(exc))
             continue
@@ -113,27 +116,18 @@ def prepare(device_id: str, records: list[Any], received_at: dt.datetime) -> Pre
         first[key] = index
         out.rows[kind].append((index, row))
     return out
+
+
+def prepare(device_id: str, records: list[Any], received_at: dt.datetime) -> Prepared:
+    """Validate every record of a batch from ``device_id``; never raises on bad records."""
+    return _prepare(records, lambda raw: validate_record(device_id, raw, received_at))
 
 
 def prepare_checked(
     device_id: str, records: list[dict[str, Any]], received_at: dt.datetime
 ) -> Prepared:
     """:func:`prepare` for the records of a :func:`check_batch` result (ownership only)."""
-    out = Prepared()
-    first: dict[tuple[Kind, str], int] = {}
-    for index, raw in enumerate(records):
-        try:
-            kind, row = _checked_row(device_id, raw, received_at)
-        except RecordRejected as exc:
-            out.results[index] = RecordResult(index=index, status="rejected", reason=str(exc))
-            continue
-        key = (kind, row["id"])
-        if key in first:
-            out.repeats[index] = first[key]
-            continue
-        first[key] = index
-        out.rows[kind].append((index, row))
-    return out
+    return _prepare(records, lambda raw: _checked_row(device_id, raw, received_at))
 
 
 class RecordRejected(ValueError):
