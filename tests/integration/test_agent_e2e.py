@@ -23,21 +23,19 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import paho.mqtt.client as paho
 import pytest
-from paho.mqtt.enums import CallbackAPIVersion
 
 from agent.records import iso_utc
 from tests.conftest import MosquittoBroker
+from tests.integration.mqtt_subscriber import Subscriber as MqttSubscriber
+from tests.integration.mqtt_subscriber import subscriber_factory
 
 pytestmark = pytest.mark.integration
 
@@ -129,64 +127,15 @@ def parse_iso(text: str) -> float:
     return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-class Subscriber:
-    """A paho client recording every message on ``topics`` at QoS 1."""
+class Subscriber(MqttSubscriber):
+    """The shared recording subscriber, reading this module's device topics."""
 
-    def __init__(
-        self, broker: MosquittoBroker, topics: list[str], *, persistent: bool = False
-    ) -> None:
-        self._lock = threading.Lock()
-        self._messages: list[paho.MQTTMessage] = []
-        self.subscribed = threading.Event()
-        self.topics = topics
-        self.client = paho.Client(
-            CallbackAPIVersion.VERSION2,
-            client_id=f"e2e-sub-{uuid.uuid4().hex[:8]}",
-            protocol=paho.MQTTv311,
-            clean_session=not persistent,
-        )
-        self.client.reconnect_delay_set(1, 1)
-        self.client.on_connect = self._on_connect
-        self.client.on_subscribe = lambda *a: self.subscribed.set()
-        self.client.on_message = self._on_message
-        self.client.connect(broker.host, broker.port, keepalive=10)
-        self.client.loop_start()
-        assert self.subscribed.wait(5), "subscriber did not get its SUBACK"
-
-    def _on_connect(self, client: paho.Client, *args: Any) -> None:
-        client.subscribe([(t, 1) for t in self.topics])
-
-    def _on_message(self, client: paho.Client, userdata: Any, msg: paho.MQTTMessage) -> None:
-        with self._lock:
-            self._messages.append(msg)
-
-    def messages(self, topic: str) -> list[paho.MQTTMessage]:
-        with self._lock:
-            return [m for m in self._messages if m.topic == topic]
-
-    def alerts(self) -> list[dict[str, Any]]:
-        return [json.loads(m.payload.decode("utf-8")) for m in self.messages(ALERTS)]
-
-    def alert_ids(self) -> list[str]:
-        return [a["alert_id"] for a in self.alerts()]
-
-    def close(self) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
+    device = DEVICE
 
 
 @pytest.fixture
 def subscribers() -> Iterator[Callable[..., Subscriber]]:
-    made: list[Subscriber] = []
-
-    def make(broker: MosquittoBroker, topics: list[str], **kw: Any) -> Subscriber:
-        sub = Subscriber(broker, topics, **kw)
-        made.append(sub)
-        return sub
-
-    yield make
-    for sub in made:
-        sub.close()
+    yield from subscriber_factory(Subscriber)  # type: ignore[misc]
 
 
 class AgentProcess:

@@ -16,15 +16,12 @@ import logging
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as paho
 import pytest
-from paho.mqtt.enums import CallbackAPIVersion
 from prometheus_client import CollectorRegistry
 
 from agent.metrics import Metrics
@@ -32,6 +29,8 @@ from agent.publish.mqtt import MqttConfig, MqttPublisher, default_client_factory
 from agent.records import Alert, TopChannel
 from agent.store.sqlite import Store
 from tests.conftest import MosquittoBroker
+from tests.integration.mqtt_subscriber import Msg, subscriber_factory
+from tests.integration.mqtt_subscriber import Subscriber as MqttSubscriber
 
 pytestmark = pytest.mark.integration
 
@@ -48,80 +47,15 @@ def wait_until(pred: Callable[[], bool], timeout_s: float, what: str) -> None:
         time.sleep(0.02)
 
 
-@dataclass(frozen=True)
-class Msg:
-    topic: str
-    payload: bytes
-    qos: int
-    retain: bool
+class Subscriber(MqttSubscriber):
+    """The shared recording subscriber, reading this module's device topics."""
 
-
-class Subscriber:
-    """A paho client that records every message on ``topics`` (QoS 1)."""
-
-    def __init__(
-        self,
-        broker: MosquittoBroker,
-        topics: list[str],
-        *,
-        client_id: str | None = None,
-        persistent: bool = False,
-    ) -> None:
-        self._lock = threading.Lock()
-        self._messages: list[Msg] = []
-        self.subscribed = threading.Event()
-        self.client = paho.Client(
-            CallbackAPIVersion.VERSION2,
-            client_id=client_id or f"sub-{uuid.uuid4().hex[:8]}",
-            protocol=paho.MQTTv311,
-            clean_session=not persistent,
-        )
-        self.client.reconnect_delay_set(1, 1)
-        self.client.on_connect = self._on_connect
-        self.client.on_subscribe = self._on_subscribe
-        self.client.on_message = self._on_message
-        self.topics = topics
-        self.client.connect(broker.host, broker.port, keepalive=10)
-        self.client.loop_start()
-        assert self.subscribed.wait(5), "subscriber did not get its SUBACK"
-
-    def _on_connect(self, client: paho.Client, *args: Any) -> None:
-        client.subscribe([(t, 1) for t in self.topics])
-
-    def _on_subscribe(self, *args: Any) -> None:
-        self.subscribed.set()
-
-    def _on_message(self, client: paho.Client, userdata: Any, msg: paho.MQTTMessage) -> None:
-        with self._lock:
-            self._messages.append(Msg(msg.topic, msg.payload, msg.qos, bool(msg.retain)))
-
-    def messages(self, topic: str | None = None) -> list[Msg]:
-        with self._lock:
-            return [m for m in self._messages if topic is None or m.topic == topic]
-
-    def alert_ids(self) -> list[str]:
-        return [json.loads(m.payload)["alert_id"] for m in self.messages(ALERTS)]
-
-    def availability(self) -> list[str]:
-        return [m.payload.decode() for m in self.messages(AVAILABILITY)]
-
-    def close(self) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
+    device = DEVICE
 
 
 @pytest.fixture
 def subscribers() -> Iterator[Callable[..., Subscriber]]:
-    made: list[Subscriber] = []
-
-    def make(broker: MosquittoBroker, topics: list[str], **kw: Any) -> Subscriber:
-        sub = Subscriber(broker, topics, **kw)
-        made.append(sub)
-        return sub
-
-    yield make
-    for sub in made:
-        sub.close()
+    yield from subscriber_factory(Subscriber)  # type: ignore[misc]
 
 
 @pytest.fixture
