@@ -700,7 +700,7 @@ def _build_uploader(
     return Uploader(
         store, client, config.agent.device_id, metrics, batch_records=fc.batch_records,
         interval_s=fc.interval_s, backoff_max_s=fc.backoff_max_s,
-        max_bytes_per_s=fc.max_bytes_per_s, clock=clock,
+        max_bytes_per_s=fc.max_bytes_per_s, max_in_flight=fc.max_in_flight, clock=clock,
     )
 
 

@@ -16,12 +16,21 @@ Nothing lost, nothing duplicated: a row leaves the queue only when a 200 respons
 A crash between the fleet storing a batch and the store marking it just resends the batch; the
 fleet's ingest is idempotent on ``(kind, id)`` and answers ``duplicate``, which clears the rows.
 
-Pipelining (draining a backlog): while a full batch is in flight, a helper thread reads and
-compresses the NEXT batch (the rows after the in-flight ones; one slot, never more). It is used
-only when the in-flight batch was answered and applied; after any failure it is thrown away and
-the queue is read again from its start. Reading never changes a row, so this only overlaps the
-agent's work with the fleet's; rows are still cleared only by an acknowledgement. Its
-``sent_at`` is when it was prepared (at most one request earlier).
+Pipelining (``max_in_flight``, draining a backlog): up to that many batches are in flight at
+once, each posted from a small thread pool (one HTTP connection each), so the agent's and the
+fleet's work overlap (the fleet may run several workers). Batches are disjoint and read in queue
+order: each next batch starts after the largest row ids of the batches in flight (row ids are
+never reused, see :mod:`agent.store.schema` version 4); while the pipeline is full, the loop
+thread also reads and compresses the batch that goes out next. Answers are applied in sending
+order, each as above, so rows are still cleared only by an acknowledgement naming them. A short
+read (fewer rows than the batch size: the queue's end) stops reading until every batch in flight
+is answered; then the next read starts from the queue's start again, alerts first, so a live
+alert waits at most for the batches already in flight plus the one prepared. When the oldest
+batch fails, the prepared one is dropped, the others in flight are waited for (those answered
+200 are applied: the fleet has them), and the failure is handled as below; the next read starts
+from the queue's start, so the failed rows are simply sent again. With ``max_in_flight = 1``
+this is one request at a time with the next batch read while it is in flight. A prepared
+batch's ``sent_at`` is when it was prepared (at most a few requests earlier).
 
 Failures (:mod:`cloud_sync.errors`): :class:`FleetUnavailable` and :class:`FleetProtocolError`
 back off exponentially with full jitter (``delay = U(0, min(max, initial * 2**n))``; Marc Brooker,
@@ -46,6 +55,7 @@ import os
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -78,6 +88,10 @@ log = logging.getLogger("agent.uploader")
 BACKLOG_REFRESH_S = 2.0
 #: Distinct rejection reasons remembered for log-once (then every new one is logged again).
 REASONS_REMEMBERED = 256
+#: Default (and config default) of batches in flight at once; see the module docstring.
+DEFAULT_MAX_IN_FLIGHT = 2
+#: Largest ``max_in_flight`` accepted.
+MAX_IN_FLIGHT = 8
 _SPLIT_STATUSES = (400, 413, 422)
 
 
@@ -105,6 +119,12 @@ class FleetConfig(StrictModel):
     batch_records: int = Field(
         500, ge=1, le=MAX_BATCH_RECORDS,
         description=f"Records per upload request (1..{MAX_BATCH_RECORDS}).",
+    )
+    max_in_flight: int = Field(
+        DEFAULT_MAX_IN_FLIGHT, ge=1, le=MAX_IN_FLIGHT,
+        description="Upload requests in flight at once while draining a backlog (1..8; one "
+        "HTTP connection each). 2 overlaps the agent's and the fleet's work; 1 sends one batch "
+        "at a time. Rows are cleared only when acknowledged either way.",
     )
     interval_s: float = Field(
         5.0, gt=0.0, description="Seconds between uploads while idle (new alerts wake it early)."
@@ -209,16 +229,35 @@ class TokenBucket:
 
 @dataclass(frozen=True)
 class _Batch:
-    """A batch ready to send: its rows (index order) and compressed body."""
+    """A batch ready to send: its rows (index order), compressed body and the read's limit."""
 
     rows: list[WireRow]
     body: bytes
+    limit: int
+
+    @property
+    def short(self) -> bool:
+        """Fewer rows than asked for: the read reached the queue's end."""
+        return len(self.rows) < self.limit
+
+    def counts(self) -> tuple[int, int]:
+        """``(alerts, aggregates)`` in the batch."""
+        alerts = sum(1 for r in self.rows if r.kind == "alert")
+        return alerts, len(self.rows) - alerts
 
     def after(self) -> tuple[int, int]:
         """``(alert, aggregate)`` row ids the next batch starts after (see the store)."""
         alerts = [r.row_id for r in self.rows if r.kind == "alert"]
         aggregates = [r.row_id for r in self.rows if r.kind == "aggregate"]
         return max(alerts, default=0), max(aggregates, default=0)
+
+
+@dataclass(frozen=True)
+class _Sent:
+    """A batch in flight and the future of its answer."""
+
+    batch: _Batch
+    future: Future[IngestResult]
 
 
 @dataclass
@@ -244,6 +283,7 @@ class Uploader:
         backoff_initial_s: First retry delay after a failure, seconds.
         backoff_max_s: Largest retry delay (and the retry period after 401/403), seconds.
         max_bytes_per_s: Cap on compressed bytes sent per second; None = unlimited.
+        max_in_flight: Batches in flight at once, 1..``MAX_IN_FLIGHT`` (module docstring).
         agent_version: Sent in every batch.
         clock: Wall clock, epoch seconds UTC (``sent_at``, ``uploaded_at``, sync lag).
         monotonic: Monotonic clock (bandwidth bucket, upload duration).
@@ -251,7 +291,8 @@ class Uploader:
         rng: Random source for the jitter (seeded in tests).
 
     Raises:
-        ValueError: ``batch_records`` outside 1..MAX_BATCH_RECORDS, or a bad backoff range.
+        ValueError: ``batch_records`` outside 1..MAX_BATCH_RECORDS, ``max_in_flight`` outside
+            1..MAX_IN_FLIGHT, or a bad backoff range.
     """
 
     def __init__(
@@ -266,6 +307,7 @@ class Uploader:
         backoff_initial_s: float = 1.0,
         backoff_max_s: float = 300.0,
         max_bytes_per_s: float | None = None,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         agent_version: str = __version__,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
@@ -274,11 +316,14 @@ class Uploader:
     ) -> None:
         if not 1 <= batch_records <= MAX_BATCH_RECORDS:
             raise ValueError(f"batch_records must be 1..{MAX_BATCH_RECORDS}, got {batch_records}")
+        if not 1 <= max_in_flight <= MAX_IN_FLIGHT:
+            raise ValueError(f"max_in_flight must be 1..{MAX_IN_FLIGHT}, got {max_in_flight}")
         self.store = store
         self.client = client
         self.device_id = device_id
         self.metrics = metrics
         self.batch_records = batch_records
+        self.max_in_flight = max_in_flight
         self.interval_s = interval_s
         self.agent_version = agent_version
         self.clock = clock
@@ -296,7 +341,9 @@ class Uploader:
         self._backlog_at = -BACKLOG_REFRESH_S
         self._thread: threading.Thread | None = None
         self._executor: ThreadPoolExecutor | None = None
-        self._next: Future[_Batch | None] | None = None
+        self._in_flight: deque[_Sent] = deque()
+        self._ready: _Batch | None = None
+        self._at_end = False  # a short read: read no more until the pipeline is empty
 
     # -- thread ---------------------------------------------------------------------------------
 
@@ -325,8 +372,14 @@ class Uploader:
         return not self._thread.is_alive()
 
     def close(self) -> None:
-        """Drop a prefetched batch and end the helper thread (the loop does this on exit)."""
-        self._drop_prefetch()
+        """Forget batches in flight and prepared, end the sender threads (the loop does this on
+        exit). Rows not acknowledged stay in the store (resent later; the fleet answers
+        ``duplicate`` for those it already stored)."""
+        self._ready = None
+        for sent in self._in_flight:
+            sent.future.cancel()
+        self._in_flight.clear()
+        self._at_end = False
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None
@@ -343,106 +396,152 @@ class Uploader:
                 self._wake.clear()
         if not self._failing:
             self.run_once()  # final attempt: what arrived during the last idle wait
+        self._settle()
         self.close()
 
     # -- one step -------------------------------------------------------------------------------
 
     def run_once(self) -> float:
-        """Upload at most one batch; return the seconds to wait before the next step.
+        """Send batches until ``max_in_flight`` are in flight, then apply the oldest answer.
 
-        0 means "more is pending, go on"; ``interval_s`` means "idle"; anything else is a
-        backoff after a failure. Never raises for fleet or store failures (they are counted
-        and logged).
+        Returns:
+            The seconds to wait before the next step: 0 means "more is pending or in flight,
+            go on"; ``interval_s`` means "idle"; anything else is a backoff after a failure
+            (nothing is in flight then).
+
+        Never raises for fleet or store failures (they are counted and logged).
         """
         try:
-            batch = self._take_prefetch()
-            if batch is None:
-                batch = self._prepare(self._limit, (0, 0), self._refresh_gauges())
+            self._fill()
         except StoreError as exc:
-            return self._failed("store", f"cannot read the upload queue: {exc}", None)
-        if batch is None:
+            if not self._in_flight:
+                return self._failed("store", f"cannot read the upload queue: {exc}", None)
+        if not self._in_flight:
+            self._at_end = False
             self._refresh_gauges(force=True)
             return self.interval_s
-        rows, body = batch.rows, batch.body
-        if len(rows) >= self._limit:
-            self._prefetch(batch)
-        if self._bucket is not None:
-            wait = self._bucket.reserve(len(body))
-            if wait > 0 and self.stop_event.wait(wait):
-                self._drop_prefetch()
-                return 0.0  # stopping; rows stay pending
-        t0 = self.monotonic()
+        self._read_ahead()
+        head = self._in_flight.popleft()
         try:
-            result = self.client.send(body, len(rows))
+            result = head.future.result()
         except (FleetAuthError, FleetRejected, FleetUnavailable, FleetProtocolError) as exc:
-            self._drop_prefetch()
-            return self._send_failed(rows, exc)
-        finally:
-            self.metrics.upload_seconds.observe(self.monotonic() - t0)
+            self._settle()
+            return self._send_failed(head.batch.rows, exc)
+        except BaseException:
+            self.close()
+            raise
         try:
-            self._apply(rows, result)
+            self._apply(head.batch.rows, result)
         except StoreError as exc:
             # The fleet has the records; they stay pending here and come back as duplicates.
-            self._drop_prefetch()
+            self._settle()
             return self._failed("store", f"cannot record the fleet's answer: {exc}", None)
         self._recovered()
-        full = len(rows) >= self._limit
         self._limit = min(self.batch_records, self._limit * 2)
-        return 0.0 if full else self.interval_s
+        if self._in_flight or self._ready is not None or not head.batch.short:
+            return 0.0
+        self._at_end = False
+        return self.interval_s
 
-    def _prepare(
-        self, limit: int, after: tuple[int, int], backlog: tuple[int, int]
-    ) -> _Batch | None:
-        """Read up to ``limit`` rows after ``after`` and build the compressed body.
+    def _fill(self) -> None:
+        """Send the prepared batch, then new ones, until the pipeline is full or the queue ends.
 
-        ``backlog`` is what the store held unacknowledged, before this batch (header field).
-        Raises StoreError; a header pydantic rejects is a bug and raises ValidationError.
+        Raises StoreError (a read failed; what was sent before stays in flight).
         """
+        while len(self._in_flight) < self.max_in_flight:
+            batch, self._ready = self._ready, None
+            if batch is None:
+                if self._at_end:
+                    return
+                batch = self._prepare(self._limit)
+                if batch is None:
+                    self._at_end = True
+                    return
+            self._at_end = batch.short
+            if self._bucket is not None:
+                wait = self._bucket.reserve(len(batch.body))
+                if wait > 0 and self.stop_event.wait(wait):
+                    return  # stopping; its rows stay pending
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(
+                    self.max_in_flight, thread_name_prefix="fleet-send"
+                )
+            self._in_flight.append(_Sent(batch, self._executor.submit(self._send, batch)))
+
+    def _read_ahead(self) -> None:
+        """While the pipeline is full, prepare the batch that goes out next (a failed read is
+        left for the next :meth:`_fill`, which reports it)."""
+        if (self._ready is None and not self._at_end
+                and len(self._in_flight) >= self.max_in_flight):
+            try:
+                self._ready = self._prepare(self._limit)
+            except StoreError:
+                return
+            if self._ready is None:
+                self._at_end = True
+
+    def _send(self, batch: _Batch) -> IngestResult:
+        """One request (a sender thread); its duration goes to ``upload_seconds``."""
+        t0 = self.monotonic()
+        try:
+            return self.client.send(batch.body, len(batch.rows))
+        finally:
+            self.metrics.upload_seconds.observe(self.monotonic() - t0)
+
+    def _settle(self) -> None:
+        """After a failure (or at stop): drop the prepared batch, wait for the batches still in
+        flight and apply the answers that came (the fleet stored those rows); the next read
+        starts from the queue's start."""
+        self._ready = None
+        while self._in_flight:
+            sent = self._in_flight.popleft()
+            try:
+                result = sent.future.result()
+            except (FleetAuthError, FleetRejected, FleetUnavailable, FleetProtocolError) as exc:
+                log.debug("a batch in flight failed too (%s); its rows are sent again", exc)
+                continue
+            try:
+                self._apply(sent.batch.rows, result)
+            except StoreError:
+                continue  # pending here, duplicates at the fleet next time
+        self._at_end = False
+
+    def _prepare(self, limit: int) -> _Batch | None:
+        """Read up to ``limit`` rows after those in flight or prepared; build the body.
+
+        The header's ``backlog`` is what the store holds unacknowledged beyond this batch and
+        those before it. Raises StoreError; a header pydantic rejects is a bug and raises
+        ValidationError.
+        """
+        backlog = self._refresh_gauges()
+        ahead = [s.batch for s in self._in_flight]
+        if self._ready is not None:
+            ahead.append(self._ready)
+        after, n_alerts, n_aggregates = (0, 0), 0, 0
+        for b in ahead:  # a batch may hold no row of one kind: the largest id of each kind
+            a_id, g_id = b.after()
+            after = (max(after[0], a_id), max(after[1], g_id))
+            a, g = b.counts()
+            n_alerts += a
+            n_aggregates += g
         rows = self.store.pending_upload_records(limit, after)
         if not rows:
             return None
-        n_alerts = sum(1 for r in rows if r.kind == "alert")
+        batch = _Batch(rows, b"", limit)
+        a, g = batch.counts()
         header = IngestBatch.model_validate({
             "schema": 1,
             "device_id": self.device_id,
             "sent_at": self.clock(),
             "agent_version": self.agent_version[:64],
             "backlog": {
-                "alerts": max(0, backlog[0] - n_alerts),
-                "aggregates": max(0, backlog[1] - (len(rows) - n_alerts)),
+                "alerts": max(0, backlog[0] - n_alerts - a),
+                "aggregates": max(0, backlog[1] - n_aggregates - g),
             },
             "records": [],
         })
         body = self.client.compress(batch_json(header, [r.json for r in rows]))
-        return _Batch(rows, body)
-
-    # -- prefetch (module docstring) ------------------------------------------------------------
-
-    def _prefetch(self, current: _Batch) -> None:
-        """Start preparing the batch after ``current`` (in flight) in the helper thread."""
-        self._drop_prefetch()
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="fleet-prefetch")
-        n_alerts = sum(1 for r in current.rows if r.kind == "alert")
-        alerts, aggregates = self._backlog
-        backlog = (max(0, alerts - n_alerts),
-                   max(0, aggregates - (len(current.rows) - n_alerts)))
-        self._next = self._executor.submit(self._prepare, self._limit, current.after(), backlog)
-
-    def _take_prefetch(self) -> _Batch | None:
-        """The prefetched batch (waits for it), or None; a failed read is just dropped."""
-        future, self._next = self._next, None
-        if future is None:
-            return None
-        try:
-            return future.result()
-        except StoreError:
-            return None  # read again, synchronously, and report a failure there
-
-    def _drop_prefetch(self) -> None:
-        future, self._next = self._next, None
-        if future is not None:
-            future.cancel()
+        return _Batch(rows, body, limit)
 
     def _send_failed(self, rows: Sequence[WireRow], exc: Exception) -> float:
         if isinstance(exc, FleetAuthError):

@@ -25,6 +25,17 @@ Version 3 (calibration across restarts):
                  (JSON: scaler, feature statistics, threshold), ``fitted_at`` (epoch s),
                  ``samples`` (readings fitted on) and ``readings`` (those readings, ``(N, C)``
                  little-endian float64, or NULL).
+
+Version 4 (row ids never reused):
+    alerts, aggregates: rebuilt with ``id INTEGER PRIMARY KEY AUTOINCREMENT`` (same columns,
+                 rows, ids and indexes). Without AUTOINCREMENT SQLite gives a new row
+                 ``max(id) + 1``, so deleting the newest row (eviction, dead letter, pruning) let
+                 the next insert take its id again; consumers that remember ids across a
+                 statement (the uploader's batches in flight, cleared by id when acknowledged;
+                 its read cursor; the MQTT publisher's cursor) could then clear or skip a row
+                 they never sent. ``sqlite_sequence`` starts at the largest id copied; ids
+                 deleted above it before the migration are unknown, which is harmless: nothing
+                 is in flight while a store is opened.
 """
 
 from __future__ import annotations
@@ -105,6 +116,53 @@ MIGRATIONS: tuple[Migration, ...] = (
             readings       BLOB
         )
         """,
+    ),
+    # 3 -> 4: AUTOINCREMENT ids on the two record tables (rebuild: SQLite cannot alter a key).
+    (
+        """
+        CREATE TABLE alerts_v4 (
+            id           INTEGER PRIMARY KEY AUTOINCREMENT,
+            alert_id     TEXT    NOT NULL UNIQUE,
+            stream       TEXT    NOT NULL,
+            seq          INTEGER NOT NULL,
+            payload      TEXT    NOT NULL,
+            created_at   REAL    NOT NULL,
+            published_at REAL,
+            uploaded_at  REAL
+        )
+        """,
+        "INSERT INTO alerts_v4 (id, alert_id, stream, seq, payload, created_at, published_at,"
+        " uploaded_at) SELECT id, alert_id, stream, seq, payload, created_at, published_at,"
+        " uploaded_at FROM alerts ORDER BY id",
+        "DROP TABLE alerts",
+        "ALTER TABLE alerts_v4 RENAME TO alerts",
+        "CREATE INDEX alerts_pending ON alerts (id) WHERE published_at IS NULL",
+        "CREATE INDEX alerts_stream ON alerts (stream, id)",
+        "CREATE INDEX alerts_unuploaded ON alerts (id) WHERE uploaded_at IS NULL",
+        """
+        CREATE TABLE aggregates_v4 (
+            id             INTEGER PRIMARY KEY AUTOINCREMENT,
+            aggregate_id   TEXT    NOT NULL UNIQUE,
+            device_id      TEXT    NOT NULL,
+            stream         TEXT    NOT NULL,
+            interval_start REAL    NOT NULL,
+            interval_s     REAL    NOT NULL,
+            count          INTEGER NOT NULL,
+            channels       TEXT    NOT NULL,
+            max_score      REAL,
+            windows        INTEGER NOT NULL,
+            alert_count    INTEGER NOT NULL,
+            uploaded_at    REAL
+        )
+        """,
+        "INSERT INTO aggregates_v4 (id, aggregate_id, device_id, stream, interval_start,"
+        " interval_s, count, channels, max_score, windows, alert_count, uploaded_at)"
+        " SELECT id, aggregate_id, device_id, stream, interval_start, interval_s, count,"
+        " channels, max_score, windows, alert_count, uploaded_at FROM aggregates ORDER BY id",
+        "DROP TABLE aggregates",
+        "ALTER TABLE aggregates_v4 RENAME TO aggregates",
+        "CREATE INDEX aggregates_stream_start ON aggregates (stream, interval_start)",
+        "CREATE INDEX aggregates_unuploaded ON aggregates (id) WHERE uploaded_at IS NULL",
     ),
 )
 

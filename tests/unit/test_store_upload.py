@@ -146,7 +146,9 @@ def test_budget_evicts_uploaded_aggregates_first(tmp_path: Path) -> None:
         fill(store, 0, 30)
         store.checkpoint()
         used = store.size_bytes()
-        store.budget_bytes = int(used * 0.8)
+        # 0.85: shedding the 200 uploaded rows reaches the low-water mark with a few pages to
+        # spare (at 0.8 it missed it by one page once sqlite_sequence came with schema v4)
+        store.budget_bytes = int(used * 0.85)
         evicted = store.enforce_budget()
         assert 0 < evicted <= 200
         assert store.size_bytes() <= store.budget_bytes

@@ -34,10 +34,11 @@ class FakeClient:
             return b"%099d" % (len(self.prepared) - 1)
 
     def send(self, body: bytes, n_records: int) -> IngestResult:
-        batch = self.prepared[int(body)]
-        self.batches.append(batch)  # what was sent, in order
-        if self.fail:
-            raise self.fail.pop(0)
+        with self.lock:  # sender threads: up to max_in_flight at once
+            batch = self.prepared[int(body)]
+            self.batches.append(batch)  # what was sent, in order
+            if self.fail:
+                raise self.fail.pop(0)
         return IngestResult(results=[
             RecordResult(index=i, status=self.statuses.get(r.id, "accepted"),  # type: ignore[arg-type]
                          reason="nope" if self.statuses.get(r.id) == "rejected" else None)
@@ -101,7 +102,8 @@ def test_auth_error_retries_slowly_and_logs_once(
 
 
 def test_batch_rejected_with_422_is_bisected_to_the_bad_record(tmp_path: Path) -> None:
-    store, client, up, _m = setup(tmp_path, batch_records=4)
+    # one batch at a time: the sequence of batch sizes is exact
+    store, client, up, _m = setup(tmp_path, batch_records=4, max_in_flight=1)
     for i in range(4):
         store.add_aggregate(make_aggregate(60.0 * i))
     client.fail = [FleetRejected(422, "bad"), FleetRejected(422, "bad"),
