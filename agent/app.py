@@ -695,7 +695,7 @@ def _build_uploader(
     assert fc.url is not None  # FleetConfig requires it when enabled
     client = FleetClient(
         fc.url, read_token(fc), connect_timeout_s=fc.connect_timeout_s,
-        read_timeout_s=fc.read_timeout_s, clock=clock,
+        read_timeout_s=fc.read_timeout_s, clock=clock, gzip_level=fc.gzip_level,
     )
     return Uploader(
         store, client, config.agent.device_id, metrics, batch_records=fc.batch_records,

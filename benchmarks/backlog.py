@@ -2,9 +2,12 @@
 
 Scenario: the gateway was offline; its store buffered ``--rows`` aggregate rows (inserted fast:
 ``executemany`` in one transaction). Then a fleet service starts (``edge-fleet serve``
-subprocess, one worker) and the real :class:`agent.services.uploader.Uploader` with the real
-:class:`cloud_sync.client.FleetClient` drains the backlog. At the end the fleet database is
-checked: ``COUNT(*)`` and ``COUNT(DISTINCT id)`` against ``--rows``.
+subprocess with ``--workers 2``: one per core of this 2-core host, as the README recommends for
+ingest-heavy fleets) and the real :class:`agent.services.uploader.Uploader` with the real
+:class:`cloud_sync.client.FleetClient` drains the backlog with the ``[fleet]`` config defaults
+(``max_in_flight`` 2, ``gzip_level`` 6) and ``batch_records = 5000`` (the largest batch the
+protocol allows; a documented setting). At the end the fleet database is checked:
+``COUNT(*)`` and ``COUNT(DISTINCT id)`` against ``--rows``.
 
 Fleet database (``--fleet-db``): ``sqlite`` (default: a SQLite file in ``--workdir``, WAL,
 ``synchronous=FULL``: the zero-setup fleet of one site, and what the sync fault tests run) or
@@ -13,8 +16,9 @@ shares this machine's cores with the agent and the fleet process). Commits are d
 
 Usage::
 
-    python benchmarks/backlog.py [--rows 1000000] [--batch 5000] [--gzip-level 1]
-        [--fleet-db sqlite|postgresql] [--pg "host=127.0.0.1 user=postgres dbname=test"]
+    python benchmarks/backlog.py [--rows 1000000] [--batch 5000] [--gzip-level 6]
+        [--in-flight 2] [--fleet-workers 2] [--fleet-db sqlite|postgresql]
+        [--pg "host=127.0.0.1 user=postgres dbname=test"]
 
 Last line: ``rows_per_s=<n> lost=<n> duplicated=<n> peak_rss_mb=<n>`` (agent process).
 """
@@ -40,7 +44,7 @@ sys.path.insert(0, str(REPO))
 from prometheus_client import CollectorRegistry  # noqa: E402
 
 from agent.metrics import Metrics  # noqa: E402
-from agent.services.uploader import Uploader  # noqa: E402
+from agent.services.uploader import FleetConfig, Uploader  # noqa: E402
 from agent.store.sqlite import Store  # noqa: E402
 from cloud_sync.client import FleetClient  # noqa: E402
 from tests.integration.fleet_peer import FleetProcess  # noqa: E402
@@ -77,7 +81,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--batch", type=int, default=5000)
-    ap.add_argument("--gzip-level", type=int, default=1)
+    ap.add_argument("--gzip-level", type=int, default=FleetConfig().gzip_level,
+                    help="the uploader's gzip level (default: the [fleet] config default)")
+    ap.add_argument("--in-flight", type=int, default=FleetConfig().max_in_flight,
+                    help="the uploader's max_in_flight (default: the [fleet] config default)")
+    ap.add_argument("--fleet-workers", type=int, default=2,
+                    help="edge-fleet serve --workers (README: one per core; this host has 2)")
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--profile", action="store_true", help="cProfile the agent side")
     ap.add_argument("--fleet-db", choices=("sqlite", "postgresql"), default="sqlite")
@@ -85,7 +94,8 @@ def main() -> int:
     args = ap.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="backlog-"))
     db = workdir / "agent.db"
-    print(f"workdir {workdir}; fleet storage: {args.fleet_db} (edge-fleet serve subprocess); "
+    print(f"workdir {workdir}; fleet storage: {args.fleet_db} (edge-fleet serve subprocess, "
+          f"--workers {args.fleet_workers}); uploader max_in_flight {args.in_flight}; "
           f"load average {os.getloadavg()[0]:.2f}")
     print(f"filling the agent store with {args.rows} aggregates ...", flush=True)
     print(f"  filled in {fill(db, args.rows):.1f} s", flush=True)
@@ -100,7 +110,8 @@ def main() -> int:
         info = pg_admin.info
         db_url = f"postgresql+psycopg://{info.user}@{info.host}:{info.port}/{pg_name}"
     try:
-        return drain(args, db, FleetProcess(workdir / "fleet", db_url=db_url))
+        fleet = FleetProcess(workdir / "fleet", db_url=db_url, workers=args.fleet_workers)
+        return drain(args, db, fleet)
     finally:
         if pg_admin is not None:
             pg_admin.execute(f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)')
@@ -112,7 +123,8 @@ def drain(args: argparse.Namespace, db: Path, fleet: FleetProcess) -> int:
     store = Store(db, budget_bytes=None)
     client = FleetClient(fleet.url, fleet.token, read_timeout_s=120, gzip_level=args.gzip_level)
     up = Uploader(store, client, "gw1", Metrics(CollectorRegistry()), batch_records=args.batch,
-                  interval_s=0.01, backoff_initial_s=0.1, backoff_max_s=2.0)
+                  interval_s=0.01, backoff_initial_s=0.1, backoff_max_s=2.0,
+                  max_in_flight=args.in_flight)
     prof = cProfile.Profile() if args.profile else None
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()

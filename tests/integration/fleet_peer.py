@@ -35,8 +35,11 @@ def fleet_command() -> list[str]:
 class FleetProcess:
     """One fleet server process with its SQLite database in ``workdir``."""
 
-    def __init__(self, workdir: Path, device_id: str = "gw1", db_url: str | None = None) -> None:
+    def __init__(
+        self, workdir: Path, device_id: str = "gw1", db_url: str | None = None, workers: int = 1
+    ) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
+        self.workers = workers
         self.workdir = workdir
         self.db_path = workdir / "fleet.db"
         self.db_url = db_url or f"sqlite:///{self.db_path}"
@@ -56,7 +59,8 @@ class FleetProcess:
         with self.log_path.open("ab") as log:
             self._proc = subprocess.Popen(
                 [*fleet_command(), "serve", "--db", self.db_url, "--port", str(self.port),
-                 "--state-dir", str(self.workdir), "--log-level", "warning"],
+                 "--state-dir", str(self.workdir), "--log-level", "warning",
+                 "--workers", str(self.workers)],
                 env=self.env, stdout=log, stderr=subprocess.STDOUT,
             )
         deadline = time.monotonic() + timeout_s

@@ -105,9 +105,11 @@ def all_ids(store: Store) -> set[str]:
 
 
 def test_config_default_is_two_in_flight_and_bounded() -> None:
-    assert FleetConfig().max_in_flight == 2
+    assert FleetConfig().max_in_flight == 2 and FleetConfig().gzip_level == 6
     with pytest.raises(ValueError):
         FleetConfig(max_in_flight=0)
+    with pytest.raises(ValueError):
+        FleetConfig(gzip_level=0)
     with pytest.raises(ValueError, match="max_in_flight"):
         Uploader(Store(":memory:"), FakeFleet(), "gw1", Metrics(CollectorRegistry()),
                  max_in_flight=9)
