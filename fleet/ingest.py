@@ -127,7 +127,8 @@ def prepare_checked(
     device_id: str, records: list[dict[str, Any]], received_at: dt.datetime
 ) -> Prepared:
     """:func:`prepare` for the records of a :func:`check_batch` result (ownership only)."""
-    return _prepare(records, lambda raw: _checked_row(device_id, raw, received_at))
+    starts: dict[float, dt.datetime] = {}  # one datetime per interval start (see _utc)
+    return _prepare(records, lambda raw: _checked_row(device_id, raw, received_at, starts))
 
 
 class RecordRejected(ValueError):
@@ -174,14 +175,16 @@ def _check_owner(device_id: str, record_id: str, body_device: str, body_stream: 
 
 
 def _checked_row(
-    device_id: str, raw: dict[str, Any], received_at: dt.datetime
+    device_id: str, raw: dict[str, Any], received_at: dt.datetime,
+    starts: dict[float, dt.datetime],
 ) -> tuple[Kind, dict[str, Any]]:
-    """The row of a record :func:`check_batch` accepted (strict, storable, no NUL)."""
+    """The row of a record :func:`check_batch` accepted (strict, storable, no NUL); ``starts``
+    memoizes interval starts within the batch."""
     body = raw["body"]
     _check_owner(device_id, raw["id"], body["device_id"], body["stream"])
     if raw["kind"] == "alert":  # rare: the model path (timestamps parsed there)
         return "alert", _alert_row(AlertRecord.model_validate(raw, strict=True), received_at)
-    return "aggregate", _aggregate_row_raw(raw, received_at)
+    return "aggregate", _aggregate_row_raw(raw, received_at, starts)
 
 
 def _alert_row(record: AlertRecord, received_at: dt.datetime) -> dict[str, Any]:
@@ -222,19 +225,28 @@ def _aggregate_row(record: AggregateRecord, received_at: dt.datetime) -> dict[st
     }
 
 
-def _aggregate_row_raw(raw: dict[str, Any], received_at: dt.datetime) -> dict[str, Any]:
+def _aggregate_row_raw(
+    raw: dict[str, Any], received_at: dt.datetime, starts: dict[float, dt.datetime]
+) -> dict[str, Any]:
     """:func:`_aggregate_row` from a strictly validated raw record: no model instances.
 
     Strict validation guarantees exactly the schema's keys with values of the schema's kinds;
-    JSON lets an integer stand for a float, so float columns go through ``float()``.
+    JSON lets an integer stand for a float, so float columns go through ``float()``. A batch
+    holds one aggregate per stream and interval, so streams of one interval share its start:
+    ``starts`` (epoch seconds -> aware UTC) makes one datetime per distinct start, which the
+    SQLite store then converts to text once (:class:`fleet.db.records.RecordStore`).
     """
     body = raw["body"]
     max_score = body["max_score"]
+    start = body["interval_start"]
+    when = starts.get(start)
+    if when is None:
+        when = starts[start] = dt.datetime.fromtimestamp(start, tz=dt.UTC)
     return {
         "id": raw["id"],
         "device_id": body["device_id"],
         "stream": body["stream"],
-        "interval_start": dt.datetime.fromtimestamp(body["interval_start"], tz=dt.UTC),
+        "interval_start": when,
         "interval_s": float(body["interval_s"]),
         "count": body["count"],
         "channels": body["channels"],

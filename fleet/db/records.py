@@ -195,7 +195,9 @@ def _insert_sqlite(conn: Connection, table: Table, rows: Sequence[dict[str, Any]
 class _TimeText:
     """What :class:`UtcDateTime` + SQLAlchemy's SQLite DATETIME store for an aware time
     (``YYYY-MM-DD HH:MM:SS.ffffff``, naive UTC); ``same`` (``received_at``, one value for a
-    whole batch) is converted once.
+    whole batch) is converted once, and so is each distinct instant (aggregates of several
+    streams share their interval start; equal aware datetimes are the same instant, so the
+    same text).
 
     >>> t = dt.datetime(2024, 5, 1, 12, 0, 0, 5, tzinfo=dt.UTC)
     >>> _TimeText(t)(t), _TimeText(None)(t.astimezone(dt.timezone(dt.timedelta(hours=2))))
@@ -205,9 +207,17 @@ class _TimeText:
     def __init__(self, same: dt.datetime | None) -> None:
         self._same = same
         self._same_text = self.convert(same)
+        self._seen: dict[dt.datetime, str | None] = {}
 
     def __call__(self, value: dt.datetime | None) -> str | None:
-        return self._same_text if value is self._same else self.convert(value)
+        if value is self._same:
+            return self._same_text
+        if value is None:
+            return None
+        text = self._seen.get(value)
+        if text is None:
+            text = self._seen[value] = self.convert(value)
+        return text
 
     @staticmethod
     def convert(value: dt.datetime | None) -> str | None:
