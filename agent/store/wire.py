@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -24,7 +25,10 @@ RecordKind = Literal["alert", "aggregate"]
 #: SQL expression template: the JSON column ``{col}`` if it holds valid JSON, else ``null``.
 JSON_OR_NULL = "CASE WHEN json_valid({col}) THEN {col} ELSE 'null' END"
 
-_string = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+#: JSON string literal of a ``str`` (what ``json.dumps(s, ensure_ascii=False)`` gives; the C
+#: function itself, without ``JSONEncoder.encode``'s Python-level dispatch).
+_string: Callable[[str], str] = json.encoder.encode_basestring
+_isfinite = math.isfinite
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,10 +54,15 @@ def value(v: Any) -> str:
     >>> value(0.30000000000000004), value(float("nan")), value(3), value(None), value('a"b')
     ('0.30000000000000004', 'null', '3', 'null', '"a\\\\"b"')
     """
-    if type(v) is float:
-        return repr(v) if math.isfinite(v) else "null"
-    if type(v) is int or v is None:
-        return "null" if v is None else str(v)
+    kind = type(v)
+    if kind is float:
+        return repr(v) if _isfinite(v) else "null"
+    if kind is str:
+        return _string(v)
+    if kind is int:
+        return str(v)
+    if v is None:
+        return "null"
     if isinstance(v, str):
         return _string(v)
     return _string(str(v))  # blob or other: the fleet rejects it, the batch stays valid
