@@ -21,8 +21,8 @@ once, each posted from a small thread pool (one HTTP connection each), so the ag
 fleet's work overlap (the fleet may run several workers). Batches are disjoint and read in queue
 order: each next batch starts after the largest row ids of the batches in flight (row ids are
 never reused, see :mod:`agent.store.schema` version 4); while the pipeline is full, the loop
-thread also reads and compresses the batch that goes out next. Answers are applied in sending
-order, each as above, so rows are still cleared only by an acknowledgement naming them. A short
+thread also reads and compresses the batch that goes out next, and sends it as soon as an answer
+frees a slot (before applying that answer). Answers are applied in sending order, each as above, so rows are still cleared only by an acknowledgement naming them. A short
 read (fewer rows than the batch size: the queue's end) stops reading until every batch in flight
 is answered; then the next read starts from the queue's start again, alerts first, so a live
 alert waits at most for the batches already in flight plus the one prepared. When the oldest
@@ -435,6 +435,10 @@ class Uploader:
         except BaseException:
             self.close()
             raise
+        if self._ready is not None:
+            # Its slot is free: keep the fleet busy while this answer is applied (the prepared
+            # rows come after the head's, so the order of clearing does not matter).
+            self._fill(read=False)
         try:
             self._apply(head.batch.rows, result)
         except StoreError as exc:
@@ -448,15 +452,16 @@ class Uploader:
         self._at_end = False
         return self.interval_s
 
-    def _fill(self) -> None:
-        """Send the prepared batch, then new ones, until the pipeline is full or the queue ends.
+    def _fill(self, read: bool = True) -> None:
+        """Send the prepared batch, then (``read``) new ones, until the pipeline is full or the
+        queue ends.
 
         Raises StoreError (a read failed; what was sent before stays in flight).
         """
         while len(self._in_flight) < self.max_in_flight:
             batch, self._ready = self._ready, None
             if batch is None:
-                if self._at_end:
+                if self._at_end or not read:
                     return
                 batch = self._prepare(self._limit)
                 if batch is None:
