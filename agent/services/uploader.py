@@ -22,13 +22,15 @@ fleet's work overlap (the fleet may run several workers). Batches are disjoint a
 order: each next batch starts after the largest row ids of the batches in flight (row ids are
 never reused, see :mod:`agent.store.schema` version 4); while the pipeline is full, the loop
 thread also reads and compresses the batch that goes out next, and sends it as soon as an answer
-frees a slot (before applying that answer). Answers are applied in sending order, each as above, so rows are still cleared only by an acknowledgement naming them. A short
-read (fewer rows than the batch size: the queue's end) stops reading until every batch in flight
-is answered; then the next read starts from the queue's start again, alerts first, so a live
-alert waits at most for the batches already in flight plus the one prepared. When the oldest
-batch fails, the prepared one is dropped, the others in flight are waited for (those answered
-200 are applied: the fleet has them), and the failure is handled as below; the next read starts
-from the queue's start, so the failed rows are simply sent again. With ``max_in_flight = 1``
+frees a slot (before applying that answer). Answers are applied in sending order, each as
+above, so rows are still cleared only by an acknowledgement naming them. A short read (fewer
+rows than the batch size: the queue's end) stops reading until every batch in flight is
+answered; then the next read starts from the queue's start again, alerts first, so a live alert
+waits at most for the batches already in flight plus the one prepared. When the oldest batch
+fails, the prepared one is dropped, the others in flight are waited for (those answered 200 are
+applied: the fleet has them; each failed one counts in ``upload_failures_total``), and the
+failure is handled as below; the next read starts from the queue's start, so the failed rows are
+simply sent again. With ``max_in_flight = 1``
 this is one request at a time with the next batch read while it is in flight. A prepared
 batch's ``sent_at`` is when it was prepared (at most a few requests earlier).
 
@@ -263,6 +265,17 @@ class _Sent:
 
     batch: _Batch
     future: Future[IngestResult]
+
+
+def _reason(exc: Exception) -> str:
+    """The ``upload_failures_total`` reason of a fleet error (as :meth:`Uploader._send_failed`)."""
+    if isinstance(exc, FleetAuthError):
+        return "auth"
+    if isinstance(exc, FleetRejected):
+        return "rejected"
+    if isinstance(exc, FleetUnavailable):
+        return "unavailable"
+    return "protocol"
 
 
 @dataclass
@@ -508,6 +521,8 @@ class Uploader:
             try:
                 result = sent.future.result()
             except (FleetAuthError, FleetRejected, FleetUnavailable, FleetProtocolError) as exc:
+                # counted like any failed request; the backoff is the oldest batch's
+                self.metrics.upload_failures_total.labels(reason=_reason(exc)).inc()
                 log.debug("a batch in flight failed too (%s); its rows are sent again", exc)
                 continue
             try:

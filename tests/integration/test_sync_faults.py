@@ -186,8 +186,9 @@ class FaultProxy:
         self.httpd.server_close()
 
 
+@pytest.mark.parametrize("in_flight", [1, 2])
 def test_500s_and_malformed_responses_keep_rows_until_the_fleet_recovers(
-    tmp_path: Path, fleet: FleetProcess
+    tmp_path: Path, fleet: FleetProcess, in_flight: int
 ) -> None:
     proxy = FaultProxy(fleet.url)
     m = Metrics(CollectorRegistry())
@@ -198,22 +199,26 @@ def test_500s_and_malformed_responses_keep_rows_until_the_fleet_recovers(
             for i in range(10):
                 store.add_alert(make_alert(i + 1))
             up = Uploader(store, FleetClient(proxy.url, fleet.token), "gw1", m,
-                          batch_records=100, backoff_initial_s=0.01, backoff_max_s=0.05)
+                          batch_records=100, backoff_initial_s=0.01, backoff_max_s=0.05,
+                          max_in_flight=in_flight)
             for mode in ("500", "malformed"):
                 proxy.mode = mode
                 for _ in range(5):
                     assert up.run_once() > 0  # a failure: backoff
                 assert store.upload_backlog() == (10, 300)  # nothing cleared without an ack
-            assert fleet.counts("aggregates")[0] == 90  # malformed answers hid a stored batch
+            # malformed answers hid stored batches: the first (10 alerts + 90 aggregates) and,
+            # with two in flight, the next 100 aggregates too
+            hidden = 90 + 100 * (in_flight - 1)
+            assert fleet.counts("aggregates")[0] == hidden
             proxy.mode = "ok"
             while store.upload_backlog() != (0, 0):
                 assert up.run_once() in (0.0, up.interval_s)  # no failure
             assert_exactly_once(fleet, store)
             dup = m.registry.get_sample_value(
                 "edge_agent_upload_records_total", {"kind": "aggregate", "status": "duplicate"})
-            assert dup == 90
-            assert m.registry.get_sample_value(
-                "edge_agent_upload_failures_total", {"reason": "protocol"}) == 5
+            assert dup == hidden
+            assert m.registry.get_sample_value(  # every failed request counts
+                "edge_agent_upload_failures_total", {"reason": "protocol"}) == 5 * in_flight
     finally:
         proxy.close()
 
