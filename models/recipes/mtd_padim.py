@@ -223,7 +223,8 @@ def int8_weight_only(path: Path, name: str) -> None:
     onnx.save(model, str(path))
 
 
-def quantize(fp32: Path, int8: Path, calib: np.ndarray, head: bool = True) -> None:
+def quantize(fp32: Path, int8: Path, calib: np.ndarray, head: bool = True,
+             op_types: Sequence[str] = ("Conv",)) -> None:
     """Static INT8 QDQ quantization (MinMax, per-channel int8 weights) on ``calib`` images.
 
     The trunk's convolutions are quantized (weights and activations); with ``head`` the graph's
@@ -255,7 +256,7 @@ def quantize(fp32: Path, int8: Path, calib: np.ndarray, head: bool = True) -> No
         quantize_static(str(pre), str(int8), Reader(), quant_format=QuantFormat.QDQ,
                         activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
                         calibrate_method=CalibrationMethod.MinMax, per_channel=True,
-                        op_types_to_quantize=["Conv"], nodes_to_exclude=exclude)
+                        op_types_to_quantize=list(op_types), nodes_to_exclude=exclude)
     if head:
         int8_weight_only(int8, "chol")
 

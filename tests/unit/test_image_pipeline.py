@@ -60,11 +60,11 @@ def test_package_is_small_and_int8_is_a_fraction_of_fp32() -> None:
     p = load_image_package(PACKAGE)
     sizes = {a.path: a.size_bytes for a in p.manifest.artefacts}
     total = sum(f.stat().st_size for f in PACKAGE.iterdir())
-    assert total < 10_000_000
+    assert total < 25_000_000  # FP32 twin 13.2 MB (float memory bank), INT8 IR 3.7, ONNX 3.7
     fp32 = sizes["model.fp32.onnx"]
     # every file of an artefact counts: the OpenVINO IR is its .xml and its .bin
-    assert sizes["model.int8.xml"] + sizes["model.int8.bin"] <= 0.35 * fp32
-    assert sizes["model.int8.onnx"] <= 0.35 * fp32
+    assert sizes["model.int8.xml"] + sizes["model.int8.bin"] <= 0.30 * fp32
+    assert sizes["model.int8.onnx"] <= 0.30 * fp32
 
 
 def test_crack_scores_above_threshold_and_good_below() -> None:
@@ -125,4 +125,4 @@ def test_shipped_int8_package_on_real_mtd_test_images() -> None:
         len(pos) * len(neg))
     assert len(pos) > 40 and len(neg) > 15
     print(f"subset AUROC {auc:.3f}")
-    assert auc > 0.85, auc  # measured 0.901 (full split: 0.881 INT8)
+    assert auc > 0.90, auc  # measured 0.960 (full split: 0.947 OpenVINO INT8)
