@@ -23,11 +23,11 @@ and the ``openvino`` extra plus ``nncf`` for the OpenVINO INT8 IR. Steps (about 
    graph as ``sqrt(max_p(|z_p|^2 + min_n(z_p . w_n + b_n)))``, ``w_n = -2 m_n``, ``b_n = |m_n|^2``
    (:func:`full_model`): one MatMul + bias, ReduceMin, Add, ReduceMax, Sqrt.
 6. Artefacts: FP32 ONNX; ONNX Runtime INT8 QDQ (``quantize_static``: Conv, Clip and the
-   distance MatMul, MinMax calibration); OpenVINO INT8 IR (``nncf.quantize`` of the converted FP32 model
-   on ``--calib`` fit images, global min/max activation ranges: :func:`quantize_openvino`): the
-   trunk convolutions and the distance MatMul run int8 (an int8 x int8 GEMM over the bank); the
-   feature pooling/upsampling/concatenation and the distance arithmetic around the MatMul stay
-   float.
+   distance MatMul, MinMax calibration); OpenVINO INT8 IR (``nncf.quantize`` of the converted
+   FP32 model on ``--calib`` fit images, global min/max activation ranges:
+   :func:`quantize_openvino`): the trunk convolutions and the distance MatMul run int8 (an
+   int8 x int8 GEMM over the bank); the feature pooling/upsampling/concatenation and the
+   distance arithmetic around the MatMul stay float.
 7. Threshold: ``--threshold-quantile`` of the OpenVINO INT8 scores of the held-out good images.
    Golden tolerance: ``--atol-margin`` x the largest |INT8 - FP32| score difference of any shipped
    INT8 artefact on the held-out good images (what INT8 is measured to do on normal data).
@@ -69,9 +69,9 @@ def _batches(x: np.ndarray, n: int = 32) -> Iterator[np.ndarray]:
 
 def Features(taps: tuple[int, ...], pool: int,  # noqa: N802 - a module factory
              backbone: str = "lite0") -> Any:
-    """Locally aware patch features: EfficientNet-Lite ``backbone`` blocks ``taps``, each 3x3-average-pooled (stride 1),
-    upsampled bilinearly to the first tap's grid, concatenated, ``pool`` x ``pool``
-    average-pooled: ``(B, C, G, G)``."""
+    """Locally aware patch features: EfficientNet-Lite ``backbone`` blocks ``taps``, each
+    3x3-average-pooled (stride 1), upsampled bilinearly to the first tap's grid, concatenated,
+    ``pool`` x ``pool`` average-pooled: ``(B, C, G, G)``."""
     import torch  # noqa: PLC0415
     import torch.nn.functional as F  # noqa: PLC0415, N812
     from mtd_backbone import LiteFeatures  # noqa: PLC0415
