@@ -24,7 +24,7 @@ and the ``openvino`` extra plus ``nncf`` for the OpenVINO INT8 IR. Steps (about 
    (:func:`full_model`): one MatMul + bias, ReduceMin, Add, ReduceMax, Sqrt.
 6. Artefacts: FP32 ONNX; ONNX Runtime INT8 QDQ (``quantize_static``: Conv, Clip and the
    distance MatMul, MinMax calibration); OpenVINO INT8 IR (``nncf.quantize`` of the converted
-   FP32 model on ``--calib`` fit images, global min/max activation ranges:
+   FP32 model on ``--calib`` fit images (default all), global min/max activation ranges:
    :func:`quantize_openvino`): the trunk convolutions and the distance MatMul run int8 (an
    int8 x int8 GEMM over the bank); the feature pooling/upsampling/concatenation and the
    distance arithmetic around the MatMul stay float.
@@ -274,7 +274,7 @@ def _sha256(path: Path) -> str:
 
 def build(data: Path, out: Path, *, size: int = 256, taps: tuple[int, ...] = (4, 10),
           pool: int = 2, coreset_ratio: float = 0.1, backbone: str = "lite0", val: int = 100,
-          calib: int = 128,
+          calib: int = 0,
           threshold_quantile: float = 0.99, atol_margin: float = 1.5, version: int = 1,
           seed: int = 0, log: Any = print) -> dict[str, Any]:
     """Train, export, quantize and write the package; returns the manifest written."""
@@ -303,7 +303,9 @@ def build(data: Path, out: Path, *, size: int = 256, taps: tuple[int, ...] = (4,
     ort8 = out / "model.int8.onnx"
     ov8 = out / "model.int8.xml"
     export(full_model(taps, pool, mem, mu, backbone), size, fp32)
-    calib_x = x_fit[np.random.default_rng(seed + 1).permutation(len(x_fit))[:calib]]
+    # calibration: all fit images by default (measured on the 100 held-out good images, OpenVINO
+    # INT8 vs FP32 max |error|: 128 images 4.94, 300 3.27, all 661 3.10)
+    calib_x = x_fit[np.random.default_rng(seed + 1).permutation(len(x_fit))[:calib or None]]
     quantize_ort(fp32, ort8, calib_x)
     tools = quantize_openvino(fp32, ov8, calib_x)
     f32 = runner(fp32)(x_val)
@@ -367,7 +369,7 @@ def build(data: Path, out: Path, *, size: int = 256, taps: tuple[int, ...] = (4,
             "quantization": {
                 "openvino": {**tools, "method": "nncf.quantize (PTQ, performance preset, "
                              "activation ranges MINMAX): trunk Conv + distance MatMul int8",
-                             "calibration_images": calib},
+                             "calibration_images": len(calib_x)},
                 "onnxruntime": {"tool": f"onnxruntime.quantization {ort.__version__}",
                                 "format": "QDQ", "op_types": ["Conv", "Clip", "MatMul"],
                                 "calibration": "minmax", "weights": "QInt8 per-channel"}},
@@ -397,7 +399,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="memory bank size as a fraction of the fit patches (PatchCore's 10%%)")
     ap.add_argument("--backbone", choices=("lite0", "lite2"), default="lite0")
     ap.add_argument("--val", type=int, default=100)
-    ap.add_argument("--calib", type=int, default=128)
+    ap.add_argument("--calib", type=int, default=0,
+                    help="calibration images drawn from the fit images (0: all of them)")
     ap.add_argument("--threshold-quantile", type=float, default=0.99)
     ap.add_argument("--atol-margin", type=float, default=1.5)
     ap.add_argument("--version", type=int, default=1)
