@@ -6,7 +6,8 @@
 The script writes one MJPG ``.avi`` per stream (frames of a noisy texture with a frame counter
 drawn in) into a temporary folder, then runs one :class:`agent.services.camera.CameraStream` per
 file (camera source paced at ``--fps`` and looped, newest-frame grabber, resize to the model
-input, INT8 model on ONNX Runtime, alert rules), all in this process, as the agent does.
+input, INT8 model on the auto-selected backend, alert rules), all in this process, as the
+agent does.
 
 Prints per second: frames scored, frames dropped by the grabbers (newer frames replaced them),
 the frame age at scoring (p50/max over all streams, ms); at the end frame → score latency
@@ -84,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
             streams.append(CameraStream(source, pipe, package, lambda item: None, stop,
                                         on_score=on_score))
         print(f"{args.streams} streams x {args.fps:g} fps of {args.size}x{args.size} MJPG; "
-              f"model {package.label} {inp.height}x{inp.width} INT8 (1 ORT thread per stream)")
+              f"model {package.label} {inp.height}x{inp.width} INT8 (auto-selected backend, "
+              "1 thread per stream)")
         for s in streams:
             s.start()
         t0 = time.monotonic()
