@@ -60,34 +60,49 @@ def acceptance_test(
 ) -> tuple[Backend, dict[str, float]]:
     """Open the INT8 backend (golden check included) and measure its p99 latency per window.
 
+    A p99 over the budget is measured once more before the model is refused: one scheduling
+    stall on a busy gateway (a single 8 ms call among 20 of 0.1 ms) is the p99 of a short run,
+    and a good model must not be rejected for it. Refused only when both measurements exceed.
+
     Args:
         package: A verified package.
-        runs: Timed single-window inferences (after one warm-up call).
+        runs: Timed single-window inferences per measurement (after one warm-up call).
         factor: The p99 must be ≤ ``latency_budget_ms_p99 × factor``.
         clock: Seconds, for the timing.
 
     Returns:
-        The opened backend and details (``p99_ms``, ``budget_ms``).
+        The opened backend and details (``p99_ms``: the accepted measurement, ``budget_ms``,
+        ``measurements``: 1 or 2).
 
     Raises:
-        ModelError: no artefact, it does not load, golden outputs differ, or too slow.
+        ModelError: no artefact, it does not load, golden outputs differ, or too slow twice.
     """
     backend = open_backend(package, "int8")
     window = np.asarray(package.manifest.golden.inputs[:1], dtype=np.float32)
     backend.run(window)
-    times = np.empty(runs)
-    for i in range(runs):
-        t0 = clock()
-        backend.run(window)
-        times[i] = clock() - t0
-    p99_ms = float(np.quantile(times, 0.99) * 1e3)
     budget_ms = package.manifest.latency_budget_ms_p99 * factor
+
+    def p99() -> float:
+        times = np.empty(runs)
+        for i in range(runs):
+            t0 = clock()
+            backend.run(window)
+            times[i] = clock() - t0
+        return float(np.quantile(times, 0.99) * 1e3)
+
+    first = p99_ms = p99()
+    measurements = 1
     if p99_ms > budget_ms:
-        raise ModelError(
-            f"p99 latency {p99_ms:.4g} ms over {runs} runs exceeds the budget {budget_ms:.4g} ms",
-            model=package.label,
-        )
-    return backend, {"p99_ms": p99_ms, "budget_ms": budget_ms}
+        p99_ms = p99()
+        measurements = 2
+        if p99_ms > budget_ms:
+            raise ModelError(
+                f"p99 latency {first:.4g} ms, then {p99_ms:.4g} ms, over {runs} runs each "
+                f"exceeds the budget {budget_ms:.4g} ms",
+                model=package.label,
+            )
+    return backend, {"p99_ms": p99_ms, "budget_ms": budget_ms,
+                     "measurements": float(measurements)}
 
 
 def alert_rate(scores: FloatArray, threshold: float) -> float:
