@@ -234,7 +234,7 @@ def summarize(config: AgentConfig) -> str:
     """One line describing a config, e.g. for ``check-config``.
 
     >>> summarize(default_config())
-    "device 'edge-demo', 1 stream (demo: simulator, 8 channels), mqtt off, metrics off"
+    "device 'edge-demo', 1 stream (demo: simulator, 8 channels), mqtt off, metrics off, fleet off"
     """
     streams = ", ".join(
         f"{s.name}: {s.source.kind}"
@@ -246,7 +246,12 @@ def summarize(config: AgentConfig) -> str:
     port = config.agent.metrics_port
     metrics = f"metrics :{port}" if port is not None else "metrics off"
     noun = "stream" if count == 1 else "streams"
-    return f"device '{config.agent.device_id}', {count} {noun} ({streams}), {mqtt}, {metrics}"
+    fleet = "fleet off"
+    if config.fleet.enabled:
+        fleet = f"fleet {config.fleet.url}" + (
+            ", model updates on" if config.updater.enabled else ", model updates off")
+    return (f"device '{config.agent.device_id}', {count} {noun} ({streams}), {mqtt}, {metrics}, "
+            f"{fleet}")
 
 
 if __name__ == "__main__":

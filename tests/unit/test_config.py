@@ -378,6 +378,20 @@ def test_cli_check_config_ok(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert capsys.readouterr().out.startswith("OK: device 'edge-demo', 1 stream (s1: simulator")
 
 
+def test_cli_check_config_names_the_fleet(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EDGE_FLEET_TOKEN", "t0k3n")
+    text = MINIMAL + """
+[fleet]
+enabled = true
+url = "http://fleet.example:8700"
+token_env = "EDGE_FLEET_TOKEN"
+"""
+    assert main(["check-config", str(write(tmp_path, text))]) == 0
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith("fleet http://fleet.example:8700, model updates off"), out
+
+
 def test_cli_check_config_broken(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write(tmp_path, MINIMAL + MINIMAL + "[mqtt]\nhots = 1\n")
     assert main(["check-config", str(path)]) == EX_CONFIG == 78
