@@ -11,10 +11,9 @@ installed (sensor model: a torch re-implementation of the window statistics; ima
 recipe's torch module when its recipe exposes ``torch_model(package_dir)``).
 
 Interleaved: each repetition runs ``--calls`` (image models: ``--image-calls``, 10) timed calls of
-every configuration in turn
-(round-robin), so thermal or load drift hits all configurations alike. For image models the
-largest batch is measured one backend at a time (memory: see :func:`main`), the rest
-interleaved; the speedup figures are batch 1. Figures per configuration:
+every configuration in turn (round-robin), so thermal or load drift hits all configurations
+alike. For image models the largest batch is measured one backend at a time (memory: see
+:func:`main`), the rest interleaved; the speedup figures are batch 1. Figures per configuration:
 p50 and p99 of one call divided by the batch (seconds per window), and windows per second.
 Sizes: bytes of every artefact. The inputs are the package's golden inputs, tiled to the batch.
 
