@@ -1,12 +1,22 @@
 """ONNX Runtime backend (CPU execution provider): runs the FP32 and the QDQ INT8 ONNX artefacts.
 
 ONNX Runtime is a core dependency (``install_requires``); the other runtimes are extras.
+
+INT8 on x86 CPUs with AVX2 but no VNNI (many gateway CPUs): ONNX Runtime's default U8S8 kernel
+multiplies with ``vpmaddubsw``, which adds two u8 x s8 products into a saturating int16, so
+activations near 255 times weights near 127 overflow (``255 * 127 * 2 > 32767``) and the
+result is silently wrong (the shipped ``mtd-patchcore`` INT8 file scored 23.3/34.3/21.4 instead
+of about 18.4 and failed its golden check on every runtime). The session therefore sets
+``session.x64quantprecision = 1`` (ONNX Runtime's ``kOrtSessionOptionsAvx2PrecisionMode``):
+the exact, somewhat slower kernel on such CPUs (83 vs 66 ms per image there), no change where
+VNNI exists.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -15,6 +25,8 @@ from agent.inference.base import install_hint
 from agent.records import Float32Array
 
 KIND = "onnxruntime"
+#: ONNX Runtime session option: exact (non-saturating) U8S8 MatMul/Conv kernels on AVX2 CPUs.
+AVX2_PRECISION_KEY = "session.x64quantprecision"
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,21 +66,34 @@ class OnnxRuntimeBackend:
             raise BackendUnavailable(
                 f"onnxruntime is not installed: {install_hint(KIND)}", path=path
             ) from exc
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = cfg.threads
-        opts.inter_op_num_threads = 1
-        opts.log_severity_level = 3
         try:
-            self._session = ort.InferenceSession(
-                str(path), sess_options=opts, providers=["CPUExecutionProvider"]
-            )
-        except Exception as exc:  # onnxruntime raises its own untyped errors
-            raise ModelError(f"cannot load ONNX model: {exc}", path=path) from exc
+            # exact U8S8 products on AVX2 without VNNI (see the module docstring); ONNX Runtime
+            # 1.32 refuses some graphs with it (a weight shared by two nodes: "Attempt to
+            # replace the existing tensor"), which then load with the default kernels, their
+            # INT8 results still checked by the package's golden vectors
+            self._session = self._open(ort, path, cfg, exact_u8s8=True)
+        except Exception:  # onnxruntime raises its own untyped errors
+            try:
+                self._session = self._open(ort, path, cfg, exact_u8s8=False)
+            except Exception as exc:
+                raise ModelError(f"cannot load ONNX model: {exc}", path=path) from exc
         self._input = self._session.get_inputs()[0].name
         self._output = self._session.get_outputs()[0].name
         self.precision = precision
         self.path = path
         self.threads = cfg.threads
+
+    @staticmethod
+    def _open(ort: Any, path: Path, cfg: OnnxRuntimeConfig, *, exact_u8s8: bool) -> Any:
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = cfg.threads
+        opts.inter_op_num_threads = 1
+        # the first try is silent: its failure is retried, the retry's error is reported
+        opts.log_severity_level = 4 if exact_u8s8 else 3
+        if exact_u8s8:
+            opts.add_session_config_entry(AVX2_PRECISION_KEY, "1")
+        return ort.InferenceSession(str(path), sess_options=opts,
+                                    providers=["CPUExecutionProvider"])
 
     def run(self, windows: Float32Array) -> Float32Array:
         """Run on ``windows`` (``(B, W, C)`` or ``(B, H, W, Ch)`` float32); ``(B, F)`` float32.
