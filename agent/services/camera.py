@@ -9,6 +9,12 @@ its main loop drains into the store and the MQTT outbox, as for sensor streams).
 The runner restarts the source after a retryable :class:`agent.errors.SourceError` with backoff
 (the source itself already reconnects stalled or failed captures); a file or folder that ends
 (:class:`agent.errors.SourceExhausted`) ends the stream (:attr:`CameraStream.done`).
+
+What goes wrong is said once: a camera that does not open, stalls or fails a read is one
+WARNING when the outage starts (the source keeps reconnecting with backoff) and one INFO line
+when frames come again; rejected inputs (unreadable images, frames that cannot be converted)
+count in ``edge_agent_records_rejected_total{stream,reason}`` and are logged at most once per
+reason per minute, with the number suppressed.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from agent.pipeline.image import ImagePipeline, ImageSpec
 from agent.pipeline.rules import RuleParams
 from agent.pipeline.stream import AlertEvent
 from agent.records import Aggregate, Frame
+from agent.services.supervisor import RateLimiter
 from agent.sources.backoff import Backoff
 from agent.sources.camera import CameraConfig, CameraSource
 
@@ -59,16 +66,20 @@ class CameraStream:
             benchmarks); latency = monotonic now − frame capture time.
         observe_inference: Optional histogram ``observe`` for the inference time in seconds.
         monotonic: Monotonic clock.
+        metrics: Counts rejected inputs and source failures (optional).
+        reject_log_interval_s: Seconds between two log lines of the same rejection reason.
 
     Attributes:
         scored: Frames scored. errors: Frames that failed to score (wrong shape, model error).
+        rejected: Inputs the source rejected. in_outage: The camera is failing (logged once).
         done: The source ended or failed fatally.
     """
 
     def __init__(self, source: CameraSource, pipeline: ImagePipeline, package: ImagePackage,
                  deliver: Deliver, stop: threading.Event, *, on_score: ScoreHook | None = None,
                  observe_inference: Callable[[float], None] | None = None,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic,
+                 metrics: Metrics | None = None, reject_log_interval_s: float = 60.0) -> None:
         self.name = source.stream
         self.source = source
         self.pipeline = pipeline
@@ -78,7 +89,12 @@ class CameraStream:
         self._on_score = on_score
         self._observe = observe_inference
         self._monotonic = monotonic
-        self.scored = self.errors = 0
+        self._metrics = metrics
+        self._limiter = RateLimiter(reject_log_interval_s, monotonic)
+        self._lock = threading.Lock()  # _reject runs in the grabber's and this stream's thread
+        self.scored = self.errors = self.rejected = 0
+        self.in_outage = False
+        source.set_status_listener(self._on_status)
         self.last_score: float | None = None
         self.done = False
         self._thread = threading.Thread(target=self._run, name=f"camera-{self.name}", daemon=True)
@@ -116,7 +132,30 @@ class CameraStream:
             self._deliver(agg)
 
     def _reject(self, error: RecordError) -> None:
-        log.debug("camera %s: frame rejected: %s", self.name, error)
+        with self._lock:
+            self.rejected += 1
+            suppressed = self._limiter.hit(error.reason)
+        if self._metrics is not None:
+            self._metrics.records_rejected_total.labels(stream=self.name,
+                                                        reason=error.reason).inc()
+        if suppressed is None:
+            return
+        more = (f" [{suppressed} more like it suppressed in the last "
+                f"{self._limiter.interval_s:.0f} s]" if suppressed else "")
+        log.warning("camera %s: input rejected (%s): %s%s", self.name, error.reason, error, more)
+
+    def _on_status(self, error: SourceError | None) -> None:
+        """The source's status listener: one line per outage and one per recovery."""
+        if error is None:
+            if self.in_outage:
+                self.in_outage = False
+                log.info("camera %s: frames again", self.name)
+            return
+        if self._metrics is not None:
+            self._metrics.source_errors_total.labels(stream=self.name).inc()
+        if not self.in_outage:
+            self.in_outage = True
+            log.warning("camera %s: %s; retrying in the background", self.name, error)
 
     def _run(self) -> None:
         backoff = Backoff(1.0, 60.0)
@@ -126,11 +165,14 @@ class CameraStream:
                     self.source.run(self.on_frame, self._reject, self._stop)
                     return
                 except SourceExhausted:
-                    log.info("camera %s: input ended after %d frames", self.name,
-                             self.source.frames)
+                    src = self.source
+                    log.info("camera %s: input ended after %d frames (%d scored, %d dropped "
+                             "for a newer one, %d inputs rejected)", self.name, src.frames,
+                             self.scored, src.dropped, self.rejected)
                     return
                 except SourceError as exc:
-                    log.warning("camera %s: %s; retrying", self.name, exc)
+                    if not self.in_outage:  # the source may have reported it already
+                        self._on_status(exc)
                     self._stop.wait(backoff.next_delay())
                 except AgentError as exc:
                     log.error("camera %s: stopped: %s", self.name, exc)
@@ -183,4 +225,4 @@ def build_camera_stream(config: StreamConfig, device_id: str, aggregate_interval
              package.label, backend.name, backend.precision, inp.height, inp.width,
              package.threshold)
     return CameraStream(source, pipeline, package, deliver, stop, on_score=on_score,
-                        observe_inference=observe)
+                        observe_inference=observe, metrics=metrics)

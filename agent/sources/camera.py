@@ -19,13 +19,21 @@ when its read returns). Reconnects are counted in :attr:`CameraSource.reconnects
 to a status listener (:class:`agent.sources.base.ReportsStatus`).
 
 Files and folders end (:class:`agent.errors.SourceExhausted`) unless ``loop``; they are paced at
-``fps`` (0 = as fast as they decode). OpenCV is imported only when a camera stream is built
-(``pip install -e '.[camera]'``).
+``fps`` (0 = as fast as they decode).
+
+Bad input is rejected, counted in :attr:`CameraSource.rejected` and handed to the ``reject``
+callback of :meth:`CameraSource.run` (an :class:`agent.errors.RecordError` with a ``reason``),
+and the source reads on: an image in a folder that does not decode (zero bytes, corrupt, not an
+image: ``unreadable_image``) and a frame that cannot be converted to the model's input (a
+channel count other than 1, 3 or 4: ``bad_image``). Only the end of a file or folder ends it.
+
+OpenCV is imported only when a camera stream is built (``pip install -e '.[camera]'``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -89,7 +97,11 @@ class Capture(Protocol):
     """What the source needs of a capture (``cv2.VideoCapture`` has this shape)."""
 
     def read(self) -> tuple[bool, Any]:
-        """Return ``(True, image)`` or ``(False, None)`` at the end or on an error."""
+        """Return ``(True, image)`` or ``(False, None)`` at the end or on an error.
+
+        ``(True, RecordError)``: one input was skipped (an unreadable image in a folder); the
+        source counts and reports it and reads on.
+        """
         ...
 
     def release(self) -> None:
@@ -125,11 +137,26 @@ class FolderCapture:
             self._i = 0
         path = self._files[self._i]
         self._i += 1
-        img = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
-        return (img is not None), img
+        try:
+            img = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+        except cv2.error as exc:  # a decoder that refuses the file instead of returning None
+            img, why = None, str(exc).strip().splitlines()[-1]
+        else:
+            why = "empty file" if img is None and _is_empty(path) else "does not decode"
+        if img is None:
+            return True, RecordError(f"image {path.name} skipped: {why}", "unreadable_image",
+                                     path=str(path))
+        return True, img
 
     def release(self) -> None:
         self._i = len(self._files)
+
+
+def _is_empty(path: Path) -> bool:
+    try:
+        return path.stat().st_size == 0
+    except OSError:
+        return False
 
 
 def open_capture(config: CameraConfig) -> Capture:
@@ -140,6 +167,10 @@ def open_capture(config: CameraConfig) -> Capture:
     """
     if config.folder is not None:
         return FolderCapture(Path(config.folder), config.loop)
+    # OpenCV and FFmpeg print a line of their own per failed open (a flood while an RTSP
+    # camera is down and the source reconnects); the agent logs the outage once instead
+    for var, quiet in (("OPENCV_LOG_LEVEL", "ERROR"), ("OPENCV_FFMPEG_LOGLEVEL", "-8")):
+        os.environ.setdefault(var, quiet)
     try:
         import cv2  # noqa: PLC0415 - lazy: only with a camera stream
     except ImportError as exc:
@@ -185,18 +216,38 @@ def to_model_image(image: Image, size: tuple[int, int] | None, grayscale: bool) 
 
     Returns:
         ``uint8`` ``(h, w)`` when grayscale, else ``(h, w, 3)``.
+
+    Raises:
+        ValueError: an image of another shape (not 2-D, or 3-D with 2 or more than 4
+            channels, or empty) or type that cannot be converted.
     """
     import cv2  # noqa: PLC0415 - lazy: only with a camera stream
 
     img: Any = np.asarray(image)
+    if img.ndim == 3 and img.shape[2] == 1:
+        img = img[:, :, 0]
+    if not (img.ndim == 2 or (img.ndim == 3 and img.shape[2] in (3, 4))) or img.size == 0:
+        raise ValueError(f"image of shape {img.shape} is neither grayscale, BGR nor BGRA")
     if img.dtype != np.uint8:
-        if np.issubdtype(img.dtype, np.integer):
+        if img.dtype == np.bool_:
+            img = img.astype(np.uint8) * 255
+        elif np.issubdtype(img.dtype, np.integer):
             img = img.astype(np.float64) * (255.0 / float(np.iinfo(img.dtype).max))
-        img = np.asarray(img).clip(0, 255).astype(np.uint8)
-    if grayscale and img.ndim == 3:
-        img = cv2.cvtColor(img, cv2.COLOR_BGRA2GRAY if img.shape[2] == 4 else cv2.COLOR_BGR2GRAY)
-    if size is not None and img.shape[:2] != size:
-        img = cv2.resize(img, (size[1], size[0]), interpolation=cv2.INTER_AREA)
+        elif not np.issubdtype(img.dtype, np.floating):
+            raise ValueError(f"image of type {img.dtype} cannot be converted")
+        img = np.nan_to_num(np.asarray(img, np.float64)).clip(0, 255).astype(np.uint8)
+    try:
+        if img.ndim == 3 and (grayscale or img.shape[2] == 4):
+            code = ((cv2.COLOR_BGRA2GRAY if img.shape[2] == 4 else cv2.COLOR_BGR2GRAY)
+                    if grayscale else cv2.COLOR_BGRA2BGR)
+            img = cv2.cvtColor(img, code)
+        elif img.ndim == 2 and not grayscale:
+            img = cv2.cvtColor(img, cv2.COLOR_GRAY2BGR)
+        if size is not None and img.shape[:2] != size:
+            img = cv2.resize(img, (size[1], size[0]), interpolation=cv2.INTER_AREA)
+    except cv2.error as exc:
+        raise ValueError(f"image of shape {img.shape} cannot be converted: "
+                         f"{str(exc).strip().splitlines()[-1]}") from exc
     return np.asarray(img, dtype=np.uint8)
 
 
@@ -233,6 +284,9 @@ class _Grabber:
                         self.ended = True
                     o.wake()
                     return
+                if isinstance(img, RecordError):
+                    o.bad_input(img)
+                    continue
                 o.offer(np.asarray(img), self.generation)
         finally:
             with contextlib.suppress(Exception):  # a failing release must not kill the thread
@@ -259,6 +313,7 @@ class CameraSource:
         dropped: Frames replaced by a newer one before they were taken.
         reconnects: Captures reopened after a stall, a failed read or a failed open.
         stalls: Watchdog firings (no new frame for ``stall_s``).
+        rejected: Inputs rejected (unreadable images, frames that cannot be converted).
     """
 
     def __init__(
@@ -287,7 +342,9 @@ class CameraSource:
         self._slot: tuple[Image, float, float, int] | None = None
         self._listener: StatusListener | None = None
         self._last_frame_mono: float | None = None
+        self._reject: FrameReject | None = None
         self.frames = self.emitted = self.dropped = self.reconnects = self.stalls = 0
+        self.rejected = 0
 
     def set_status_listener(self, listener: StatusListener | None) -> None:
         """Report failed (re)connects and recoveries (:class:`agent.sources.base.ReportsStatus`)."""
@@ -307,6 +364,14 @@ class CameraSource:
             self._slot = (image, self._clock(), now, self.frames)
             self._last_frame_mono = now
             self._cond.notify()
+
+    def bad_input(self, error: RecordError) -> None:
+        """Count and report one rejected input (grabber or consumer thread)."""
+        with self._cond:
+            self.rejected += 1
+            reject = self._reject
+        if reject is not None:
+            reject(error)
 
     def wake(self) -> None:
         """Wake the consumer (a grabber ended or failed)."""
@@ -347,14 +412,15 @@ class CameraSource:
 
         Args:
             emit: Called with every frame taken (in this thread).
-            reject: Unused (a camera frame is never malformed); kept for the Source shape.
+            reject: Called with every rejected input (an unreadable image, a frame that
+                cannot be converted), from this thread or the grabber's.
             stop: Set to stop.
 
         Raises:
             SourceExhausted: A file or folder ended (not looped).
             SourceError: A file or folder cannot be opened at start.
         """
-        del reject
+        self._reject = reject
         self.stopping.clear()
         backoff = Backoff(self.config.reconnect_initial_s,
                           max(self.config.reconnect_max_s, self.config.reconnect_initial_s))
@@ -373,9 +439,13 @@ class CameraSource:
                         backoff.reset()
                         if self._listener is not None:
                             self._listener(None)
-                    emit(Frame(self.stream, ts,
-                               to_model_image(image, self.image_size, self.grayscale),
-                               received_mono=mono, seq=seq))
+                    try:
+                        model_image = to_model_image(image, self.image_size, self.grayscale)
+                    except ValueError as exc:
+                        self.bad_input(RecordError(f"frame {seq} rejected: {exc}", "bad_image",
+                                                   stream=self.stream))
+                        continue
+                    emit(Frame(self.stream, ts, model_image, received_mono=mono, seq=seq))
                     self.emitted += 1
                     continue
                 if grabber.ended:

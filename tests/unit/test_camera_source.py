@@ -12,7 +12,7 @@ import pytest
 
 cv2 = pytest.importorskip("cv2")
 
-from agent.errors import SourceError, SourceExhausted  # noqa: E402
+from agent.errors import RecordError, SourceError, SourceExhausted  # noqa: E402
 from agent.records import Frame  # noqa: E402
 from agent.sources.camera import CameraConfig, CameraSource, to_model_image  # noqa: E402
 from agent.sources.registry import build_source  # noqa: E402
@@ -181,3 +181,59 @@ def test_to_model_image_converts_colour_and_16_bit() -> None:
     assert gray.shape == (5, 10) and 70 <= int(gray[0, 0]) <= 80  # 0.299 * 255
     deep = np.full((4, 4), 65535, np.uint16)
     assert int(to_model_image(deep, None, grayscale=True)[0, 0]) == 255
+
+
+def test_unreadable_images_in_a_folder_are_rejected_and_the_folder_goes_on(
+        tmp_path: Path) -> None:
+    # name order: a corrupt JPEG, a zero-byte PNG and a text file named .png come first; the
+    # folder used to end at the first of them with 0 frames and no word about why
+    (tmp_path / "00-corrupt.jpg").write_bytes(b"\xff\xd8garbage" * 10)
+    (tmp_path / "01-empty.png").write_bytes(b"")
+    (tmp_path / "02-text.png").write_text("not an image")
+    for i in range(3):
+        cv2.imwrite(str(tmp_path / f"{i + 10:02d}.png"), _frame(i))
+    src = CameraSource(CameraConfig(folder=str(tmp_path), fps=50.0), "cam")
+    rejected: list[RecordError] = []
+    frames: list[Frame] = []
+    with pytest.raises(SourceExhausted):
+        src.run(frames.append, rejected.append, threading.Event())
+    assert len(frames) == 3 and src.rejected == 3
+    assert [e.reason for e in rejected] == ["unreadable_image"] * 3
+    assert "00-corrupt.jpg" in str(rejected[0]) and "empty file" in str(rejected[1])
+
+
+class _ListCapture:
+    def __init__(self, images: list[np.ndarray]) -> None:
+        self.images = images
+
+    def read(self) -> tuple[bool, Any]:
+        if not self.images:
+            return False, None
+        time.sleep(0.02)  # one at a time: the newest-frame slot drops none
+        return True, self.images.pop(0)
+
+    def release(self) -> None:
+        self.images = []
+
+
+def test_frames_that_cannot_be_converted_are_rejected_not_fatal() -> None:
+    images = [np.zeros((8, 8, 2), np.uint8), np.zeros((8, 8, 5), np.uint8),
+              np.zeros((0, 8), np.uint8), np.zeros((8, 8, 1), np.uint8),
+              np.full((8, 8, 3), 100, np.uint8)]
+    src = CameraSource(CameraConfig(path="v.avi", fps=50.0), "cam", image_size=(4, 4),
+                       capture_factory=lambda c: _ListCapture(images))
+    rejected: list[RecordError] = []
+    frames: list[Frame] = []
+    with pytest.raises(SourceExhausted):
+        src.run(frames.append, rejected.append, threading.Event())
+    assert [e.reason for e in rejected] == ["bad_image"] * 3 and src.rejected == 3
+    assert [f.image.shape for f in frames] == [(4, 4), (4, 4)]
+
+
+def test_to_model_image_odd_inputs() -> None:
+    assert to_model_image(np.zeros((8, 8, 1), np.uint8), (4, 4), True).shape == (4, 4)
+    nan = np.full((4, 4), np.nan)
+    assert int(to_model_image(nan, None, True).max()) == 0
+    assert to_model_image(np.zeros((4, 4), np.uint8), None, grayscale=False).shape == (4, 4, 3)
+    with pytest.raises(ValueError, match="neither grayscale"):
+        to_model_image(np.zeros((4, 4, 2), np.uint8), None, True)
