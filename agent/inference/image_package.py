@@ -60,7 +60,7 @@ def load_image_package(path: Path) -> ImagePackage:
 
     Raises:
         ModelError: missing directory or manifest, invalid JSON or schema, not an image package,
-            a missing file, or a size/sha256 mismatch.
+            a missing file, a size/sha256 mismatch, or golden images not shaped as the input.
     """
     mpath = path / MANIFEST
     if not mpath.is_file():
@@ -86,7 +86,32 @@ def load_image_package(path: Path) -> ImagePackage:
     golden = _inside(path, manifest.golden.inputs_file)
     if _sha256(golden) != manifest.golden.inputs_sha256:
         raise ModelError("golden inputs fail their sha256 check", path=path)
+    _check_golden_shape(golden, manifest, path)
     return ImagePackage(path, manifest)
+
+
+def _check_golden_shape(golden: Path, manifest: ImageManifest, path: Path) -> None:
+    """The golden images must be ``(N, C, H, W)`` of the manifest's input.
+
+    The frames are sized from ``manifest.input`` while the golden check runs the ``.npy``'s own
+    images, so a manifest whose input size or channels disagree with the model passed every
+    check and then failed every frame at run time.
+
+    Raises:
+        ModelError: the file is not a readable array or its shape differs from the input spec.
+    """
+    inp = manifest.input
+    want = (inp.channels, inp.height, inp.width)
+    try:
+        shape = tuple(np.load(golden, mmap_mode="r", allow_pickle=False).shape)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"golden inputs {golden.name} are not a readable array: {exc}",
+                         path=path) from exc
+    if len(shape) != 4 or shape[0] < 1 or shape[1:] != want:
+        raise ModelError(
+            f"golden inputs have shape {shape}, the manifest's input is (N, {want[0]}, "
+            f"{want[1]}, {want[2]}) (channels, height, width): manifest and model disagree",
+            path=path)
 
 
 def check_image_golden(package: ImagePackage, backend: Backend) -> float:
