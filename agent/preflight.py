@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent.config.schema import AgentConfig, resolve_model_path
-from agent.errors import ModelError
+from agent.errors import ConfigError, ModelError
 
 
 def preflight(config: AgentConfig) -> list[str]:
@@ -34,6 +34,11 @@ def preflight(config: AgentConfig) -> list[str]:
         source = stream.source
         if isinstance(source, ReplayConfig) and not Path(source.path).is_file():
             problems.append(f"{key}.source.path: no such file {source.path!r}")
+        if isinstance(source, CameraConfig):
+            if source.path is not None and not Path(source.path).is_file():
+                problems.append(f"{key}.source.path: no such video file {source.path!r}")
+            if source.folder is not None and not Path(source.folder).is_dir():
+                problems.append(f"{key}.source.folder: no such folder {source.folder!r}")
         try:
             path = resolve_model_path(stream.model, Path.cwd())
         except ValueError as exc:
@@ -54,4 +59,30 @@ def preflight(config: AgentConfig) -> list[str]:
     for name, value in files:
         if value is not None and not Path(value).is_file():
             problems.append(f"{name}: no such file {value!r}")
+    problems.extend(_credentials(config))
+    return problems
+
+
+def _credentials(config: AgentConfig) -> list[str]:
+    """Read the credential files as ``run`` does (unreadable, not UTF-8, empty: a problem).
+
+    A token from an environment variable is not checked: the service's environment may differ
+    from the shell's.
+    """
+    from agent.publish.mqtt import read_password  # noqa: PLC0415 - loads paho
+    from agent.services.uploader import read_token  # noqa: PLC0415
+
+    problems: list[str] = []
+    password_file = config.mqtt.password_file if config.mqtt.enabled else None
+    if password_file is not None and Path(password_file).is_file():
+        try:
+            read_password(password_file)
+        except ConfigError as exc:
+            problems.extend(exc.problems or [str(exc)])
+    fleet = config.fleet
+    if fleet.enabled and fleet.token_file is not None and Path(fleet.token_file).is_file():
+        try:
+            read_token(fleet)
+        except ConfigError as exc:
+            problems.extend(exc.problems or [str(exc)])
     return problems

@@ -148,7 +148,12 @@ class MqttConfig(StrictModel):
         return self
 
 
-def _read_password(path: str) -> str:
+def read_password(path: str) -> str:
+    """The MQTT password: the first line of ``path`` (``edge-agent check-config`` reads it too).
+
+    Raises:
+        ConfigError: the file is unreadable, not UTF-8, or its first line is empty.
+    """
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -215,7 +220,7 @@ class MqttPublisher:
         self.alerts_topic = f"{base}/alerts"
         self.availability_topic = f"{base}/availability"
         self.client_id = config.client_id or f"edge-agent-{device_id}"
-        password = _read_password(config.password_file) if config.password_file else None
+        password = read_password(config.password_file) if config.password_file else None
 
         client = client_factory(
             callback_api_version=CallbackAPIVersion.VERSION2,

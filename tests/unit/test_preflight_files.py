@@ -1,0 +1,88 @@
+"""check-config reads what run reads: camera files and folders, credential files.
+
+A missing camera video or folder, and a password or token file that is empty or not UTF-8,
+passed ``check-config`` (exit 0) and then failed at run time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent.cli import EX_CONFIG, main
+
+SENSOR = """
+[agent]
+device_id = "gw1"
+[[streams]]
+name = "pump"
+[streams.source]
+kind = "simulator"
+"""
+
+
+def _check(tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    path = tmp_path / "agent.toml"
+    path.write_text(text, encoding="utf-8")
+    rc = main(["check-config", str(path)])
+    return rc, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("line", "key"), [('path = "missing.avi"', "source.path"),
+                                           ('folder = "missing"', "source.folder")])
+def test_missing_camera_input_is_a_config_problem(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str, key: str) -> None:
+    text = SENSOR + f"""
+[[streams]]
+name = "cam1"
+model = "builtin:mtd-patchcore"
+[streams.source]
+kind = "camera"
+{line}
+"""
+    rc, err = _check(tmp_path, text, capsys)
+    assert rc == EX_CONFIG
+    assert f"streams[1].{key}: no such" in err and "missing" in err
+    assert "Traceback" not in err
+
+
+def test_existing_camera_folder_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "frames").mkdir()
+    text = SENSOR + """
+[[streams]]
+name = "cam1"
+model = "builtin:mtd-patchcore"
+[streams.source]
+kind = "camera"
+folder = "frames"
+"""
+    assert _check(tmp_path, text, capsys)[0] == 0
+
+
+@pytest.mark.parametrize(("content", "says"), [(b"", "is empty"),
+                                               (b"\xff\xfesecret", "cannot read")])
+def test_bad_mqtt_password_file(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                content: bytes, says: str) -> None:
+    (tmp_path / "pw").write_bytes(content)
+    text = SENSOR + '[mqtt]\nenabled = true\nusername = "u"\npassword_file = "pw"\n'
+    rc, err = _check(tmp_path, text, capsys)
+    assert rc == EX_CONFIG and "mqtt.password_file" in err and says in err
+
+
+def test_empty_fleet_token_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "gw1.token").write_text("\n")
+    text = SENSOR + ('[fleet]\nenabled = true\nurl = "http://127.0.0.1:9"\n'
+                     'token_file = "gw1.token"\n')
+    rc, err = _check(tmp_path, text, capsys)
+    assert rc == EX_CONFIG and "fleet.token_file" in err and "empty" in err
+
+
+def test_good_credentials_pass(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "pw").write_text("secret\n")
+    (tmp_path / "gw1.token").write_text("tok\n")
+    text = SENSOR + ('[mqtt]\nenabled = true\nusername = "u"\npassword_file = "pw"\n'
+                     '[fleet]\nenabled = true\nurl = "http://127.0.0.1:9"\n'
+                     'token_file = "gw1.token"\n')
+    rc, err = _check(tmp_path, text, capsys)
+    assert rc == 0, err
