@@ -13,6 +13,8 @@ the ``openvino`` extra: ``pip install 'edge-anomaly-agent[openvino]'``.
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +28,8 @@ from agent.records import Float32Array
 
 KIND = "openvino"
 
+log = logging.getLogger("agent.inference")
+
 
 @dataclass(frozen=True, slots=True)
 class OpenVinoConfig:
@@ -33,7 +37,8 @@ class OpenVinoConfig:
 
     Attributes:
         threads: ``INFERENCE_NUM_THREADS`` of the CPU plugin.
-        cache_dir: Compiled-model cache (``CACHE_DIR``); None = no cache.
+        cache_dir: Compiled-model cache (``CACHE_DIR``); None = no cache (also when it cannot
+            be created or written: :func:`usable_cache_dir`).
         device: OpenVINO device name (``CPU``; ``GPU``/``NPU`` where the gateway has one).
         hint: ``PERFORMANCE_HINT``: ``LATENCY`` (one stream, one request) suits windows that
             arrive one by one.
@@ -49,6 +54,31 @@ class OpenVinoConfig:
     device: str = "CPU"
     hint: str = "LATENCY"
     pin_threads: bool = False
+
+
+_warned_cache_dirs: set[Path] = set()
+
+
+def usable_cache_dir(cache_dir: Path | None) -> Path | None:
+    """``cache_dir`` created if needed, or None (one WARNING per directory) when it cannot be
+    created or written: the model then compiles without a cache, slower to start but the same.
+
+    A cache is an optimisation: an unwritable state directory or a file in the way must not turn
+    every OpenVINO candidate into a failure (nor a traceback).
+    """
+    if cache_dir is None:
+        return None
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        if not os.access(cache_dir, os.W_OK | os.X_OK):
+            raise PermissionError(f"no write permission on {cache_dir}")
+    except OSError as exc:
+        if cache_dir not in _warned_cache_dirs:
+            _warned_cache_dirs.add(cache_dir)
+            log.warning("OpenVINO model cache %s is not usable (%s); compiling without a cache",
+                        cache_dir, exc)
+        return None
+    return cache_dir
 
 
 class OpenVinoBackend:
@@ -75,9 +105,9 @@ class OpenVinoBackend:
                 f"openvino is not installed: {install_hint(KIND)}", path=path
             ) from exc
         core = ov.Core()
-        if cfg.cache_dir is not None:
-            cfg.cache_dir.mkdir(parents=True, exist_ok=True)
-            core.set_property({"CACHE_DIR": str(cfg.cache_dir)})
+        cache_dir = usable_cache_dir(cfg.cache_dir)
+        if cache_dir is not None:
+            core.set_property({"CACHE_DIR": str(cache_dir)})
         props: dict[str, Any] = {"PERFORMANCE_HINT": cfg.hint}
         if cfg.device == "CPU":
             # f32 keeps FP32 artefacts exact on CPUs with bf16/fp16 units; int8 artefacts still
@@ -96,7 +126,7 @@ class OpenVinoBackend:
         self.precision = precision
         self.path = path
         self.threads = cfg.threads
-        self.cache_dir = cfg.cache_dir
+        self.cache_dir = cache_dir
 
     def run(self, windows: Float32Array) -> Float32Array:
         """Run on ``windows`` (``(B, W, C)`` or ``(B, H, W, Ch)`` float32); ``(B, F)`` float32.

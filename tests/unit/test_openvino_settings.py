@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from agent.inference.openvino import OpenVinoBackend, OpenVinoConfig
@@ -26,3 +27,18 @@ def test_pinning_and_threads_can_be_asked_for() -> None:
     compiled = backend._compiled  # the compiled model is private: the properties live there
     assert compiled.get_property("ENABLE_CPU_PINNING") is True
     assert compiled.get_property("INFERENCE_NUM_THREADS") == 2
+
+
+def test_an_unusable_cache_dir_compiles_without_cache(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A file where the cache directory should be (or an unwritable state dir) raised
+    FileExistsError out of the backend: a traceback at start. Now one WARNING, no cache."""
+    blocked = tmp_path / "openvino-cache"
+    blocked.write_text("in the way")
+    with caplog.at_level("WARNING", logger="agent.inference"):
+        first = OpenVinoBackend(IR, "int8", OpenVinoConfig(cache_dir=blocked))
+        second = OpenVinoBackend(IR, "int8", OpenVinoConfig(cache_dir=blocked))
+    assert first.cache_dir is None and second.cache_dir is None
+    assert first.run(np.zeros((1, 10, 8), np.float32)).shape[0] == 1
+    warnings = [r.getMessage() for r in caplog.records if "not usable" in r.getMessage()]
+    assert len(warnings) == 1 and str(blocked) in warnings[0]
