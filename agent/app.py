@@ -198,7 +198,8 @@ class Agent:
             if sc.source.kind == "camera":
                 self.cameras[sc.name] = build_camera_stream(
                     sc, config.agent.device_id, config.store.aggregate_interval_s,
-                    self.image_events.put, self.stop_event, self.metrics)
+                    self.image_events.put, self.stop_event, self.metrics,
+                    cache_dir=state_dir / "openvino-cache")
                 continue
             self.streams[sc.name] = self._build_stream(sc, given.get(sc.name))
         self.updater: Updater | None = None

@@ -187,8 +187,13 @@ class CameraStream:
 
 def build_camera_stream(config: StreamConfig, device_id: str, aggregate_interval_s: float,
                         deliver: Deliver, stop: threading.Event, metrics: Metrics | None = None,
-                        on_score: ScoreHook | None = None) -> CameraStream:
+                        on_score: ScoreHook | None = None,
+                        cache_dir: Path | None = None) -> CameraStream:
     """Load the stream's image package (verified, golden images), build source and pipeline.
+
+    The backend is chosen as the stream's ``backend`` and ``precision`` say (``auto``: the
+    fastest runtime passing the golden images); ``cache_dir`` is OpenVINO's compiled-model
+    cache (the agent passes ``<state_dir>/openvino-cache``).
 
     Raises:
         ModelError: the package is missing, not an image package, or fails its checks.
@@ -201,7 +206,8 @@ def build_camera_stream(config: StreamConfig, device_id: str, aggregate_interval
         msg = f"streams.{config.name}: not a camera source"
         raise ConfigError(msg, problems=[msg])
     package = load_image_package(resolve_model_path(config.model, Path.cwd()))
-    backend = open_image_backend(package, "int8")
+    backend = open_image_backend(package, config.precision, backend=config.backend,
+                                 cache_dir=cache_dir)
     inp = package.manifest.input
     source = build_source(config.source, config.name, image_size=(inp.height, inp.width),
                           grayscale=inp.grayscale)
