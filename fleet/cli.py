@@ -36,8 +36,6 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
 
-from fleet import operator_cli
-from fleet.db import migrate
 from fleet.db.devices import Device, DeviceRegistry
 from fleet.db.engine import make_engine
 from fleet.errors import ApiError, ConfigError, MigrationError, StorageUnavailable
@@ -49,7 +47,6 @@ from fleet.settings import (
     default_db_url,
     resolve_admin_token,
 )
-from fleet.training import cli as training_cli
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -58,10 +55,19 @@ EX_REFUSED, EX_UNAVAILABLE, EX_SOFTWARE, EX_CONFIG = 1, 69, 70, 78
 _ENV_DB, _ENV_POOL, _ENV_STATE = "EDGE_FLEET_DB", "EDGE_FLEET_POOL_SIZE", "EDGE_FLEET_STATE_DIR"
 _ENV_KEYS, _ENV_SIGNING = "EDGE_FLEET_TRUSTED_KEYS", "EDGE_FLEET_SIGNING_KEY"
 _ENV_HALT = "EDGE_FLEET_HALT_AFTER"
+#: Seconds uvicorn's supervisor waits for a worker's health answer (``--workers N``) before it
+#: kills and respawns the worker; uvicorn's default is 5. A worker answers only once it has
+#: imported the app (1.5-2.5 s of CPU here), so on a busy 2-core host a new worker missed 5 s,
+#: was killed and respawned over and over (dozens of times in one backlog drain, each costing
+#: its imports) and the fleet served from one worker. A hung worker is still replaced.
+WORKER_HEALTHCHECK_S = 60
 _log = logging.getLogger("fleet")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from fleet import operator_cli  # noqa: PLC0415 (not imported by serve's worker processes)
+    from fleet.training import cli as training_cli  # noqa: PLC0415 (idem)
+
     parser = argparse.ArgumentParser(prog="edge-fleet", description=__doc__.splitlines()[0])
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--db", help="SQLAlchemy URL (default sqlite:///<state dir>/fleet.db)")
@@ -130,6 +136,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from fleet import operator_cli  # noqa: PLC0415 (see build_parser)
+    from fleet.db import migrate  # noqa: PLC0415 (alembic: not in the worker processes)
+    from fleet.training import cli as training_cli  # noqa: PLC0415
+
     if args.command == "serve":
         return _serve(args)
     if args.command in operator_cli.COMMANDS:
@@ -183,6 +193,8 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn  # noqa: PLC0415 (only serve needs it)
 
     from fleet.app import create_app  # noqa: PLC0415
+    from fleet.db import migrate  # noqa: PLC0415
+    from fleet.training import cli as training_cli  # noqa: PLC0415
 
     if not 0 < args.port < 65536:
         raise ConfigError(f"port {args.port} out of range")
@@ -223,7 +235,8 @@ def _serve(args: argparse.Namespace) -> int:
         _ENV_SIGNING: str(settings.signing_key_file or ""),
         _ENV_HALT: str(settings.rollout_halt_failures),
     })
-    uvicorn.run("fleet.cli:worker_app", factory=True, workers=args.workers, **options)
+    uvicorn.run("fleet.cli:worker_app", factory=True, workers=args.workers,
+                timeout_worker_healthcheck=WORKER_HEALTHCHECK_S, **options)
     return 0
 
 
