@@ -9,8 +9,9 @@ ingest, a device token cannot manage devices.
 from __future__ import annotations
 
 import hmac
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -38,6 +39,9 @@ class Services:
     #: Called with ``(device_id, stream)`` after a calibration sample batch is stored
     #: (auto-retrain schedules a training run); must not block.
     on_calibration: Callable[[str, str], object] | None = None
+    #: Ingest requests in progress in this process, by device (event loop only; see
+    #: :mod:`fleet.api.ingest`).
+    ingesting: Counter[str] = field(default_factory=Counter)
 
 
 @dataclass(frozen=True)

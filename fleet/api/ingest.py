@@ -11,6 +11,16 @@ try the one-call check of :mod:`fleet.ingest` (parse + validate in one pass, off
 like the rest of the work), and the answer is serialized straight to JSON bytes
 (``pydantic_core.to_json``) instead of through 5,000 ``RecordResult`` models and FastAPI's
 re-validation of the response model (the OpenAPI schema still says :class:`IngestResult`).
+
+Spreading one device's connections over worker processes (``edge-fleet serve --workers N``): a
+gateway draining a backlog keeps ``max_in_flight`` keep-alive connections open, and a connection
+stays with the worker that accepted it. Connections opened while only one worker was ready (a
+fleet that just started) all land in that worker, which then does their work alone while the
+others idle. So when an ingest answer is ready while another ingest of the same device is still
+in progress in this process, the answer carries ``Connection: close``: the device opens a new
+connection for its next request (the response itself is complete; nothing is retried), which
+the least busy worker is the likeliest to accept. A device with one connection per worker, or
+with one request at a time, never sees it.
 """
 
 from __future__ import annotations
@@ -35,14 +45,22 @@ router = APIRouter()
 
 @router.post("/v1/ingest", response_model=IngestResult)
 async def ingest(request: Request, device_id: DeviceDep, services: ServicesDep) -> Response:
+    ingesting = services.ingesting
+    ingesting[device_id] += 1
     try:
         data = await read_body(request, MAX_BODY_BYTES)
         result = await run_in_threadpool(_store, services, device_id, data)
     except ApiError as exc:
         services.metrics.ingest_batches.labels(exc.code).inc()
         raise
+    finally:
+        ingesting[device_id] -= 1
+        if not ingesting[device_id]:
+            del ingesting[device_id]
     services.metrics.ingest_batches.labels("ok").inc()
-    return Response(to_json({"results": result}), media_type="application/json")
+    # Another request of this device is being served here: move this connection (docstring).
+    headers = {"Connection": "close"} if device_id in ingesting else None
+    return Response(to_json({"results": result}), media_type="application/json", headers=headers)
 
 
 def _envelope(data: Any, device_id: str) -> Envelope:
