@@ -13,9 +13,13 @@ the ``openvino`` extra: ``pip install 'edge-anomaly-agent[openvino]'``.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import os
+import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +58,39 @@ class OpenVinoConfig:
     device: str = "CPU"
     hint: str = "LATENCY"
     pin_threads: bool = False
+
+
+class _StackT(ctypes.Structure):
+    """``stack_t`` of ``sigaltstack(2)`` (Linux)."""
+
+    _fields_ = (("ss_sp", ctypes.c_void_p), ("ss_flags", ctypes.c_int),
+                ("ss_size", ctypes.c_size_t))
+
+
+@contextlib.contextmanager
+def keep_signal_stack() -> Iterator[None]:
+    """Restore the calling thread's alternate signal stack after the block (Linux).
+
+    OpenVINO (2026.4, CPU plugin) installs an alternate signal stack on the thread that
+    compiles a model and puts back the one it replaced when the compiled model is freed. Freed
+    in another order than created (a candidate failing the golden check, then another; a
+    reload or a model update dropping the older model), the thread is left with the stack of a
+    freed model, and the next signal handled there (Python installs its handlers with
+    ``SA_ONSTACK``: SIGTERM, SIGINT, SIGHUP) killed the agent with SIGSEGV instead of a clean
+    stop. Putting the previous stack back right after compiling keeps the thread's stack one
+    the process owns; OpenVINO restores that same stack when the model is freed.
+    """
+    if not sys.platform.startswith("linux"):
+        yield
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    before = _StackT()
+    saved = libc.sigaltstack(None, ctypes.byref(before)) == 0
+    try:
+        yield
+    finally:
+        if saved:
+            libc.sigaltstack(ctypes.byref(before), None)
 
 
 _warned_cache_dirs: set[Path] = set()
@@ -116,7 +153,8 @@ class OpenVinoBackend:
                       "ENABLE_CPU_PINNING": cfg.pin_threads}
         try:
             # compiling from the path (not a read model) lets the cache key on the file
-            self._compiled = core.compile_model(str(path), cfg.device, props)
+            with keep_signal_stack():
+                self._compiled = core.compile_model(str(path), cfg.device, props)
         except Exception as exc:  # openvino raises RuntimeError with its own text
             raise ModelError(f"cannot load model with OpenVINO: {exc}", path=path) from exc
         self._request = self._compiled.create_infer_request()

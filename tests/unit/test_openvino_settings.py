@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -42,3 +44,28 @@ def test_an_unusable_cache_dir_compiles_without_cache(
     assert first.run(np.zeros((1, 10, 8), np.float32)).shape[0] == 1
     warnings = [r.getMessage() for r in caplog.records if "not usable" in r.getMessage()]
     assert len(warnings) == 1 and str(blocked) in warnings[0]
+
+
+def test_models_freed_out_of_order_leave_signals_working() -> None:
+    """OpenVINO leaves the thread on a freed alternate signal stack when compiled models are
+    freed in creation order (two candidates failing the golden check: a camera stream's
+    OpenVINO IR and ONNX on an AVX2 CPU); SIGTERM then killed the agent with SIGSEGV (exit
+    139) instead of a clean stop. Run in a child: the failure is a crash."""
+    code = f"""
+import gc, os, signal
+import subprocess
+import sys
+from pathlib import Path
+from agent.inference.openvino import OpenVinoBackend
+signal.signal(signal.SIGTERM, lambda s, f: print("handled", flush=True))
+a = OpenVinoBackend(Path({str(IR)!r}), "int8")
+b = OpenVinoBackend(Path({str(IR)!r}), "int8")
+del a; gc.collect()
+del b; gc.collect()
+os.kill(os.getpid(), signal.SIGTERM)
+print("alive", flush=True)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.split() == ["handled", "alive"]
