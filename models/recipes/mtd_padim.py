@@ -224,11 +224,15 @@ def int8_weight_only(path: Path, name: str) -> None:
 
 
 def quantize(fp32: Path, int8: Path, calib: np.ndarray, head: bool = True,
-             op_types: Sequence[str] = ("Conv",)) -> None:
+             op_types: Sequence[str] = ("Conv",), reduce_range: bool = False) -> None:
     """Static INT8 QDQ quantization (MinMax, per-channel int8 weights) on ``calib`` images.
 
     The trunk's convolutions are quantized (weights and activations); with ``head`` the graph's
     PaDiM projection stays float and the Mahalanobis factors get weight-only int8.
+    ``reduce_range``: 7-bit weights (``quantize_static(reduce_range=True)``), so the u8 x s8
+    ``VPMADDUBSW`` kernels ONNX Runtime uses on x86 CPUs without VNNI cannot saturate their
+    int16 pair sums and every x86 CPU computes the same integers (ONNX Runtime docs,
+    "Quantize ONNX models": "When to use reduce-range and per-channel quantization").
     """
     from onnxruntime.quantization import (  # noqa: PLC0415
         CalibrationDataReader,
@@ -256,7 +260,8 @@ def quantize(fp32: Path, int8: Path, calib: np.ndarray, head: bool = True,
         quantize_static(str(pre), str(int8), Reader(), quant_format=QuantFormat.QDQ,
                         activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
                         calibrate_method=CalibrationMethod.MinMax, per_channel=True,
-                        op_types_to_quantize=list(op_types), nodes_to_exclude=exclude)
+                        op_types_to_quantize=list(op_types), nodes_to_exclude=exclude,
+                        reduce_range=reduce_range)
     if head:
         int8_weight_only(int8, "chol")
 
