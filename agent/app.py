@@ -47,7 +47,7 @@ from agent import __version__
 from agent.config.loader import load_config
 from agent.config.schema import AgentConfig, StreamConfig, resolve_model_path
 from agent.errors import AgentError, ConfigError, ModelError, StoreError
-from agent.health import StallPolicy, stall_policy
+from agent.health import StallPolicy, camera_stall_policy, stall_policy
 from agent.httpd import OpsServer
 from agent.inference.base import Backend
 from agent.inference.deadline import DeadlineGuard, DegradeParams
@@ -55,7 +55,7 @@ from agent.inference.package import ModelPackage, load_package, saturation_fallb
 from agent.inference.select import record_selection, registry_opener, select_backend
 from agent.logs import setup_logging
 from agent.metrics import Metrics
-from agent.monitor import Monitor, WatchedSource
+from agent.monitor import Monitor, WatchedCamera, WatchedSource
 from agent.pipeline.detector import Calibration, FeatureDeviationDetector
 from agent.pipeline.restore import CalibrationKey, StoredCalibration, calibration_key, refusal
 from agent.pipeline.rules import RuleParams
@@ -235,6 +235,8 @@ class Agent:
             self.notifier,
             publisher=self.publisher,
             has_uploader=self.uploader is not None,
+            cameras={n: WatchedCamera(c, _camera_policy(config, n))
+                     for n, c in self.cameras.items()},
             watchdog_interval_s=watchdog_interval_s(),
             clock=clock,
         )
@@ -634,6 +636,13 @@ class Agent:
         self.store.close()
         if final:
             self.notifier.close()
+
+
+def _camera_policy(config: AgentConfig, name: str) -> StallPolicy:
+    """The stall policy of camera stream ``name`` (its ``camera`` source config)."""
+    sc = next(s for s in config.streams if s.name == name)
+    assert isinstance(sc.source, CameraConfig)
+    return camera_stall_policy(sc.source, sc.stall_after_s)
 
 
 def _preset_calibration(package: ModelPackage, device_id: str, stream: str) -> Calibration | None:

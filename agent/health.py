@@ -20,7 +20,11 @@ Stall policy (which silence counts as "stuck", :func:`stall_policy`):
 * ``streams.stall_after_s`` overrides the limit for any kind, and makes silence past it stop the
   watchdog even for serial (use it when the device is known to talk continuously);
 * a source in a reported outage (port gone, file missing) is red but does not stop the watchdog:
-  the supervisor is retrying, and restarting the process would not bring the device back.
+  the supervisor is retrying, and restarting the process would not bring the device back;
+* a ``camera`` source reconnects by itself when no frame came for its ``stall_s`` (a stalled or
+  failing capture is a reported outage: red, watchdog kept); progress is a frame handed to the
+  model, so frames not coming for ``max(2 x stall_s, 10 frame periods, 30 s)`` *without* an
+  outage means the stream's thread is stuck (red, watchdog stopped). :func:`camera_stall_policy`.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from agent.sources.camera import CameraConfig
 from agent.sources.replay import ReplayConfig
 from agent.sources.serial import SerialConfig
 from agent.sources.simulator import SimulatorConfig
@@ -170,6 +175,27 @@ def stall_policy(
     period = 1.0 / (rate * speed) if speed > 0 and rate > 0 else 0.0
     limit = max(STALL_PERIODS * period, MIN_STALL_S)
     return StallPolicy(limit, not isinstance(source, SerialConfig))
+
+
+def camera_stall_policy(source: CameraConfig, override_s: float | None = None) -> StallPolicy:
+    """The stall policy of a camera stream (see the module docstring).
+
+    Args:
+        source: The stream's ``camera`` source config.
+        override_s: ``streams.stall_after_s``; None = derived.
+
+    >>> camera_stall_policy(CameraConfig(device=0, stall_s=5.0))
+    StallPolicy(limit_s=30.0, stops_watchdog=True)
+    >>> camera_stall_policy(CameraConfig(folder="f", fps=0.2, stall_s=20.0))
+    StallPolicy(limit_s=50.0, stops_watchdog=True)
+    >>> camera_stall_policy(CameraConfig(device=0), override_s=12.0)
+    StallPolicy(limit_s=12.0, stops_watchdog=True)
+    """
+    if override_s is not None:
+        return StallPolicy(override_s, True)
+    live = source.device is not None or source.url is not None
+    period = 1.0 / source.fps if source.fps > 0 and not live else 0.0
+    return StallPolicy(max(2 * source.stall_s, STALL_PERIODS * period, MIN_STALL_S), True)
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,32 @@ class Metrics:
         self.source_up = Gauge(
             "edge_agent_source_up", "1 while the source is reading.", ["stream"], registry=r
         )
+        # camera streams (agent.services.camera; synced from the source at each heartbeat)
+        self.camera_frames_scored_total = Counter(
+            "edge_agent_camera_frames_scored_total", "Camera frames scored by the model.",
+            ["stream"], registry=r,
+        )
+        self.camera_frames_dropped_total = Counter(
+            "edge_agent_camera_frames_dropped_total",
+            "Camera frames replaced by a newer one before the model took them (the grabber "
+            "keeps only the newest frame).",
+            ["stream"], registry=r,
+        )
+        self.camera_reconnects_total = Counter(
+            "edge_agent_camera_reconnects_total",
+            "Camera captures reopened after a stall, a failed read or a failed open.",
+            ["stream"], registry=r,
+        )
+        self.camera_stalls_total = Counter(
+            "edge_agent_camera_stalls_total",
+            "Camera frame-age watchdog firings (no new frame for the source's stall_s).",
+            ["stream"], registry=r,
+        )
+        self.camera_frame_age_seconds = Gauge(
+            "edge_agent_camera_frame_age_seconds",
+            "Seconds since the newest camera frame was captured, as of the last heartbeat.",
+            ["stream"], registry=r,
+        )
         # pipeline
         self.windows_total = Counter(
             "edge_agent_windows_total", "Windows scored.", ["stream"], registry=r

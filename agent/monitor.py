@@ -4,7 +4,9 @@
 second), so a stuck pipeline stops the ticks and with them the WATCHDOG=1 pings. Each tick:
 
 1. looks at every stage: each source (:func:`agent.health.source_health`, with the stream's
-   :class:`agent.health.StallPolicy`), the pipeline (this tick, and the reading queue), the MQTT
+   :class:`agent.health.StallPolicy`; a camera stream the same way, from
+   :meth:`agent.services.camera.CameraStream.health_view`, with its figures and its metrics
+   synced), the pipeline (this tick, and the reading queue), the MQTT
    drain thread (its loop passes at least every second; no pass for ``PUBLISHER_STALL_S`` = stuck)
    and, every ``STATS_INTERVAL_S``, the store (outbox depth and oldest age, bytes of budget) and
    the uploader's sync lag; the store is red at once while its statements fail (disk full), with
@@ -26,7 +28,8 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from agent.errors import StoreError
 from agent.health import (
@@ -45,6 +48,9 @@ from agent.publish.mqtt import MqttPublisher
 from agent.services.supervisor import SourceSupervisor
 from agent.store.sqlite import Store
 from agent.systemd import Notifier
+
+if TYPE_CHECKING:
+    from agent.services.camera import CameraStream
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +78,14 @@ class WatchedSource:
     policy: StallPolicy
 
 
+@dataclass(frozen=True)
+class WatchedCamera:
+    """A camera stream the monitor watches: the stream and its stall policy."""
+
+    stream: CameraStream
+    policy: StallPolicy
+
+
 class Monitor:
     """Decides liveness and health from the running components.
 
@@ -84,6 +98,7 @@ class Monitor:
         notifier: Receives WATCHDOG=1 and STATUS=.
         publisher: The MQTT publisher, None when MQTT is disabled.
         has_uploader: The fleet uploader runs (its sync lag is read from ``metrics``).
+        cameras: Camera streams by name (``source:<stream>`` components like the sources).
         watchdog_interval_s: Least seconds between two WATCHDOG=1 pings.
         monotonic: Monotonic clock, seconds.
         clock: Wall clock, epoch seconds UTC.
@@ -100,11 +115,13 @@ class Monitor:
         *,
         publisher: MqttPublisher | None = None,
         has_uploader: bool = False,
+        cameras: Mapping[str, WatchedCamera] | None = None,
         watchdog_interval_s: float = 5.0,
         monotonic: Callable[[], float] = time.monotonic,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.sources = dict(sources)
+        self.cameras = dict(cameras or {})
         self._calibrating = calibrating
         self._queue_depth = queue_depth
         self._store = store
@@ -133,9 +150,16 @@ class Monitor:
         self._last_tick = now
         comps: list[Component] = []
         blocked: list[str] = []
-        for stream, watched in self.sources.items():
-            comp, blocks = source_health(stream, self._view(watched.supervisor, now),
-                                         watched.policy)
+        watched_all: list[tuple[Component, bool]] = [
+            source_health(stream, self._view(w.supervisor, now), w.policy)
+            for stream, w in self.sources.items()
+        ]
+        for stream, cam in self.cameras.items():
+            cam.stream.sync_metrics()
+            comp, blocks = source_health(stream, cam.stream.health_view(now), cam.policy)
+            comp = replace(comp, details={**comp.details, **cam.stream.health_details()})
+            watched_all.append((comp, blocks))
+        for comp, blocks in watched_all:
             comps.append(comp)
             stage = comp.name
             age = comp.details.get("last_reading_age_s", 0.0)

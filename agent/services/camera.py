@@ -15,6 +15,15 @@ WARNING when the outage starts (the source keeps reconnecting with backoff) and 
 when frames come again; rejected inputs (unreadable images, frames that cannot be converted)
 count in ``edge_agent_records_rejected_total{stream,reason}`` and are logged at most once per
 reason per minute, with the number suppressed.
+
+Operations: :meth:`CameraStream.health_view` is what the monitor turns into the stream's
+``source:<stream>`` component of ``/healthz`` and its watchdog decision (as for a sensor
+source's supervisor; policy: :func:`agent.health.camera_stall_policy`), with the camera's
+figures (:meth:`CameraStream.health_details`). :meth:`CameraStream.sync_metrics` (each
+heartbeat, and when the thread ends) exports the source's counters as
+``edge_agent_camera_frames_dropped_total``, ``_reconnects_total``, ``_stalls_total`` and
+``edge_agent_camera_frame_age_seconds``; scored frames count in
+``edge_agent_camera_frames_scored_total`` and ``edge_agent_source_up`` is 0 during an outage.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from agent.errors import (
     SourceError,
     SourceExhausted,
 )
+from agent.health import SourceView
 from agent.inference.image_package import ImagePackage, load_image_package, open_image_backend
 from agent.pipeline.image import ImagePipeline, ImageSpec
 from agent.pipeline.rules import RuleParams
@@ -72,7 +82,10 @@ class CameraStream:
     Attributes:
         scored: Frames scored. errors: Frames that failed to score (wrong shape, model error).
         rejected: Inputs the source rejected. in_outage: The camera is failing (logged once).
-        done: The source ended or failed fatally.
+        done: The source ended or failed fatally. exhausted: The file or folder ended.
+        error: Why the stream stopped for good (None unless it did).
+        started_mono: ``monotonic()`` of :meth:`start`, None before.
+        last_progress_mono: ``monotonic()`` of the last frame handed to the model, None before.
     """
 
     def __init__(self, source: CameraSource, pipeline: ImagePipeline, package: ImagePackage,
@@ -96,11 +109,22 @@ class CameraStream:
         self.in_outage = False
         source.set_status_listener(self._on_status)
         self.last_score: float | None = None
-        self.done = False
+        self.done = self.exhausted = False
+        self.error: str | None = None
+        self.started_mono: float | None = None
+        self.last_progress_mono: float | None = None
+        self._outage_since = 0.0
+        self._outage_error = ""
+        self._synced = {"dropped": 0, "reconnects": 0, "stalls": 0}
+        self._sync_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=f"camera-{self.name}", daemon=True)
 
     def start(self) -> None:
         """Start the stream's thread."""
+        self.started_mono = self._monotonic()
+        if self._metrics is not None:
+            self._metrics.source_up.labels(stream=self.name).set(1)
+            self._metrics.camera_frames_scored_total.labels(stream=self.name)  # 0 until a frame
         self._thread.start()
 
     def join(self, timeout: float | None = None) -> None:
@@ -108,9 +132,61 @@ class CameraStream:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
+    def is_alive(self) -> bool:
+        """True while the stream's thread runs."""
+        return self._thread.is_alive()
+
+    @property
+    def outage(self) -> tuple[str, float] | None:
+        """``(error text, monotonic start)`` of the outage in progress; None when capturing."""
+        return (self._outage_error, self._outage_since) if self.in_outage else None
+
+    def health_view(self, now: float) -> SourceView:
+        """What the monitor needs for the stream's health (``now``: monotonic seconds)."""
+        since = self.last_progress_mono or self.started_mono or now
+        outage = self.outage
+        return SourceView(
+            started=self.started_mono is not None,
+            alive=self.is_alive(),
+            done=self.exhausted,
+            error=self.error,
+            outage=None if outage is None else outage[0],
+            outage_age_s=0.0 if outage is None else max(0.0, now - outage[1]),
+            progress_age_s=max(0.0, now - since),
+        )
+
+    def health_details(self) -> dict[str, object]:
+        """The camera's figures for ``/healthz`` (frame age in seconds, None before a frame)."""
+        src = self.source
+        age = src.frame_age_s
+        return {"frame_age_s": None if age is None else round(age, 2),
+                "frames_scored": self.scored, "frames_dropped": src.dropped,
+                "inputs_rejected": self.rejected, "reconnects": src.reconnects,
+                "stalls": src.stalls}
+
+    def sync_metrics(self) -> None:
+        """Add the source's counts since the last call to the camera metrics (any thread)."""
+        m = self._metrics
+        if m is None:
+            return
+        src = self.source
+        with self._sync_lock:
+            for key, counter in (("dropped", m.camera_frames_dropped_total),
+                                 ("reconnects", m.camera_reconnects_total),
+                                 ("stalls", m.camera_stalls_total)):
+                value = int(getattr(src, key))
+                child = counter.labels(stream=self.name)  # exported from 0 on
+                if value > self._synced[key]:
+                    child.inc(value - self._synced[key])
+                    self._synced[key] = value
+            age = src.frame_age_s
+            if age is not None:
+                m.camera_frame_age_seconds.labels(stream=self.name).set(age)
+
     def on_frame(self, frame: Frame) -> None:
         """Score one frame and deliver what it produced (the source's thread)."""
         t0 = self._monotonic()
+        self.last_progress_mono = t0
         try:
             out = self.pipeline.process(frame)
         except (ValueError, ModelError) as exc:
@@ -124,6 +200,8 @@ class CameraStream:
             self._observe(now - t0)
         self.scored += 1
         self.last_score = out.score
+        if self._metrics is not None:
+            self._metrics.camera_frames_scored_total.labels(stream=self.name).inc()
         if self._on_score is not None:
             self._on_score(frame, out.score, now - frame.received_mono)
         for alert in out.alerts:
@@ -149,11 +227,16 @@ class CameraStream:
         if error is None:
             if self.in_outage:
                 self.in_outage = False
+                if self._metrics is not None:
+                    self._metrics.source_up.labels(stream=self.name).set(1)
                 log.info("camera %s: frames again", self.name)
             return
+        self._outage_error = str(error) or type(error).__name__
         if self._metrics is not None:
             self._metrics.source_errors_total.labels(stream=self.name).inc()
+            self._metrics.source_up.labels(stream=self.name).set(0)
         if not self.in_outage:
+            self._outage_since = self._monotonic()
             self.in_outage = True
             log.warning("camera %s: %s; retrying in the background", self.name, error)
 
@@ -165,6 +248,7 @@ class CameraStream:
                     self.source.run(self.on_frame, self._reject, self._stop)
                     return
                 except SourceExhausted:
+                    self.exhausted = True
                     src = self.source
                     log.info("camera %s: input ended after %d frames (%d scored, %d dropped "
                              "for a newer one, %d inputs rejected)", self.name, src.frames,
@@ -175,10 +259,14 @@ class CameraStream:
                         self._on_status(exc)
                     self._stop.wait(backoff.next_delay())
                 except AgentError as exc:
+                    self.error = str(exc)
                     log.error("camera %s: stopped: %s", self.name, exc)
                     return
         finally:
             self.done = True
+            self.sync_metrics()
+            if self._metrics is not None:
+                self._metrics.source_up.labels(stream=self.name).set(0)
 
     def flush(self) -> list[Aggregate]:
         """Close the open aggregate interval (shutdown, after :meth:`join`)."""

@@ -69,11 +69,19 @@ k = 3
 n = 5
 cooldown_s = 0
 """
-    agent = Agent(parse_config(text, env={}), Metrics(), console=None, notifier=Notifier(""))
+    metrics = Metrics()
+    agent = Agent(parse_config(text, env={}), metrics, console=None, notifier=Notifier(""))
     assert set(agent.streams) == {"pump"} and set(agent.cameras) == {"cam1"}
     assert agent.run() == 0  # both inputs are finite: the agent stops by itself
     cam = agent.cameras["cam1"]
     assert cam.scored == 20 and cam.errors == 0
+    # the camera stream is a component of /healthz and its counters are exported
+    health = agent.monitor.report().to_json()["components"]
+    assert isinstance(health, dict) and "source:cam1" in health and "source:pump" in health
+    assert metrics.registry.get_sample_value(
+        "edge_agent_camera_frames_scored_total", {"stream": "cam1"}) == 20.0
+    assert metrics.registry.get_sample_value(
+        "edge_agent_camera_frames_dropped_total", {"stream": "cam1"}) == float(cam.source.dropped)
     db = sqlite3.connect(tmp_path / "state" / "agent.db")
     alerts = dict(db.execute("select stream, count(*) from alerts group by stream").fetchall())
     assert alerts.get("cam1") == 1  # one episode: the cracked frames
