@@ -22,7 +22,9 @@ Relative paths:
     calls it once.
 
 The models validate only what can be known from the file itself: whether ``window``/``hop`` fit
-the model package or a model directory exists is checked when the package is loaded.
+the model package or a model directory exists is checked when the package is loaded. A camera
+stream given a sensor-only key (:data:`SENSOR_ONLY_KEYS`, ``rules.top_channels``) is a problem
+at that key's path.
 """
 
 from __future__ import annotations
@@ -167,6 +169,13 @@ class RulesConfig(StrictModel):
         return self
 
 
+#: Stream keys that mean nothing to a camera stream (a config problem when given on one).
+SENSOR_ONLY_KEYS = ("window", "hop", "calibration_samples", "recalibrate_on_start",
+                    "calibration_max_age_s", "threshold_quantile")
+#: ``[streams.rules]`` keys that mean nothing to a camera stream (its alerts name no channels).
+SENSOR_ONLY_RULES = ("top_channels",)
+
+
 class StreamConfig(StrictModel):
     """One input stream: where readings come from, which model scores them, when to alert."""
 
@@ -242,7 +251,8 @@ class StreamConfig(StrictModel):
         examples=[60.0],
         description="Seconds without a reading after which the source counts as stalled and "
         "the systemd watchdog stops (the service restarts); unset = max(10 sample periods, "
-        "30 s) for simulator and replay, and never for serial (a quiet device only shows "
+        "30 s) for simulator and replay, max(2 x stall_s, 10 frame periods, 30 s) without a "
+        "frame outside an outage for camera, and never for serial (a quiet device only shows "
         "yellow in /healthz).",
     )
     rules: RulesConfig = Field(
@@ -255,6 +265,27 @@ class StreamConfig(StrictModel):
         if value.startswith(BUILTIN_PREFIX):
             resolve_model_path(value, Path())  # raises ValueError for a bad builtin name
         return value
+
+    @model_validator(mode="after")
+    def _no_sensor_keys_on_a_camera(self) -> StreamConfig:
+        if self.source.kind != "camera":
+            return self
+        given: list[tuple[str, ...]] = [
+            (k,) for k in SENSOR_ONLY_KEYS if k in self.model_fields_set
+        ]
+        given += [("rules", k) for k in SENSOR_ONLY_RULES if k in self.rules.model_fields_set]
+        _raise_problems("StreamConfig", [
+            _problem(
+                "sensor_only_key",
+                "applies only to sensor streams (windows, on-device calibration, channels); "
+                "a camera stream scores each frame with its image package's threshold: "
+                "remove it",
+                loc,
+                getattr(self.rules if loc[0] == "rules" else self, loc[-1]),
+            )
+            for loc in given
+        ])
+        return self
 
     @model_validator(mode="after")
     def _hop_within_window(self) -> StreamConfig:

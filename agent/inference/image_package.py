@@ -75,7 +75,9 @@ def load_image_package(path: Path) -> ImagePackage:
         )
         raise ModelError(f"manifest.json does not match the schema: {problems}", path=path) from exc
     if not isinstance(manifest, ImageManifest):
-        raise ModelError("not an image model package (kind is 'sensor')", path=path)
+        raise ModelError(f"{manifest.name} is a sensor model, not an image model package; use "
+                         "a sensor source (replay, serial, simulator) or an image model",
+                         path=path)
     inp = manifest.input
     if len(inp.mean) != inp.channels or len(inp.std) != inp.channels or min(inp.std) <= 0:
         raise ModelError("manifest input: mean/std lengths or values are invalid", path=path)

@@ -125,7 +125,8 @@ def load_package(path: Path) -> ModelPackage:
     """Read and verify ``path/manifest.json`` and the artefacts' sizes and hashes.
 
     Raises:
-        ModelError: missing directory or manifest, invalid JSON or schema, a shape mismatch
+        ModelError: missing directory or manifest, an image package (``kind = "image"``: a
+            camera stream's model), invalid JSON or schema, a shape mismatch
             between manifest fields, a missing artefact, or a size/sha256 mismatch.
     """
     if not path.is_dir():
@@ -134,7 +135,12 @@ def load_package(path: Path) -> ModelPackage:
     if not mpath.is_file():
         raise ModelError("model package has no manifest.json", path=path)
     try:
-        manifest = Manifest.model_validate(json.loads(mpath.read_text(encoding="utf-8")))
+        obj = json.loads(mpath.read_text(encoding="utf-8"))
+        if isinstance(obj, dict) and obj.get("kind") == "image":
+            raise ModelError(
+                f"{obj.get('name', path.name)} is an image model; use a camera source "
+                "([streams.source] kind = \"camera\") or a sensor model package", path=path)
+        manifest = Manifest.model_validate(obj)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ModelError(f"manifest.json is not valid JSON: {exc}", path=path) from exc
     except ValidationError as exc:

@@ -99,7 +99,7 @@ def test_tampered_golden_file_is_refused(tmp_path: Path) -> None:
 
 
 def test_sensor_package_is_not_an_image_package() -> None:
-    with pytest.raises(ModelError, match="not an image model package"):
+    with pytest.raises(ModelError, match="is a sensor model, not an image model package"):
         load_image_package(ROOT / "models" / "skab-wstat")
 
 
