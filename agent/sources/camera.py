@@ -7,7 +7,8 @@ Threads and frames:
   in :attr:`CameraSource.dropped` (the pipeline always scores the freshest image instead of
   falling behind a 30 fps stream);
 * :meth:`CameraSource.run` (the consumer, in the caller's thread) takes the newest frame,
-  converts it to grayscale and resizes it to the model's input size (``cv2.INTER_AREA``) when
+  converts it to 8 bits by dtype (16-bit / 257, float in [0, 1] x 255: :func:`to_model_image`),
+  to grayscale and resizes it to the model's input size (``cv2.INTER_AREA``) when
   the source was given one, and emits a :class:`agent.records.Frame`.
 
 Watchdog and reconnect: frame age = now − capture time of the newest frame (monotonic). When
@@ -208,9 +209,16 @@ class _RewindingCapture:
 def to_model_image(image: Image, size: tuple[int, int] | None, grayscale: bool) -> Image:
     """Convert a captured image for the model: grayscale (from BGR/BGRA) and resize.
 
+    Pixel values are converted to ``uint8`` by dtype, never clipped unscaled: unsigned integers
+    are scaled by ``255 / max`` of their type (``uint16``: / 257, so 16-bit PNG/TIFF keep their
+    full range), signed integers by ``255 / max`` with negatives at 0, floats are taken as
+    intensities in ``[0, 1]`` (the OpenCV/scikit-image convention of a float32 TIFF) and
+    multiplied by 255, values outside and NaN clipped to 0..255 (NaN = 0), ``bool`` → 0/255.
+    The result is rounded to the nearest integer.
+
     Args:
-        image: ``uint8`` ``(H, W)``, ``(H, W, 3)`` BGR or ``(H, W, 4)`` BGRA (16-bit images are
-            scaled to 8 bits).
+        image: ``(H, W)``, ``(H, W, 3)`` BGR or ``(H, W, 4)`` BGRA of ``uint8``, another integer
+            type, ``bool`` or float (see above).
         size: ``(height, width)`` of the model input; None = keep the size.
         grayscale: Convert to one channel.
 
@@ -229,13 +237,7 @@ def to_model_image(image: Image, size: tuple[int, int] | None, grayscale: bool) 
     if not (img.ndim == 2 or (img.ndim == 3 and img.shape[2] in (3, 4))) or img.size == 0:
         raise ValueError(f"image of shape {img.shape} is neither grayscale, BGR nor BGRA")
     if img.dtype != np.uint8:
-        if img.dtype == np.bool_:
-            img = img.astype(np.uint8) * 255
-        elif np.issubdtype(img.dtype, np.integer):
-            img = img.astype(np.float64) * (255.0 / float(np.iinfo(img.dtype).max))
-        elif not np.issubdtype(img.dtype, np.floating):
-            raise ValueError(f"image of type {img.dtype} cannot be converted")
-        img = np.nan_to_num(np.asarray(img, np.float64)).clip(0, 255).astype(np.uint8)
+        img = _to_uint8(img)
     try:
         if img.ndim == 3 and (grayscale or img.shape[2] == 4):
             code = ((cv2.COLOR_BGRA2GRAY if img.shape[2] == 4 else cv2.COLOR_BGR2GRAY)
@@ -249,6 +251,26 @@ def to_model_image(image: Image, size: tuple[int, int] | None, grayscale: bool) 
         raise ValueError(f"image of shape {img.shape} cannot be converted: "
                          f"{str(exc).strip().splitlines()[-1]}") from exc
     return np.asarray(img, dtype=np.uint8)
+
+
+def _to_uint8(img: Any) -> Image:
+    """Scale a non-``uint8`` image to ``uint8`` by its dtype (see :func:`to_model_image`).
+
+    >>> _to_uint8(np.array([[0, 257, 65535]], np.uint16)).tolist()
+    [[0, 1, 255]]
+    >>> _to_uint8(np.array([[0.0, 0.5, 1.0, 2.0, -1.0, np.nan]], np.float32)).tolist()
+    [[0, 128, 255, 255, 0, 0]]
+    """
+    if img.dtype == np.bool_:
+        return np.asarray(img, np.uint8) * np.uint8(255)
+    if np.issubdtype(img.dtype, np.integer):
+        scaled = img.astype(np.float64) * (255.0 / float(np.iinfo(img.dtype).max))
+    elif np.issubdtype(img.dtype, np.floating):
+        scaled = img.astype(np.float64) * 255.0
+    else:
+        raise ValueError(f"image of type {img.dtype} cannot be converted")
+    return np.asarray(np.rint(np.nan_to_num(scaled, nan=0.0, posinf=255.0, neginf=0.0))
+                      .clip(0, 255), np.uint8)
 
 
 class _Grabber:
