@@ -169,6 +169,8 @@ class Agent:
         self.notifier = notifier if notifier is not None else Notifier()
         self.clock = clock
         self.stop_event = threading.Event()
+        #: Why the agent was asked to stop (:meth:`request_stop`), for the shutdown line.
+        self.stop_reason = "stop requested"
         self.reload_event = threading.Event()
         self._reload = reload
         #: Set when :meth:`run` ended for a reload: the config to build the next agent from.
@@ -431,10 +433,13 @@ class Agent:
                         self.next_config = self._reload()
                         if self.next_config is not None:
                             break
-                if (all(s.supervisor.done for s in self.streams.values()) and self.queue.empty()
-                        and all(c.done for c in self.cameras.values())):
+                if (not self.stop_event.is_set()
+                        and all(s.supervisor.done for s in self.streams.values())
+                        and self.queue.empty() and all(c.done for c in self.cameras.values())):
                     log.info("every source is exhausted; shutting down")
                     break
+            else:  # stopped on request (a camera thread ends on stop too: not an exhaustion)
+                log.info("%s; shutting down", self.stop_reason)
         finally:
             self.shutdown(final=self.next_config is None)
         return 0
@@ -560,8 +565,9 @@ class Agent:
             return
         self.keeper.persist_seq()
 
-    def request_stop(self) -> None:
-        """Ask the agent to stop (signal handler, tests)."""
+    def request_stop(self, reason: str = "stop requested") -> None:
+        """Ask the agent to stop (signal handler, tests); ``reason`` goes in the shutdown line."""
+        self.stop_reason = reason
         self.stop_event.set()
 
     def request_reload(self) -> None:
@@ -828,10 +834,11 @@ def run(config: AgentConfig, config_dir: Path, config_file: Path | None = None) 
     stopping = threading.Event()
 
     def _stop(signum: int, _frame: FrameType | None) -> None:
-        log.info("signal %s received; stopping", signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        log.info("signal %s received; stopping", name)
         stopping.set()
         if current:
-            current[-1].request_stop()
+            current[-1].request_stop(f"stopping on {name}")
 
     def _hup(signum: int, _frame: FrameType | None) -> None:
         if config_file is None:
@@ -856,7 +863,7 @@ def run(config: AgentConfig, config_dir: Path, config_file: Path | None = None) 
         while True:
             agent = current[-1]
             if stopping.is_set():
-                agent.request_stop()
+                agent.request_stop("stopping on a signal received during the reload")
             code = agent.run()
             new = agent.next_config
             if new is None or stopping.is_set():
