@@ -51,6 +51,7 @@ from agent.health import StallPolicy, camera_stall_policy, stall_policy
 from agent.httpd import OpsServer
 from agent.inference.base import Backend
 from agent.inference.deadline import DeadlineGuard, DegradeParams
+from agent.inference.image_package import load_image_package
 from agent.inference.package import ModelPackage, load_package, saturation_fallback
 from agent.inference.select import record_selection, registry_opener, select_backend
 from agent.logs import setup_logging
@@ -753,7 +754,11 @@ def check_reload(config_file: Path) -> AgentConfig | None:
     try:
         config = load_config(config_file).resolved(config_file.resolve().parent)
         for sc in config.streams:
-            load_package(resolve_model_path(sc.model, Path.cwd()))
+            path = resolve_model_path(sc.model, Path.cwd())
+            if isinstance(sc.source, CameraConfig):
+                load_image_package(path)
+            else:
+                load_package(path)
     except ConfigError as exc:
         for problem in exc.problems or [str(exc)]:
             log.error("reload refused: %s: %s", config_file, problem)
