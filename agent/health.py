@@ -220,6 +220,24 @@ class SourceView:
     outage_age_s: float
     progress_age_s: float
 
+    @classmethod
+    def observe(cls, now: float, *, started_mono: float | None, last_progress_mono: float | None,
+                alive: bool, done: bool, error: str | None,
+                outage: tuple[str, float] | None) -> SourceView:
+        """The view at ``now`` (monotonic seconds) of a source thread: ``outage`` is its
+        ``(error text, monotonic start)`` in progress; ages count from the last progress, else
+        from the start."""
+        since = last_progress_mono or started_mono or now
+        return cls(
+            started=started_mono is not None,
+            alive=alive,
+            done=done,
+            error=error,
+            outage=None if outage is None else outage[0],
+            outage_age_s=0.0 if outage is None else max(0.0, now - outage[1]),
+            progress_age_s=max(0.0, now - since),
+        )
+
 
 def source_health(stream: str, view: SourceView, policy: StallPolicy) -> tuple[Component, bool]:
     """One source's component and whether it blocks the watchdog.

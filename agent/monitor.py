@@ -222,17 +222,10 @@ class Monitor:
     # -- stages ---------------------------------------------------------------------------------
 
     def _view(self, sup: SourceSupervisor, now: float) -> SourceView:
-        since = sup.last_progress_mono or sup.started_mono or now
-        outage = sup.outage
-        return SourceView(
-            started=sup.started_mono is not None,
-            alive=sup.is_alive(),
-            done=sup.done,
-            error=None if sup.error is None else str(sup.error),
-            outage=None if outage is None else outage[0],
-            outage_age_s=0.0 if outage is None else now - outage[1],
-            progress_age_s=max(0.0, now - since),
-        )
+        return SourceView.observe(
+            now, started_mono=sup.started_mono, last_progress_mono=sup.last_progress_mono,
+            alive=sup.is_alive(), done=sup.done,
+            error=None if sup.error is None else str(sup.error), outage=sup.outage)
 
     def _pipeline(self, age: float) -> Component:
         depth, capacity = self._queue_depth()

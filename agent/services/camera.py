@@ -143,17 +143,9 @@ class CameraStream:
 
     def health_view(self, now: float) -> SourceView:
         """What the monitor needs for the stream's health (``now``: monotonic seconds)."""
-        since = self.last_progress_mono or self.started_mono or now
-        outage = self.outage
-        return SourceView(
-            started=self.started_mono is not None,
-            alive=self.is_alive(),
-            done=self.exhausted,
-            error=self.error,
-            outage=None if outage is None else outage[0],
-            outage_age_s=0.0 if outage is None else max(0.0, now - outage[1]),
-            progress_age_s=max(0.0, now - since),
-        )
+        return SourceView.observe(
+            now, started_mono=self.started_mono, last_progress_mono=self.last_progress_mono,
+            alive=self.is_alive(), done=self.exhausted, error=self.error, outage=self.outage)
 
     def health_details(self) -> dict[str, object]:
         """The camera's figures for ``/healthz`` (frame age in seconds, None before a frame)."""
