@@ -123,17 +123,18 @@ def coreset(vectors: np.ndarray, n: int, seed: int = 0, proj: int = 32,
     v = torch.from_numpy(vectors.astype(np.float32))
     p = v @ torch.from_numpy(rng.normal(size=(v.shape[1], proj)).astype(np.float32))
     pp = (p * p).sum(1)
-    chosen = [int(rng.integers(len(v)))]
     dmin = torch.full((len(p),), float("inf"))
     d = torch.empty(len(p))
-    for step in range(n):
-        i = chosen[-1] if step == 0 else int(torch.argmax(dmin))
-        if step:
-            chosen.append(i)
+    chosen = [int(rng.integers(len(v)))]
+    while True:
+        i = chosen[-1]
         # |p - p_i|^2 = |p|^2 - 2 p . p_i + |p_i|^2: one matrix-vector product, no temporaries
         torch.addmv(pp, p, p[i], alpha=-2.0, out=d)
         d += pp[i]
         torch.minimum(dmin, d, out=dmin)
+        if len(chosen) == n:
+            break
+        chosen.append(int(torch.argmax(dmin)))
     return vectors[np.array(chosen)].astype(np.float32)
 
 
