@@ -411,8 +411,9 @@ def test_broker_down_at_start_alerts_wait_in_outbox(
     db = tmp_path / "state" / "agent.db"
 
     agent = run_agent(["run", "--config", str(config)], tmp_path)
+    # generous: under load (CI on 2 shared cores) start-up and scoring can lag the simulator
     wait_until(
-        lambda: len(stored_alerts(db)) >= 3, 15, "3 alerts in the outbox", agent.stderr
+        lambda: len(stored_alerts(db)) >= 3, 60, "3 alerts in the outbox", agent.stderr
     )
     assert agent.proc.poll() is None, "the agent ended before the broker came up"
     pending = [a for a in stored_alerts(db) if a["published_at"] is None]
