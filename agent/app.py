@@ -13,10 +13,13 @@ uploader and sources are started; then READY=1. About once a second the main loo
 :meth:`agent.monitor.Monitor.tick` (health, gauges, WATCHDOG=1 only while every stage makes
 progress, STATUS=).
 
-Shutdown (SIGTERM/SIGINT, or every finite source exhausted): STOPPING=1, stop the sources, score
+Shutdown (SIGTERM/SIGINT, or every source has ended): STOPPING=1, stop the sources, score
 what is queued, close open aggregate intervals, wait up to ``SHUTDOWN_FLUSH_S`` for the outbox to
 drain, publish ``offline``, close the store. Alerts not acknowledged by then stay in the outbox for
-the next start.
+the next start. When every source has ended by itself, :meth:`Agent.run` returns 0 if each
+reached the end of its finite input, and ``EX_UNAVAILABLE`` (69, :mod:`agent.exitcodes`) if at
+least one failed for good (a sensor source's fatal error, a camera file that cannot be read), so
+systemd's ``Restart=on-failure`` sees the failure; one ERROR line names the failed sources.
 
 Reload (SIGHUP, ``systemctl reload``): the config file is read and checked again (schema, and
 every model package loads); when invalid every problem is logged and the agent keeps running as
@@ -47,6 +50,7 @@ from agent import __version__
 from agent.config.loader import load_config
 from agent.config.schema import AgentConfig, StreamConfig, resolve_model_path
 from agent.errors import AgentError, ConfigError, ModelError, StoreError
+from agent.exitcodes import EX_OK, EX_UNAVAILABLE
 from agent.health import StallPolicy, camera_stall_policy, stall_policy
 from agent.httpd import OpsServer
 from agent.inference.base import Backend
@@ -399,9 +403,12 @@ class Agent:
     # -- running --------------------------------------------------------------------------------
 
     def run(self) -> int:
-        """Run until stopped, reloaded or every source is exhausted; returns the exit code (0).
+        """Run until stopped, reloaded or every source has ended; returns the exit code.
 
-        After a reload :attr:`next_config` holds the new config.
+        Returns:
+            0 (``EX_OK``) when stopped, reloaded or every source reached its end;
+            ``EX_UNAVAILABLE`` (69) when every source has ended and at least one failed for
+            good. After a reload :attr:`next_config` holds the new config.
         """
         self._warm_up()
         if self.publisher is not None:
@@ -421,6 +428,7 @@ class Agent:
         # Tick at least twice per watchdog interval, so pings are never more than 1.5 apart.
         period = min(HEARTBEAT_S, self.monitor.watchdog_interval_s / 2)
         last_heartbeat = -period
+        code = EX_OK
         try:
             while not self.stop_event.is_set():
                 self._drain_once(timeout=min(0.2, period / 2))
@@ -434,16 +442,33 @@ class Agent:
                         self.next_config = self._reload()
                         if self.next_config is not None:
                             break
-                if (not self.stop_event.is_set()
-                        and all(s.supervisor.done for s in self.streams.values())
-                        and self.queue.empty() and all(c.done for c in self.cameras.values())):
-                    log.info("every source is exhausted; shutting down")
+                if (not self.stop_event.is_set() and self._sources_ended()
+                        and self.queue.empty()):
+                    failed = self._failed_sources()
+                    if failed:
+                        code = EX_UNAVAILABLE
+                        log.error("every source has ended, %d failed for good: %s; shutting "
+                                  "down with exit code %d", len(failed), "; ".join(failed), code)
+                    else:
+                        log.info("every source is exhausted; shutting down")
                     break
             else:  # stopped on request (a camera thread ends on stop too: not an exhaustion)
                 log.info("%s; shutting down", self.stop_reason)
         finally:
             self.shutdown(final=self.next_config is None)
-        return 0
+        return code
+
+    def _sources_ended(self) -> bool:
+        """Every source thread has ended by itself: exhausted, or failed for good."""
+        return (all(s.supervisor.done or s.supervisor.error is not None
+                    for s in self.streams.values())
+                and all(c.done for c in self.cameras.values()))
+
+    def _failed_sources(self) -> list[str]:
+        """``"<stream>: <error>"`` for each source that failed for good."""
+        return ([f"{n}: {s.supervisor.error}" for n, s in self.streams.items()
+                 if s.supervisor.error is not None]
+                + [f"{n}: {c.error}" for n, c in self.cameras.items() if c.error is not None])
 
     def _heartbeat(self) -> None:
         self.metrics.queue_depth.set(self.queue.qsize())

@@ -8,10 +8,11 @@ Commands::
     edge-agent status [--url URL | --config FILE]   a running agent's /healthz, readably
     edge-agent version                    print the version
 
-Exit codes: 0 success, 78 (``EX_CONFIG``) invalid configuration, 1 any other failure,
-130 interrupted (Ctrl-C); ``status`` exits 0 green, 1 yellow, 2 red, 3 unreachable.
-systemd's ``RestartPreventExitStatus=78`` keeps a unit with a broken
-config from restarting in a loop.
+Exit codes (:mod:`agent.exitcodes`): 0 success, 78 (``EX_CONFIG``) invalid configuration,
+69 (``EX_UNAVAILABLE``) ``run``: every source has ended and at least one failed for good,
+1 any other failure, 130 interrupted (Ctrl-C); ``status`` exits 0 green, 1 yellow, 2 red,
+3 unreachable. systemd's ``RestartPreventExitStatus=78`` keeps a unit with a broken
+config from restarting in a loop; 69 is restarted (``Restart=on-failure``).
 """
 
 from __future__ import annotations
@@ -31,11 +32,14 @@ from agent import __version__
 from agent.config.loader import dump_default_config, load_config
 from agent.config.schema import AgentConfig, default_config
 from agent.errors import AgentError, ConfigError
+from agent.exitcodes import (  # noqa: F401 - EX_UNAVAILABLE: re-exported with the others
+    EX_CONFIG,
+    EX_FAILURE,
+    EX_INTERRUPTED,
+    EX_OK,
+    EX_UNAVAILABLE,
+)
 
-EX_OK = 0
-EX_FAILURE = 1
-EX_CONFIG = 78
-EX_INTERRUPTED = 130
 #: ``status`` exit codes by overall health; ``STATUS_UNREACHABLE`` when /healthz cannot be read.
 STATUS_EXIT = {"green": 0, "yellow": 1, "red": 2}
 STATUS_UNREACHABLE = 3

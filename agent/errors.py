@@ -6,7 +6,9 @@ worth retrying is a property of its class (``retryable``), never of the call sit
     AgentError
     ├── ConfigError                 (fatal)  invalid or unreadable configuration; exit 78
     ├── SourceError                 (retryable) an input stream failed (port vanished, file missing)
-    │   └── SourceExhausted         (fatal)  a finite source (replay) has no more data
+    │   ├── SourceExhausted         (fatal)  a finite source (replay) has no more data
+    │   └── SourceFailed            (fatal)  an input that failed for good: a recorded file
+    │                                        that does not open or holds no valid frame/row
     ├── RecordError                 (fatal for the record, never for the stream) one bad input
     │                                        record: garbage, non-numeric, non-finite, too long
     ├── ModelError                  (fatal)  a model package is missing, corrupt or fails its check
@@ -55,6 +57,18 @@ class SourceError(AgentError):
 
 class SourceExhausted(SourceError):
     """A finite source (a recorded file) has delivered all of its data."""
+
+    retryable = False
+
+
+class SourceFailed(SourceError):
+    """An input failed for good: retrying in the process would not help (a video file that
+    does not open, a camera file or folder that ended without one readable frame, a replay file
+    without one valid row).
+
+    A stream that ends with it counts as failed, not exhausted: an agent whose streams have all
+    ended with at least one failed exits nonzero (``agent.exitcodes.EX_UNAVAILABLE``).
+    """
 
     retryable = False
 

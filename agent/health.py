@@ -22,9 +22,14 @@ Stall policy (which silence counts as "stuck", :func:`stall_policy`):
 * a source in a reported outage (port gone, file missing) is red but does not stop the watchdog:
   the supervisor is retrying, and restarting the process would not bring the device back;
 * a ``camera`` source reconnects by itself when no frame came for its ``stall_s`` (a stalled or
-  failing capture is a reported outage: red, watchdog kept); progress is a frame handed to the
+  failing capture is a reported outage: red, watchdog kept; a recorded file at ``fps`` = 0 is
+  never reopened, and its reader waiting for a slow model is no stall); progress is a frame
+  handed to the
   model, so frames not coming for ``max(2 x stall_s, 10 frame periods, 30 s)`` *without* an
-  outage means the stream's thread is stuck (red, watchdog stopped). :func:`camera_stall_policy`.
+  outage means the stream's thread is stuck (red, watchdog stopped). :func:`camera_stall_policy`;
+* a source that failed for good (a fatal error, a camera file that cannot be read) is red and
+  stops the watchdog; when every source has ended the agent exits instead (69, with one
+  failed: :mod:`agent.exitcodes`).
 """
 
 from __future__ import annotations

@@ -69,9 +69,11 @@ class Metrics:
         )
         self.camera_frames_dropped_total = Counter(
             "edge_agent_camera_frames_dropped_total",
-            "Camera frames replaced by a newer one before the model took them (the grabber "
-            "keeps only the newest frame).",
-            ["stream"], registry=r,
+            "Camera frames read but not scored, by reason: newer_frame (replaced by a newer "
+            "one before the model took it: live cameras and files at fps > 0 keep only the "
+            "newest frame), score_error (the model failed on it), stopped (queued when the "
+            "stream stopped, or read by a capture being replaced).",
+            ["stream", "reason"], registry=r,
         )
         self.camera_reconnects_total = Counter(
             "edge_agent_camera_reconnects_total",

@@ -8,7 +8,12 @@ its main loop drains into the store and the MQTT outbox, as for sensor streams).
 
 The runner restarts the source after a retryable :class:`agent.errors.SourceError` with backoff
 (the source itself already reconnects stalled or failed captures); a file or folder that ends
-(:class:`agent.errors.SourceExhausted`) ends the stream (:attr:`CameraStream.done`).
+(:class:`agent.errors.SourceExhausted`) ends the stream (:attr:`CameraStream.done` and
+:attr:`CameraStream.exhausted`). A non-retryable error (:class:`agent.errors.SourceFailed`: a
+file that does not open or holds no readable frame; any other fatal
+:class:`agent.errors.AgentError`; an unexpected exception, logged with its traceback) ends it as
+failed (:attr:`CameraStream.failed`, :attr:`CameraStream.error`): the agent exits nonzero when
+its sources have all ended and one of them failed (:mod:`agent.exitcodes`).
 
 What goes wrong is said once: a camera that does not open, stalls or fails a read is one
 WARNING when the outage starts (the source keeps reconnecting with backoff) and one INFO line
@@ -21,9 +26,11 @@ Operations: :meth:`CameraStream.health_view` is what the monitor turns into the 
 source's supervisor; policy: :func:`agent.health.camera_stall_policy`), with the camera's
 figures (:meth:`CameraStream.health_details`). :meth:`CameraStream.sync_metrics` (each
 heartbeat, and when the thread ends) exports the source's counters as
-``edge_agent_camera_frames_dropped_total``, ``_reconnects_total``, ``_stalls_total`` and
-``edge_agent_camera_frame_age_seconds``; scored frames count in
-``edge_agent_camera_frames_scored_total`` and ``edge_agent_source_up`` is 0 during an outage.
+``edge_agent_camera_frames_dropped_total{reason="newer_frame"|"stopped"}``, ``_reconnects_total``,
+``_stalls_total`` and ``edge_agent_camera_frame_age_seconds``; scored frames count in
+``edge_agent_camera_frames_scored_total``, frames the model failed on in
+``edge_agent_camera_frames_dropped_total{reason="score_error"}``, and ``edge_agent_source_up``
+is 0 during an outage. So every frame read is scored, rejected or dropped with a reason.
 """
 
 from __future__ import annotations
@@ -82,8 +89,9 @@ class CameraStream:
     Attributes:
         scored: Frames scored. errors: Frames that failed to score (wrong shape, model error).
         rejected: Inputs the source rejected. in_outage: The camera is failing (logged once).
-        done: The source ended or failed fatally. exhausted: The file or folder ended.
-        error: Why the stream stopped for good (None unless it did).
+        done: The stream's thread has ended (stopped, exhausted or failed).
+        exhausted: The file or folder ended. failed: The stream failed for good.
+        error: Why the stream failed for good (None unless it did).
         started_mono: ``monotonic()`` of :meth:`start`, None before.
         last_progress_mono: ``monotonic()`` of the last frame handed to the model, None before.
     """
@@ -115,7 +123,7 @@ class CameraStream:
         self.last_progress_mono: float | None = None
         self._outage_since = 0.0
         self._outage_error = ""
-        self._synced = {"dropped": 0, "reconnects": 0, "stalls": 0}
+        self._synced = {"dropped": 0, "abandoned": 0, "reconnects": 0, "stalls": 0}
         self._sync_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=f"camera-{self.name}", daemon=True)
 
@@ -125,6 +133,8 @@ class CameraStream:
         if self._metrics is not None:
             self._metrics.source_up.labels(stream=self.name).set(1)
             self._metrics.camera_frames_scored_total.labels(stream=self.name)  # 0 until a frame
+            self._metrics.camera_frames_dropped_total.labels(stream=self.name,
+                                                             reason="score_error")
         self._thread.start()
 
     def join(self, timeout: float | None = None) -> None:
@@ -135,6 +145,11 @@ class CameraStream:
     def is_alive(self) -> bool:
         """True while the stream's thread runs."""
         return self._thread.is_alive()
+
+    @property
+    def failed(self) -> bool:
+        """True once the stream has failed for good (:attr:`error` says why)."""
+        return self.error is not None
 
     @property
     def outage(self) -> tuple[str, float] | None:
@@ -153,8 +168,8 @@ class CameraStream:
         age = src.frame_age_s
         return {"frame_age_s": None if age is None else round(age, 2),
                 "frames_scored": self.scored, "frames_dropped": src.dropped,
-                "inputs_rejected": self.rejected, "reconnects": src.reconnects,
-                "stalls": src.stalls}
+                "frames_failed": self.errors, "inputs_rejected": self.rejected,
+                "reconnects": src.reconnects, "stalls": src.stalls}
 
     def sync_metrics(self) -> None:
         """Add the source's counts since the last call to the camera metrics (any thread)."""
@@ -162,17 +177,20 @@ class CameraStream:
         if m is None:
             return
         src = self.source
+        dropped = m.camera_frames_dropped_total
         with self._sync_lock:
-            for key, counter in (("dropped", m.camera_frames_dropped_total),
-                                 ("reconnects", m.camera_reconnects_total),
-                                 ("stalls", m.camera_stalls_total)):
+            for key, child in (
+                ("dropped", dropped.labels(stream=self.name, reason="newer_frame")),
+                ("abandoned", dropped.labels(stream=self.name, reason="stopped")),
+                ("reconnects", m.camera_reconnects_total.labels(stream=self.name)),
+                ("stalls", m.camera_stalls_total.labels(stream=self.name)),
+            ):  # each exported from 0 on
                 value = int(getattr(src, key))
-                child = counter.labels(stream=self.name)  # exported from 0 on
                 if value > self._synced[key]:
                     child.inc(value - self._synced[key])
                     self._synced[key] = value
             age = src.frame_age_s
-            if age is not None:
+            if age is not None and self._thread.is_alive():  # frozen once the stream ended
                 m.camera_frame_age_seconds.labels(stream=self.name).set(age)
 
     def on_frame(self, frame: Frame) -> None:
@@ -183,6 +201,9 @@ class CameraStream:
             out = self.pipeline.process(frame)
         except (ValueError, ModelError) as exc:
             self.errors += 1
+            if self._metrics is not None:
+                self._metrics.camera_frames_dropped_total.labels(
+                    stream=self.name, reason="score_error").inc()
             if self.errors in (1, 10, 100, 1000):
                 log.warning("camera %s: frame not scored (%d so far): %s", self.name,
                             self.errors, exc)
@@ -242,23 +263,35 @@ class CameraStream:
                 except SourceExhausted:
                     self.exhausted = True
                     src = self.source
-                    log.info("camera %s: input ended after %d frames (%d scored, %d dropped "
-                             "for a newer one, %d inputs rejected)", self.name, src.frames,
-                             self.scored, src.dropped, self.rejected)
+                    log.info("camera %s: input ended after %d frames (%d scored, %d not scored, "
+                             "%d dropped for a newer one, %d inputs rejected)", self.name,
+                             src.frames, self.scored, self.errors, src.dropped, self.rejected)
                     return
-                except SourceError as exc:
-                    if not self.in_outage:  # the source may have reported it already
-                        self._on_status(exc)
-                    self._stop.wait(backoff.next_delay())
                 except AgentError as exc:
-                    self.error = str(exc)
-                    log.error("camera %s: stopped: %s", self.name, exc)
+                    if not exc.retryable:
+                        self._fail(exc)
+                        return
+                    if not self.in_outage:  # the source may have reported it already
+                        self._on_status(exc if isinstance(exc, SourceError)
+                                        else SourceError(str(exc), stream=self.name))
+                    self._stop.wait(backoff.next_delay())
+                except Exception as exc:  # a bug or an unexpected library error
+                    self._fail(exc)
                     return
         finally:
             self.done = True
             self.sync_metrics()
             if self._metrics is not None:
                 self._metrics.source_up.labels(stream=self.name).set(0)
+            if self.source.abandoned:
+                log.info("camera %s: %d frame(s) read but not scored (queued at the stop, or "
+                         "read by a capture being replaced)", self.name, self.source.abandoned)
+
+    def _fail(self, exc: Exception) -> None:
+        """The stream failed for good: one ERROR line (a traceback for a non-agent error)."""
+        self.error = str(exc) or type(exc).__name__
+        log.error("camera %s: failed for good: %s", self.name, self.error,
+                  exc_info=None if isinstance(exc, AgentError) else exc)
 
     def flush(self) -> list[Aggregate]:
         """Close the open aggregate interval (shutdown, after :meth:`join`)."""

@@ -1,32 +1,47 @@
 """Camera source: a USB device, an RTSP/HTTP URL, a video file or a folder of images (OpenCV).
 
-Threads and frames:
+Threads and frames: a **grabber** thread reads the capture and hands frames to
+:meth:`CameraSource.run` (the consumer, in the caller's thread), which converts each to 8 bits
+by dtype (16-bit / 257, float in [0, 1] x 255: :func:`to_model_image`), to grayscale and to the
+model's input size (``cv2.INTER_AREA``) when the source was given one, and emits a
+:class:`agent.records.Frame`. How frames are handed over depends on the input
+(:attr:`CameraConfig.realtime`):
 
-* a **grabber** thread reads frames as fast as the capture delivers them and keeps only the
-  newest in a one-frame slot; a frame that is replaced before the consumer took it is counted
-  in :attr:`CameraSource.dropped` (the pipeline always scores the freshest image instead of
-  falling behind a 30 fps stream);
-* :meth:`CameraSource.run` (the consumer, in the caller's thread) takes the newest frame,
-  converts it to 8 bits by dtype (16-bit / 257, float in [0, 1] x 255: :func:`to_model_image`),
-  to grayscale and resizes it to the model's input size (``cv2.INTER_AREA``) when
-  the source was given one, and emits a :class:`agent.records.Frame`.
+* **real time** (a device or URL, or a file or folder with ``fps`` > 0, which then plays like a
+  camera at that rate): the grabber reads as fast as the capture delivers and keeps only the
+  newest frame in a one-frame slot; a frame replaced before the consumer took it is counted in
+  :attr:`CameraSource.dropped` (the model always scores the freshest image instead of falling
+  behind a 30 fps stream; old frames of a live camera are worthless);
+* **recorded** (a file or folder with ``fps`` = 0, the default): every frame, in order. The
+  grabber waits while ``RECORDED_QUEUE_FRAMES`` frames wait for the consumer (back-pressure), so
+  the file is read as fast as the model scores it and no frame is dropped.
 
-Watchdog and reconnect: frame age = now − capture time of the newest frame (monotonic). When
-no new frame arrived for ``stall_s`` seconds, or the capture fails to open or read, the grabber
-is replaced by a new one with a fresh capture after a backoff delay
-(:class:`agent.sources.backoff.Backoff`, exponential with jitter); a grabber stuck inside a
-blocking ``read()`` (an RTSP camera that went silent) is abandoned (daemon thread; it exits
-when its read returns). Reconnects are counted in :attr:`CameraSource.reconnects` and reported
-to a status listener (:class:`agent.sources.base.ReportsStatus`).
+Every frame read is accounted for: emitted, dropped for a newer one (real time), rejected
+(below) or :attr:`CameraSource.abandoned` (read but not handed on because the run stopped or
+the capture was replaced).
 
-Files and folders end (:class:`agent.errors.SourceExhausted`) unless ``loop``; they are paced at
-``fps`` (0 = as fast as they decode).
+Watchdog and reconnect (real time only): frame age = now − capture time of the newest frame
+(monotonic). When no new frame arrived for ``stall_s`` seconds since the last frame or
+(re)open, or a live capture fails to read or open, the grabber is replaced by a new one with a
+fresh capture after a backoff delay (:class:`agent.sources.backoff.Backoff`, exponential with
+jitter); a grabber stuck inside a blocking ``read()`` (an RTSP camera that went silent) is
+abandoned (daemon thread; it exits when its read returns). Reconnects are counted in
+:attr:`CameraSource.reconnects` and reported to a status listener
+(:class:`agent.sources.base.ReportsStatus`). A recorded input is never reopened: that would
+read it again from its first frame. Its reader waiting for a slow model is back-pressure, not a
+stall; a read that hangs shows as no frame reaching the model, which the agent's monitor
+reports as a stuck stream (:func:`agent.health.camera_stall_policy`).
+
+Files and folders end (:class:`agent.errors.SourceExhausted`) unless ``loop``, after every
+frame read was taken. One that cannot be read at all fails for good
+(:class:`agent.errors.SourceFailed`): it does not open at start, or it ends (a looped one: one
+whole pass) without a single readable frame.
 
 Bad input is rejected, counted in :attr:`CameraSource.rejected` and handed to the ``reject``
 callback of :meth:`CameraSource.run` (an :class:`agent.errors.RecordError` with a ``reason``),
 and the source reads on: an image in a folder that does not decode (zero bytes, corrupt, not an
 image: ``unreadable_image``) and a frame that cannot be converted to the model's input (a
-channel count other than 1, 3 or 4: ``bad_image``). Only the end of a file or folder ends it.
+channel count other than 1, 3 or 4: ``bad_image``).
 
 OpenCV is imported only when a camera stream is built (``pip install -e '.[camera]'``).
 """
@@ -37,6 +52,7 @@ import contextlib
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -46,7 +62,7 @@ import numpy.typing as npt
 from pydantic import Field, model_validator
 
 from agent.config.base import StrictModel
-from agent.errors import RecordError, SourceError, SourceExhausted
+from agent.errors import RecordError, SourceError, SourceExhausted, SourceFailed
 from agent.records import Frame
 from agent.sources.backoff import Backoff
 from agent.sources.base import StatusListener
@@ -57,6 +73,8 @@ Image = npt.NDArray[np.uint8]
 FrameEmit = Callable[[Frame], None]
 FrameReject = Callable[[RecordError], None]
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
+#: Frames a recorded input (file or folder at ``fps`` = 0) reads ahead of the model.
+RECORDED_QUEUE_FRAMES = 2
 
 
 class CameraConfig(StrictModel):
@@ -71,11 +89,16 @@ class CameraConfig(StrictModel):
         None, description="Folder of images (png, jpg, bmp, tif), read in name order "
         "(relative to the config file)."
     )
-    fps: float = Field(0.0, ge=0.0, description="Pacing of files and folders in frames per "
-                       "second (0 = as fast as they decode); ignored for devices and URLs.")
+    fps: float = Field(
+        0.0, ge=0.0, description="Files and folders: 0 = every frame is scored, in order, as "
+        "fast as the model takes them (the reader waits for the model; nothing is dropped); "
+        "> 0 = play like a live camera at this many frames per second (the model scores the "
+        "newest frame; frames it cannot keep up with are dropped and counted). Ignored for "
+        "devices and URLs (always live).")
     loop: bool = Field(False, description="Start a file or folder again at its end.")
     stall_s: float = Field(5.0, gt=0.0, description="Reconnect when no new frame arrived for "
-                           "this many seconds (frame-age watchdog).")
+                           "this many seconds (frame-age watchdog of live cameras and of "
+                           "files at fps > 0; a file at fps = 0 is never reopened).")
     reconnect_initial_s: float = Field(0.5, gt=0.0, description="First reconnect delay, s.")
     reconnect_max_s: float = Field(30.0, gt=0.0, description="Largest reconnect delay, s.")
 
@@ -92,6 +115,22 @@ class CameraConfig(StrictModel):
     def finite(self) -> bool:
         """A file or folder that ends (not looped)."""
         return (self.path is not None or self.folder is not None) and not self.loop
+
+    @property
+    def live(self) -> bool:
+        """A device or URL (not a recorded file or folder)."""
+        return self.device is not None or self.url is not None
+
+    @property
+    def realtime(self) -> bool:
+        """Newest-frame semantics: a live input, or a file or folder paced at ``fps`` > 0.
+
+        >>> CameraConfig(folder="f").realtime, CameraConfig(folder="f", fps=5).realtime
+        (False, True)
+        >>> CameraConfig(url="rtsp://cam/1").realtime
+        True
+        """
+        return self.live or self.fps > 0
 
 
 class Capture(Protocol):
@@ -128,14 +167,17 @@ class FolderCapture:
             raise SourceError("camera folder holds no image", path=str(folder))
         self._loop = loop
         self._i = 0
+        self._decoded = False  # an image of this pass decoded
 
     def read(self) -> tuple[bool, Any]:
+        """One image, a :class:`agent.errors.RecordError` for an unreadable one, or
+        ``(False, None)`` at the end (looped: after a whole pass without a readable image)."""
         import cv2  # noqa: PLC0415 - lazy: only with a camera stream
 
         if self._i >= len(self._files):
-            if not self._loop:
+            if not self._loop or not self._decoded:
                 return False, None
-            self._i = 0
+            self._i, self._decoded = 0, False
         path = self._files[self._i]
         self._i += 1
         try:
@@ -147,6 +189,7 @@ class FolderCapture:
         if img is None:
             return True, RecordError(f"image {path.name} skipped: {why}", "unreadable_image",
                                      path=str(path))
+        self._decoded = True
         return True, img
 
     def release(self) -> None:
@@ -297,9 +340,9 @@ class _Grabber:
                         return
                     due = max(due + period, o.monotonic() - period)
                 ok, img = self.cap.read()
-                if o.generation != self.generation:
-                    return  # abandoned while blocked in read()
                 if not ok or img is None:
+                    if o.generation != self.generation:
+                        return  # abandoned while blocked in read()
                     if o.live:
                         self.failed = True
                     else:
@@ -309,7 +352,7 @@ class _Grabber:
                 if isinstance(img, RecordError):
                     o.bad_input(img)
                     continue
-                o.offer(np.asarray(img), self.generation)
+                o.offer(np.asarray(img), self.generation)  # counted abandoned if replaced
         finally:
             with contextlib.suppress(Exception):  # a failing release must not kill the thread
                 self.cap.release()
@@ -330,11 +373,14 @@ class CameraSource:
     Attributes:
         stream: The stream name.
         channels: Empty: a camera has no sensor channels.
-        frames: Frames captured.
+        live: A device or URL. realtime: Newest-frame semantics (:attr:`CameraConfig.realtime`).
+        frames: Frames read (decoded) from the capture.
         emitted: Frames handed to ``emit``.
-        dropped: Frames replaced by a newer one before they were taken.
+        dropped: Frames replaced by a newer one before they were taken (real time only).
+        abandoned: Frames read but not handed on: still queued when the run stopped, or read
+            by a grabber that was being replaced or stopped.
         reconnects: Captures reopened after a stall, a failed read or a failed open.
-        stalls: Watchdog firings (no new frame for ``stall_s``).
+        stalls: Watchdog firings (real time: no new frame for ``stall_s``).
         rejected: Inputs rejected (unreadable images, frames that cannot be converted).
     """
 
@@ -354,19 +400,22 @@ class CameraSource:
         self.channels: tuple[str, ...] = ()
         self.image_size = image_size
         self.grayscale = grayscale
-        self.live = config.device is not None or config.url is not None
+        self.live = config.live
+        self.realtime = config.realtime
+        self._capacity = 1 if self.realtime else RECORDED_QUEUE_FRAMES
         self._factory = capture_factory
         self._clock = clock
         self.monotonic = monotonic
         self.stopping = threading.Event()
         self.generation = 0
         self._cond = threading.Condition()
-        self._slot: tuple[Image, float, float, int] | None = None
+        self._queue: deque[tuple[Image, float, float, int]] = deque()
         self._listener: StatusListener | None = None
         self._last_frame_mono: float | None = None
+        self._progress_mono: float | None = None  # the watchdog's: last frame or (re)open
         self._reject: FrameReject | None = None
         self.frames = self.emitted = self.dropped = self.reconnects = self.stalls = 0
-        self.rejected = 0
+        self.rejected = self.abandoned = 0
 
     def set_status_listener(self, listener: StatusListener | None) -> None:
         """Report failed (re)connects and recoveries (:class:`agent.sources.base.ReportsStatus`)."""
@@ -375,17 +424,27 @@ class CameraSource:
     # -- grabber side ---------------------------------------------------------------------------
 
     def offer(self, image: Image, generation: int) -> None:
-        """Put a captured frame into the one-frame slot (grabber thread)."""
-        now = self.monotonic()
+        """Hand a captured frame to the consumer (grabber thread of ``generation``).
+
+        Real time: the frame replaces one not yet taken (counted in :attr:`dropped`).
+        Recorded: waits while the queue is full (back-pressure), until there is room or the
+        grabber is abandoned (the frame then counts in :attr:`abandoned`).
+        """
         with self._cond:
-            if generation != self.generation:
-                return
-            if self._slot is not None:
-                self.dropped += 1
+            while (not self.realtime and len(self._queue) >= self._capacity
+                   and generation == self.generation):
+                self._cond.wait(0.1)
+            now = self.monotonic()
             self.frames += 1
-            self._slot = (image, self._clock(), now, self.frames)
-            self._last_frame_mono = now
-            self._cond.notify()
+            if generation != self.generation:
+                self.abandoned += 1
+                return
+            if self.realtime and self._queue:
+                self._queue.clear()
+                self.dropped += 1
+            self._queue.append((image, self._clock(), now, self.frames))
+            self._last_frame_mono = self._progress_mono = now
+            self._cond.notify_all()
 
     def bad_input(self, error: RecordError) -> None:
         """Count and report one rejected input (grabber or consumer thread)."""
@@ -398,7 +457,7 @@ class CameraSource:
     def wake(self) -> None:
         """Wake the consumer (a grabber ended or failed)."""
         with self._cond:
-            self._cond.notify()
+            self._cond.notify_all()
 
     @property
     def frame_age_s(self) -> float | None:
@@ -409,25 +468,44 @@ class CameraSource:
     # -- consumer side --------------------------------------------------------------------------
 
     def _open(self, backoff: Backoff, stop: threading.Event) -> _Grabber | None:
-        """Open a capture and start its grabber, retrying with backoff; None when stopped."""
+        """Open a capture and start its grabber, retrying with backoff; None when stopped.
+
+        Raises:
+            SourceFailed: A file or folder does not open at start.
+        """
         while not stop.is_set():
             try:
                 cap = self._factory(self.config)
             except SourceError as exc:
+                if not self.live and self.reconnects == 0:
+                    raise SourceFailed(f"{exc}; the recorded input cannot be read",
+                                       stream=self.stream) from exc
                 if self._listener is not None:
                     self._listener(exc)
-                if not self.live and isinstance(exc, SourceError) and self.reconnects == 0:
-                    raise  # a missing file or folder at start: the supervisor's problem
                 self.reconnects += 1
                 stop.wait(backoff.next_delay())
                 continue
             with self._cond:
                 self.generation += 1
-                self._last_frame_mono = self.monotonic()  # the watchdog restarts its count
+                self._progress_mono = self.monotonic()  # the watchdog restarts its count
                 grabber = _Grabber(cap, self, self.generation)
             grabber.thread.start()
             return grabber
         return None
+
+    def _take(self, grabber: _Grabber) -> tuple[tuple[Image, float, float, int] | None, bool]:
+        """The next frame (None when none came within a short wait) and whether the grabber
+        had ended or failed before it was taken (then an empty queue means: nothing more)."""
+        with self._cond:
+            over = grabber.ended or grabber.failed
+            if not self._queue and not over:
+                self._cond.wait(timeout=min(0.1, self.config.stall_s / 4))
+                over = grabber.ended or grabber.failed
+            if not self._queue:
+                return None, over
+            item = self._queue.popleft()
+            self._cond.notify_all()  # a recorded input's reader has room again
+            return item, over
 
     def run(self, emit: FrameEmit, reject: FrameReject, stop: threading.Event) -> None:
         """Capture until ``stop`` is set; see the module docstring.
@@ -439,8 +517,9 @@ class CameraSource:
             stop: Set to stop.
 
         Raises:
-            SourceExhausted: A file or folder ended (not looped).
-            SourceError: A file or folder cannot be opened at start.
+            SourceExhausted: A file or folder ended (not looped) after every frame was taken.
+            SourceFailed: A file or folder does not open at start, or ended without a single
+                readable frame.
         """
         self._reject = reject
         self.stopping.clear()
@@ -450,10 +529,7 @@ class CameraSource:
         healthy = True
         try:
             while grabber is not None and not stop.is_set():
-                with self._cond:
-                    if self._slot is None and not (grabber.ended or grabber.failed):
-                        self._cond.wait(timeout=min(0.1, self.config.stall_s / 4))
-                    item, self._slot = self._slot, None
+                item, over = self._take(grabber)
                 if item is not None:
                     image, ts, mono, seq = item
                     if not healthy:
@@ -470,11 +546,15 @@ class CameraSource:
                     emit(Frame(self.stream, ts, model_image, received_mono=mono, seq=seq))
                     self.emitted += 1
                     continue
-                if grabber.ended:
+                if over and grabber.ended:
+                    if self.frames == 0:
+                        raise SourceFailed("camera file or folder holds no readable frame",
+                                           stream=self.stream, inputs_rejected=self.rejected)
                     raise SourceExhausted("camera file or folder ended", stream=self.stream,
                                           frames=self.frames)
-                age = self.frame_age_s
-                stalled = age is not None and age > self.config.stall_s
+                last = self._progress_mono
+                stalled = (self.realtime and last is not None
+                           and self.monotonic() - last > self.config.stall_s)
                 if grabber.failed or stalled:
                     if stalled:
                         self.stalls += 1
@@ -485,6 +565,7 @@ class CameraSource:
                                                    stream=self.stream))
                     with self._cond:
                         self.generation += 1  # abandon the old grabber
+                        self._cond.notify_all()
                     self.reconnects += 1
                     if stop.wait(backoff.next_delay()):
                         return
@@ -493,3 +574,6 @@ class CameraSource:
             self.stopping.set()
             with self._cond:
                 self.generation += 1
+                self.abandoned += len(self._queue)
+                self._queue.clear()
+                self._cond.notify_all()

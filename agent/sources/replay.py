@@ -33,7 +33,7 @@ import numpy.typing as npt
 from pydantic import Field
 
 from agent.config.base import StrictModel
-from agent.errors import RecordError, SourceError, SourceExhausted
+from agent.errors import RecordError, SourceError, SourceExhausted, SourceFailed
 from agent.records import FloatArray, Reading
 from agent.sources.base import Emit, Reject
 
@@ -251,8 +251,10 @@ class ReplaySource:
         """Replay the file; see :class:`agent.sources.base.Source`.
 
         Raises:
-            SourceExhausted: At the end of the file (never with ``loop``, unless the file holds
-                no valid row at all).
+            SourceExhausted: At the end of the file (never with ``loop``, unless a later pass
+                finds no valid row).
+            SourceFailed: The file ended without a single valid row (every row rejected, or
+                none at all): it cannot be replayed, as a camera file without a readable frame.
             SourceError: When the file becomes unreadable.
         """
         wait = self._sleep if self._sleep is not None else stop.wait
@@ -289,6 +291,9 @@ class ReplaySource:
                 out_ts = start_wall + elapsed if self.config.restamp else ts + pass_offset
                 emit(Reading(self.stream, out_ts, values, received_mono=self._monotonic()))
             emitted += pass_count
+            if emitted == 0:
+                raise SourceFailed("replay file holds no valid row", stream=self.stream,
+                                   path=str(self._path))
             if not self.config.loop or pass_first is None:
                 raise SourceExhausted(
                     "replay file ended", stream=self.stream, path=str(self._path), readings=emitted

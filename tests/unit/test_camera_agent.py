@@ -61,9 +61,7 @@ name = "cam1"
 model = "builtin:mtd-patchcore"
 [streams.source]
 kind = "camera"
-folder = "{tmp_path / 'frames'}"
-fps = 4  # the grabber keeps only the newest frame: slow enough that none is skipped (one
-# image takes ~90 ms with ONNX Runtime INT8 on a 2-core AVX2 machine without VNNI)
+folder = "{tmp_path / 'frames'}"  # fps = 0 (default): every image is scored, none dropped
 [streams.rules]
 k = 3
 n = 5
@@ -80,8 +78,10 @@ cooldown_s = 0
     assert isinstance(health, dict) and "source:cam1" in health and "source:pump" in health
     assert metrics.registry.get_sample_value(
         "edge_agent_camera_frames_scored_total", {"stream": "cam1"}) == 20.0
-    assert metrics.registry.get_sample_value(
-        "edge_agent_camera_frames_dropped_total", {"stream": "cam1"}) == float(cam.source.dropped)
+    assert cam.source.dropped == 0 and cam.source.abandoned == 0
+    for reason in ("newer_frame", "stopped", "score_error"):
+        assert metrics.registry.get_sample_value(
+            "edge_agent_camera_frames_dropped_total", {"stream": "cam1", "reason": reason}) == 0
     db = sqlite3.connect(tmp_path / "state" / "agent.db")
     alerts = dict(db.execute("select stream, count(*) from alerts group by stream").fetchall())
     assert alerts.get("cam1") == 1  # one episode: the cracked frames

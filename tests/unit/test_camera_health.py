@@ -146,7 +146,7 @@ def test_a_stalled_camera_is_red_with_the_reason_keeps_the_watchdog_and_is_in_me
     assert 'edge_agent_camera_frames_scored_total{stream="cam1"} 3.0' in text
     assert 'edge_agent_camera_stalls_total{stream="cam1"}' in text
     assert 'edge_agent_camera_reconnects_total{stream="cam1"}' in text
-    assert 'edge_agent_camera_frames_dropped_total{stream="cam1"}' in text
+    assert 'edge_agent_camera_frames_dropped_total{reason="newer_frame",stream="cam1"}' in text
     assert 'edge_agent_camera_frame_age_seconds{stream="cam1"}' in text
     assert 'edge_agent_source_up{stream="cam1"} 0.0' in text
     assert 'edge_agent_stage_stalled{stage="source:cam1"} 0.0' in text

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.errors import RecordError, SourceError, SourceExhausted
+from agent.errors import RecordError, SourceError, SourceExhausted, SourceFailed
 from agent.records import Reading
 from agent.sources.replay import ReplayConfig, ReplaySource
 
@@ -265,11 +265,15 @@ def test_loop_continues_timeline_until_stopped(tmp_path: Path) -> None:
     assert [r.ts - T0 for r in out] == [0, 1, 2, 3, 4, 5, 6]
 
 
-def test_loop_with_no_valid_rows_is_exhausted(tmp_path: Path) -> None:
+def test_a_file_without_one_valid_row_fails_for_good(tmp_path: Path) -> None:
+    # looped or not: it ends (no endless spin) as failed, not exhausted (the agent exits 69)
     rows = ["2020-03-09 10:14:33;x;1;1;1;1;1;1;1;0;0"]
-    src = ReplaySource(ReplayConfig(path=str(skab_file(tmp_path, rows)), loop=True), "s")
-    with pytest.raises(SourceExhausted):
-        src.run(lambda r: None, lambda e: None, threading.Event())
+    for loop in (True, False):
+        src = ReplaySource(ReplayConfig(path=str(skab_file(tmp_path, rows)), loop=loop), "s")
+        rejected: list[RecordError] = []
+        with pytest.raises(SourceFailed, match="no valid row"):
+            src.run(lambda r: None, rejected.append, threading.Event())
+        assert [e.reason for e in rejected] == ["non_numeric"]
 
 
 def test_explicit_delimiter_tab(tmp_path: Path) -> None:
