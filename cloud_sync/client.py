@@ -134,11 +134,46 @@ def batch_json(header: IngestBatch, records: Sequence[str]) -> bytes:
     """
     if header.records:
         raise ValueError("batch_json: the header must not hold records")
-    head = header.model_dump_json(by_alias=True)
+    # ``aggregates`` (schema 2) is left out when unset: a schema-1 fleet forbids unknown keys.
+    head = header.model_dump_json(
+        by_alias=True, exclude={"aggregates"} if header.aggregates is None else None
+    )
     tail = '"records":[]}'
     if not head.endswith(tail):  # records is the last field of IngestBatch
         raise ValueError("batch_json: unexpected header layout")
     return (head[: -len(tail)] + '"records":[' + ",".join(records) + "]}").encode("utf-8")
+
+
+def columns_batch_json(
+    header: IngestBatch, records: Sequence[str], aggregates: str | None
+) -> bytes:
+    """A schema-2 batch: ``header``, ``records`` spliced in as :func:`batch_json` does, and the
+    aggregates as columns (``aggregates``: the JSON text of an
+    :class:`~cloud_sync.protocol.AggregateColumns`, e.g. from
+    :func:`agent.store.wire.aggregate_columns`; None for none).
+
+    Record indexes: ``records`` first, then the columns (see :mod:`cloud_sync.protocol`).
+
+    Returns:
+        UTF-8 JSON bytes.
+
+    Raises:
+        ValueError: ``header`` is not schema 2, or already holds records or aggregates.
+
+    >>> h = IngestBatch(schema=2, device_id="gw1", sent_at=1.0,
+    ...                 backlog={"alerts": 0, "aggregates": 0}, records=[])
+    >>> columns_batch_json(h, ['{"a":1}'], '{"ids":[]}').endswith(
+    ...     b',"records":[{"a":1}],"aggregates":{"ids":[]}}')
+    True
+    """
+    if header.schema_ != 2 or header.records or header.aggregates is not None:
+        raise ValueError("columns_batch_json: a schema-2 header without records or aggregates")
+    head = header.model_dump_json(by_alias=True, exclude={"records", "aggregates"})
+    parts = [head[:-1], ',"records":[', ",".join(records), "]"]
+    if aggregates is not None:
+        parts += [',"aggregates":', aggregates]
+    parts.append("}")
+    return "".join(parts).encode("utf-8")
 
 
 def check_result(result: IngestResult, n_records: int) -> None:
@@ -205,7 +240,8 @@ class FleetClient:
 
     def encode(self, batch: IngestBatch) -> bytes:
         """Return the gzip-compressed JSON body of ``batch`` (what :meth:`send` posts)."""
-        return self.compress(batch.model_dump_json(by_alias=True).encode("utf-8"))
+        exclude = {"aggregates"} if batch.aggregates is None else None  # see batch_json
+        return self.compress(batch.model_dump_json(by_alias=True, exclude=exclude).encode())
 
     def compress(self, document: bytes) -> bytes:
         """gzip ``document`` (JSON of an :class:`IngestBatch`, e.g. from :func:`batch_json`)."""
@@ -223,7 +259,8 @@ class FleetClient:
             FleetRejected: Any other 4xx.
             FleetProtocolError: A 200 whose body breaks the contract.
         """
-        return self.send(self.encode(batch), len(batch.records))
+        columns = 0 if batch.aggregates is None else len(batch.aggregates.ids)
+        return self.send(self.encode(batch), len(batch.records) + columns)
 
     def send(self, body: bytes, n_records: int) -> IngestResult:
         """Post an already encoded batch (see :meth:`encode`); same contract as :meth:`ingest`.

@@ -1,4 +1,4 @@
-"""Wire schemas between gateway and fleet (JSON over HTTP), version 1.
+"""Wire schemas between gateway and fleet (JSON over HTTP), versions 1 and 2.
 
 Ingest: ``POST /v1/ingest`` with ``Authorization: Bearer <device token>``, body an
 :class:`IngestBatch` as JSON, usually gzip-compressed (``Content-Encoding: gzip``). Every record
@@ -13,6 +13,20 @@ response, an :class:`IngestResult`, says per record index whether it was ``accep
 moves it to its dead-letter table and never resends it). The device clears exactly the records
 the response names as accepted or duplicate.
 
+Schema 2 (:data:`SCHEMA_VERSION`; the fleet accepts 1 and 2, so older agents keep working) adds
+``aggregates``, an :class:`AggregateColumns`: the batch's aggregates as columns (entry ``i`` of
+every list is aggregate ``i``; all lists of equal length), each aggregate's ``channels`` being
+the JSON text of its channel list (what the device stored; a string in the body). Record
+indexes run over ``records`` first, then the columns: aggregate ``i`` of the columns is index
+``len(records) + i`` in the :class:`IngestResult`, and ``len(records) + len(ids)`` is at most
+:data:`MAX_BATCH_RECORDS`. Every column entry is checked as the same field of an
+:class:`AggregateBody` would be (a bad entry rejects that index with a reason, never the batch);
+the device of an aggregate is the batch's ``device_id`` and its id's first part. Columns of
+unequal lengths are a 422. A fleet that only knows schema 1 answers a schema-2 batch with 422;
+the agent then sends schema 1 (:mod:`agent.services.uploader`). Why columns: a 5,000-aggregate
+backlog batch is checked as a few typed arrays instead of 5,000 nested objects, and stored from
+columns without rebuilding rows or channel JSON (README, backlog figures).
+
 Errors: 400 malformed body, 401 missing/unknown token, 403 a device writing another device's
 records, 413 body or batch too large, 415 wrong content type, 422 schema violation, 429/503 with
 ``Retry-After`` (seconds) when the fleet sheds load. A 5xx other than 503 is retried with backoff.
@@ -20,11 +34,13 @@ records, 413 body or batch too large, 415 wrong content type, 422 schema violati
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 1
+#: Newest ingest schema (what the agent sends); the fleet also accepts 1.
+SCHEMA_VERSION = 2
 #: Largest batch the fleet accepts (records); the agent sends at most this many.
 MAX_BATCH_RECORDS = 5_000
 #: Largest decompressed body the fleet accepts, bytes.
@@ -90,6 +106,38 @@ class AlertBody(_Wire):
     top_channels: list[TopChannelBody] = Field(max_length=64)
 
 
+class AggregateColumns(_Wire):
+    """Schema 2: a batch's aggregates as columns, entry ``i`` of each list being aggregate ``i``.
+
+    Each entry is checked as the :class:`AggregateBody` field of the same name (``ids`` as a
+    record id, ``streams`` as ``stream``); ``channels[i]`` is the JSON TEXT of a
+    ``list[ChannelStatsBody]``; ``max_score[i]`` may be ``null``. Lengths must be equal (checked
+    by the fleet, 422 otherwise). Units as :class:`AggregateBody`: epoch seconds UTC, seconds.
+    """
+
+    ids: list[Annotated[str, Field(pattern=ID_PATTERN)]] = Field(max_length=MAX_BATCH_RECORDS)
+    streams: list[Annotated[str, Field(pattern=NAME_PATTERN)]] = Field(
+        max_length=MAX_BATCH_RECORDS
+    )
+    interval_start: list[Annotated[float, Field(ge=0, le=32503680000)]] = Field(
+        max_length=MAX_BATCH_RECORDS
+    )
+    interval_s: list[Annotated[float, Field(gt=0, le=86400)]] = Field(
+        max_length=MAX_BATCH_RECORDS
+    )
+    count: list[Annotated[int, Field(ge=0)]] = Field(max_length=MAX_BATCH_RECORDS)
+    channels: list[str] = Field(max_length=MAX_BATCH_RECORDS)
+    max_score: list[float | None] = Field(max_length=MAX_BATCH_RECORDS)
+    windows: list[Annotated[int, Field(ge=0)]] = Field(max_length=MAX_BATCH_RECORDS)
+    alert_count: list[Annotated[int, Field(ge=0)]] = Field(max_length=MAX_BATCH_RECORDS)
+
+
+#: Column names of :class:`AggregateColumns`, in wire order.
+AGGREGATE_COLUMNS = tuple(AggregateColumns.model_fields)
+#: What ``AggregateColumns.channels[i]`` must hold once parsed as JSON.
+Channels = Annotated[list[ChannelStatsBody], Field(max_length=1024)]
+
+
 class AlertRecord(_Wire):
     kind: Literal["alert"]
     id: str = Field(pattern=ID_PATTERN)
@@ -113,15 +161,38 @@ class Backlog(_Wire):
 
 
 class IngestBatch(_Wire):
-    """``POST /v1/ingest`` body."""
+    """``POST /v1/ingest`` body (``aggregates`` only with ``schema`` 2)."""
 
-    schema_: Literal[1] = Field(1, alias="schema")
+    schema_: Literal[1, 2] = Field(1, alias="schema")
     device_id: str = Field(pattern=NAME_PATTERN)
     sent_at: float = Field(description="Epoch seconds UTC when the batch was sent.")
     agent_version: str = Field("", max_length=64)
     model: ModelRef | None = None
     backlog: Backlog
+    aggregates: AggregateColumns | None = None
     records: list[Record] = Field(max_length=MAX_BATCH_RECORDS)
+
+    def all_records(self) -> list[Record]:
+        """Every record in index order: ``records``, then each column entry as the
+        :class:`AggregateRecord` it stands for (device: ``device_id``; channels parsed).
+
+        Raises:
+            pydantic.ValidationError: A column entry is not a valid record.
+            ValueError: A channels text is not JSON.
+        """
+        out: list[Record] = list(self.records)
+        c = self.aggregates
+        if c is None:
+            return out
+        for i, rid in enumerate(c.ids):
+            out.append(AggregateRecord.model_validate({"kind": "aggregate", "id": rid, "body": {
+                "device_id": self.device_id, "stream": c.streams[i],
+                "interval_start": c.interval_start[i], "interval_s": c.interval_s[i],
+                "count": c.count[i], "channels": json.loads(c.channels[i]),
+                "max_score": c.max_score[i], "windows": c.windows[i],
+                "alert_count": c.alert_count[i],
+            }}))
+        return out
 
 
 RecordStatus = Literal["accepted", "duplicate", "rejected"]

@@ -17,26 +17,44 @@ record validated alone, which is what tells the device which index failed and wh
 accept and reject the same records: the fast check accepts a subset of what the slow path
 accepts (strict mode refuses ``"count": "5"``, which the lenient path coerces; the extra bounds
 refuse what :func:`unstorable` would), and such batches simply take the slow path.
+
+Schema 2 (aggregates as columns, :class:`cloud_sync.protocol.AggregateColumns`): the fast check
+covers the columns as typed arrays in the same one call, then every ``channels`` text in a second
+one (:data:`_CHANNELS`: each string parsed and checked alone, strict and storable, so a text
+that would only make sense next to its neighbours cannot pass); :func:`prepare_columns` then
+checks ownership (every id starts with ``<token's device>:<streams[i]>:``) and in-batch repeats
+with a few C-level passes, and hands the columns to the store as they are
+(:class:`fleet.db.records.AggregateColumnRows`: channels stored as the text the device sent).
+The slow path turns each column entry back into the record it stands for
+(:func:`column_records`: ``{"kind": "aggregate", "id": ids[i], "body": {...}}`` with the batch's
+device and ``channels`` parsed from its text), appended after ``records``, so schema 2 accepts,
+rejects (same reasons, e.g. ``body.count: ...``) and stores exactly what schema 1 would for the
+same aggregates. Column lists of unequal lengths, or more than ``MAX_BATCH_RECORDS`` records and
+entries together, fail the whole batch (422 / 413, :func:`check_columns`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, Json, TypeAdapter, ValidationError
 
 from cloud_sync.protocol import (
+    AGGREGATE_COLUMNS,
     MAX_BATCH_RECORDS,
     AggregateRecord,
     AlertRecord,
+    Channels,
     IngestBatch,
     RecordResult,
 )
 from fleet.checker import checker
+from fleet.db.records import AggregateColumnRows
 
 Kind = Literal["alert", "aggregate"]
 _MAX_REASON = 300
@@ -47,10 +65,58 @@ _RECORD = TypeAdapter[AlertRecord | AggregateRecord](
 )
 
 
+class RawColumns(BaseModel):
+    """:class:`~cloud_sync.protocol.AggregateColumns` with entries not validated yet."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ids: list[Any] = Field(max_length=MAX_BATCH_RECORDS)
+    streams: list[Any] = Field(max_length=MAX_BATCH_RECORDS)
+    interval_start: list[Any] = Field(max_length=MAX_BATCH_RECORDS)
+    interval_s: list[Any] = Field(max_length=MAX_BATCH_RECORDS)
+    count: list[Any] = Field(max_length=MAX_BATCH_RECORDS)
+    channels: list[Any] = Field(max_length=MAX_BATCH_RECORDS)
+    max_score: list[Any] = Field(max_length=MAX_BATCH_RECORDS)
+    windows: list[Any] = Field(max_length=MAX_BATCH_RECORDS)
+    alert_count: list[Any] = Field(max_length=MAX_BATCH_RECORDS)
+
+
 class Envelope(IngestBatch):
     """An :class:`~cloud_sync.protocol.IngestBatch` whose records are not validated yet."""
 
     records: list[Any] = Field(max_length=MAX_BATCH_RECORDS)
+    aggregates: RawColumns | None = None  # type: ignore[assignment]
+
+
+class ColumnsInvalid(ValueError):
+    """A schema-2 batch's columns are unusable as a whole (the API answers ``status``)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def check_columns(schema: int, n_records: int, columns: dict[str, list[Any]] | None) -> int:
+    """Entries in ``columns`` (0 for none) after the whole-batch rules of schema 2.
+
+    Raises:
+        ColumnsInvalid: 422 columns in a schema-1 batch or of unequal lengths; 413 records and
+            entries together over ``MAX_BATCH_RECORDS``.
+    """
+    if columns is None:
+        return 0
+    if schema < 2:
+        raise ColumnsInvalid(422, "aggregates: columns need schema 2")
+    lengths = {name: len(columns[name]) for name in AGGREGATE_COLUMNS}
+    if len(set(lengths.values())) > 1:
+        listed = ", ".join(f"{name} {n}" for name, n in lengths.items())
+        raise ColumnsInvalid(422, f"aggregates: columns of unequal lengths ({listed})")
+    n = lengths["ids"]
+    if n_records + n > MAX_BATCH_RECORDS:
+        raise ColumnsInvalid(
+            413, f"batch of {n_records + n} records is over the {MAX_BATCH_RECORDS}-record limit"
+        )
+    return n
 
 
 class _TaggedBatch(IngestBatch):
@@ -63,13 +129,17 @@ class _TaggedBatch(IngestBatch):
 
 #: The fast path's one-call check of a whole body (module docstring).
 _BATCH = checker(_TaggedBatch, storable=True)
+#: The fast path's check of every ``channels`` text of the columns (module docstring).
+_CHANNELS = checker(list[Json[Channels]], storable=True)
 
 
 def check_batch(data: bytes) -> dict[str, Any] | None:
     """The body as checked dicts when it passes the fast path's check, else None.
 
     The result has the wire names of :class:`~cloud_sync.protocol.IngestBatch` (``schema``,
-    ``device_id``, ``sent_at``, ``agent_version``, ``model``, ``backlog``, ``records``).
+    ``device_id``, ``sent_at``, ``agent_version``, ``model``, ``backlog``, ``aggregates``,
+    ``records``); ``aggregates`` (None or a dict of column lists) has passed
+    :func:`check_columns` and the channels check.
     """
     if b"\\u0000" in data:
         return None
@@ -77,6 +147,13 @@ def check_batch(data: bytes) -> dict[str, Any] | None:
         checked: dict[str, Any] = _BATCH.validate_json(data, strict=True)
     except ValidationError:
         return None
+    columns = checked.get("aggregates")
+    if columns is not None:
+        try:
+            check_columns(checked["schema"], len(checked["records"]), columns)
+            _CHANNELS.validate_python(columns["channels"], strict=True)
+        except (ColumnsInvalid, ValidationError):
+            return None
     return checked
 
 
@@ -88,6 +165,8 @@ class Prepared:
         rows: ``kind -> [(index, row dict for the table)]``, first copy of each id only.
         results: Index -> result, filled for rejected records and in-batch repeats.
         repeats: Index of a later copy -> index of the first copy with the same ``(kind, id)``.
+        columns: Schema-2 aggregates to store as columns (fast path only; their indexes in
+            ``columns.indexes``, first copies only).
     """
 
     rows: dict[Kind, list[tuple[int, dict[str, Any]]]] = field(
@@ -95,6 +174,7 @@ class Prepared:
     )
     results: dict[int, RecordResult] = field(default_factory=dict)
     repeats: dict[int, int] = field(default_factory=dict)
+    columns: AggregateColumnRows | None = None
 
 
 def _prepare(
@@ -129,6 +209,92 @@ def prepare_checked(
     """:func:`prepare` for the records of a :func:`check_batch` result (ownership only)."""
     starts: dict[float, dt.datetime] = {}  # one datetime per interval start (see _utc)
     return _prepare(records, lambda raw: _checked_row(device_id, raw, received_at, starts))
+
+
+def prepare_columns(
+    device_id: str, columns: dict[str, list[Any]], offset: int, out: Prepared
+) -> None:
+    """Add the checked columns of a :func:`check_batch` result to ``out`` (ownership, repeats).
+
+    Entry ``i`` is batch index ``offset + i``. An entry whose id is not ``<device_id>:
+    <streams[i]>:...`` is rejected (the reasons of schema 1); a later copy of an id (also of an
+    aggregate in ``out.rows``) is a repeat. The rest go to ``out.columns``.
+    """
+    ids: list[str] = columns["ids"]
+    streams: list[str] = columns["streams"]
+    n = len(ids)
+    if not n:
+        return
+    owned = list(map(str.startswith, ids, [f"{device_id}:{s}:" for s in streams]))
+    first = {row["id"]: index for index, row in out.rows["aggregate"]}
+    keep: list[int] | None = None  # None: every entry
+    if not all(owned) or len(set(ids)) != n or not first.keys().isdisjoint(ids):
+        keep = []
+        for i, (rid, ok) in enumerate(zip(ids, owned, strict=True)):
+            index = offset + i
+            if not ok:
+                try:
+                    _check_owner(device_id, rid, device_id, streams[i])
+                    reason = "id does not belong to this device and stream"
+                except RecordRejected as exc:
+                    reason = str(exc)
+                out.results[index] = RecordResult(index=index, status="rejected", reason=reason)
+            elif rid in first:
+                out.repeats[index] = first[rid]
+            else:
+                first[rid] = index
+                keep.append(i)
+
+    def column(name: str) -> list[Any]:
+        values = columns[name]
+        return values if keep is None else [values[i] for i in keep]
+
+    starts = column("interval_start")
+    when = {s: dt.datetime.fromtimestamp(s, tz=dt.UTC) for s in set(starts)}
+    max_score = column("max_score")
+    out.columns = AggregateColumnRows(
+        indexes=list(range(offset, offset + n)) if keep is None else [offset + i for i in keep],
+        ids=column("ids"),
+        streams=column("streams"),
+        interval_start=list(map(when.__getitem__, starts)),
+        interval_s=list(map(float, column("interval_s"))),  # JSON may write 60 for 60.0
+        count=column("count"),
+        channels=column("channels"),
+        max_score=[None if v is None else float(v) for v in max_score],
+        windows=column("windows"),
+        alert_count=column("alert_count"),
+    )
+
+
+def column_records(device_id: str, columns: RawColumns) -> list[Any]:
+    """The slow path: each column entry as the schema-1 record it stands for (module docstring).
+
+    ``channels[i]`` is parsed from its JSON text (left as it is when it is not a string of JSON,
+    so the record fails validation with that reason).
+    """
+    out: list[Any] = []
+    for (rid, stream, start, length, count, channels, max_score, windows, alerts) in zip(
+        columns.ids, columns.streams, columns.interval_start, columns.interval_s,
+        columns.count, columns.channels, columns.max_score, columns.windows,
+        columns.alert_count, strict=True,
+    ):
+        out.append({"kind": "aggregate", "id": rid, "body": {
+            "device_id": device_id, "stream": stream, "interval_start": start,
+            "interval_s": length, "count": count, "channels": _parsed(channels),
+            "max_score": max_score,
+            "windows": windows, "alert_count": alerts,
+        }})
+    return out
+
+
+def _parsed(channels: Any) -> Any:
+    """A channels text parsed; anything else (not a string, not JSON) as it is."""
+    if not isinstance(channels, str):
+        return channels
+    try:
+        return json.loads(channels)
+    except (ValueError, RecursionError):
+        return channels  # "body.channels: Input should be a valid list"
 
 
 class RecordRejected(ValueError):

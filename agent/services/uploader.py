@@ -1,11 +1,13 @@
 """Store-and-forward upload of alerts and aggregates to the fleet (``[fleet]``).
 
 One thread (``fleet-uploader``) loops: read up to ``batch_records`` un-acknowledged rows from the
-store (alerts first, then the aggregate backlog, each oldest first) as wire JSON, splice them into
-an :class:`~cloud_sync.protocol.IngestBatch` (:func:`cloud_sync.client.batch_json`: the header is
-validated with pydantic, the records are not re-validated on the device: the fleet validates each
-one and rejects bad ones by index), post it with :class:`~cloud_sync.client.FleetClient`, and
-apply the fleet's per-record verdict:
+store (alerts first, then the aggregate backlog, each oldest first), build a schema-2
+:class:`~cloud_sync.protocol.IngestBatch` (:func:`cloud_sync.client.columns_batch_json`: alerts
+as record JSON, aggregates as columns, :meth:`agent.store.sqlite.Store.pending_upload_columns`;
+the header is validated with pydantic, the records are not re-validated on the device: the fleet
+validates each one and rejects bad ones by index), post it with
+:class:`~cloud_sync.client.FleetClient`, and apply the fleet's per-record verdict (index ``i``:
+the ``i``-th alert, then the aggregates in column order):
 
 * ``accepted`` and ``duplicate`` rows are marked uploaded (never deleted here; the disk budget
   evicts them first when space runs short);
@@ -41,6 +43,9 @@ back off exponentially with full jitter (``delay = U(0, min(max, initial * 2**n)
 ``backoff_max_s`` (an operator may re-enroll the device). A 413, or a 400/422 for a whole batch,
 halves the batch until the offending record stands alone; a single record refused that way is
 dead-lettered. Other 4xx back off like an outage. Outage start and end are logged once each.
+A 422 naming ``schema`` for a schema-2 batch is what a fleet that knows only schema 1 answers:
+the uploader then sends schema-1 batches (every record as JSON, :func:`cloud_sync.client.
+batch_json`) for the rest of its life, logged once, and nothing is dead-lettered for it.
 
 Bandwidth: with ``max_bytes_per_s`` a token bucket on the compressed body size delays each send
 until the budget allows it (bursts up to one second's worth, a single larger body goes into debt).
@@ -58,7 +63,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,15 +77,15 @@ from agent.errors import ConfigError, StoreError
 from agent.metrics import Metrics
 from agent.sources.backoff import Backoff
 from agent.store.sqlite import RecordKind, Store
-from agent.store.wire import WireRow
-from cloud_sync.client import batch_json
+from agent.store.wire import AggregateColumnsText, WireRow
+from cloud_sync.client import batch_json, columns_batch_json
 from cloud_sync.errors import (
     FleetAuthError,
     FleetProtocolError,
     FleetRejected,
     FleetUnavailable,
 )
-from cloud_sync.protocol import MAX_BATCH_RECORDS, IngestBatch, IngestResult
+from cloud_sync.protocol import MAX_BATCH_RECORDS, SCHEMA_VERSION, IngestBatch, IngestResult
 
 KIND = "fleet"
 
@@ -236,31 +241,49 @@ class TokenBucket:
 
 @dataclass(frozen=True)
 class _Batch:
-    """A batch ready to send: its rows (index order), compressed body and the read's limit.
+    """A batch ready to send: its rows' ids (index order), compressed body, the read's limit.
 
-    ``counts`` (alerts, aggregates) and ``after`` (largest alert and aggregate row ids: where the
-    next batch starts, see the store) are computed once by :meth:`of`, not per look-up (every
-    read-ahead consults each batch in flight).
+    Record index ``i`` of the batch (of its answer) is alert row ``alert_rows[i]`` for ``i <
+    len(alert_rows)``, then aggregate row ``aggregate_rows[i - len(alert_rows)]``: both reads of
+    the store return the alerts first (schema 1 as records, schema 2 as records then columns).
+    ``after`` (largest alert and aggregate row ids: where the next batch starts, see the store)
+    is computed once, not per look-up (every read-ahead consults each batch in flight).
     """
 
-    rows: list[WireRow]
+    alert_rows: list[int]
+    aggregate_rows: list[int]
     body: bytes
     limit: int
-    counts: tuple[int, int] = (0, 0)
+    schema: int = 1
     after: tuple[int, int] = (0, 0)
 
     @classmethod
-    def of(cls, rows: list[WireRow], body: bytes, limit: int) -> _Batch:
-        """The batch of ``rows`` (queue order) with its counts and largest row ids."""
-        alert_ids = [r.row_id for r in rows if r.kind == "alert"]
-        aggregate_ids = [r.row_id for r in rows if r.kind == "aggregate"]
-        return cls(rows, body, limit, (len(alert_ids), len(aggregate_ids)),
-                   (max(alert_ids, default=0), max(aggregate_ids, default=0)))
+    def of(
+        cls, alert_rows: list[int], aggregate_rows: list[int], body: bytes, limit: int,
+        schema: int,
+    ) -> _Batch:
+        """The batch of these rows (queue order) with its largest row ids."""
+        return cls(alert_rows, aggregate_rows, body, limit, schema,
+                   (max(alert_rows, default=0), max(aggregate_rows, default=0)))
+
+    @property
+    def counts(self) -> tuple[int, int]:
+        """(alerts, aggregates) in the batch."""
+        return len(self.alert_rows), len(self.aggregate_rows)
+
+    def __len__(self) -> int:
+        return len(self.alert_rows) + len(self.aggregate_rows)
+
+    def row(self, index: int) -> tuple[RecordKind, int]:
+        """``(kind, row id)`` of record ``index``."""
+        if index < len(self.alert_rows):
+            return "alert", self.alert_rows[index]
+        return "aggregate", self.aggregate_rows[index - len(self.alert_rows)]
 
     @property
     def short(self) -> bool:
         """Fewer rows than asked for: the read reached the queue's end."""
-        return len(self.rows) < self.limit
+        return len(self) < self.limit
 
 
 @dataclass(frozen=True)
@@ -366,6 +389,7 @@ class Uploader:
         self._in_flight: deque[_Sent] = deque()
         self._ready: _Batch | None = None
         self._at_end = False  # a short read: read no more until the pipeline is empty
+        self._schema = SCHEMA_VERSION  # 1 after a schema-1 fleet refused schema 2
 
     # -- thread ---------------------------------------------------------------------------------
 
@@ -448,7 +472,7 @@ class Uploader:
             result = head.future.result()
         except (FleetAuthError, FleetRejected, FleetUnavailable, FleetProtocolError) as exc:
             self._settle()
-            return self._send_failed(head.batch.rows, exc)
+            return self._send_failed(head.batch, exc)
         except BaseException:
             self.close()
             raise
@@ -457,7 +481,7 @@ class Uploader:
             # rows come after the head's, so the order of clearing does not matter).
             self._fill(read=False)
         try:
-            self._apply(head.batch.rows, result)
+            self._apply(head.batch, result)
         except StoreError as exc:
             # The fleet has the records; they stay pending here and come back as duplicates.
             self._settle()
@@ -511,7 +535,7 @@ class Uploader:
         """One request (a sender thread); its duration goes to ``upload_seconds``."""
         t0 = self.monotonic()
         try:
-            return self.client.send(batch.body, len(batch.rows))
+            return self.client.send(batch.body, len(batch))
         finally:
             self.metrics.upload_seconds.observe(self.monotonic() - t0)
 
@@ -530,7 +554,7 @@ class Uploader:
                 log.debug("a batch in flight failed too (%s); its rows are sent again", exc)
                 continue
             try:
-                self._apply(sent.batch.rows, result)
+                self._apply(sent.batch, result)
             except StoreError:
                 continue  # pending here, duplicates at the fleet next time
         self._at_end = False
@@ -551,50 +575,70 @@ class Uploader:
             after = (max(after[0], b.after[0]), max(after[1], b.after[1]))
             n_alerts += b.counts[0]
             n_aggregates += b.counts[1]
-        rows = self.store.pending_upload_records(limit, after)
-        if not rows:
+        schema = self._schema
+        records: list[WireRow] = []  # schema 1: alerts, then aggregates, as records
+        columns: AggregateColumnsText | None = None  # schema 2: the aggregates
+        if schema == 2:
+            alerts, columns = self.store.pending_upload_columns(limit, after)
+            aggregate_rows = [] if columns is None else columns.row_ids
+        else:
+            records = self.store.pending_upload_records(limit, after)
+            alerts = [r for r in records if r.kind == "alert"]
+            aggregate_rows = [r.row_id for r in records[len(alerts):]]
+        if not alerts and not aggregate_rows:
             return None
-        batch = _Batch.of(rows, b"", limit)
-        a, g = batch.counts
         header = IngestBatch.model_validate({
-            "schema": 1,
+            "schema": schema,
             "device_id": self.device_id,
             "sent_at": self.clock(),
             "agent_version": self.agent_version[:64],
             "backlog": {
-                "alerts": max(0, backlog[0] - n_alerts - a),
-                "aggregates": max(0, backlog[1] - n_aggregates - g),
+                "alerts": max(0, backlog[0] - n_alerts - len(alerts)),
+                "aggregates": max(0, backlog[1] - n_aggregates - len(aggregate_rows)),
             },
             "records": [],
         })
-        body = self.client.compress(batch_json(header, [r.json for r in rows]))
-        return _Batch(rows, body, limit, batch.counts, batch.after)
+        if schema == 2:
+            document = columns_batch_json(
+                header, [r.json for r in alerts], None if columns is None else columns.json
+            )
+        else:
+            document = batch_json(header, [r.json for r in records])
+        body = self.client.compress(document)
+        return _Batch.of([r.row_id for r in alerts], aggregate_rows, body, limit, schema)
 
-    def _send_failed(self, rows: Sequence[WireRow], exc: Exception) -> float:
+    def _send_failed(self, batch: _Batch, exc: Exception) -> float:
         if isinstance(exc, FleetAuthError):
             return self._auth_failed(exc)
         if isinstance(exc, FleetRejected):
-            return self._rejected_batch(rows, exc)
+            return self._rejected_batch(batch, exc)
         if isinstance(exc, FleetUnavailable):
             return self._failed("unavailable", str(exc), exc.retry_after_s)
         return self._failed("protocol", str(exc), None)
 
-    def _apply(self, rows: Sequence[WireRow], result: IngestResult) -> None:
+    def _apply(self, batch: _Batch, result: IngestResult) -> None:
         now = self.clock()
         done: dict[RecordKind, list[int]] = {"alert": [], "aggregate": []}
         rejected: dict[tuple[RecordKind, str], list[int]] = {}
         tally: dict[tuple[RecordKind, str], int] = {}
+        n_alerts = len(batch.alert_rows)
+        alert_rows, aggregate_rows = batch.alert_rows, batch.aggregate_rows
         # One pass over the answer (5,000 items for a full batch): cleared row ids by kind, the
         # rejected ones by reason; the metric tally is counted from the lists afterwards.
         for item in result.results:
-            row = rows[item.index]
-            if item.status == "rejected":
-                key = (row.kind, item.reason or "no reason given")
-                rejected.setdefault(key, []).append(row.row_id)
+            index = item.index
+            kind: RecordKind
+            if index < n_alerts:
+                kind, row_id = "alert", alert_rows[index]
             else:
-                done[row.kind].append(row.row_id)
+                kind, row_id = "aggregate", aggregate_rows[index - n_alerts]
+            if item.status == "rejected":
+                key = (kind, item.reason or "no reason given")
+                rejected.setdefault(key, []).append(row_id)
+            else:
+                done[kind].append(row_id)
                 if item.status == "duplicate":
-                    tally[(row.kind, "duplicate")] = tally.get((row.kind, "duplicate"), 0) + 1
+                    tally[(kind, "duplicate")] = tally.get((kind, "duplicate"), 0) + 1
         for kind, ids in done.items():
             accepted = len(ids) - tally.get((kind, "duplicate"), 0)
             if accepted:
@@ -658,16 +702,26 @@ class Uploader:
         self._refresh_gauges()
         return self._backoff.max_s
 
-    def _rejected_batch(self, rows: Sequence[WireRow], exc: FleetRejected) -> float:
+    def _rejected_batch(self, batch: _Batch, exc: FleetRejected) -> float:
         if exc.status not in _SPLIT_STATUSES:
             return self._failed("rejected", str(exc), None)
         self.metrics.upload_failures_total.labels(reason="rejected").inc()
-        if len(rows) > 1:
-            self._limit = max(1, len(rows) // 2)
-            log.debug("HTTP %d for %d records: retrying in halves", exc.status, len(rows))
+        if batch.schema == 2 and exc.status == 422 and "schema" in exc.detail:
+            # A fleet that knows only schema 1 refuses the whole schema-2 batch (422 naming the
+            # "schema" field): send schema 1 from now on (this uploader's lifetime); the rows
+            # are simply read again.
+            self._schema = 1
+            log.warning(
+                "fleet refused a schema-2 batch (HTTP %d: %s); sending schema-1 batches from "
+                "now on (upgrade the fleet for the faster columnar form)", exc.status, exc.detail,
+            )
             return 0.0
-        row = rows[0]
-        self._dead_letter(row.kind, [row.row_id], f"HTTP {exc.status}: {exc.detail}")
+        if len(batch) > 1:
+            self._limit = max(1, len(batch) // 2)
+            log.debug("HTTP %d for %d records: retrying in halves", exc.status, len(batch))
+            return 0.0
+        kind, row_id = batch.row(0)
+        self._dead_letter(kind, [row_id], f"HTTP {exc.status}: {exc.detail}")
         return 0.0
 
     def _recovered(self) -> None:

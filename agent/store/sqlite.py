@@ -21,7 +21,8 @@ renamed aside and a fresh store started), the disk budget with its eviction orde
 bounds: :mod:`agent.store.maintenance`.
 
 Cloud upload (the uploader thread): ``pending_uploads`` (alerts first, then aggregates, each
-oldest first; ``pending_upload_records`` is the same queue as wire JSON, :mod:`agent.store.wire`),
+oldest first; ``pending_upload_records`` is the same queue as wire JSON, :mod:`agent.store.wire`,
+``pending_upload_columns`` the same with the aggregates as schema-2 columns),
 ``mark_uploaded`` (rows the fleet acknowledged), ``dead_letter`` (rows it rejected),
 ``upload_backlog`` and ``oldest_pending_upload``.
 
@@ -789,6 +790,36 @@ class Store:
         record = wire.aggregate_record
         out.extend(wire.WireRow("aggregate", r[0], r[1], record(r[1:])) for r in rows)
         return out
+
+    def pending_upload_columns(
+        self, limit: int, after: tuple[int, int] = (0, 0)
+    ) -> tuple[list[wire.WireRow], wire.AggregateColumnsText | None]:
+        """:meth:`pending_upload_records` for a schema-2 batch: the alerts as record JSON, the
+        aggregates after them as columns (:func:`agent.store.wire.aggregate_columns`; None when
+        the batch holds none). Same queue, order, ``limit`` and ``after``.
+
+        Raises:
+            StoreError: The read failed.
+        """
+        alerts: list[wire.WireRow] = []
+        payload = wire.JSON_OR_NULL.format(col="payload")
+        with self._use("pending_uploads") as conn:
+            for row_id, alert_id, body in conn.execute(
+                f"SELECT id, alert_id, {payload} FROM alerts "  # noqa: S608 - fixed text
+                "WHERE uploaded_at IS NULL AND id > ? ORDER BY id LIMIT ?",
+                (after[0], limit),
+            ):
+                alerts.append(
+                    wire.WireRow("alert", int(row_id), alert_id, wire.alert_record(alert_id, body))
+                )
+            if len(alerts) >= limit:
+                return alerts, None
+            rows = conn.execute(
+                f"SELECT {wire.AGGREGATE_SELECT} FROM aggregates "  # noqa: S608 - fixed text
+                "WHERE uploaded_at IS NULL AND id > ? ORDER BY id LIMIT ?",
+                (after[1], limit - len(alerts)),
+            ).fetchall()
+        return alerts, (wire.aggregate_columns(rows) if rows else None)
 
     def mark_uploaded(self, kind: RecordKind, row_ids: Sequence[int], at: float) -> int:
         """Set ``uploaded_at = at`` (epoch seconds) on rows the fleet acknowledged.

@@ -10,6 +10,13 @@ valid JSON whatever the row holds (non-finite numbers become ``null``; JSON colu
 parse arrive as ``null``, see :data:`JSON_OR_NULL`).
 
 Floats use ``repr`` (shortest round-trip form, as ``json.dumps`` does), so values are exact.
+
+Schema 2 (:class:`cloud_sync.protocol.AggregateColumns`): :func:`aggregate_columns` turns the
+fetched aggregate rows into columns (``zip``) and each column into a JSON array with ONE
+``pydantic_core.to_json`` call (Rust; floats in shortest round-trip form too, non-finite ones as
+``null``); the stored channels text goes as a JSON string, unparsed. No Python code runs per row
+unless a column holds a value ``to_json`` refuses (a blob that is not UTF-8), which takes the
+per-value path of :func:`value` for that column.
 """
 
 from __future__ import annotations
@@ -20,10 +27,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pydantic_core import PydanticSerializationError, to_json
+
 RecordKind = Literal["alert", "aggregate"]
 
 #: SQL expression template: the JSON column ``{col}`` if it holds valid JSON, else ``null``.
 JSON_OR_NULL = "CASE WHEN json_valid({col}) THEN {col} ELSE 'null' END"
+
+#: The aggregates columns :func:`aggregate_columns` takes, in order (SQL select list).
+AGGREGATE_SELECT = (
+    "id, aggregate_id, stream, interval_start, interval_s, count, "
+    + JSON_OR_NULL.format(col="channels")
+    + ", max_score, windows, alert_count"
+)
+#: Wire names of the columns after ``id`` in :data:`AGGREGATE_SELECT`.
+_COLUMN_NAMES = (
+    "ids", "streams", "interval_start", "interval_s", "count", "channels", "max_score",
+    "windows", "alert_count",
+)
 
 #: JSON string literal of a ``str`` (what ``json.dumps(s, ensure_ascii=False)`` gives; the C
 #: function itself, without ``JSONEncoder.encode``'s Python-level dispatch).
@@ -89,3 +110,37 @@ def aggregate_record(row: tuple[Any, ...]) -> str:
         f'"count":{value(count)},"channels":{channels},"max_score":{value(max_score)},'
         f'"windows":{value(windows)},"alert_count":{value(alerts)}}}}}'
     )
+
+
+@dataclass(frozen=True, slots=True)
+class AggregateColumnsText:
+    """Aggregate rows as one schema-2 ``aggregates`` object.
+
+    Attributes:
+        row_ids: Row ids in the store, in column order (index ``i`` is entry ``i``).
+        json: JSON text of a :class:`cloud_sync.protocol.AggregateColumns`.
+    """
+
+    row_ids: list[int]
+    json: str
+
+
+def aggregate_columns(rows: list[tuple[Any, ...]]) -> AggregateColumnsText:
+    """The columns of ``rows`` fetched with :data:`AGGREGATE_SELECT` (at least one row).
+
+    >>> aggregate_columns([(7, "d:s:0", "s", 0.0, 60.0, 1, "[]", None, 1, 0)]).json[:46]
+    '{"ids":["d:s:0"],"streams":["s"],"interval_sta'
+    """
+    row_ids, *columns = zip(*rows, strict=True)
+    parts = [
+        f'"{name}":{_array(column)}' for name, column in zip(_COLUMN_NAMES, columns, strict=True)
+    ]
+    return AggregateColumnsText(list(row_ids), "{" + ",".join(parts) + "}")
+
+
+def _array(column: tuple[Any, ...]) -> str:
+    """JSON array text of a column (see the module docstring)."""
+    try:
+        return to_json(column, inf_nan_mode="null").decode()
+    except (PydanticSerializationError, UnicodeDecodeError, ValueError):
+        return "[" + ",".join(map(value, column)) + "]"

@@ -38,7 +38,17 @@ from fleet.api.deps import DeviceDep, Services, ServicesDep
 from fleet.db.devices import utcnow
 from fleet.db.records import DeviceReport
 from fleet.errors import ApiError, Forbidden, PayloadTooLarge, Unprocessable
-from fleet.ingest import Envelope, check_batch, prepare, prepare_checked, unstorable
+from fleet.ingest import (
+    ColumnsInvalid,
+    Envelope,
+    check_batch,
+    check_columns,
+    column_records,
+    prepare,
+    prepare_checked,
+    prepare_columns,
+    unstorable,
+)
 
 router = APIRouter()
 
@@ -63,12 +73,21 @@ async def ingest(request: Request, device_id: DeviceDep, services: ServicesDep) 
     return Response(to_json({"results": result}), media_type="application/json", headers=headers)
 
 
-def _envelope(data: Any, device_id: str) -> Envelope:
+def _envelope(data: Any, device_id: str) -> tuple[Envelope, list[Any]]:
+    """The envelope and every record (schema-2 columns as records after ``records``)."""
     records = data.get("records") if isinstance(data, dict) else None
     if isinstance(records, list) and len(records) > MAX_BATCH_RECORDS:
         raise PayloadTooLarge(
             f"batch of {len(records)} records is over the {MAX_BATCH_RECORDS}-record limit"
         )
+    columns = data.get("aggregates") if isinstance(data, dict) else None
+    if isinstance(columns, dict):
+        for name, values in columns.items():
+            if isinstance(values, list) and len(values) > MAX_BATCH_RECORDS:
+                raise PayloadTooLarge(
+                    f"aggregates.{name}: {len(values)} entries is over the "
+                    f"{MAX_BATCH_RECORDS}-record limit"
+                )
     try:
         envelope = Envelope.model_validate(data)
     except ValidationError as exc:
@@ -76,12 +95,22 @@ def _envelope(data: Any, device_id: str) -> Envelope:
             {"loc": list(err["loc"]), "msg": err["msg"]}
             for err in exc.errors(include_url=False, include_input=False)[:20]
         ]) from None
-    bad = unstorable(envelope.model_dump(exclude={"records"}))
+    bad = unstorable(envelope.model_dump(exclude={"records", "aggregates"}))
     if bad is not None:
         raise Unprocessable(bad)
     if envelope.device_id != device_id:
         raise Forbidden(f"batch device_id {envelope.device_id!r} is not the token's device")
-    return envelope
+    raw = envelope.aggregates
+    try:
+        check_columns(
+            envelope.schema_, len(envelope.records), None if raw is None else raw.model_dump()
+        )
+    except ColumnsInvalid as exc:
+        if exc.status == 413:
+            raise PayloadTooLarge(str(exc)) from None
+        raise Unprocessable(str(exc)) from None
+    extra = [] if raw is None else column_records(device_id, raw)
+    return envelope, envelope.records + extra
 
 
 def _store(services: Services, device_id: str, data: bytes) -> list[dict[str, Any]]:
@@ -93,6 +122,11 @@ def _store(services: Services, device_id: str, data: bytes) -> list[dict[str, An
             raise Forbidden(f"batch device_id {checked['device_id']!r} is not the token's device")
         records: list[Any] = checked["records"]
         prepared = prepare_checked(device_id, records, now)
+        columns = checked["aggregates"]
+        n_columns = 0
+        if columns is not None:
+            n_columns = len(columns["ids"])
+            prepare_columns(device_id, columns, len(records), prepared)
         model = checked["model"]
         report = DeviceReport(
             agent_version=checked["agent_version"],
@@ -102,8 +136,8 @@ def _store(services: Services, device_id: str, data: bytes) -> list[dict[str, An
             backlog_aggregates=checked["backlog"]["aggregates"],
         )
     else:
-        envelope = _envelope(parse_json(data), device_id)
-        records = envelope.records
+        envelope, records = _envelope(parse_json(data), device_id)
+        n_columns = 0  # the columns' entries are records here
         prepared = prepare(device_id, records, now)
         report = DeviceReport(
             agent_version=envelope.agent_version,
@@ -115,7 +149,8 @@ def _store(services: Services, device_id: str, data: bytes) -> list[dict[str, An
     rows: dict[str, list[dict[str, Any]]] = {
         kind: [row for _, row in items] for kind, items in prepared.rows.items()
     }
-    new = services.records.ingest(device_id, report, rows, now)
+    cols = prepared.columns
+    new = services.records.ingest(device_id, report, rows, now, cols)
     results: dict[int, dict[str, Any]] = {
         i: r.model_dump(exclude_none=True) for i, r in prepared.results.items()
     }
@@ -123,19 +158,27 @@ def _store(services: Services, device_id: str, data: bytes) -> list[dict[str, An
         for index, row in items:
             status = "accepted" if (kind, row["id"]) in new else "duplicate"
             results[index] = {"index": index, "status": status}
+    if cols is not None:
+        accepted = [("aggregate", rid) in new for rid in cols.ids]
+        for index, fresh in zip(cols.indexes, accepted, strict=True):
+            results[index] = {"index": index, "status": "accepted" if fresh else "duplicate"}
     for index in prepared.repeats:
         results[index] = {"index": index, "status": "duplicate"}
-    ordered = [results[i] for i in range(len(records))]
+    ordered = [results[i] for i in range(len(records) + n_columns)]
     _count(services, records, ordered)
     return ordered
 
 
 def _count(services: Services, records: list[Any], results: list[dict[str, Any]]) -> None:
+    """Count results by kind and status (results past ``records`` are column aggregates)."""
     tally: dict[tuple[str, str], int] = {}
-    for raw, res in zip(records, results, strict=True):
+    for raw, res in zip(records, results, strict=False):
         kind = raw.get("kind") if isinstance(raw, dict) else None
         label = kind if kind in ("alert", "aggregate") else "unknown"
         key = (label, res["status"])
+        tally[key] = tally.get(key, 0) + 1
+    for res in results[len(records):]:
+        key = ("aggregate", res["status"])
         tally[key] = tally.get(key, 0) + 1
     for (kind, status), n in tally.items():
         services.metrics.ingest_records.labels(kind, status).inc(n)

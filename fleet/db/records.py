@@ -17,6 +17,14 @@ side: no ORM objects and no per-value SQLAlchemy bind processing.
 * SQLite: one ``BEGIN`` ... ``COMMIT`` (the device update and multi-row ``INSERT ... VALUES ...
   RETURNING id`` chunks), values converted once in Python to exactly what SQLAlchemy's types
   would store (naive-UTC datetime text, JSON text).
+
+Schema-2 aggregates arrive as columns (:class:`AggregateColumnRows`) and are stored from them:
+on PostgreSQL by one more CTE of the same statement (``INSERT ... SELECT ... FROM unnest(<one
+array parameter per column>)``, channels cast from the device's text to ``jsonb``); on SQLite
+the ids already stored are looked up in one query (``json_each`` over the id list) under the
+transaction's write lock (taken by the device update that comes first, so no other writer can
+insert in between), and the others are inserted by ONE ``executemany`` over ``zip`` of the
+columns (channels stored as the device's text, checked by :mod:`fleet.ingest`).
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import datetime as dt
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 from pydantic_core import to_json
@@ -46,6 +55,30 @@ class DeviceReport:
     model_version: int | None
     backlog_alerts: int
     backlog_aggregates: int
+
+
+@dataclass(frozen=True)
+class AggregateColumnRows:
+    """Checked schema-2 aggregates to store, as columns (entry ``i`` of every list is one row).
+
+    Built by :func:`fleet.ingest.prepare_columns`: ownership checked, no id twice. Values as the
+    ``aggregates`` table takes them: ``interval_start`` aware UTC, ``interval_s`` seconds,
+    ``channels`` the JSON text of the channel list (checked: valid, of the schema, storable).
+
+    Attributes:
+        indexes: The batch index of each entry (for the answer).
+    """
+
+    indexes: list[int]
+    ids: list[str]
+    streams: list[str]
+    interval_start: list[dt.datetime]
+    interval_s: list[float]
+    count: list[int]
+    channels: list[str]
+    max_score: list[float | None]
+    windows: list[int]
+    alert_count: list[int]
 
 
 @dataclass(frozen=True)
@@ -87,6 +120,7 @@ class RecordStore:
         report: DeviceReport,
         rows: dict[str, list[dict[str, Any]]],
         seen_at: dt.datetime,
+        columns: AggregateColumnRows | None = None,
     ) -> set[tuple[str, str]]:
         """Store a batch's rows in one transaction and update the device.
 
@@ -94,7 +128,8 @@ class RecordStore:
             device_id: The authenticated device.
             report: Versions and backlog from the batch envelope.
             rows: ``{"alert": [...], "aggregate": [...]}`` rows (see :mod:`fleet.ingest`).
-            seen_at: New ``last_seen`` (aware UTC).
+            seen_at: New ``last_seen`` (aware UTC); also every row's ``received_at``.
+            columns: More aggregates, as columns (no id also in ``rows``).
 
         Returns:
             ``(kind, id)`` of the rows inserted now; the others were duplicates.
@@ -103,7 +138,7 @@ class RecordStore:
             sqlalchemy.exc.OperationalError: The database failed (mapped to 503 by the API).
         """
         if self._postgres:
-            return self._ingest_pg(device_id, report, rows, seen_at)
+            return self._ingest_pg(device_id, report, rows, seen_at, columns)
         new: set[tuple[str, str]] = set()
         with self._engine.begin() as conn:
             values: dict[str, Any] = {
@@ -118,6 +153,9 @@ class RecordStore:
             for kind, table in (("alert", alerts), ("aggregate", aggregates)):
                 for inserted in _insert_sqlite(conn, table, rows.get(kind, [])):
                     new.add((kind, inserted))
+            if columns is not None and columns.ids:
+                for inserted in _insert_columns_sqlite(conn, device_id, columns, seen_at):
+                    new.add(("aggregate", inserted))
         return new
 
     def _ingest_pg(
@@ -126,13 +164,17 @@ class RecordStore:
         report: DeviceReport,
         rows: dict[str, list[dict[str, Any]]],
         seen_at: dt.datetime,
+        columns: AggregateColumnRows | None,
     ) -> set[tuple[str, str]]:
+        c = columns if columns is not None else AggregateColumnRows(*([] for _ in range(10)))
         params = (
             seen_at, report.agent_version or None, report.backlog_alerts,
             report.backlog_aggregates, report.model_name, report.model_name,
             report.model_version, device_id,
             to_json(rows.get("alert", [])).decode(),
             to_json(rows.get("aggregate", [])).decode(),
+            device_id, seen_at, c.ids, c.streams, c.interval_start, c.interval_s, c.count,
+            c.channels, c.max_score, c.windows, c.alert_count,
         )
         with self._engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             result = conn.exec_driver_sql(self._pg_ingest, params)
@@ -192,6 +234,38 @@ def _insert_sqlite(conn: Connection, table: Table, rows: Sequence[dict[str, Any]
     return new
 
 
+def _insert_columns_sqlite(
+    conn: Connection, device_id: str, c: AggregateColumnRows, received_at: dt.datetime
+) -> list[str]:
+    """SQLite: store schema-2 columns (module docstring); return the ids stored now."""
+    stored = {
+        r[0] for r in conn.exec_driver_sql(
+            "SELECT id FROM aggregates WHERE id IN (SELECT value FROM json_each(?))",
+            (to_json(c.ids).decode(),),
+        )
+    }
+    text = _TimeText(received_at)
+    starts = {when: text(when) for when in set(c.interval_start)}
+    n = len(c.ids)
+    values = zip(
+        c.ids, repeat(device_id, n), c.streams, map(starts.__getitem__, c.interval_start),
+        c.interval_s, c.count, c.channels, c.max_score, c.windows, c.alert_count,
+        repeat(text(received_at), n), strict=True,
+    )
+    params = [v for v in values if v[0] not in stored] if stored else list(values)
+    if not params:
+        return []
+    result = conn.exec_driver_sql(
+        "INSERT INTO aggregates (id, device_id, stream, interval_start, interval_s, count, "
+        "channels, max_score, windows, alert_count, received_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        params,
+    )
+    if result.rowcount != len(params):  # cannot happen under the write lock (docstring)
+        raise RuntimeError(f"stored {result.rowcount} of {len(params)} new aggregates")
+    return [v[0] for v in params]
+
+
 class _TimeText:
     """What :class:`UtcDateTime` + SQLAlchemy's SQLite DATETIME store for an aware time
     (``YYYY-MM-DD HH:MM:SS.ffffff``, naive UTC); ``same`` (``received_at``, one value for a
@@ -233,7 +307,8 @@ class _TimeText:
 def _pg_ingest_sql() -> str:
     """PostgreSQL: the one-statement ingest (module docstring); ``%s`` parameters in order:
     last_seen, agent_version, backlog_alerts, backlog_aggregates, model_name (twice),
-    model_version, device_id, alert rows (jsonb array), aggregate rows (jsonb array)."""
+    model_version, device_id, alert rows (jsonb array), aggregate rows (jsonb array), then the
+    columns' parameters (:func:`_pg_columns`)."""
     def insert(table: Table) -> str:
         names = ", ".join(c.name for c in table.c if c.name != "pk")
         return (  # table and column names come from fleet.db.schema, never from input
@@ -242,7 +317,7 @@ def _pg_ingest_sql() -> str:
             "ON CONFLICT (id) DO NOTHING RETURNING id"
         )
 
-    inserts = f"a AS ({insert(alerts)}), g AS ({insert(aggregates)}) "
+    inserts = f"a AS ({insert(alerts)}), g AS ({insert(aggregates)}), c AS ({_pg_columns()}) "
     return (
         "WITH dev AS (UPDATE devices SET last_seen = %s, "  # noqa: S608 - names from schema
         "agent_version = %s, backlog_alerts = %s, backlog_aggregates = %s, "
@@ -250,5 +325,21 @@ def _pg_ingest_sql() -> str:
         "model_version = CASE WHEN %s::text IS NULL THEN model_version ELSE %s::bigint END "
         "WHERE device_id = %s), "
         + inserts
-        + "SELECT 'alert', id FROM a UNION ALL SELECT 'aggregate', id FROM g"
+        + "SELECT 'alert', id FROM a UNION ALL SELECT 'aggregate', id FROM g "
+        "UNION ALL SELECT 'aggregate', id FROM c"
+    )
+
+
+def _pg_columns() -> str:
+    """PostgreSQL: the insert of schema-2 columns (``%s``: device_id, received_at, then one
+    array per :class:`AggregateColumnRows` column from ``ids`` on)."""
+    return (
+        "INSERT INTO aggregates (id, device_id, stream, interval_start, interval_s, count, "
+        "channels, max_score, windows, alert_count, received_at) "
+        "SELECT u.id, %s, u.stream, u.interval_start, u.interval_s, u.count, u.channels::jsonb, "
+        "u.max_score, u.windows, u.alert_count, %s::timestamptz "
+        "FROM unnest(%s::text[], %s::text[], %s::timestamptz[], %s::float8[], %s::int8[], "
+        "%s::text[], %s::float8[], %s::int8[], %s::int8[]) "
+        "AS u(id, stream, interval_start, interval_s, count, channels, max_score, windows, "
+        "alert_count) ON CONFLICT (id) DO NOTHING RETURNING id"
     )

@@ -77,3 +77,28 @@ def bearer(token: str) -> dict[str, str]:
 
 def gzip_headers(token: str) -> dict[str, str]:
     return {**bearer(token), "Content-Type": "application/json", "Content-Encoding": "gzip"}
+
+
+def columns(aggregates: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """Schema-2 columns of ``aggregate(...)`` records (channels as compact JSON text)."""
+    bodies = [a["body"] for a in aggregates]
+    return {
+        "ids": [a["id"] for a in aggregates],
+        "streams": [b["stream"] for b in bodies],
+        "interval_start": [b["interval_start"] for b in bodies],
+        "interval_s": [b["interval_s"] for b in bodies],
+        "count": [b["count"] for b in bodies],
+        "channels": [json.dumps(b["channels"], separators=(",", ":")) for b in bodies],
+        "max_score": [b["max_score"] for b in bodies],
+        "windows": [b["windows"] for b in bodies],
+        "alert_count": [b["alert_count"] for b in bodies],
+    }
+
+
+def batch2(device: str, records: list[Any], aggregates: list[dict[str, Any]] | None,
+           **extra: Any) -> dict[str, Any]:
+    """A schema-2 batch: ``records``, then ``aggregates`` as columns (None: no columns)."""
+    out = batch(device, records, **{"schema": 2, **extra})
+    if aggregates is not None:
+        out["aggregates"] = columns(aggregates)
+    return out

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from agent.records import Aggregate, ChannelStats
 from agent.store.sqlite import Store, id_runs
-from cloud_sync.client import batch_json
+from cloud_sync.client import batch_json, columns_batch_json
 from cloud_sync.protocol import IngestBatch
 from tests.unit.test_store import make_alert
 
@@ -110,3 +110,48 @@ def test_mark_uploaded_by_runs_touches_only_the_named_rows(tmp_path: Path) -> No
         left = {r.row_id for r in store.pending_upload_records(100)}
         assert left == set(range(1, 21)) - set(chosen)
         assert store.mark_uploaded("aggregate", chosen, 6.0) == 0  # already marked
+
+
+def test_columns_batches_are_valid_and_equal_to_the_model_path(tmp_path: Path) -> None:
+    # schema 2: the same records as the model path, the aggregates as columns after the alerts
+    rng = random.Random(11)
+    with Store(tmp_path / "a.db") as store:
+        for i in range(300):
+            store.add_aggregate(_aggregate(rng, i))
+        for seq in range(1, 6):
+            store.add_alert(make_alert(seq))
+        slow = store.pending_uploads(1000)
+        alerts, columns = store.pending_upload_columns(1000)
+        assert columns is not None
+        assert [r.row_id for r in alerts] + columns.row_ids == [r.row_id for r in slow]
+        only_alerts = store.pending_upload_columns(3)
+        assert len(only_alerts[0]) == 3 and only_alerts[1] is None
+        tail = store.pending_upload_columns(1000, (5, 290))
+        assert tail[0] == [] and tail[1] is not None and tail[1].row_ids == list(range(291, 301))
+    header = IngestBatch(schema=2, device_id="gw1", sent_at=1.5,
+                         backlog={"alerts": 0, "aggregates": 0}, records=[])
+    sent = IngestBatch.model_validate_json(
+        columns_batch_json(header, [r.json for r in alerts], columns.json))
+    expected = IngestBatch.model_validate({
+        **header.model_dump(by_alias=True),
+        "records": [{"kind": r.kind, "id": r.record_id, "body": r.body} for r in slow],
+    })
+    assert sent.all_records() == expected.records
+
+
+def test_corrupt_stored_json_in_columns_costs_one_record_not_the_batch(tmp_path: Path) -> None:
+    rng = random.Random(2)
+    with Store(tmp_path / "a.db") as store:
+        for i in range(3):
+            store.add_aggregate(_aggregate(rng, i))
+        with store._use("test") as conn:  # damaged rows: not JSON, a blob that is not UTF-8
+            conn.execute("UPDATE aggregates SET channels = '[{oops' WHERE id = 1")
+            conn.execute("UPDATE aggregates SET stream = x'ff00' WHERE id = 2")
+        _alerts, columns = store.pending_upload_columns(10)
+    assert columns is not None
+    import json  # noqa: PLC0415
+
+    parsed = json.loads(columns.json)  # still one valid JSON object, every column 3 long
+    assert {len(v) for v in parsed.values()} == {3}
+    assert parsed["channels"][0] == "null"  # the fleet rejects index 0 ...
+    assert isinstance(parsed["streams"][1], str)  # ... and index 1 (stream/id mismatch)

@@ -42,7 +42,7 @@ class FakeClient:
         return IngestResult(results=[
             RecordResult(index=i, status=self.statuses.get(r.id, "accepted"),  # type: ignore[arg-type]
                          reason="nope" if self.statuses.get(r.id) == "rejected" else None)
-            for i, r in enumerate(batch.records)
+            for i, r in enumerate(batch.all_records())
         ])
 
 
@@ -63,7 +63,7 @@ def test_uploads_alerts_first_marks_and_dead_letters(tmp_path: Path) -> None:
     client.statuses = {"gw1:pump1:60000": "rejected", "gw1:pump1:1": "duplicate"}
     assert up.run_once() == 0.0  # a full batch: go on
     first = client.batches[0]
-    assert [r.kind for r in first.records] == ["alert", "aggregate", "aggregate"]
+    assert [r.kind for r in first.all_records()] == ["alert", "aggregate", "aggregate"]
     assert first.backlog.aggregates == 2 and first.backlog.alerts == 0
     assert up.run_once() == up.interval_s  # partial batch: idle
     assert store.upload_backlog() == (0, 0)
@@ -111,7 +111,7 @@ def test_batch_rejected_with_422_is_bisected_to_the_bad_record(tmp_path: Path) -
     for _ in range(3):
         assert up.run_once() == 0.0
     # 4 -> 2 -> 1 records; the single record refused is dead-lettered
-    assert [len(b.records) for b in client.batches] == [4, 2, 1]
+    assert [len(b.all_records()) for b in client.batches] == [4, 2, 1]
     assert [d["reason"] for d in store.dead_letters()] == ["HTTP 422: bad"]
     while store.upload_backlog() != (0, 0):
         up.run_once()
@@ -172,3 +172,41 @@ def test_fleet_config_rules(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError):
         read_token(cfg, {})
+
+
+def test_a_schema_1_fleet_gets_schema_1_batches_and_nothing_is_dead_lettered(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # what a fleet that only knows schema 1 answers to a schema-2 batch (its 422 detail)
+    store, client, up, _m = setup(tmp_path, batch_records=4, max_in_flight=1)
+    for i in range(6):
+        store.add_aggregate(make_aggregate(60.0 * i))
+    store.add_alert(make_alert(1))
+    client.fail = [FleetRejected(
+        422, "[{'loc': ['schema'], 'msg': 'Input should be 1'}, {'loc': ['aggregates'], "
+             "'msg': 'Extra inputs are not permitted'}]")]
+    assert up.run_once() == 0.0
+    while store.upload_backlog() != (0, 0):
+        assert up.run_once() in (0.0, up.interval_s)
+    assert [b.schema_ for b in client.batches] == [2, 1, 1]
+    assert client.batches[0].aggregates is not None
+    assert all(b.aggregates is None for b in client.batches[1:])
+    assert [len(b.all_records()) for b in client.batches] == [4, 4, 3]
+    assert store.dead_letters() == []
+    assert sum("schema-1 batches" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_schema_2_batches_carry_alerts_as_records_and_aggregates_as_columns(
+    tmp_path: Path,
+) -> None:
+    store, client, up, _m = setup(tmp_path, batch_records=10)
+    for i in range(3):
+        store.add_aggregate(make_aggregate(60.0 * i))
+    store.add_alert(make_alert(1))
+    client.statuses = {"gw1:pump1:120000": "rejected"}
+    assert up.run_once() == up.interval_s
+    sent = client.batches[0]
+    assert sent.schema_ == 2 and [r.kind for r in sent.records] == ["alert"]
+    assert sent.aggregates is not None and len(sent.aggregates.ids) == 3
+    assert store.upload_backlog() == (0, 0)
+    assert [d["record_id"] for d in store.dead_letters()] == ["gw1:pump1:120000"]

@@ -53,7 +53,7 @@ class FakeFleet:
         with self.lock:
             n = len(self.sends)
             batch = self.bodies[int(body)]
-            self.sends.append([r.id for r in batch.records])
+            self.sends.append([r.id for r in batch.all_records()])
             self._concurrent += 1
             self.max_concurrent = max(self.max_concurrent, self._concurrent)
             action = self.plan.get(n)
@@ -67,7 +67,7 @@ class FakeFleet:
                 raise action
             results = []
             with self.lock:
-                for i, r in enumerate(batch.records):
+                for i, r in enumerate(batch.all_records()):
                     if r.id in self.reject:
                         results.append(RecordResult(index=i, status="rejected", reason="bad"))
                         continue
