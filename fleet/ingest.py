@@ -19,12 +19,13 @@ accepts (strict mode refuses ``"count": "5"``, which the lenient path coerces; t
 refuse what :func:`unstorable` would), and such batches simply take the slow path.
 
 Schema 2 (aggregates as columns, :class:`cloud_sync.protocol.AggregateColumns`): the fast check
-covers the columns as typed arrays in the same one call, then every ``channels`` text in a second
-one (:data:`_CHANNELS`: each string parsed and checked alone, strict and storable, so a text
-that would only make sense next to its neighbours cannot pass); :func:`prepare_columns` then
-checks ownership (every id starts with ``<token's device>:<streams[i]>:``) and in-batch repeats
-with a few C-level passes, and hands the columns to the store as they are
-(:class:`fleet.db.records.AggregateColumnRows`: channels stored as the text the device sent).
+covers the columns as typed arrays in the same one call, then every ``channels`` text is checked
+alone, strict and storable (:func:`fleet.channels.channels_ok`, msgspec: each string one whole
+value, so a text that would only make sense next to its neighbours cannot pass);
+:func:`prepare_columns` then checks ownership (every id starts with ``<token's device>:
+<streams[i]>:``) and in-batch repeats with a few C-level passes, and hands the columns to the
+store as they are (:class:`fleet.db.records.AggregateColumnRows`: channels stored as the text
+the device sent).
 The slow path turns each column entry back into the record it stands for
 (:func:`column_records`: ``{"kind": "aggregate", "id": ids[i], "body": {...}}`` with the batch's
 device and ``channels`` parsed from its text), appended after ``records``, so schema 2 accepts,
@@ -42,17 +43,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Json, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from cloud_sync.protocol import (
     AGGREGATE_COLUMNS,
     MAX_BATCH_RECORDS,
     AggregateRecord,
     AlertRecord,
-    Channels,
     IngestBatch,
     RecordResult,
 )
+from fleet.channels import channels_ok
 from fleet.checker import checker
 from fleet.db.records import AggregateColumnRows
 
@@ -129,8 +130,6 @@ class _TaggedBatch(IngestBatch):
 
 #: The fast path's one-call check of a whole body (module docstring).
 _BATCH = checker(_TaggedBatch, storable=True)
-#: The fast path's check of every ``channels`` text of the columns (module docstring).
-_CHANNELS = checker(list[Json[Channels]], storable=True)
 
 
 def check_batch(data: bytes) -> dict[str, Any] | None:
@@ -151,8 +150,9 @@ def check_batch(data: bytes) -> dict[str, Any] | None:
     if columns is not None:
         try:
             check_columns(checked["schema"], len(checked["records"]), columns)
-            _CHANNELS.validate_python(columns["channels"], strict=True)
-        except (ColumnsInvalid, ValidationError):
+        except ColumnsInvalid:
+            return None
+        if not channels_ok(columns["channels"]):
             return None
     return checked
 

@@ -851,7 +851,8 @@ class Store:
 
         Aggregates and already published alerts are deleted from their table; an alert still
         waiting for its MQTT PUBACK stays in the outbox, marked uploaded, so MQTT delivery is
-        unaffected.
+        unaffected. An aggregate's payload holds its channels as JSON, or as the stored text
+        when that is not JSON (such a row used to fail the move and stay in the queue).
 
         Args:
             kind: ``"alert"`` or ``"aggregate"``.
@@ -878,7 +879,8 @@ class Store:
             select = (
                 "SELECT 'aggregate', aggregate_id, json_object('device_id', device_id,"
                 " 'stream', stream, 'interval_start', interval_start, 'interval_s', interval_s,"
-                " 'count', count, 'channels', json(channels), 'max_score', max_score,"
+                " 'count', count, 'channels', CASE WHEN json_valid(channels) THEN"
+                " json(channels) ELSE channels END, 'max_score', max_score,"
                 " 'windows', windows, 'alert_count', alert_count), ?, ? "
                 "FROM aggregates WHERE id = ?"
             )

@@ -73,3 +73,37 @@ def test_four_in_flight_into_two_fleet_workers_exactly_once(
     finally:
         client.close()
         store.close()
+
+
+def test_columns_with_damaged_rows_dead_letter_those_rows_only(
+    tmp_path: Path, fleet2: FleetProcess
+) -> None:
+    # schema 2 into the real fleet: damaged stored values cost their row (dead-lettered with the
+    # fleet's reason), every other row is stored once and cleared
+    store = Store(tmp_path / "agent.db")
+    for i in range(1200):
+        store.add_aggregate(make_aggregate(60.0 * i, stream=f"s{i % 3}"))
+    store.add_alert(make_alert(1))
+    conn = sqlite3.connect(tmp_path / "agent.db")
+    conn.execute("UPDATE aggregates SET channels = '[{oops' WHERE id = 10")
+    conn.execute("UPDATE aggregates SET channels = replace(channels, '\"count\"', '\"n\"') "
+                 "WHERE id = 700")
+    conn.execute("UPDATE aggregates SET count = -3 WHERE id = 1100")
+    conn.commit()
+    conn.close()
+    metrics = Metrics(CollectorRegistry())
+    client = FleetClient(fleet2.url, fleet2.token, read_timeout_s=60)
+    up = Uploader(store, client, "gw1", metrics, batch_records=500, interval_s=0.01,
+                  backoff_initial_s=0.05, backoff_max_s=0.5, max_in_flight=2)
+    try:
+        drain(up, store)
+        dead = {d["record_id"]: d["reason"] for d in store.dead_letters()}
+        assert len(dead) == 3
+        assert all("channels" in r for r in list(dead.values())[:2]), dead
+        assert "count" in list(dead.values())[2], dead
+        n, distinct = fleet2.counts("aggregates")
+        assert n == distinct == 1197
+        assert fleet2.counts("alerts") == (1, 1)
+    finally:
+        client.close()
+        store.close()

@@ -153,5 +153,5 @@ def test_corrupt_stored_json_in_columns_costs_one_record_not_the_batch(tmp_path:
 
     parsed = json.loads(columns.json)  # still one valid JSON object, every column 3 long
     assert {len(v) for v in parsed.values()} == {3}
-    assert parsed["channels"][0] == "null"  # the fleet rejects index 0 ...
+    assert parsed["channels"][0] == "[{oops"  # the fleet rejects index 0 ...
     assert isinstance(parsed["streams"][1], str)  # ... and index 1 (stream/id mismatch)
