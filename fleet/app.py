@@ -14,6 +14,7 @@ from fleet.db.devices import DeviceRegistry
 from fleet.db.engine import make_engine
 from fleet.db.records import RecordStore
 from fleet.db.samples import SampleStore
+from fleet.db.token_cache import TokenCache
 from fleet.metrics import FleetMetrics, MetricsMiddleware
 from fleet.registry.wiring import build_model_loop
 from fleet.settings import Settings
@@ -40,6 +41,8 @@ def create_app(
     """
     engine = engine if engine is not None else make_engine(settings)
     metrics = FleetMetrics()
+    ttl = settings.auth_cache_ttl_s
+    token_cache = TokenCache(ttl) if ttl > 0 else None
     app = FastAPI(
         title="edge-fleet",
         version=API_VERSION,
@@ -50,7 +53,7 @@ def create_app(
     app.state.services = Services(
         settings=settings,
         engine=engine,
-        devices=DeviceRegistry(engine),
+        devices=DeviceRegistry(engine, token_cache=token_cache),
         records=RecordStore(engine),
         metrics=metrics,
         samples=SampleStore(engine),

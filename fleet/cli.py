@@ -5,7 +5,7 @@
     edge-fleet serve [--db URL] [--host 127.0.0.1] [--port 8700] [--admin-token-file F]
                      [--state-dir fleet-state] [--pool-size 10] [--workers 1]
                      [--trusted-keys DIR] [--signing-key FILE] [--halt-after N]
-                     [--auto-retrain] [--base-model DIR]
+                     [--auth-cache-ttl 30] [--auto-retrain] [--base-model DIR]
                      (EDGE_FLEET_DB may replace --db)
     edge-fleet retrain --device D --stream S --signing-key F --trusted-keys DIR
                                                (see fleet/training/cli.py)
@@ -55,6 +55,7 @@ EX_REFUSED, EX_UNAVAILABLE, EX_SOFTWARE, EX_CONFIG = 1, 69, 70, 78
 _ENV_DB, _ENV_POOL, _ENV_STATE = "EDGE_FLEET_DB", "EDGE_FLEET_POOL_SIZE", "EDGE_FLEET_STATE_DIR"
 _ENV_KEYS, _ENV_SIGNING = "EDGE_FLEET_TRUSTED_KEYS", "EDGE_FLEET_SIGNING_KEY"
 _ENV_HALT = "EDGE_FLEET_HALT_AFTER"
+_ENV_AUTH_TTL = "EDGE_FLEET_AUTH_CACHE_TTL"
 #: Seconds uvicorn's supervisor waits for a worker's health answer (``--workers N``) before it
 #: kills and respawns the worker; uvicorn's default is 5. A worker answers only once it has
 #: imported the app (1.5-2.5 s of CPU here), so on a busy 2-core host a new worker missed 5 s,
@@ -87,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="ID.key the fleet signs rollbacks with when a rollout is aborted")
     serve.add_argument("--halt-after", type=int, default=1,
                        help="failed devices that halt a rollout (default 1)")
+    serve.add_argument("--auth-cache-ttl", type=float, default=Settings.auth_cache_ttl_s,
+                       metavar="S",
+                       help="seconds a worker reuses a device-token lookup; a revoked token "
+                            "works in other workers for at most this long (0: off; default 30)")
     training_cli.add_arguments(serve, serve=True)
 
     retrain = sub.add_parser("retrain", parents=[common],
@@ -182,6 +187,7 @@ def _settings(args: argparse.Namespace, admin_token: str = "") -> Settings:
         trusted_keys_dir=getattr(args, "trusted_keys", None),
         signing_key_file=getattr(args, "signing_key", None),
         rollout_halt_failures=getattr(args, "halt_after", 1),
+        auth_cache_ttl_s=getattr(args, "auth_cache_ttl", Settings.auth_cache_ttl_s),
     )
 
 
@@ -200,6 +206,8 @@ def _serve(args: argparse.Namespace) -> int:
         raise ConfigError(f"port {args.port} out of range")
     if not 1 <= args.workers <= 64 or args.pool_size < 1:
         raise ConfigError("--workers must be 1..64 and --pool-size at least 1")
+    if not 0 <= args.auth_cache_ttl <= 3600:
+        raise ConfigError("--auth-cache-ttl must be 0..3600 seconds")
     token = resolve_admin_token(args.state_dir, args.admin_token_file)
     settings = _settings(args, token)
     engine = make_engine(settings)
@@ -234,6 +242,7 @@ def _serve(args: argparse.Namespace) -> int:
         _ENV_KEYS: str(settings.trusted_keys_dir or ""),
         _ENV_SIGNING: str(settings.signing_key_file or ""),
         _ENV_HALT: str(settings.rollout_halt_failures),
+        _ENV_AUTH_TTL: str(settings.auth_cache_ttl_s),
     })
     uvicorn.run("fleet.cli:worker_app", factory=True, workers=args.workers,
                 timeout_worker_healthcheck=WORKER_HEALTHCHECK_S, **options)
@@ -254,6 +263,9 @@ def worker_app() -> FastAPI:
             Path(os.environ[_ENV_SIGNING]) if os.environ.get(_ENV_SIGNING) else None
         ),
         rollout_halt_failures=int(os.environ.get(_ENV_HALT, "1")),
+        auth_cache_ttl_s=float(
+            os.environ.get(_ENV_AUTH_TTL, str(Settings.auth_cache_ttl_s))
+        ),
     ))
     # Everything imported and built so far lives as long as the process: move it out of the
     # cyclic GC's generations, so the collections a large ingest batch triggers (tens of

@@ -44,6 +44,9 @@ class Settings:
         signing_key_file: ``<key_id>.key`` the fleet signs rollbacks with on abort (None: an
             abort only stops assigning).
         rollout_halt_failures: Default number of failed devices that halts a rollout.
+        auth_cache_ttl_s: Seconds a worker reuses a successful device-token lookup (0: no
+            cache). A revoked token keeps working in the other workers for at most this long;
+            the worker that handles the revoke refuses it at once (:mod:`fleet.db.token_cache`).
     """
 
     db_url: str
@@ -56,6 +59,7 @@ class Settings:
     trusted_keys_dir: Path | None = None
     signing_key_file: Path | None = None
     rollout_halt_failures: int = 1
+    auth_cache_ttl_s: float = 30.0
 
 
 def default_db_url(state_dir: Path) -> str:

@@ -5,6 +5,11 @@ A device token is ``secrets.token_urlsafe(32)`` (256 random bits) shown once at 
 tokens: there is no dictionary to attack, so key stretching (bcrypt/argon2, meant for
 human-chosen passwords) would only slow every request (OWASP Password Storage Cheat Sheet;
 GitHub and PyPI API tokens are stored the same way).
+
+Successful authentications may be cached per process (:class:`fleet.db.token_cache.TokenCache`,
+the serving app does): :meth:`DeviceRegistry.revoke` and :meth:`DeviceRegistry.enroll` drop the
+device's entries in this process at once, other processes keep a revoked token working for at
+most the cache's TTL (see that module for the exact semantics).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from sqlalchemy import Engine, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from fleet.db.schema import devices
+from fleet.db.token_cache import TokenCache
 from fleet.errors import Conflict, NotFound, Unprocessable
 
 Clock = Callable[[], dt.datetime]
@@ -65,11 +71,16 @@ class DeviceRegistry:
     Args:
         engine: The SQLAlchemy engine.
         clock: Returns aware UTC now (injected for tests).
+        token_cache: Where successful authentications are remembered (None: every
+            :meth:`authenticate` asks the database).
     """
 
-    def __init__(self, engine: Engine, clock: Clock = utcnow) -> None:
+    def __init__(
+        self, engine: Engine, clock: Clock = utcnow, token_cache: TokenCache | None = None
+    ) -> None:
         self._engine = engine
         self._clock = clock
+        self._cache = token_cache
 
     def enroll(self, device_id: str, tags: list[str]) -> str:
         """Register ``device_id`` (or re-enroll a revoked one) and return its new token.
@@ -92,6 +103,8 @@ class DeviceRegistry:
             self._enroll(device_id, values)
         except IntegrityError:  # a concurrent enrollment of the same id won
             raise Conflict(f"device {device_id!r} is already enrolled") from None
+        if self._cache is not None:  # the previous token (revoked) is no longer valid
+            self._cache.drop_device(device_id)
         return token
 
     def _enroll(self, device_id: str, values: dict[str, Any]) -> None:
@@ -109,9 +122,26 @@ class DeviceRegistry:
                     update(devices).where(devices.c.device_id == device_id).values(**values)
                 )
 
+    def authenticate_cached(self, token: str) -> str | None:
+        """The device id the token cache holds for ``token``, else ``None`` (no I/O: a ``None``
+        means "ask :meth:`authenticate`", not "refused")."""
+        return None if self._cache is None else self._cache.get(hash_token(token))
+
     def authenticate(self, token: str) -> str | None:
-        """The id of the active device owning ``token``, else ``None``."""
+        """The id of the active device owning ``token``, else ``None``.
+
+        Served from the token cache when it holds the token; a database hit is cached.
+
+        Raises:
+            sqlalchemy.exc.OperationalError: The database failed (mapped to 503 by the API).
+        """
         digest = hash_token(token)
+        generation = 0
+        if self._cache is not None:
+            cached = self._cache.get(digest)
+            if cached is not None:
+                return cached
+            generation = self._cache.generation()
         with self._engine.connect() as conn:
             row = conn.execute(
                 select(devices.c.device_id, devices.c.token_hash).where(
@@ -120,7 +150,10 @@ class DeviceRegistry:
             ).first()
         if row is None or not hmac.compare_digest(row.token_hash, digest):
             return None
-        return str(row.device_id)
+        device_id = str(row.device_id)
+        if self._cache is not None:
+            self._cache.put(digest, device_id, generation)
+        return device_id
 
     def get(self, device_id: str) -> Device | None:
         """One device (revoked ones included), or ``None``."""
@@ -139,6 +172,9 @@ class DeviceRegistry:
     def revoke(self, device_id: str) -> None:
         """Invalidate the device's token; its records stay.
 
+        The token is refused at once by this registry; other processes' token caches accept it
+        for at most their TTL (module docstring).
+
         Raises:
             NotFound: No active device with this id.
         """
@@ -148,5 +184,7 @@ class DeviceRegistry:
                 .where(devices.c.device_id == device_id, devices.c.revoked_at.is_(None))
                 .values(revoked_at=self._clock(), token_hash=None)
             )
+        if self._cache is not None:
+            self._cache.drop_device(device_id)
         if result.rowcount == 0:
             raise NotFound(f"no active device {device_id!r}")
