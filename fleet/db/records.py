@@ -174,7 +174,9 @@ class RecordStore:
             to_json(rows.get("alert", [])).decode(),
             to_json(rows.get("aggregate", [])).decode(),
             device_id, seen_at, c.ids, c.streams, c.interval_start, c.interval_s, c.count,
-            c.channels, c.max_score, c.windows, c.alert_count,
+            c.max_score, c.windows, c.alert_count,
+            # each text is ONE JSON value (checked), so joined they are an array of len(ids)
+            "[" + ",".join(c.channels) + "]",
         )
         with self._engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             result = conn.exec_driver_sql(self._pg_ingest, params)
@@ -331,15 +333,18 @@ def _pg_ingest_sql() -> str:
 
 
 def _pg_columns() -> str:
-    """PostgreSQL: the insert of schema-2 columns (``%s``: device_id, received_at, then one
-    array per :class:`AggregateColumnRows` column from ``ids`` on)."""
+    """PostgreSQL: the insert of schema-2 columns (``%s``: device_id, received_at, one array per
+    :class:`AggregateColumnRows` column from ``ids`` on but ``channels``, then the channels as
+    ONE JSON array, paired with the rows by position: a ``text[]`` of JSON texts costs psycopg a
+    Python regex substitution per quote, ~0.4 s per 5,000 texts)."""
     return (
         "INSERT INTO aggregates (id, device_id, stream, interval_start, interval_s, count, "
         "channels, max_score, windows, alert_count, received_at) "
-        "SELECT u.id, %s, u.stream, u.interval_start, u.interval_s, u.count, u.channels::jsonb, "
+        "SELECT u.id, %s, u.stream, u.interval_start, u.interval_s, u.count, ch.doc, "
         "u.max_score, u.windows, u.alert_count, %s::timestamptz "
         "FROM unnest(%s::text[], %s::text[], %s::timestamptz[], %s::float8[], %s::int8[], "
-        "%s::text[], %s::float8[], %s::int8[], %s::int8[]) "
-        "AS u(id, stream, interval_start, interval_s, count, channels, max_score, windows, "
-        "alert_count) ON CONFLICT (id) DO NOTHING RETURNING id"
+        "%s::float8[], %s::int8[], %s::int8[]) WITH ORDINALITY "
+        "AS u(id, stream, interval_start, interval_s, count, max_score, windows, alert_count, "
+        "pos), jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS ch(doc, pos) "
+        "WHERE ch.pos = u.pos ON CONFLICT (id) DO NOTHING RETURNING id"
     )
