@@ -4,7 +4,10 @@ Steps: authenticate the device token (401/403) before reading the body; read it 
 limits of :mod:`fleet.api.body` (400/413/415); validate the envelope (422; 413 past
 ``MAX_BATCH_RECORDS``); 403 when ``device_id`` is not the token's device; then validate each
 record alone and store the valid ones in one transaction (:meth:`fleet.db.records.RecordStore.
-ingest`). The 200 answer gives one :class:`~cloud_sync.protocol.RecordResult` per index.
+ingest`). The 200 answer gives one :class:`~cloud_sync.protocol.RecordResult` per index. Schema
+2 batches carry aggregates as columns after ``records`` (indexes continue there; 422 for columns
+of unequal lengths or in a schema-1 batch, 413 past ``MAX_BATCH_RECORDS`` in all; see
+:mod:`fleet.ingest`).
 
 Cost per request matters (200 gateways, or a 5,000-record backlog batch): the body bytes first
 try the one-call check of :mod:`fleet.ingest` (parse + validate in one pass, off the event loop,
