@@ -214,5 +214,31 @@ class Aggregate:
 
     @property
     def aggregate_id(self) -> str:
-        """Stable id: ``<device>:<stream>:<interval_start as integer ms>``."""
+        """Stable id of part 0: ``<device>:<stream>:<interval_start as integer ms>``.
+
+        Further parts of the same interval (the agent restarted within it) take
+        :func:`aggregate_part_id` of this id; the store decides the part
+        (:mod:`agent.store.parts`).
+        """
         return f"{self.device_id}:{self.stream}:{round(self.interval_start * 1000)}"
+
+
+#: Largest aggregate part number (the wire pattern allows up to 6 digits).
+MAX_AGGREGATE_PART = 999_999
+
+
+def aggregate_part_id(aggregate_id: str, part: int) -> str:
+    """The id of part ``part`` of an interval whose part-0 id is ``aggregate_id``.
+
+    Part 0 is the id itself; part ``k >= 1`` is ``<id>:<k>`` (no leading zeros, so each part has
+    one spelling). See ``cloud_sync.protocol.AGGREGATE_ID_PATTERN``.
+
+    >>> aggregate_part_id("gw1:pump1:60000", 0), aggregate_part_id("gw1:pump1:60000", 2)
+    ('gw1:pump1:60000', 'gw1:pump1:60000:2')
+
+    Raises:
+        ValueError: ``part`` is negative or above :data:`MAX_AGGREGATE_PART`.
+    """
+    if not 0 <= part <= MAX_AGGREGATE_PART:
+        raise ValueError(f"aggregate part {part} out of range 0..{MAX_AGGREGATE_PART}")
+    return aggregate_id if part == 0 else f"{aggregate_id}:{part}"

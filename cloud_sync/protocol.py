@@ -5,7 +5,14 @@ Ingest: ``POST /v1/ingest`` with ``Authorization: Bearer <device token>``, body 
 carries an id made on the device that is stable across retries:
 
 * alert: ``<device_id>:<stream>:<seq>`` (``seq`` from the device's store, never reused);
-* aggregate: ``<device_id>:<stream>:<interval_start in integer ms>``.
+* aggregate: ``<device_id>:<stream>:<interval_start in integer ms>`` for part 0, and
+  ``<device_id>:<stream>:<interval_start in integer ms>:<k>`` (``k`` 1..999999, no leading
+  zero) for part ``k`` of the same interval (:data:`AGGREGATE_ID_PATTERN`): the device stored
+  the interval more than once because it restarted within it, each part summarising other
+  readings. Parts are separate records (each its own id); a consumer combines the parts of one
+  ``(stream, interval_start)`` (README, "Aggregate parts"). A fleet older than parts rejects a
+  part id by its pattern (``rejected``, with the reason): the device keeps it in its
+  dead-letter table.
 
 Ingest is idempotent on ``(kind, id)``: the same batch sent twice stores each record once. The
 response, an :class:`IngestResult`, says per record index whether it was ``accepted`` (stored now),
@@ -46,7 +53,12 @@ MAX_BATCH_RECORDS = 5_000
 #: Largest decompressed body the fleet accepts, bytes.
 MAX_BODY_BYTES = 16 * 1024 * 1024
 
+#: Alert ids (and aggregate part-0 ids): ``<device>:<stream>:<integer>``.
 ID_PATTERN = r"^[A-Za-z0-9_.-]{1,64}:[A-Za-z0-9_.-]{1,64}:-?[0-9]{1,20}$"
+#: Aggregate ids: :data:`ID_PATTERN`, optionally ``:<part>`` with part 1..999999.
+AGGREGATE_ID_PATTERN = (
+    r"^[A-Za-z0-9_.-]{1,64}:[A-Za-z0-9_.-]{1,64}:-?[0-9]{1,20}(?::[1-9][0-9]{0,5})?$"
+)
 NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
 
 
@@ -109,13 +121,16 @@ class AlertBody(_Wire):
 class AggregateColumns(_Wire):
     """Schema 2: a batch's aggregates as columns, entry ``i`` of each list being aggregate ``i``.
 
-    Each entry is checked as the :class:`AggregateBody` field of the same name (``ids`` as a
-    record id, ``streams`` as ``stream``); ``channels[i]`` is the JSON TEXT of a
-    ``list[ChannelStatsBody]``; ``max_score[i]`` may be ``null``. Lengths must be equal (checked
-    by the fleet, 422 otherwise). Units as :class:`AggregateBody`: epoch seconds UTC, seconds.
+    Each entry is checked as the :class:`AggregateBody` field of the same name (``ids`` as an
+    aggregate record id, :data:`AGGREGATE_ID_PATTERN`; ``streams`` as ``stream``);
+    ``channels[i]`` is the JSON TEXT of a ``list[ChannelStatsBody]``; ``max_score[i]`` may be
+    ``null``. Lengths must be equal (checked by the fleet, 422 otherwise). Units as
+    :class:`AggregateBody`: epoch seconds UTC, seconds.
     """
 
-    ids: list[Annotated[str, Field(pattern=ID_PATTERN)]] = Field(max_length=MAX_BATCH_RECORDS)
+    ids: list[Annotated[str, Field(pattern=AGGREGATE_ID_PATTERN)]] = Field(
+        max_length=MAX_BATCH_RECORDS
+    )
     streams: list[Annotated[str, Field(pattern=NAME_PATTERN)]] = Field(
         max_length=MAX_BATCH_RECORDS
     )
@@ -146,7 +161,7 @@ class AlertRecord(_Wire):
 
 class AggregateRecord(_Wire):
     kind: Literal["aggregate"]
-    id: str = Field(pattern=ID_PATTERN)
+    id: str = Field(pattern=AGGREGATE_ID_PATTERN)
     body: AggregateBody
 
 

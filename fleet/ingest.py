@@ -23,9 +23,9 @@ covers the columns as typed arrays in the same one call, then every ``channels``
 alone, strict and storable (:func:`fleet.channels.channels_ok`, msgspec: each string one whole
 value, so a text that would only make sense next to its neighbours cannot pass);
 :func:`prepare_columns` then checks ownership (every id starts with ``<token's device>:
-<streams[i]>:``) and in-batch repeats with a few C-level passes, and hands the columns to the
-store as they are (:class:`fleet.db.records.AggregateColumnRows`: channels stored as the text
-the device sent).
+<streams[i]>:``; the id pattern, part suffix included, was checked before) and in-batch repeats
+with a few C-level passes, and hands the columns to the store as they are
+(:class:`fleet.db.records.AggregateColumnRows`: channels stored as the text the device sent).
 The slow path turns each column entry back into the record it stands for
 (:func:`column_records`: ``{"kind": "aggregate", "id": ids[i], "body": {...}}`` with the batch's
 device and ``channels`` parsed from its text), appended after ``records``, so schema 2 accepts,
@@ -333,7 +333,14 @@ def validate_record(
 
 
 def _check_owner(device_id: str, record_id: str, body_device: str, body_stream: str) -> None:
-    owner, stream, _ = record_id.split(":")
+    """Reject a record whose id (already matched against its pattern) or body names another
+    device, or whose id names another stream than its body. Ids are ``<device>:<stream>:<n>``,
+    aggregates optionally with ``:<part>`` (:data:`cloud_sync.protocol.AGGREGATE_ID_PATTERN`).
+
+    Raises:
+        RecordRejected: With the reason sent back to the device.
+    """
+    owner, stream, *_ = record_id.split(":")
     if owner != device_id or body_device != device_id:
         raise RecordRejected(f"record belongs to another device (token is for {device_id!r})")
     if stream != body_stream:

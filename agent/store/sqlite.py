@@ -26,6 +26,10 @@ oldest first; ``pending_upload_records`` is the same queue as wire JSON, :mod:`a
 ``mark_uploaded`` (rows the fleet acknowledged), ``dead_letter`` (rows it rejected),
 ``upload_backlog`` and ``oldest_pending_upload``.
 
+Aggregates: ``add_aggregate`` stores an interval the store already holds (the agent restarted
+within it) as the interval's next part, and drops an exact repeat (a replay of the same file):
+:mod:`agent.store.parts`.
+
 Calibrations (the pipeline thread): ``save_calibration`` (durable, when a stream finishes its
 calibration or a model update swaps one in) and ``calibration`` (at start):
 :mod:`agent.store.calibrations`.
@@ -59,8 +63,8 @@ from typing import Any, Literal
 from agent.errors import StoreError
 from agent.metrics import Metrics
 from agent.pipeline.restore import StoredCalibration
-from agent.records import Aggregate, Alert
-from agent.store import calibrations, wire
+from agent.records import Aggregate, Alert, iso_utc
+from agent.store import calibrations, parts, wire
 from agent.store import maintenance as mt
 from agent.store.schema import migrate
 
@@ -618,13 +622,19 @@ class Store:
     # -- aggregates -----------------------------------------------------------------------------
 
     def add_aggregate(self, agg: Aggregate) -> bool:
-        """Store an aggregate; idempotent on ``aggregate_id``. Non-finite numbers become NULL.
+        """Store an aggregate under ``aggregate_id``, or as the next part of its interval.
+
+        A stored row of the same interval with the same readings (:mod:`agent.store.parts`) makes
+        this one a duplicate: nothing is written (a replay of the same file stays idempotent).
+        Otherwise, when the interval is already stored (the agent restarted within it), the
+        aggregate is stored as its next part, ``<aggregate_id>:<k>``, logged once. Non-finite
+        numbers become NULL.
 
         Returns:
-            True when inserted, False when already stored (unchanged).
+            True when stored (as any part), False when it duplicates a stored part.
 
         Raises:
-            StoreError: The write failed.
+            StoreError: The write failed (also: the interval has run out of part numbers).
         """
         channels = json.dumps(
             [
@@ -642,37 +652,46 @@ class Store:
             separators=(",", ":"),
         )
         try:
-            inserted = self._insert_aggregate(agg, channels)
+            stored_as = self._insert_aggregate(agg, channels)
         except StoreError as exc:
             if mt.is_disk_full(exc):
                 self._make_room()  # for the next ones; this one is the caller's to count
             self._maintain()
             raise
-        if inserted and self._metrics is not None:
+        if stored_as is not None and stored_as != agg.aggregate_id:
+            log.info(
+                "stream %s: interval starting %s was already stored (the agent restarted within "
+                "it); these readings are stored as part %s",
+                agg.stream, iso_utc(agg.interval_start), stored_as,
+            )
+        if stored_as is not None and self._metrics is not None:
             self._metrics.aggregates_total.labels(stream=agg.stream).inc()
         self._maintain()
-        return inserted
+        return stored_as is not None
 
-    def _insert_aggregate(self, agg: Aggregate, channels: str) -> bool:
+    def _insert_aggregate(self, agg: Aggregate, channels: str) -> str | None:
+        """The id the aggregate was stored under, or None for a duplicate."""
+        sql = (
+            "INSERT {} INTO aggregates (aggregate_id, device_id, stream, interval_start,"
+            " interval_s, count, channels, max_score, windows, alert_count) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        )
+        max_score = _finite_or_none(agg.max_score)
+        row = (agg.device_id, agg.stream, agg.interval_start, agg.interval_s, agg.count,
+               channels, max_score, agg.windows, agg.alert_count)
         with self._use("add_aggregate") as conn:
-            cur = conn.execute(
-                "INSERT OR IGNORE INTO aggregates (aggregate_id, device_id, stream, interval_start,"
-                " interval_s, count, channels, max_score, windows, alert_count) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    agg.aggregate_id,
-                    agg.device_id,
-                    agg.stream,
-                    agg.interval_start,
-                    agg.interval_s,
-                    agg.count,
-                    channels,
-                    _finite_or_none(agg.max_score),
-                    agg.windows,
-                    agg.alert_count,
-                ),
-            )
-            return cur.rowcount == 1
+            if conn.execute(sql.format("OR IGNORE"), (agg.aggregate_id, *row)).rowcount == 1:
+                return agg.aggregate_id
+            try:
+                part_id = parts.next_part_id(
+                    conn, agg.aggregate_id, agg.interval_s, agg.count, channels, max_score,
+                    agg.windows, agg.alert_count,
+                )
+            except ValueError as exc:
+                raise StoreError(str(exc), op="add_aggregate", path=self.path) from None
+            if part_id is not None:
+                conn.execute(sql.format(""), (part_id, *row))
+            return part_id
 
     def aggregates(
         self, stream: str | None = None, since: float | None = None

@@ -7,7 +7,10 @@
 * ``GET /v1/devices/{device_id}/aggregates`` and ``/alerts`` (admin, or that device's token):
   ``stream``, ``since`` (inclusive), ``until`` (exclusive) as epoch seconds or ISO 8601 with a
   timezone, ``limit`` (1..settings.query_limit_max, default 1000). Aggregates are timed by
-  ``interval_start``, alerts by ``window_start``.
+  ``interval_start``, alerts by ``window_start``. One interval of a stream may come as several
+  aggregate rows, its PARTS (ids ``<device>:<stream>:<ms>`` and ``...:<ms>:<k>``: the device
+  restarted within the interval); they are returned as stored, not merged. How to combine them
+  (sums, max, count-weighted mean, pooled std): README, "Aggregate parts".
 """
 
 from __future__ import annotations

@@ -1,0 +1,135 @@
+"""Aggregate parts in the SQLite store (real files): an interval flushed at shutdown and
+completed by the next process keeps both parts; an identical aggregate stays a duplicate."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry
+
+from agent.metrics import Metrics
+from agent.pipeline.aggregates import IntervalAggregator
+from agent.records import Aggregate, aggregate_part_id
+from agent.store.parts import part_of
+from agent.store.sqlite import Store
+from cloud_sync.protocol import AGGREGATE_ID_PATTERN, ID_PATTERN
+from tests.unit.test_store import make_aggregate
+
+T0 = 1_700_000_040.0  # an interval start (multiple of 60 s)
+
+
+def readings(start: float, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return 230.0 + rng.normal(0, 1, (n, 2)), start + np.arange(n, dtype=np.float64) * 0.5
+
+
+def run(db: Path, ts_from: float, n: int, seed: int, *, flush: bool) -> list[Aggregate]:
+    """One agent process: aggregate ``n`` readings from ``ts_from``, store what closes, and the
+    open interval too when ``flush`` (SIGTERM); the store is closed at the end."""
+    agg = IntervalAggregator("gw1", "pump1", ("v", "i"), 60.0)
+    values, ts = readings(ts_from, n, seed)
+    out = agg.add_readings(values, ts)
+    if flush:
+        out += agg.flush()
+    with Store(db) as store:
+        for a in out:
+            store.add_aggregate(a)
+    return out
+
+
+def rows(db: Path) -> list[tuple[str, int]]:
+    conn = sqlite3.connect(db)
+    try:
+        return [(r[0], int(r[1])) for r in conn.execute(
+            "SELECT aggregate_id, count FROM aggregates ORDER BY id")]
+    finally:
+        conn.close()
+
+
+def test_restart_within_an_interval_keeps_both_parts(tmp_path: Path) -> None:
+    db = tmp_path / "agent.db"
+    # process 1: 30 s of the interval, then SIGTERM flushes it as a partial aggregate
+    run(db, T0, 60, seed=1, flush=True)
+    # process 2: the rest of the interval, closed by the first reading of the next one
+    run(db, T0 + 31, 59, seed=2, flush=False)
+    base = f"gw1:pump1:{round(T0 * 1000)}"
+    assert rows(db) == [(base, 60), (f"{base}:1", 58)]
+    # a third process within the same interval: part 2
+    run(db, T0 + 59.5, 1, seed=3, flush=True)
+    assert rows(db)[-1] == (f"{base}:2", 1)
+
+
+def test_identical_aggregates_are_duplicates_of_any_part(tmp_path: Path) -> None:
+    metrics = Metrics(CollectorRegistry())
+    with Store(tmp_path / "agent.db", metrics=metrics) as store:
+        p0 = make_aggregate(T0)
+        p1 = dataclasses.replace(p0, count=7)
+        assert store.add_aggregate(p0) is True
+        assert store.add_aggregate(p1) is True
+        assert store.add_aggregate(p0) is False
+        assert store.add_aggregate(p1) is False
+        # the same readings scored differently (a replay whose calibration was restored) are
+        # the same aggregate: the first row stays
+        assert store.add_aggregate(dataclasses.replace(p1, windows=0, max_score=math.nan,
+                                                       alert_count=0)) is False
+        ids = [a["aggregate_id"] for a in store.aggregates()]
+        assert ids == [p0.aggregate_id, f"{p0.aggregate_id}:1"]
+        assert store.aggregates()[1]["count"] == 7
+        # another interval of the same stream is not a part, and neither is another stream
+        assert store.add_aggregate(make_aggregate(T0 + 60)) is True
+        assert store.add_aggregate(make_aggregate(T0, stream="pump2")) is True
+        assert len(store.aggregates()) == 4
+    got = metrics.registry.get_sample_value("edge_agent_aggregates_total", {"stream": "pump1"})
+    assert got == 3
+
+
+def test_streams_without_channels_compare_every_field(tmp_path: Path) -> None:
+    # a camera aggregate has no channel statistics: equal frame counts alone are not enough
+    cam = dataclasses.replace(make_aggregate(T0, stream="cam1"), channels=())
+    with Store(tmp_path / "agent.db") as store:
+        assert store.add_aggregate(cam) is True
+        assert store.add_aggregate(dataclasses.replace(cam, max_score=9.25)) is True
+        assert store.add_aggregate(dataclasses.replace(cam, max_score=math.nan,
+                                                       windows=0)) is True
+        assert store.add_aggregate(dataclasses.replace(cam, max_score=math.nan,
+                                                       windows=0)) is False
+        assert store.add_aggregate(cam) is False
+        assert len(store.aggregates()) == 3
+
+
+def test_part_numbers_follow_the_largest_stored_part(tmp_path: Path) -> None:
+    db = tmp_path / "agent.db"
+    with Store(db) as store:
+        for k in range(3):
+            store.add_aggregate(dataclasses.replace(make_aggregate(T0), count=10 + k))
+    conn = sqlite3.connect(db)
+    base = make_aggregate(T0).aggregate_id
+    conn.execute("DELETE FROM aggregates WHERE aggregate_id = ?", (f"{base}:1",))
+    conn.commit()
+    conn.close()
+    with Store(db) as store:
+        # ids sharing a prefix with the interval's id are not its parts
+        other = dataclasses.replace(make_aggregate(T0 * 10), count=5)
+        assert other.aggregate_id.startswith(base)
+        assert store.add_aggregate(other) is True
+        assert store.add_aggregate(dataclasses.replace(make_aggregate(T0), count=99)) is True
+    assert rows(db)[-2:] == [(other.aggregate_id, 5), (f"{base}:3", 99)]
+
+
+def test_part_ids_match_the_wire_patterns() -> None:
+    base = make_aggregate(T0).aggregate_id
+    assert aggregate_part_id(base, 0) == base
+    assert re.match(ID_PATTERN, base) and re.match(AGGREGATE_ID_PATTERN, base)
+    for k in (1, 9, 10, 999_999):
+        pid = aggregate_part_id(base, k)
+        assert re.match(AGGREGATE_ID_PATTERN, pid) and not re.match(ID_PATTERN, pid)
+        assert part_of(base, pid) == k
+    for k in (-1, 1_000_000):
+        with pytest.raises(ValueError, match="out of range"):
+            aggregate_part_id(base, k)
