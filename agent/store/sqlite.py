@@ -76,6 +76,9 @@ log = logging.getLogger("agent.store")
 _TABLES: dict[str, str] = {"alert": "alerts", "aggregate": "aggregates"}
 
 _ALERT_SEQ_PREFIX = "alert_seq:"
+#: Counter holding the least alert sequence number of a store that replaced a quarantined one
+#: (:meth:`Store._open`): every stream's alert numbers continue above it.
+_ALERT_SEQ_BASE = "alert_seq_base"
 #: Most eviction steps per eviction class on one full-disk write.
 _MAKE_ROOM_STEPS = 64
 
@@ -232,6 +235,7 @@ class Store:
         self.wal_limit_bytes = mt.wal_limit_bytes(self.path, budget_bytes)
         self._reserve_bytes = mt.reserve_bytes(self.wal_limit_bytes)
         self.quarantined: str | None = None
+        self._seq_base = 0  # alert numbers continue above it (set by _open; see _ALERT_SEQ_BASE)
         self._conn: sqlite3.Connection | None = self._open(busy_timeout_s)
 
     def _connect(self, busy_timeout_s: float) -> sqlite3.Connection:
@@ -271,6 +275,12 @@ class Store:
             if self._metrics is not None:
                 self._metrics.store_quarantined_total.inc()
             conn = self._connect(busy_timeout_s)
+            # The corrupt file held the alert sequence counters and is unreadable: numbering
+            # again from 1 would reissue alert ids the broker's consumers and the fleet have
+            # already seen (the fleet answers "duplicate" and the new alert is never stored).
+            # Continue every stream above the wall clock in ms instead: unique as long as the
+            # old store issued fewer alerts than milliseconds passed since it was created.
+            seq_base = int(self._clock() * 1000)
         try:
             mt.prepare_new_file(conn)
             conn.execute("PRAGMA journal_mode = WAL")
@@ -279,6 +289,16 @@ class Store:
             page = int(conn.execute("PRAGMA page_size").fetchone()[0])
             conn.execute(f"PRAGMA wal_autocheckpoint = {max(8, self.wal_limit_bytes // page):d}")
             migrate(conn)
+            if self.quarantined is not None:
+                conn.execute(
+                    "INSERT INTO counters (name, value) VALUES (?, ?) "
+                    "ON CONFLICT (name) DO UPDATE SET value = MAX(value, excluded.value)",
+                    (_ALERT_SEQ_BASE, seq_base),
+                )
+            row = conn.execute(
+                "SELECT value FROM counters WHERE name = ?", (_ALERT_SEQ_BASE,)
+            ).fetchone()
+            self._seq_base = 0 if row is None else int(row[0])
         except sqlite3.Error as exc:
             conn.close()
             raise StoreError(_describe(exc), op="open", path=self.path) from exc
@@ -358,9 +378,14 @@ class Store:
     def next_alert_seq(self, stream: str) -> int:
         """Return the next alert sequence number of ``stream`` (1, 2, ...; never reused).
 
+        A store that replaced a quarantined one continues above its creation time in ms
+        (``_ALERT_SEQ_BASE``).
+
         Raises:
             StoreError: The write failed.
         """
+        if self._seq_base:
+            self.raise_alert_seq(stream, self._seq_base)
         return self.next_seq(_ALERT_SEQ_PREFIX + stream)
 
     # -- calibrations ---------------------------------------------------------------------------
@@ -462,7 +487,7 @@ class Store:
             row = conn.execute(
                 "SELECT value FROM counters WHERE name = ?", (_ALERT_SEQ_PREFIX + stream,)
             ).fetchone()
-        return 0 if row is None else int(row[0])
+        return max(self._seq_base, 0 if row is None else int(row[0]))
 
     def raise_alert_seq(self, stream: str, floor: int) -> None:
         """Make sure the next alert sequence number of ``stream`` is above ``floor`` (durable).
@@ -485,7 +510,7 @@ class Store:
             conn.execute(
                 "INSERT INTO counters (name, value) VALUES (?, ? + 1) "
                 "ON CONFLICT (name) DO UPDATE SET value = MAX(value, excluded.value - 1) + 1",
-                (name, int(seq_floor)),
+                (name, max(int(seq_floor), self._seq_base)),
             )
             row = conn.execute("SELECT value FROM counters WHERE name = ?", (name,)).fetchone()
             alert = make(int(row[0]))

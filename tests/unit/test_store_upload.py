@@ -253,6 +253,27 @@ def test_corrupt_pages_are_quarantined(tmp_path: Path) -> None:
         assert store.aggregates() == []
 
 
+def test_alert_ids_are_not_reissued_after_a_quarantine(tmp_path: Path) -> None:
+    """The corrupt file held the sequence counters: the fresh store must not count from 1 again
+    (the fleet and MQTT consumers already saw gw1:pump1:1..3), also across later restarts."""
+    path = tmp_path / "agent.db"
+    with Store(path) as store:
+        issued = [store.add_new_alert("pump1", make_alert).seq for _ in range(3)]
+    assert issued == [1, 2, 3]
+    path.write_bytes(b"this is not a database at all" * 1000)
+    now = 1_800_000_000.0
+    with Store(path, clock=lambda: now) as store:
+        assert store.quarantined is not None
+        assert store.last_alert_seq("pump1") == 1_800_000_000_000
+        first = store.add_new_alert("pump1", make_alert).seq
+        other = store.next_alert_seq("fan2")
+    assert first == other == 1_800_000_000_001
+    with Store(path, clock=lambda: now + 5) as store:  # a plain restart: the base stays
+        assert store.quarantined is None
+        assert store.add_new_alert("pump1", make_alert).seq == first + 1
+        assert store.add_new_alert("new3", lambda q: make_alert(q, "new3")).seq == first
+
+
 def test_healthy_file_is_not_quarantined(tmp_path: Path) -> None:
     path = tmp_path / "agent.db"
     Store(path).close()
