@@ -808,9 +808,9 @@ def lock_state_dir(state_dir: Path) -> TextIO:
     Raises:
         AgentError: another process holds the lock (its pid is named) or the file cannot be made.
     """
-    state_dir.mkdir(parents=True, exist_ok=True)
     path = state_dir / "agent.lock"
     try:
+        state_dir.mkdir(parents=True, exist_ok=True)
         fh = path.open("a+", encoding="utf-8")
     except OSError as exc:
         raise AgentError(f"cannot create the state lock {path}: {exc}") from exc
@@ -824,10 +824,14 @@ def lock_state_dir(state_dir: Path) -> TextIO:
             f"state directory {state_dir} is in use by another edge-agent (pid {holder}); "
             "give each agent its own agent.state_dir"
         ) from None
-    fh.seek(0)
-    fh.truncate()
-    fh.write(f"{os.getpid()}\n")
-    fh.flush()
+    try:
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"{os.getpid()}\n")
+        fh.flush()
+    except OSError as exc:  # e.g. a full disk: the lock is held, only the pid note failed
+        log.warning("state lock %s: cannot write this process's pid into it (%s); the lock "
+                    "holds, a second agent will not name this one", path, exc)
     return fh
 
 

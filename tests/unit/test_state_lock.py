@@ -27,3 +27,11 @@ def test_separate_state_dirs_do_not_conflict(tmp_path: Path) -> None:
     b = lock_state_dir(tmp_path / "b")
     a.close()
     b.close()
+
+
+def test_a_state_dir_that_cannot_be_created_is_one_agent_error(tmp_path: Path) -> None:
+    """Its parent is a regular file (a tester saw a traceback from mkdir here)."""
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(AgentError, match="cannot create the state lock"):
+        lock_state_dir(blocker / "state")
