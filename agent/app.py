@@ -58,7 +58,7 @@ from agent.inference.deadline import DeadlineGuard, DegradeParams
 from agent.inference.image_package import load_image_package
 from agent.inference.package import ModelPackage, load_package, saturation_fallback
 from agent.inference.select import record_selection, registry_opener, select_backend
-from agent.logs import setup_logging
+from agent.logs import ALWAYS, setup_logging
 from agent.metrics import Metrics
 from agent.monitor import Monitor, WatchedCamera, WatchedSource
 from agent.pipeline.detector import Calibration, FeatureDeviationDetector
@@ -786,12 +786,13 @@ def check_reload(config_file: Path) -> AgentConfig | None:
                 load_package(path)
     except ConfigError as exc:
         for problem in exc.problems or [str(exc)]:
-            log.error("reload refused: %s: %s", config_file, problem)
+            log.error("reload refused: %s: %s", config_file, problem, extra=ALWAYS)
         return None
     except AgentError as exc:
-        log.error("reload refused: %s: %s", config_file, exc)
+        log.error("reload refused: %s: %s", config_file, exc, extra=ALWAYS)
         return None
-    log.info("reload: %s is valid; restarting the agent's components with it", config_file)
+    log.info("reload: %s is valid; restarting the agent's components with it", config_file,
+             extra=ALWAYS)
     return config
 
 
@@ -876,9 +877,10 @@ def run(config: AgentConfig, config_dir: Path, config_file: Path | None = None) 
 
     def _hup(signum: int, _frame: FrameType | None) -> None:
         if config_file is None:
-            log.warning("SIGHUP ignored: running on the embedded default config (no file)")
+            log.warning("SIGHUP ignored: running on the embedded default config (no file)",
+                        extra=ALWAYS)
         elif current:
-            log.info("SIGHUP received; checking %s", config_file)
+            log.info("SIGHUP received; checking %s", config_file, extra=ALWAYS)
             current[-1].request_reload()
 
     reload = (lambda: check_reload(config_file)) if config_file is not None else None
@@ -909,7 +911,8 @@ def run(config: AgentConfig, config_dir: Path, config_file: Path | None = None) 
                 current.append(Agent(new, metrics, notifier=notifier, reload=reload))
                 config = new
             except AgentError as exc:
-                log.error("reload failed (%s); starting again with the previous config", exc)
+                log.error("reload failed (%s); starting again with the previous config", exc,
+                          extra=ALWAYS)
                 current.append(Agent(config, metrics, notifier=notifier, reload=reload))
             del current[:-1]
     finally:

@@ -40,12 +40,17 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(obj, ensure_ascii=False)
 
 
+#: ``log.info(..., extra=ALWAYS)``: never rate-limited (:class:`RateLimitFilter`).
+ALWAYS: dict[str, object] = {"always": True}
+
+
 class RateLimitFilter(logging.Filter):
     """Lets the same (logger, template, string arguments) through at most once per ``interval_s``.
 
     A record that passes after others were suppressed gets `` [N similar messages suppressed in
     the last S s]`` appended to its template, and ``suppressed = N`` as an attribute (the JSON
-    formatter emits it). Thread-safe.
+    formatter emits it). Thread-safe. A record logged with ``extra=ALWAYS`` (operator events
+    that happen once each: a SIGHUP, a reload's outcome) always passes and is not counted.
 
     Args:
         interval_s: Seconds between two records of the same key; 0 = no limit.
@@ -75,7 +80,7 @@ class RateLimitFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         """True when ``record`` may be emitted (see the class docstring)."""
-        if self.interval_s <= 0:
+        if self.interval_s <= 0 or getattr(record, "always", False):
             return True
         args = record.args if isinstance(record.args, tuple) else ()
         key = (record.name, str(record.msg), tuple(a for a in args if isinstance(a, str)))

@@ -20,7 +20,7 @@ from agent.health import (
     source_health,
     stall_policy,
 )
-from agent.logs import JsonFormatter, RateLimitFilter, setup_logging
+from agent.logs import ALWAYS, JsonFormatter, RateLimitFilter, setup_logging
 from agent.sources.replay import ReplayConfig
 from agent.sources.serial import SerialConfig
 from agent.sources.simulator import SimulatorConfig
@@ -60,6 +60,19 @@ def test_rate_limit_lets_one_through_per_interval_and_counts_the_rest() -> None:
     clock.now += 10.0
     quiet = _record("disk %d full", 6)
     assert f.filter(quiet) and quiet.getMessage() == "disk 6 full"
+
+
+def test_rate_limit_lets_operator_events_through_every_time() -> None:
+    """A second SIGHUP within the interval must still be logged (a tester saw it vanish)."""
+    f = RateLimitFilter(30.0, Clock())
+    events = []
+    for _ in range(3):
+        rec = _record("SIGHUP received; checking %s", "agent.toml")
+        rec.__dict__.update(ALWAYS)
+        events.append(f.filter(rec))
+    assert events == [True, True, True]
+    plain = _record("SIGHUP received; checking %s", "agent.toml")
+    assert f.filter(plain) and not f.filter(_record("SIGHUP received; checking %s", "agent.toml"))
 
 
 def test_rate_limit_zero_disables() -> None:
