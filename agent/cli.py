@@ -98,7 +98,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     status.add_argument(
         "--url", metavar="URL", help="the agent's base URL (default http://127.0.0.1:PORT, "
-        f"PORT from --config's agent.metrics_port, else {DEFAULT_STATUS_PORT})",
+        f"PORT from --config's agent.metrics_port; without --config {DEFAULT_STATUS_PORT})",
     )
     status.add_argument("--config", type=Path, metavar="FILE", help="the agent's config file")
     status.add_argument("--timeout", type=float, default=5.0, metavar="S", help="seconds")
@@ -169,7 +169,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
                 agent = load_config(args.config).agent
             except ConfigError as exc:
                 return _report_config_error(exc, args.config, sys.stderr)
-            port = agent.metrics_port if agent.metrics_port is not None else port
+            if agent.metrics_port is None:  # probing the default port could find another agent
+                print(f"error: {args.config} sets no agent.metrics_port: that agent serves no "
+                      "/healthz to ask (set one, or give --url)", file=sys.stderr)
+                return STATUS_UNREACHABLE
+            port = agent.metrics_port
             if agent.metrics_address not in {"0.0.0.0", "::"}:  # noqa: S104 - compared, not bound
                 host = agent.metrics_address
         url = f"http://{host}:{port}"

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from agent import cli
 from agent.config.schema import MODELS_DIR_ENV, resolve_model_path
 from agent.health import (
     Component,
@@ -199,3 +200,15 @@ def test_builtin_models_dir_from_environment(
     assert resolve_model_path("builtin:m", Path("/etc")) == tmp_path / "models" / "m"
     monkeypatch.setenv(MODELS_DIR_ENV, "")
     assert resolve_model_path("builtin:m", Path("/etc")).parent.name == "models"
+
+
+def test_status_refuses_a_config_without_metrics_port(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Probing the default port would report whichever agent listens there (a tester's find)."""
+    cfg = tmp_path / "agent.toml"
+    assert cli.main(["print-default-config"]) == 0  # a valid config without metrics_port
+    cfg.write_text(capsys.readouterr().out)
+    assert cli.main(["status", "--config", str(cfg)]) == 3
+    err = capsys.readouterr().err
+    assert "sets no agent.metrics_port" in err and err.count("\n") == 1
