@@ -9,9 +9,13 @@ as a run-time failure restarted forever.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent.config.schema import AgentConfig, resolve_model_path
-from agent.errors import ConfigError, ModelError
+from agent.errors import ConfigError, ModelError, SourceError
+
+if TYPE_CHECKING:
+    from agent.sources.replay import ReplayConfig
 
 
 def preflight(config: AgentConfig) -> list[str]:
@@ -47,10 +51,14 @@ def preflight(config: AgentConfig) -> list[str]:
         try:
             if isinstance(source, CameraConfig):
                 load_image_package(path)
-            else:
-                load_package(path)
+                continue
+            package = load_package(path)
         except ModelError as exc:
             problems.append(f"{key}.model: {exc}")
+            continue
+        if isinstance(source, ReplayConfig) and Path(source.path).is_file():
+            problems.extend(_replay_columns(key, stream.name, source,
+                                            tuple(package.manifest.input.channels)))
     files = [("mqtt.password_file", config.mqtt.password_file if config.mqtt.enabled else None),
              ("mqtt.ca_file", config.mqtt.ca_file if config.mqtt.enabled else None)]
     fleet = getattr(config, "fleet", None)
@@ -61,6 +69,23 @@ def preflight(config: AgentConfig) -> list[str]:
             problems.append(f"{name}: no such file {value!r}")
     problems.extend(_credentials(config))
     return problems
+
+
+def _replay_columns(key: str, stream: str, source: ReplayConfig,
+                    needed: tuple[str, ...]) -> list[str]:
+    """The replay file's header as ``run`` reads it (time column, configured channels), and the
+    model's channels among its columns (``run`` refuses the stream otherwise, exit 78)."""
+    from agent.sources.replay import ReplaySource  # noqa: PLC0415
+
+    try:
+        columns = ReplaySource(source, stream).channels  # reads the header line only
+    except SourceError as exc:
+        return [f"{key}.source.path: {exc}"]
+    missing = [c for c in needed if c not in columns]
+    if missing:
+        return [f"{key}.model: needs channels {missing} that the replay file does not provide "
+                f"(its channels: {list(columns)})"]
+    return []
 
 
 def _credentials(config: AgentConfig) -> list[str]:

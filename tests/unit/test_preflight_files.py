@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli import EX_CONFIG, main
+from agent.cli import main
+from agent.exitcodes import EX_CONFIG
 
 SENSOR = """
 [agent]
@@ -86,3 +87,44 @@ def test_good_credentials_pass(tmp_path: Path, capsys: pytest.CaptureFixture[str
                      'token_file = "gw1.token"\n')
     rc, err = _check(tmp_path, text, capsys)
     assert rc == 0, err
+
+
+SKAB_CHANNELS = ["Accelerometer1RMS", "Accelerometer2RMS", "Current", "Pressure", "Temperature",
+                 "Thermocouple", "Voltage", "Volume Flow RateRMS"]
+
+
+def _replay(tmp_path: Path, header: list[str]) -> str:
+    rows = ";".join(header) + "\n" + ";".join(
+        ["2020-01-01 00:00:00"] + ["1.0"] * (len(header) - 1)) + "\n"
+    (tmp_path / "rec.csv").write_text(rows, encoding="utf-8")
+    return """
+[agent]
+device_id = "gw1"
+[[streams]]
+name = "pump"
+model = "builtin:skab-wstat"
+[streams.source]
+kind = "replay"
+path = "rec.csv"
+"""
+
+
+def test_replay_without_the_models_channels_is_a_config_problem(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """run refused it with exit 78 while check-config said OK (a tester's find)."""
+    text = _replay(tmp_path, ["datetime", *SKAB_CHANNELS[:-1]])
+    rc, err = _check(tmp_path, text, capsys)
+    assert rc == EX_CONFIG
+    assert "streams[0].model: needs channels ['Volume Flow RateRMS']" in err
+
+
+def test_replay_without_a_time_column_is_a_config_problem(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = _replay(tmp_path, ["when", *SKAB_CHANNELS])
+    rc, err = _check(tmp_path, text, capsys)
+    assert rc == EX_CONFIG and "streams[0].source.path: replay file has no time column" in err
+
+
+def test_replay_with_the_models_channels_passes(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _check(tmp_path, _replay(tmp_path, ["datetime", *SKAB_CHANNELS]), capsys)[0] == 0
