@@ -39,11 +39,15 @@ whole pass) without a single readable frame.
 
 Bad input is rejected, counted in :attr:`CameraSource.rejected` and handed to the ``reject``
 callback of :meth:`CameraSource.run` (an :class:`agent.errors.RecordError` with a ``reason``),
-and the source reads on: an image in a folder that does not decode (zero bytes, corrupt, not an
-image: ``unreadable_image``) and a frame that cannot be converted to the model's input (a
-channel count other than 1, 3 or 4: ``bad_image``).
+and the source reads on: an image in a folder that cannot be read or decoded whole (gone, no
+permission, zero bytes, truncated, corrupt, not an image: ``unreadable_image``; see
+:mod:`agent.sources.image_file`), one smaller than
+:data:`agent.sources.image_file.MIN_IMAGE_SIDE` px on a side, and a frame that cannot be
+converted to the model's input (a channel count other than 1, 3 or 4) (``bad_image``). OpenCV's
+own log lines are silenced (:func:`quiet_opencv`): the agent reports each rejection itself.
 
-OpenCV is imported only when a camera stream is built (``pip install -e '.[camera]'``).
+OpenCV (and Pillow, for folders) is imported only when a camera stream is built
+(``pip install -e '.[camera]'``).
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ from agent.errors import RecordError, SourceError, SourceExhausted, SourceFailed
 from agent.records import Frame
 from agent.sources.backoff import Backoff
 from agent.sources.base import StatusListener
+from agent.sources.image_file import read_image_file
 
 KIND = "camera"
 
@@ -156,10 +161,15 @@ class FolderCapture:
     """A folder of images as a capture: one image per :meth:`read`, in name order.
 
     Raises:
-        SourceError: From the constructor when the folder is missing or holds no image.
+        SourceError: From the constructor when the folder is missing or holds no image, or
+            Pillow (which verifies each image whole) is not installed.
     """
 
     def __init__(self, folder: Path, loop: bool = False) -> None:
+        try:
+            import PIL  # noqa: F401, PLC0415 - checked here, used by read_image_file
+        except ImportError as exc:
+            raise SourceError("Pillow is not installed: pip install -e '.[camera]'") from exc
         if not folder.is_dir():
             raise SourceError("camera folder does not exist", path=str(folder))
         self._files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
@@ -170,10 +180,9 @@ class FolderCapture:
         self._decoded = False  # an image of this pass decoded
 
     def read(self) -> tuple[bool, Any]:
-        """One image, a :class:`agent.errors.RecordError` for an unreadable one, or
-        ``(False, None)`` at the end (looped: after a whole pass without a readable image)."""
-        import cv2  # noqa: PLC0415 - lazy: only with a camera stream
-
+        """One image, a :class:`agent.errors.RecordError` for a rejected one
+        (:func:`agent.sources.image_file.read_image_file`), or ``(False, None)`` at the end
+        (looped: after a whole pass without a readable image)."""
         if self._i >= len(self._files):
             if not self._loop or not self._decoded:
                 return False, None
@@ -181,14 +190,9 @@ class FolderCapture:
         path = self._files[self._i]
         self._i += 1
         try:
-            img = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
-        except cv2.error as exc:  # a decoder that refuses the file instead of returning None
-            img, why = None, str(exc).strip().splitlines()[-1]
-        else:
-            why = "empty file" if img is None and _is_empty(path) else "does not decode"
-        if img is None:
-            return True, RecordError(f"image {path.name} skipped: {why}", "unreadable_image",
-                                     path=str(path))
+            img = read_image_file(path)
+        except RecordError as exc:
+            return True, exc
         self._decoded = True
         return True, img
 
@@ -196,11 +200,27 @@ class FolderCapture:
         self._i = len(self._files)
 
 
-def _is_empty(path: Path) -> bool:
+def quiet_opencv() -> None:
+    """Import OpenCV with its own logging silenced (the agent logs what goes wrong itself).
+
+    OpenCV, FFmpeg and the codecs print a raw stderr line of their own per failed open or
+    undecodable file (a flood while an RTSP camera is down, or per bad image in a folder), not
+    rate-limited and not in the agent's log format. ``OPENCV_LOG_LEVEL`` and
+    ``OPENCV_FFMPEG_LOGLEVEL`` set in the environment are kept (to debug a camera); otherwise
+    OpenCV logs nothing and FFmpeg only its fatal errors.
+
+    Raises:
+        SourceError: OpenCV is not installed.
+    """
+    user_level = os.environ.get("OPENCV_LOG_LEVEL")
+    for var, quiet in (("OPENCV_LOG_LEVEL", "SILENT"), ("OPENCV_FFMPEG_LOGLEVEL", "-8")):
+        os.environ.setdefault(var, quiet)
     try:
-        return path.stat().st_size == 0
-    except OSError:
-        return False
+        import cv2  # noqa: PLC0415 - lazy: only with a camera stream
+    except ImportError as exc:
+        raise SourceError("OpenCV is not installed: pip install -e '.[camera]'") from exc
+    if user_level is None:  # the variable only counts at OpenCV's first import
+        cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
 
 
 def open_capture(config: CameraConfig) -> Capture:
@@ -209,16 +229,11 @@ def open_capture(config: CameraConfig) -> Capture:
     Raises:
         SourceError: OpenCV is missing, or the capture does not open.
     """
+    quiet_opencv()
     if config.folder is not None:
         return FolderCapture(Path(config.folder), config.loop)
-    # OpenCV and FFmpeg print a line of their own per failed open (a flood while an RTSP
-    # camera is down and the source reconnects); the agent logs the outage once instead
-    for var, quiet in (("OPENCV_LOG_LEVEL", "ERROR"), ("OPENCV_FFMPEG_LOGLEVEL", "-8")):
-        os.environ.setdefault(var, quiet)
-    try:
-        import cv2  # noqa: PLC0415 - lazy: only with a camera stream
-    except ImportError as exc:
-        raise SourceError("OpenCV is not installed: pip install -e '.[camera]'") from exc
+    import cv2  # noqa: PLC0415 - lazy: only with a camera stream
+
     target: int | str = (config.device if config.device is not None
                          else config.url if config.url is not None else str(config.path))
     cap = cv2.VideoCapture(target)
