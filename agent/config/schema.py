@@ -140,7 +140,8 @@ class RulesConfig(StrictModel):
         "clear_ratio x threshold for clear_windows consecutive windows (0 < clear_ratio <= 1).",
     )
     clear_windows: int = Field(
-        5, ge=1, description="Consecutive windows below the clear level that end an episode."
+        5, ge=0, description="Consecutive windows below the clear level that end an episode; "
+        "0 = no episodes: every window meeting k of n alerts (subject to cooldown_s)."
     )
     cooldown_s: float = Field(
         60.0,
@@ -256,7 +257,10 @@ class StreamConfig(StrictModel):
         "yellow in /healthz).",
     )
     rules: RulesConfig = Field(
-        default_factory=RulesConfig, description="Alert rules of this stream."
+        default_factory=RulesConfig, description="Alert rules of this stream. A camera stream "
+        "whose table gives no key has defaults of its own (agent/services/camera_rules.py): "
+        "every anomalous image of a folder alerts; a video or live camera alerts once per "
+        "run of anomalous frames."
     )
 
     @field_validator("model")

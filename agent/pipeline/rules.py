@@ -8,6 +8,9 @@ One alert per anomaly episode:
   ``clear_ratio × threshold`` (a deadband, so a score hovering at the threshold raises one alert);
 * **cooldown**: a new episode raises an alert only if ``cooldown_s`` seconds (stream time) passed
   since the previous alert.
+
+``clear_windows = 0`` means no episodes: every window that meets k of n raises an alert (subject
+to the cooldown), e.g. an image folder where each image is a different part.
 """
 
 from __future__ import annotations
@@ -30,8 +33,8 @@ class RuleParams:
     def __post_init__(self) -> None:
         if not 1 <= self.k <= self.n:
             raise ValueError(f"need 1 <= k <= n, got k={self.k} n={self.n}")
-        if not 0 < self.clear_ratio <= 1 or self.clear_windows < 1 or self.cooldown_s < 0:
-            raise ValueError("clear_ratio in (0, 1], clear_windows >= 1, cooldown_s >= 0")
+        if not 0 < self.clear_ratio <= 1 or self.clear_windows < 0 or self.cooldown_s < 0:
+            raise ValueError("clear_ratio in (0, 1], clear_windows >= 0, cooldown_s >= 0")
 
 
 class AlertRules:
@@ -78,7 +81,7 @@ class AlertRules:
             return False
         if self._above < p.k:
             return False
-        self.active = True
+        self.active = p.clear_windows > 0  # 0: no episode, the next window may alert again
         self._below = 0
         if self._last_alert_ts is not None and ts - self._last_alert_ts < p.cooldown_s:
             return False

@@ -53,9 +53,9 @@ from agent.errors import (
 from agent.health import SourceView
 from agent.inference.image_package import ImagePackage, load_image_package, open_image_backend
 from agent.pipeline.image import ImagePipeline, ImageSpec
-from agent.pipeline.rules import RuleParams
 from agent.pipeline.stream import AlertEvent
 from agent.records import Aggregate, Frame
+from agent.services.camera_rules import camera_rule_params
 from agent.services.supervisor import RateLimiter
 from agent.sources.backoff import Backoff
 from agent.sources.camera import CameraConfig, CameraSource
@@ -325,12 +325,10 @@ def build_camera_stream(config: StreamConfig, device_id: str, aggregate_interval
     source = build_source(config.source, config.name, image_size=(inp.height, inp.width),
                           grayscale=inp.grayscale)
     assert isinstance(source, CameraSource)
-    r = config.rules
     pipeline = ImagePipeline(
         config.name, device_id,
         ImageSpec(inp.height, inp.width, inp.channels, tuple(inp.mean), tuple(inp.std)),
-        backend, package.threshold,
-        RuleParams(r.k, r.n, r.clear_ratio, r.clear_windows, r.cooldown_s),
+        backend, package.threshold, camera_rule_params(config.rules, config.source),
         aggregate_interval_s,
     )
     observe = None

@@ -117,7 +117,7 @@ def test_default_params_are_valid() -> None:
         {"k": 1, "n": 0},
         {"clear_ratio": 0.0},
         {"clear_ratio": 1.5},
-        {"clear_windows": 0},
+        {"clear_windows": -1},
         {"cooldown_s": -1.0},
     ],
 )
