@@ -810,18 +810,9 @@ class Store:
         Raises:
             StoreError: The read failed.
         """
-        out: list[wire.WireRow] = []
-        payload = wire.JSON_OR_NULL.format(col="payload")
         channels = wire.JSON_OR_NULL.format(col="channels")
         with self._use("pending_uploads") as conn:
-            for row_id, alert_id, body in conn.execute(
-                f"SELECT id, alert_id, {payload} FROM alerts "  # noqa: S608 - fixed text
-                "WHERE uploaded_at IS NULL AND id > ? ORDER BY id LIMIT ?",
-                (after[0], limit),
-            ):
-                out.append(
-                    wire.WireRow("alert", int(row_id), alert_id, wire.alert_record(alert_id, body))
-                )
+            out = _pending_alert_rows(conn, limit, after[0])
             if len(out) >= limit:
                 return out
             columns = ("id, aggregate_id, device_id, stream, interval_start, interval_s, count,"
@@ -845,17 +836,8 @@ class Store:
         Raises:
             StoreError: The read failed.
         """
-        alerts: list[wire.WireRow] = []
-        payload = wire.JSON_OR_NULL.format(col="payload")
         with self._use("pending_uploads") as conn:
-            for row_id, alert_id, body in conn.execute(
-                f"SELECT id, alert_id, {payload} FROM alerts "  # noqa: S608 - fixed text
-                "WHERE uploaded_at IS NULL AND id > ? ORDER BY id LIMIT ?",
-                (after[0], limit),
-            ):
-                alerts.append(
-                    wire.WireRow("alert", int(row_id), alert_id, wire.alert_record(alert_id, body))
-                )
+            alerts = _pending_alert_rows(conn, limit, after[0])
             if len(alerts) >= limit:
                 return alerts, None
             rows = conn.execute(
@@ -1162,3 +1144,16 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _pending_alert_rows(conn: sqlite3.Connection, limit: int, after: int) -> list[wire.WireRow]:
+    """Up to ``limit`` unuploaded alerts with row id > ``after``, oldest first, as wire rows."""
+    payload = wire.JSON_OR_NULL.format(col="payload")
+    return [
+        wire.WireRow("alert", int(row_id), alert_id, wire.alert_record(alert_id, body))
+        for row_id, alert_id, body in conn.execute(
+            f"SELECT id, alert_id, {payload} FROM alerts "  # noqa: S608 - fixed text
+            "WHERE uploaded_at IS NULL AND id > ? ORDER BY id LIMIT ?",
+            (after, limit),
+        )
+    ]
