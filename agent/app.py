@@ -79,6 +79,9 @@ from agent.services.uploader import Uploader, read_token
 from agent.sources.base import Source
 from agent.sources.camera import CameraConfig
 from agent.sources.registry import build_source
+from agent.sources.replay import ReplayConfig
+from agent.sources.simulator import SimulatorConfig
+from agent.store.parts import RepeatPolicy
 from agent.store.sqlite import Store
 from agent.systemd import Notifier, watchdog_interval_s
 from cloud_sync.package import KeyFileError, TrustedKeys, load_public_keys
@@ -168,6 +171,7 @@ class Agent:
             msg = f"sources given for unknown stream(s) {unknown}"
             raise ConfigError(msg, problems=[msg])
         self.config = config
+        self._repeat = {sc.name: repeat_policy(sc.source) for sc in config.streams}
         self.metrics = metrics if metrics is not None else Metrics()
         self.metrics.info.info({"version": __version__, "device_id": config.agent.device_id})
         self.console = console if config.agent.console_alerts else None
@@ -582,7 +586,7 @@ class Agent:
 
     def _write_aggregate(self, agg: Aggregate) -> None:
         try:
-            self.store.add_aggregate(agg)
+            self.store.add_aggregate(agg, self._repeat.get(agg.stream, "same_readings"))
             self.aggregates_written += 1
         except StoreError as exc:
             self.aggregates_dropped += 1
@@ -794,6 +798,23 @@ def check_reload(config_file: Path) -> AgentConfig | None:
     log.info("reload: %s is valid; restarting the agent's components with it", config_file,
              extra=ALWAYS)
     return config
+
+
+def repeat_policy(source: object) -> RepeatPolicy:
+    """How a stream's aggregate for an interval the store already holds is stored
+    (:data:`agent.store.parts.RepeatPolicy`): a recorded input (replay file, video file, image
+    folder) is read again from its start after a restart, so an aggregate with the same
+    readings is a copy; a simulator faster than real time rewrites its own timeline, so the
+    repeat is a copy; a live source in real time (serial port, camera device or stream URL,
+    simulator at ``speed = 1``) only ever sends new readings, so the repeat is the next part.
+    """
+    if isinstance(source, CameraConfig):
+        return "same_readings" if source.path is not None or source.folder is not None else "part"
+    if isinstance(source, ReplayConfig):
+        return "same_readings"
+    if isinstance(source, SimulatorConfig):
+        return "part" if source.speed == 1.0 else "ignore"
+    return "part"
 
 
 def lock_state_dir(state_dir: Path) -> TextIO:

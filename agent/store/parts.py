@@ -26,8 +26,25 @@ may already hold, and the fleet would answer ``duplicate`` for it.
 from __future__ import annotations
 
 import sqlite3
+from typing import Literal
 
 from agent.records import MAX_AGGREGATE_PART, aggregate_part_id
+
+#: What an aggregate whose interval is already stored stands for, by the kind of source
+#: (:func:`agent.app.repeat_policy`):
+#:
+#: * ``"part"``: a live source in real time (serial port, live camera, simulator at
+#:   ``speed = 1``): readings after a restart are always new, so it is always the next part,
+#:   even when its statistics happen to equal a stored part's (a constant sensor, a seeded
+#:   simulator; a tester lost such a piece as a "duplicate").
+#: * ``"same_readings"``: a recorded input (replay file, video file, image folder) that a
+#:   restart reads again from its start: a duplicate when a stored part has the same readings
+#:   (module docstring), else the next part.
+#: * ``"ignore"``: a simulator faster than real time: its timeline restarts at the wall clock
+#:   behind the intervals it already wrote, so a repeated interval is fiction, not news: a
+#:   duplicate (what every repeat was before parts existed).
+RepeatPolicy = Literal["part", "same_readings", "ignore"]
+
 
 #: Stored parts of one interval: ``aggregate_id`` equal to the part-0 id, or inside
 #: ``(<id>:, <id>;)`` (``;`` follows ``:`` in code point order), which is every ``<id>:<k>`` and
@@ -61,6 +78,7 @@ def next_part_id(
     max_score: float | None,
     windows: int,
     alert_count: int,
+    policy: RepeatPolicy = "same_readings",
 ) -> str | None:
     """Id for an aggregate whose part-0 id ``aggregate_id`` is already stored.
 
@@ -73,19 +91,21 @@ def next_part_id(
         max_score: Largest window score, or None when nothing was scored.
         windows: Windows scored.
         alert_count: Alerts raised.
+        policy: How a repeated interval is told apart from a copy (:data:`RepeatPolicy`).
 
     Returns:
-        None when a stored part is the same aggregate (module docstring), else the id of the
-        next part.
+        None when it is a duplicate (``"ignore"``; ``"same_readings"`` and a stored part with
+        the same readings), else the id of the next part.
 
     Raises:
         sqlite3.Error: A read failed.
         ValueError: The interval already has :data:`agent.records.MAX_AGGREGATE_PART` parts.
     """
-    same = conn.execute(
+    if policy == "ignore":
+        return None
+    if policy == "same_readings" and conn.execute(
         _SAME, (aggregate_id, interval_s, count, channels, max_score, windows, alert_count)
-    ).fetchone()
-    if same is not None:
+    ).fetchone() is not None:
         return None
     parts = [part_of(aggregate_id, r[0]) for r in conn.execute(_IDS, (aggregate_id,))]
     last = max(parts, default=0)

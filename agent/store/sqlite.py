@@ -646,14 +646,15 @@ class Store:
 
     # -- aggregates -----------------------------------------------------------------------------
 
-    def add_aggregate(self, agg: Aggregate) -> bool:
+    def add_aggregate(self, agg: Aggregate, policy: parts.RepeatPolicy = "same_readings") -> bool:
         """Store an aggregate under ``aggregate_id``, or as the next part of its interval.
 
-        A stored row of the same interval with the same readings (:mod:`agent.store.parts`) makes
-        this one a duplicate: nothing is written (a replay of the same file stays idempotent).
-        Otherwise, when the interval is already stored (the agent restarted within it), the
-        aggregate is stored as its next part, ``<aggregate_id>:<k>``, logged once. Non-finite
-        numbers become NULL.
+        When the interval is already stored (the agent restarted within it), ``policy`` (by the
+        stream's kind of source, :data:`agent.store.parts.RepeatPolicy`) decides: a live
+        source's aggregate is the next part, ``<aggregate_id>:<k>``, logged once; a recorded
+        input's is a duplicate when a stored part has the same readings (a replay of the same
+        file stays idempotent), else the next part; a fast simulator's is a duplicate. Nothing
+        is written for a duplicate. Non-finite numbers become NULL.
 
         Returns:
             True when stored (as any part), False when it duplicates a stored part.
@@ -677,7 +678,7 @@ class Store:
             separators=(",", ":"),
         )
         try:
-            stored_as = self._insert_aggregate(agg, channels)
+            stored_as = self._insert_aggregate(agg, channels, policy)
         except StoreError as exc:
             if mt.is_disk_full(exc):
                 self._make_room()  # for the next ones; this one is the caller's to count
@@ -694,7 +695,9 @@ class Store:
         self._maintain()
         return stored_as is not None
 
-    def _insert_aggregate(self, agg: Aggregate, channels: str) -> str | None:
+    def _insert_aggregate(
+        self, agg: Aggregate, channels: str, policy: parts.RepeatPolicy
+    ) -> str | None:
         """The id the aggregate was stored under, or None for a duplicate."""
         sql = (
             "INSERT {} INTO aggregates (aggregate_id, device_id, stream, interval_start,"
@@ -710,7 +713,7 @@ class Store:
             try:
                 part_id = parts.next_part_id(
                     conn, agg.aggregate_id, agg.interval_s, agg.count, channels, max_score,
-                    agg.windows, agg.alert_count,
+                    agg.windows, agg.alert_count, policy,
                 )
             except ValueError as exc:
                 raise StoreError(str(exc), op="add_aggregate", path=self.path) from None

@@ -13,9 +13,14 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
+from agent.app import repeat_policy
 from agent.metrics import Metrics
 from agent.pipeline.aggregates import IntervalAggregator
 from agent.records import Aggregate, aggregate_part_id
+from agent.sources.camera import CameraConfig
+from agent.sources.replay import ReplayConfig
+from agent.sources.serial import SerialConfig
+from agent.sources.simulator import SimulatorConfig
 from agent.store.parts import part_of
 from agent.store.sqlite import Store
 from cloud_sync.protocol import AGGREGATE_ID_PATTERN, ID_PATTERN
@@ -133,3 +138,37 @@ def test_part_ids_match_the_wire_patterns() -> None:
     for k in (-1, 1_000_000):
         with pytest.raises(ValueError, match="out of range"):
             aggregate_part_id(base, k)
+
+
+def test_repeat_policy_decides_what_a_repeated_interval_is(tmp_path: Path) -> None:
+    """A live source's second piece is new even with equal statistics (a tester lost one from a
+    seeded simulator); a fast simulator's repeated interval is a copy; a recorded input's is a
+    copy only with the same readings."""
+    piece = make_aggregate(0)
+    other = dataclasses.replace(piece, count=piece.count + 1)
+    with Store(tmp_path / "live.db") as store:
+        assert store.add_aggregate(piece, "part")
+        assert store.add_aggregate(piece, "part")  # same statistics, still new readings
+        assert store.add_aggregate(other, "part")
+        ids = [a["aggregate_id"] for a in store.aggregates()]
+    assert ids == [piece.aggregate_id, *(aggregate_part_id(piece.aggregate_id, k) for k in (1, 2))]
+    with Store(tmp_path / "sim.db") as store:
+        assert store.add_aggregate(piece, "ignore")
+        assert not store.add_aggregate(other, "ignore")
+        assert [a["count"] for a in store.aggregates()] == [piece.count]
+    with Store(tmp_path / "replay.db") as store:
+        assert store.add_aggregate(piece, "same_readings")
+        assert not store.add_aggregate(piece, "same_readings")
+        assert store.add_aggregate(other, "same_readings")
+        assert len(store.aggregates()) == 2
+
+
+def test_repeat_policy_by_source_kind() -> None:
+    assert repeat_policy(SimulatorConfig(speed=1.0)) == "part"
+    assert repeat_policy(SimulatorConfig()) == "ignore"  # the demo's 20x
+    assert repeat_policy(SimulatorConfig(speed=0)) == "ignore"
+    assert repeat_policy(SerialConfig(port="/dev/ttyUSB0", channels=["v"])) == "part"
+    assert repeat_policy(ReplayConfig(path="x.csv")) == "same_readings"
+    assert repeat_policy(CameraConfig(folder="frames")) == "same_readings"
+    assert repeat_policy(CameraConfig(path="line1.avi")) == "same_readings"
+    assert repeat_policy(CameraConfig(device=0)) == "part"
