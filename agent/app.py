@@ -763,14 +763,25 @@ def _build_uploader(
 
     fc = config.fleet
     assert fc.url is not None  # FleetConfig requires it when enabled
+    current = [read_token(fc)]
     client = FleetClient(
-        fc.url, read_token(fc), connect_timeout_s=fc.connect_timeout_s,
+        fc.url, current[0], connect_timeout_s=fc.connect_timeout_s,
         read_timeout_s=fc.read_timeout_s, clock=clock, gzip_level=fc.gzip_level,
     )
+
+    def refresh_token() -> bool:  # after a 401/403: the operator may have re-enrolled us
+        token = read_token(fc)
+        if token == current[0]:
+            return False
+        current[0] = token
+        client.set_token(token)
+        return True
+
     return Uploader(
         store, client, config.agent.device_id, metrics, batch_records=fc.batch_records,
         interval_s=fc.interval_s, backoff_max_s=fc.backoff_max_s,
         max_bytes_per_s=fc.max_bytes_per_s, max_in_flight=fc.max_in_flight, clock=clock,
+        refresh_token=refresh_token,
     )
 
 

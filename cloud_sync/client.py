@@ -584,6 +584,10 @@ class FleetClient:
             os.close(dir_fd)
         return dest
 
+    def set_token(self, token: str) -> None:
+        """Use ``token`` from the next request on (the device was re-enrolled)."""
+        self._token = token
+
     def close(self) -> None:
         """Close the session if this client created it."""
         if self._owns_session:

@@ -40,12 +40,14 @@ Failures (:mod:`cloud_sync.errors`): :class:`FleetUnavailable` and :class:`Fleet
 back off exponentially with full jitter (``delay = U(0, min(max, initial * 2**n))``; Marc Brooker,
 "Exponential Backoff And Jitter", AWS Architecture Blog, 2015) but wait at least the server's
 ``Retry-After``. :class:`FleetAuthError` (401/403) is logged once and retried every
-``backoff_max_s`` (an operator may re-enroll the device). A 413, or a 400/422 for a whole batch,
-halves the batch until the offending record stands alone; a single record refused that way is
-dead-lettered. Other 4xx back off like an outage. Outage start and end are logged once each.
-A 422 naming ``schema`` for a schema-2 batch is what a fleet that knows only schema 1 answers:
-the uploader then sends schema-1 batches (every record as JSON, :func:`cloud_sync.client.
-batch_json`) for the rest of its life, logged once, and nothing is dead-lettered for it.
+``backoff_max_s`` (an operator may re-enroll the device); each 401/403 reads the token file or
+variable again, and a new token is used at once (SIGHUP applies one without waiting). A 413, or a
+400/422 for a whole batch, halves the batch until the offending record stands alone; a single
+record refused that way is dead-lettered. Other 4xx back off like an outage. Outage start and end
+are logged once each. A 422 naming ``schema`` for a schema-2 batch is what a fleet that knows only
+schema 1 answers: the uploader then sends schema-1 batches (every record as JSON,
+:func:`cloud_sync.client.batch_json`) for the rest of its life, logged once, and nothing is
+dead-lettered for it.
 
 Bandwidth: with ``max_bytes_per_s`` a token bucket on the compressed body size delays each send
 until the budget allows it (bursts up to one second's worth, a single larger body goes into debt).
@@ -334,6 +336,9 @@ class Uploader:
         monotonic: Monotonic clock (bandwidth bucket, upload duration).
         stop_event: Set to stop the loop (shared with the agent); a new one when None.
         rng: Random source for the jitter (seeded in tests).
+        refresh_token: Called after a 401/403: reads the token again and gives it to the client,
+            True when it changed (the retry then comes at once, not after ``backoff_max_s``);
+            may raise ConfigError (file gone or empty: the old token stays).
 
     Raises:
         ValueError: ``batch_records`` outside 1..MAX_BATCH_RECORDS, ``max_in_flight`` outside
@@ -358,6 +363,7 @@ class Uploader:
         monotonic: Callable[[], float] = time.monotonic,
         stop_event: threading.Event | None = None,
         rng: random.Random | None = None,
+        refresh_token: Callable[[], bool] | None = None,
     ) -> None:
         if not 1 <= batch_records <= MAX_BATCH_RECORDS:
             raise ValueError(f"batch_records must be 1..{MAX_BATCH_RECORDS}, got {batch_records}")
@@ -375,6 +381,7 @@ class Uploader:
         self.monotonic = monotonic
         self.stop_event = stop_event if stop_event is not None else threading.Event()
         self._backoff = Backoff(backoff_initial_s, backoff_max_s, jitter=1.0, rng=rng)
+        self._refresh_token = refresh_token
         self._bucket = (
             TokenBucket(max_bytes_per_s, monotonic=monotonic) if max_bytes_per_s else None
         )
@@ -691,11 +698,26 @@ class Uploader:
         o.attempts += 1
         if o.since is None:
             o.since = self.clock()
+        if self._refresh_token is not None:
+            try:
+                changed = self._refresh_token()
+            except ConfigError as cfg_exc:
+                changed = False
+                if not o.auth_logged:
+                    log.error("fleet: cannot read the device token again: %s", cfg_exc)
+            if changed:
+                log.warning("fleet: the device token was refused (HTTP %d); a new token was "
+                            "found and is used from the next attempt", exc.status)
+                o.auth_logged = False
+                self._failing = True
+                self._refresh_gauges()
+                return self._backoff.initial_s
         if not o.auth_logged:
             o.auth_logged = True
             log.error(
                 "fleet refused the device token (HTTP %d: %s); re-enroll the device "
-                "(edge-fleet device add) and update the token; retrying every %.0f s",
+                "(edge-fleet device add) and update the token (read again at every retry, "
+                "or at once on SIGHUP); retrying every %.0f s",
                 exc.status, exc.detail, self._backoff.max_s,
             )
         self._failing = True

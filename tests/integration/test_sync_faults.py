@@ -258,3 +258,42 @@ def test_tiny_budget_evicts_aggregates_while_alerts_reach_mqtt_and_the_fleet(
         up.stop(5)
         pub.stop()
         store.close()
+
+
+def test_a_re_enrolled_token_written_to_the_token_file_is_used_without_a_restart(
+    tmp_path: Path, fleet: FleetProcess
+) -> None:
+    """The agent's own uploader wiring (``agent.app._build_uploader``) against the real fleet:
+    a refused token, then the operator writes the device's new token into the file; the backlog
+    drains without a restart or SIGHUP (a tester's agent kept sending the old token)."""
+    from agent.app import _build_uploader  # noqa: PLC0415 - the wiring under test
+    from agent.config.loader import load_config  # noqa: PLC0415
+
+    token_file = tmp_path / "fleet.token"
+    token_file.write_text("not-the-enrolled-token\n")
+    cfg_file = tmp_path / "agent.toml"
+    cfg_file.write_text(
+        '[agent]\ndevice_id = "gw1"\n'
+        f'[fleet]\nenabled = true\nurl = "{fleet.url}"\ntoken_file = "{token_file}"\n'
+        "interval_s = 0.2\nbackoff_max_s = 1.0\n"
+        '[[streams]]\nname = "pump1"\n[streams.source]\nkind = "simulator"\n'
+    )
+    config = load_config(cfg_file).resolved(tmp_path)
+    m = Metrics(CollectorRegistry())
+    store = Store(tmp_path / "agent.db")
+    for i in range(5):
+        store.add_aggregate(make_aggregate(60.0 * i))
+    up = _build_uploader(config, store, m, time.time)
+    up.start()
+    try:
+        wait_until(lambda: (m.registry.get_sample_value(
+            "edge_agent_upload_failures_total", {"reason": "auth"}) or 0) >= 2, 60,
+            "the fleet to refuse the wrong token twice")
+        assert store.upload_backlog() == (0, 5)
+        token_file.write_text(fleet.token + "\n")
+        wait_until(lambda: store.upload_backlog() == (0, 0), 60, "the backlog to drain")
+    finally:
+        up.stop(30)
+        up.close()
+    assert_exactly_once(fleet, store)
+    store.close()

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from agent.errors import ConfigError
 from agent.metrics import Metrics
 from agent.services.uploader import FleetConfig, TokenBucket, Uploader, read_token
 from agent.store.sqlite import Store
@@ -101,6 +102,40 @@ def test_auth_error_retries_slowly_and_logs_once(
     assert store.upload_backlog() == (0, 1)
 
 
+def test_a_new_token_on_disk_is_used_after_a_401_without_a_restart(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A tester re-enrolled a device and wrote the new token: the agent kept sending the old
+    one (read once at start) for as long as it ran."""
+    tokens = ["old", "old", "new"]
+    reads: list[str] = []
+
+    def refresh() -> bool:
+        reads.append(tokens.pop(0))
+        return reads[-1] != "old"
+
+    store, client, up, _m = setup(tmp_path, backoff_max_s=120.0, backoff_initial_s=1.0,
+                                  refresh_token=refresh)
+    store.add_aggregate(make_aggregate(0.0))
+    client.fail = [FleetAuthError(401, "unknown token")] * 3
+    assert [up.run_once() for _ in range(2)] == [120.0, 120.0]  # the file still holds "old"
+    assert up.run_once() == 1.0  # re-read: a new token, tried at once
+    assert sum("new token was found" in r.getMessage() for r in caplog.records) == 1
+    assert up.run_once() == 0.0 or store.upload_backlog() == (0, 0)
+    assert store.upload_backlog() == (0, 0)
+
+
+def test_an_unreadable_token_file_keeps_the_old_token(tmp_path: Path) -> None:
+    def refresh() -> bool:
+        raise ConfigError("fleet.token_file: empty")
+
+    store, client, up, _m = setup(tmp_path, backoff_max_s=120.0, refresh_token=refresh)
+    store.add_aggregate(make_aggregate(0.0))
+    client.fail = [FleetAuthError(401, "unknown token")]
+    assert up.run_once() == 120.0
+    assert store.upload_backlog() == (0, 1)
+
+
 def test_batch_rejected_with_422_is_bisected_to_the_bad_record(tmp_path: Path) -> None:
     # one batch at a time: the sequence of batch sizes is exact
     store, client, up, _m = setup(tmp_path, batch_records=4, max_in_flight=1)
@@ -168,7 +203,6 @@ def test_fleet_config_rules(tmp_path: Path) -> None:
     assert read_token(FleetConfig(enabled=True, url="http://f", token_file=str(tok))) == "abc"
     cfg = FleetConfig(enabled=True, url="http://f", token_env="TOK")
     assert read_token(cfg, {"TOK": "xyz"}) == "xyz"
-    from agent.errors import ConfigError  # noqa: PLC0415
 
     with pytest.raises(ConfigError):
         read_token(cfg, {})
