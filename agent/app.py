@@ -92,7 +92,7 @@ QUEUE_SIZE = 65_536
 BATCH_MAX = 4_096
 SHUTDOWN_FLUSH_S = 10.0
 #: Longest the queued readings are scored for after a stop signal (the whole shutdown must stay
-#: inside systemd's TimeoutStopSec=30 of systemd/edge-agent.service; a full 65,536-reading
+#: inside systemd's TimeoutStopSec (60 s) of systemd/edge-agent.service; a full 65,536-reading
 #: queue behind a failing disk took over 30 s under load, and SIGKILL then loses the outbox
 #: flush too). Readings left are dropped, counted in
 #: ``edge_agent_dropped_total{kind="reading", reason="shutdown"}`` and logged once.
