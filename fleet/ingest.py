@@ -225,7 +225,10 @@ def prepare_columns(
     n = len(ids)
     if not n:
         return
-    owned = list(map(str.startswith, ids, [f"{device_id}:{s}:" for s in streams]))
+    starts_all: list[float] = columns["interval_start"]
+    expected = [f"{device_id}:{s}:{round(t * 1000)}" for s, t in zip(streams, starts_all,
+                                                                      strict=True)]
+    owned = [rid == e or rid.startswith(e + ":") for rid, e in zip(ids, expected, strict=True)]
     first = {row["id"]: index for index, row in out.rows["aggregate"]}
     keep: list[int] | None = None  # None: every entry
     if not all(owned) or len(set(ids)) != n or not first.keys().isdisjoint(ids):
@@ -234,7 +237,8 @@ def prepare_columns(
             index = offset + i
             if not ok:
                 try:
-                    _check_owner(device_id, rid, device_id, streams[i])
+                    _check_owner(device_id, rid, device_id, streams[i],
+                                 round(starts_all[i] * 1000))
                     reason = "id does not belong to this device and stream"
                 except RecordRejected as exc:
                     reason = str(exc)
@@ -326,25 +330,42 @@ def validate_record(
     bad = unstorable(raw)  # after the schema check, so nesting depth is bounded
     if bad is not None:
         raise RecordRejected(bad)
-    _check_owner(device_id, record.id, record.body.device_id, record.body.stream)
+    _check_owner(device_id, record.id, record.body.device_id, record.body.stream,
+                 id_number(record.kind, record.body))
     if isinstance(record, AlertRecord):
         return "alert", _alert_row(record, received_at)
     return "aggregate", _aggregate_row(record, received_at)
 
 
-def _check_owner(device_id: str, record_id: str, body_device: str, body_stream: str) -> None:
+def _check_owner(device_id: str, record_id: str, body_device: str, body_stream: str,
+                 number: int | None = None) -> None:
     """Reject a record whose id (already matched against its pattern) or body names another
-    device, or whose id names another stream than its body. Ids are ``<device>:<stream>:<n>``,
-    aggregates optionally with ``:<part>`` (:data:`cloud_sync.protocol.AGGREGATE_ID_PATTERN`).
+    device, whose id names another stream than its body, or whose id number is not the body's
+    (``number``: an alert's ``body.seq``, an aggregate's ``body.interval_start`` in integer ms,
+    :func:`id_number`). Ids are ``<device>:<stream>:<n>``, aggregates optionally with
+    ``:<part>`` (:data:`cloud_sync.protocol.AGGREGATE_ID_PATTERN`). Without the number check a
+    device could store a record under an id that its real record of that number later gets
+    ``duplicate`` for.
 
     Raises:
         RecordRejected: With the reason sent back to the device.
     """
-    owner, stream, *_ = record_id.split(":")
+    owner, stream, n, *_ = record_id.split(":")
     if owner != device_id or body_device != device_id:
         raise RecordRejected(f"record belongs to another device (token is for {device_id!r})")
     if stream != body_stream:
         raise RecordRejected("id stream does not match body.stream")
+    if number is not None and n != str(number):
+        raise RecordRejected(f"id number {n} does not match the body ({number}: body.seq of an "
+                             "alert, body.interval_start in ms of an aggregate)")
+
+
+def id_number(kind: Kind, body: Any) -> int:
+    """The number an id must carry: ``body.seq`` (alert), ``round(interval_start * 1000)``
+    (aggregate; as the agent makes it, :meth:`agent.records.Aggregate.aggregate_id`)."""
+    key = "seq" if kind == "alert" else "interval_start"
+    value = body[key] if isinstance(body, dict) else getattr(body, key)
+    return int(value) if kind == "alert" else round(float(value) * 1000)
 
 
 def _checked_row(
@@ -354,7 +375,8 @@ def _checked_row(
     """The row of a record :func:`check_batch` accepted (strict, storable, no NUL); ``starts``
     memoizes interval starts within the batch."""
     body = raw["body"]
-    _check_owner(device_id, raw["id"], body["device_id"], body["stream"])
+    _check_owner(device_id, raw["id"], body["device_id"], body["stream"],
+                 id_number(raw["kind"], body))
     if raw["kind"] == "alert":  # rare: the model path (timestamps parsed there)
         return "alert", _alert_row(AlertRecord.model_validate(raw, strict=True), received_at)
     return "aggregate", _aggregate_row_raw(raw, received_at, starts)

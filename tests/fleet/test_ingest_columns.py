@@ -120,6 +120,36 @@ def test_foreign_or_mismatched_ids_are_rejected_by_index(
     assert _count(engine) == (0, 1)
 
 
+def test_ids_whose_number_contradicts_the_body_are_rejected(
+    client: TestClient, engine: Engine, enrolled: dict[str, str]
+) -> None:
+    """A tester's fleet stored ``gw:s:999`` for an interval starting at another time (and a
+    negative id): a device could take the id its real record later gets ``duplicate`` for."""
+    good = aggregate("gw1", t=T0)
+    moved = aggregate("gw1", t=T0 + 60)
+    negative = aggregate("gw1", t=T0 + 120)
+    part = aggregate("gw1", t=T0 + 180)
+    doc = batch2("gw1", [], [good, moved, negative, part])
+    doc["aggregates"]["ids"][1] = "gw1:pump1:999"
+    doc["aggregates"]["ids"][2] = "gw1:pump1:-123"
+    doc["aggregates"]["ids"][3] = f"gw1:pump1:{int((T0 + 180) * 1000)}:1"
+    for body in (doc, batch("gw1", [
+        good, {**moved, "id": "gw1:pump1:999"}, {**negative, "id": "gw1:pump1:-123"},
+        {**part, "id": f"gw1:pump1:{int((T0 + 180) * 1000)}:1"}])):
+        results = client.post("/v1/ingest", json=body, headers=bearer(enrolled["gw1"])).json()
+        statuses = [r["status"] for r in results["results"]]
+        assert statuses[1:3] == ["rejected", "rejected"], results
+        assert statuses[3] in {"accepted", "duplicate"}
+        assert "does not match the body" in results["results"][1]["reason"]
+    bad_alert = alert("gw1", seq=9)
+    bad_alert["body"]["seq"] = 12345
+    results = client.post("/v1/ingest", json=batch("gw1", [bad_alert]),
+                          headers=bearer(enrolled["gw1"])).json()
+    assert results["results"][0]["status"] == "rejected"
+    assert "does not match the body" in results["results"][0]["reason"]
+    assert _count(engine) == (0, 2)
+
+
 def test_bad_entries_are_rejected_by_index_with_a_reason(
     client: TestClient, engine: Engine, enrolled: dict[str, str]
 ) -> None:
