@@ -124,6 +124,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=getattr(args, "log_level", "info").upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # alembic 1.16+ logs one INFO line per autogenerate plugin when it is first imported (7
+    # lines before each `edge-fleet device add`): nothing an operator acts on
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     try:
         return _run(args)
     except ConfigError as exc:
