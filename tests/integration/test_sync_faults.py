@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -41,16 +41,6 @@ def wait_until(pred: Callable[[], bool], timeout_s: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(0.05)
-
-
-@pytest.fixture
-def fleet(tmp_path: Path) -> Iterator[FleetProcess]:
-    proc = FleetProcess(tmp_path / "fleet")
-    proc.start()
-    try:
-        yield proc
-    finally:
-        proc.kill()
 
 
 def assert_exactly_once(fleet: FleetProcess, store: Store) -> None:

@@ -14,7 +14,6 @@ import math
 import os
 import sqlite3
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,16 +34,6 @@ from tests.integration.test_sync_pipeline import drain
 pytestmark = pytest.mark.integration
 
 T0 = 1_700_000_040.0  # an interval start (multiple of 60 s)
-
-
-@pytest.fixture
-def fleet(tmp_path: Path) -> Iterator[FleetProcess]:
-    proc = FleetProcess(tmp_path / "fleet")
-    proc.start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
 
 
 def agent_process(db: Path, fleet: FleetProcess, values: np.ndarray, ts: np.ndarray,
