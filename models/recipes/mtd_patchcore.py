@@ -27,9 +27,12 @@ and the ``openvino`` extra plus ``nncf`` for the OpenVINO INT8 IR. Steps (about 
 6. Artefacts: FP32 ONNX; ONNX Runtime INT8 QDQ (``quantize_static``: Conv, Clip and the
    distance MatMul, MinMax calibration); OpenVINO INT8 IR (``nncf.quantize`` of the converted
    FP32 model on ``--calib`` fit images (default all), global min/max activation ranges:
-   :func:`quantize_openvino`): the trunk convolutions and the distance MatMul run int8 (an
-   int8 x int8 GEMM over the bank); the feature pooling/upsampling/concatenation and the
-   distance arithmetic around the MatMul stay float.
+   :func:`quantize_openvino`): the trunk convolutions and the bank products run int8; the
+   feature pooling/upsampling/concatenation and the distance arithmetic around the products
+   stay float. The IR is quantized from the same model with the bank products written as 1x1
+   convolutions (``full_model(conv_distance=True)``: the same distances, to 2e-5 in FP32),
+   which OpenVINO runs on its int8 1x1-convolution kernels: on an AVX2-only CPU (no VNNI) its
+   int8 MatMul kernel (``jit_gemm_i8``) was slower than the float GEMM it replaced.
 7. Threshold: ``--threshold-quantile`` of the OpenVINO INT8 scores of the held-out good images.
    Golden tolerance: ``--atol-margin`` x the largest |INT8 - FP32| score difference of any shipped
    INT8 artefact on the held-out good images (what INT8 is measured to do on normal data).
@@ -42,6 +45,7 @@ import datetime as dt
 import hashlib
 import json
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -170,7 +174,8 @@ def quantize_bank(bank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def full_model(taps: tuple[int, ...], pool: int, bank: np.ndarray, mu: np.ndarray,
-               backbone: str = "lite0", coarse: int = 0, shortlist: int = 0) -> Any:
+               backbone: str = "lite0", coarse: int = 0, shortlist: int = 0,
+               conv_distance: bool = False) -> Any:
     """Features + kNN head: ``(B, 1, S, S)`` -> ``(B,)`` score (max patch distance).
 
     Patch vectors and the bank are centred on ``mu`` (the mean fit patch vector): the same
@@ -222,6 +227,8 @@ def full_model(taps: tuple[int, ...], pool: int, bank: np.ndarray, mu: np.ndarra
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             f = self.features(x)
+            if conv_distance:
+                return self.forward_conv(f)
             z = f.flatten(2).transpose(1, 2) - self.bank_mu  # (B, P, C)
             zz = (z * z).sum(2)  # (B, P)
             if two_stage:
@@ -231,6 +238,29 @@ def full_model(taps: tuple[int, ...], pool: int, bank: np.ndarray, mu: np.ndarra
                 z = torch.gather(z, 1, idx.unsqueeze(2).expand(-1, -1, z.shape[2]))
                 zz = torch.gather(zz, 1, idx)
             d2 = (torch.matmul(z, self.bank_w) + self.bank_sq).amin(2) + zz
+            return torch.sqrt(torch.clamp(d2.amax(1), min=0.0))
+
+        def forward_conv(self, f: torch.Tensor) -> torch.Tensor:
+            """The same distances with the patch vectors kept channels-first: each bank
+            product is a 1x1 convolution (bank vectors = output channels, ``b_n`` its bias)
+            and the minimum a ReduceMin over channels. No transpose; for OpenVINO's int8
+            1x1-convolution kernels (see :func:`quantize_openvino`)."""
+            c = f.shape[1]
+            z = f - self.bank_mu.view(1, c, 1, 1)  # (B, C, H, W)
+            zz = (z * z).sum(1).flatten(1)  # (B, P)
+
+            def conv_min(zc: torch.Tensor, w: torch.Tensor, sq: torch.Tensor) -> torch.Tensor:
+                k = w.T.reshape(w.shape[1], c, 1, 1)  # (N, C, 1, 1)
+                return torch.nn.functional.conv2d(zc, k, sq).amin(1).flatten(1)
+
+            if two_stage:
+                d2c = conv_min(z, self.coarse_w, self.coarse_sq) + zz
+                k = min(shortlist, int(zz.shape[1]))
+                idx = torch.topk(d2c, k, dim=1).indices  # (B, K)
+                z = torch.gather(z.flatten(2), 2, idx.unsqueeze(1).expand(-1, c, -1))
+                z = z.unsqueeze(3)  # (B, C, K, 1)
+                zz = torch.gather(zz, 1, idx)
+            d2 = conv_min(z, self.bank_w, self.bank_sq) + zz
             return torch.sqrt(torch.clamp(d2.amax(1), min=0.0))
 
     return PatchCore().eval()
@@ -282,9 +312,16 @@ def quantize_ort(fp32: Path, int8: Path, calib: np.ndarray) -> None:
 def quantize_openvino(fp32: Path, xml: Path, calib: np.ndarray) -> dict[str, str]:
     """OpenVINO INT8 IR by NNCF post-training quantization; returns tool versions.
 
-    Quantized: the trunk's convolutions and the distance MatMul (int8 x int8 GEMM, which is
-    where a large memory bank spends its time). Activation ranges are the global min/max over
-    the calibration images (``RangeEstimatorParametersSet.MINMAX``), not NNCF's default mean of
+    Quantized: the trunk's convolutions and the bank products (a MatMul, or with
+    ``full_model(conv_distance=True)`` 1x1 convolutions: where a large memory bank spends its
+    time). Measured on an AVX2-only EPYC (no VNNI), one image, one thread, the same package
+    re-quantized both ways (OpenVINO per-node counters, medians of 20 calls, other jobs
+    running): the 64 x 152 x 16,922 bank product took 2.8 ms as an int8 1x1 convolution
+    (``jit_avx2_1x1_I8``) against 5.2 ms as MLAS f32 GEMM, and an int8 MatMul (``jit_gemm_i8``)
+    was slower than the f32 GEMM (both bank products: 18.0 against 13.2 ms in one heavily loaded
+    run); the whole IR 14.5 ms against 20.0 ms, INT8-vs-FP32 agreement unchanged (held-out good
+    images: max |err| 3.61 vs 3.70). Activation ranges are the global min/max over the
+    calibration images (``RangeEstimatorParametersSet.MINMAX``), not NNCF's default mean of
     per-image extremes: a range that clips the brightest normal patch clips every defect more
     (the anomaly is what lies outside the normal range). ``OverflowFix.ENABLE`` halves every
     quantized weight's range (NNCF docs, "overflow_fix": for CPUs without VNNI, whose AVX2 /
@@ -295,14 +332,14 @@ def quantize_openvino(fp32: Path, xml: Path, calib: np.ndarray) -> dict[str, str
     moved the validation scores by ~40, the whole score) and the distance arithmetic around the
     MatMul. Bias correction is NNCF's full ``BiasCorrection`` (``fast_bias_correction=False``),
     which re-estimates each quantized layer's bias shift with the layers before it already
-    quantized, instead of the fast per-layer estimate; chosen by INT8-vs-FP32 agreement with
-    no test labels (the shipped FP32 model re-quantized both ways on an AVX-512 VNNI EPYC;
-    100 held-out good images plus 200 synthetic flaws drawn on them (experiments'
-    ``synth``); /tmp script): Spearman rank correlation with FP32 0.9889 -> 0.9950, mean |err|
-    on the good images 0.815 -> 0.608 (max 4.92 -> 3.64), on the flaws 0.646 -> 0.462. Tried
-    and not kept: the MIXED preset (asymmetric activations; 0.9897 alone, 0.9942 with full
-    bias correction) and a float distance MatMul over an int8-compressed bank (max |err| 4.98:
-    the trunk, not the MatMul, is where INT8 departs from FP32).
+    quantized, instead of the fast per-layer estimate; chosen by INT8-vs-FP32 agreement with no
+    test labels (the shipped FP32 model re-quantized both ways on an AVX-512 VNNI EPYC; 100
+    held-out good images plus 200 synthetic flaws drawn on them (experiments' ``synth``); /tmp
+    script): Spearman rank correlation with FP32 0.9889 -> 0.9950, mean |err| on the good images
+    0.815 -> 0.608 (max 4.92 -> 3.64), on the flaws 0.646 -> 0.462. Tried and not kept: the
+    MIXED preset (asymmetric activations; 0.9897 alone, 0.9942 with full bias correction) and a
+    float distance MatMul over an int8-compressed bank (max |err| 4.98: the trunk, not the
+    MatMul, is where INT8 departs from FP32).
     """
     import nncf  # noqa: PLC0415
     import openvino as ov  # noqa: PLC0415
@@ -315,7 +352,8 @@ def quantize_openvino(fp32: Path, xml: Path, calib: np.ndarray) -> dict[str, str
     model = ov.convert_model(str(fp32))
     items = [calib[i : i + 1] for i in range(len(calib))]
     head = [op.get_friendly_name() for op in model.get_ops()
-            if op.get_type_name() not in ("Parameter", "Constant", "Result", "MatMul")
+            if op.get_type_name() not in ("Parameter", "Constant", "Result", "MatMul",
+                                          "Convolution")
             and (not op.get_friendly_name().startswith("/features/")
                  or op.get_type_name() in ("Interpolate", "AvgPool", "Concat"))]
     q = nncf.quantize(model, nncf.Dataset(items), subset_size=len(items),
@@ -396,7 +434,11 @@ def build(data: Path, out: Path, *, size: int = 256, taps: tuple[int, ...] = (4,
     # INT8 vs FP32 max |error|: 128 images 4.94, 300 3.27, all 661 3.10)
     calib_x = x_fit[np.random.default_rng(seed + 1).permutation(len(x_fit))[:calib or None]]
     quantize_ort(fp32, ort8, calib_x)
-    tools = quantize_openvino(fp32, ov8, calib_x)
+    with tempfile.TemporaryDirectory() as tmp:  # the IR's source: bank products as 1x1 convs
+        conv_fp32 = Path(tmp) / "conv.fp32.onnx"
+        export(full_model(taps, pool, mem, mu, backbone, coarse_bank, shortlist,
+                          conv_distance=True), size, conv_fp32)
+        tools = quantize_openvino(conv_fp32, ov8, calib_x)
     f32 = runner(fp32)(x_val)
     scores = {"openvino": ov_runner(ov8)(x_val), "onnxruntime": runner(ort8)(x_val)}
     errs = {k: np.abs(v - f32) for k, v in scores.items()}
@@ -461,7 +503,7 @@ def build(data: Path, out: Path, *, size: int = 256, taps: tuple[int, ...] = (4,
                 "openvino": {**tools, "method": "nncf.quantize (PTQ, performance preset, "
                              "activation ranges MINMAX, overflow_fix ENABLE: 7-bit weights, "
                              "full BiasCorrection): "
-                             "trunk Conv + distance MatMul int8",
+                             "trunk Conv + bank products (1x1 Conv form) int8",
                              "calibration_images": len(calib_x)},
                 "onnxruntime": {"tool": f"onnxruntime.quantization {ort.__version__}",
                                 "format": "QDQ", "op_types": ["Conv", "Clip", "MatMul"],
