@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from agent.app import repeat_policy
 from agent.metrics import Metrics
 from agent.pipeline.aggregates import IntervalAggregator
-from agent.records import Aggregate, aggregate_part_id
+from agent.records import Aggregate, ChannelStats, aggregate_part_id
 from agent.sources.camera import CameraConfig
 from agent.sources.replay import ReplayConfig
 from agent.sources.serial import SerialConfig
@@ -172,3 +172,72 @@ def test_repeat_policy_by_source_kind() -> None:
     assert repeat_policy(CameraConfig(folder="frames")) == "same_readings"
     assert repeat_policy(CameraConfig(path="line1.avi")) == "same_readings"
     assert repeat_policy(CameraConfig(device=0)) == "part"
+
+
+def _ulps(x: float, k: int) -> float:
+    for _ in range(abs(k)):
+        x = math.nextafter(x, math.inf if k > 0 else -math.inf)
+    return x
+
+
+def test_recorded_repeat_differing_only_in_the_last_bits_is_a_duplicate(tmp_path: Path) -> None:
+    """The failure seen replaying a SKAB file twice: the same readings, summed in other blocks,
+    gave a mean and std a few ULPs apart; that is the same aggregate, not a part."""
+    first = dataclasses.replace(make_aggregate(T0), channels=(
+        ChannelStats("p", 600, 0.0, 1.0, 0.0489578947368421, 0.2389013361384591),
+        ChannelStats("t", 600, 79.1, 79.9, 79.48993461538461, 0.09671703351016174),
+        ChannelStats("vib", 0, math.nan, math.nan, math.nan, math.nan),
+    ))
+    again = dataclasses.replace(first, max_score=7.0, windows=3, channels=(
+        ChannelStats("p", 600, 0.0, 1.0, 0.048957894736842096, 0.2389013361384592),
+        ChannelStats("t", 600, 79.1, 79.9, _ulps(79.48993461538461, -2),
+                     _ulps(0.09671703351016174, 3)),
+        ChannelStats("vib", 0, math.nan, math.nan, math.nan, math.nan),
+    ))
+    with Store(tmp_path / "agent.db") as store:
+        assert store.add_aggregate(first, "same_readings") is True
+        assert store.add_aggregate(again, "same_readings") is False
+        assert [a["aggregate_id"] for a in store.aggregates()] == [first.aggregate_id]
+
+
+def test_recorded_repeat_with_other_readings_is_still_a_part(tmp_path: Path) -> None:
+    """Same count, min and max but a mean or std that really differs: other readings."""
+    first = dataclasses.replace(make_aggregate(T0), channels=(
+        ChannelStats("p", 600, 0.0, 1.0, 0.0489578947368421, 0.2389013361384591),
+    ))
+    # one reading of 600 moved by 1e-6 of the range moves the mean by 1.7e-9
+    other_mean = dataclasses.replace(first, channels=(
+        ChannelStats("p", 600, 0.0, 1.0, 0.0489578947368421 + 1e-6 / 600, 0.2389013361384591),
+    ))
+    other_std = dataclasses.replace(first, channels=(
+        ChannelStats("p", 600, 0.0, 1.0, 0.0489578947368421, 0.2389013361384591 + 1e-9),
+    ))
+    other_max = dataclasses.replace(first, channels=(
+        ChannelStats("p", 600, 0.0, _ulps(1.0, 1), 0.0489578947368421, 0.2389013361384591),
+    ))
+    with Store(tmp_path / "agent.db") as store:
+        assert store.add_aggregate(first, "same_readings") is True
+        for agg in (other_mean, other_std, other_max):
+            assert store.add_aggregate(agg, "same_readings") is True
+        assert store.add_aggregate(first, "same_readings") is False
+        ids = [a["aggregate_id"] for a in store.aggregates()]
+    assert ids == [first.aggregate_id, *(aggregate_part_id(first.aggregate_id, k)
+                                         for k in (1, 2, 3))]
+
+
+def test_the_same_readings_in_other_blocks_are_stored_once(tmp_path: Path) -> None:
+    """The aggregator adds one partial sum per block, and block boundaries follow thread timing:
+    the same readings in other blocks give other last bits, and still one aggregate."""
+    values, ts = readings(T0, 120, seed=7)  # 60 s at 2 Hz: one interval
+    stored = []
+    for blocks in ([120], [1, 2, 3, 5, 8, 13, 21, 34, 33], [7] * 17 + [1]):
+        agg = IntervalAggregator("gw1", "pump1", ("v", "i"), 60.0)
+        a = 0
+        for n in blocks:
+            assert agg.add_readings(values[a:a + n], ts[a:a + n]) == []
+            a += n
+        stored += agg.flush()
+    assert len({s.aggregate_id for s in stored}) == 1
+    assert len({s.channels for s in stored}) > 1  # the last bits really differ
+    with Store(tmp_path / "agent.db") as store:
+        assert [store.add_aggregate(s, "same_readings") for s in stored] == [True, False, False]
