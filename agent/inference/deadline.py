@@ -7,7 +7,8 @@ and feeds :class:`DegradePolicy`, which is pure (no clock, no I/O) and decides t
 
 ====  ====================  ==========================================================
 0     normal                every window scored on the selected backend
-1     ``skip_windows``      score every k-th window only (effective hop × k): less load
+1     ``skip_windows``      score every k-th window only (effective hop × k): less load;
+                            each score counts k times in the alert rules (same alarm delay)
 2     ``fallback_backend``  also switch to the next fastest backend of the selection
 ====  ====================  ==========================================================
 

@@ -3,7 +3,9 @@
 One alert per anomaly episode:
 
 * **debounce**: an episode starts when at least ``k`` of the last ``n`` windows score above the
-  threshold (the "k-of-n" rule of alarm management, ISA-18.2 / EEMUA 191 alarm delay);
+  threshold (the "k-of-n" rule of alarm management, ISA-18.2 / EEMUA 191 alarm delay); while
+  the latency budget scores only every ``s``-th window, each scored one counts ``s`` times
+  (:meth:`AlertRules.update` ``stride``), so the delay stays the same in stream time;
 * **hysteresis**: the episode ends only after ``clear_windows`` consecutive windows score below
   ``clear_ratio × threshold`` (a deadband, so a score hovering at the threshold raises one alert);
 * **cooldown**: a new episode raises an alert only if ``cooldown_s`` seconds (stream time) passed
@@ -53,24 +55,36 @@ class AlertRules:
         self._below = 0
         self._last_alert_ts: float | None = None
 
-    def update(self, score: float, threshold: float, ts: float) -> bool:
+    def update(self, score: float, threshold: float, ts: float, stride: int = 1) -> bool:
         """Feed one window's score; return True when this window raises an alert.
 
         Args:
             score: The window's score.
             threshold: Threshold in force (NaN while calibrating: never alerts).
             ts: The window's end time, epoch seconds (stream time, for the cooldown).
+            stride: Windows this score stands for: 1, or ``s`` while only every ``s``-th
+                window is scored (the latency budget's ``skip_windows`` level). Its verdict
+                then counts ``s`` times (the skipped windows take their scored neighbour's),
+                so ``k`` of ``n``, ``clear_windows`` and the alarm delay keep their meaning in
+                stream time instead of growing ``s``-fold (at stride 2, 7 of 10 scored
+                windows would need 14 s of exceedance in 20 s, and episodes shorter than that,
+                which stride 1 alerts on, would raise nothing).
+
+        >>> r = AlertRules(RuleParams(k=4, n=5, clear_ratio=0.5, clear_windows=2, cooldown_s=0))
+        >>> [r.update(s, 1.0, t, stride=2) for t, s in enumerate([2, 2, 0.4, 2, 2])]
+        [False, True, False, False, True]
         """
         if math.isnan(threshold):  # calibrating
             return False
         above = score > threshold
-        if len(self._recent) == self._recent.maxlen and self._recent[0]:
-            self._above -= 1
-        self._recent.append(above)
-        self._above += above
+        for _ in range(max(1, stride)):
+            if len(self._recent) == self._recent.maxlen and self._recent[0]:
+                self._above -= 1
+            self._recent.append(above)
+            self._above += above
         p = self.params
         if self.active:
-            self._below = self._below + 1 if score < p.clear_ratio * threshold else 0
+            self._below = self._below + max(1, stride) if score < p.clear_ratio * threshold else 0
             if self._below >= p.clear_windows:
                 # a new episode needs k fresh exceedances: the debounce history still holds this
                 # episode's windows, which would otherwise start one on a below-threshold window

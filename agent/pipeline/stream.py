@@ -216,8 +216,10 @@ class StreamPipeline:
             thr = self.threshold
             if self.observer is not None:
                 self.observer.observe(windows, scored.scores, thr)
+            stride = max(1, self.windower.hop // self.spec.hop)  # > 1 while skip_windows
             for j, i in enumerate(np.flatnonzero(live)):
-                if self.rules.update(float(scored.scores[j]), thr, float(batch.end_ts[i])):
+                if self.rules.update(float(scored.scores[j]), thr, float(batch.end_ts[i]),
+                                     stride):
                     out.alerts.append(self._event(batch, int(i), scored.scores[j],
                                                   scored.contributions[j], received_mono))
                     alerts += 1

@@ -128,3 +128,18 @@ def test_rule_params_validation(kwargs: dict[str, float]) -> None:
 
 def test_rule_params_edges_are_accepted() -> None:
     RuleParams(k=5, n=5, clear_ratio=1.0, clear_windows=1, cooldown_s=0.0)
+
+
+def test_a_strided_score_stands_for_the_windows_skipped_around_it() -> None:
+    """At the latency budget's skip_windows level only every 2nd window is scored: each
+    verdict counts twice, so k of n keeps its meaning in stream time. Counted once, 7 of 10
+    scored windows needed 14 s above the threshold in 20 s, and an 8-window episode that
+    alerts at stride 1 raised nothing (a loaded tester's agent: 70 alerts became 1)."""
+    p = RuleParams(k=7, n=10, clear_ratio=0.9, clear_windows=5, cooldown_s=0)
+    episode = [0.0] * 20 + [2.0] * 8 + [0.0] * 20 + [2.0] * 8 + [0.0] * 10
+    assert run(AlertRules(p), episode) == [26, 54]
+    strided = episode[::2]
+    assert run(AlertRules(p), strided, dt=2.0) == []  # each verdict counted once
+    r = AlertRules(p)
+    got = [i for i, s in enumerate(strided) if r.update(s, 1.0, 2.0 * i, stride=2)]
+    assert got == [13, 27]  # the same two episodes (3 scored windows below cleared the first)

@@ -161,6 +161,28 @@ def test_step_change_raises_alert_naming_the_channel(channel: int) -> None:
     assert agg.max_score >= a.score
 
 
+@pytest.mark.parametrize("stride", [1, 2])
+def test_a_short_burst_alerts_at_the_skip_windows_stride_too(stride: int) -> None:
+    """The app raises the windower's hop k-fold at the skip_windows level; the rules must count
+    each scored window k times (7 of 10 rules; a 3-sample burst lies in 12 windows, 6 of them
+    scored at stride 2: fewer than k=7 when counted once)."""
+    spec = make_spec(hop=1, calibration_samples=N)
+    p = StreamPipeline(
+        "pump1", "gw1", spec, FeatureDeviationDetector(spec, NumpyBackend()),
+        RuleParams(k=7, n=10, clear_ratio=0.9, clear_windows=5, cooldown_s=0),
+        aggregate_interval_s=60.0, top_channels=2,
+    )
+    n = 1000
+    x = noise(n, 14)
+    x[700:703, 0] += 8 * NOISE[0]
+    ts = T0 + np.arange(n, dtype=float)
+    assert feed(p, x[:600], ts[:600], [0, 600]).alerts == []
+    p.windower.hop = spec.hop * stride  # what DeadlineGuard.on_stride does in agent.app
+    r = feed(p, x[600:], ts[600:], splits(400, "random", seed=1))
+    assert len(r.alerts) == 1
+    assert T0 + 700 <= r.alerts[0].window_end <= T0 + 712
+
+
 def test_stationary_noise_raises_no_alert_over_a_long_run() -> None:
     """20,000 samples of i.i.d. noise after calibration: no alert.
 
