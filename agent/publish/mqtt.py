@@ -38,7 +38,9 @@ Delivery guarantee (what consumers may rely on):
 
 Threads: paho's network loop (``loop_start``) runs the callbacks; they only set flags, queue the
 acknowledged message ids and wake the drain thread. The drain thread (``mqtt-outbox``) is the
-only one that reads the outbox, publishes, and marks rows published (in batches). Nothing is
+only one that reads the outbox, publishes, and marks rows published (in batches); while the
+store refuses that write (disk full) the acknowledgements wait in memory, the save is tried again
+once a second and publishing goes on (the alerts the store refused depend on it). Nothing is
 published while disconnected (paho would queue it a second time); paho itself re-sends the
 messages it holds unacknowledged, which only adds duplicates.
 
@@ -513,11 +515,21 @@ class MqttPublisher:
         generation = -1
         cursor = (0, 0)  # last row id and volatile n handed to paho in this connection
         window: set[int] = set()  # mids of this connection not yet acknowledged
+        save_from = -math.inf  # monotonic; after a failed save, the next try waits a second
         while not self._stopping.is_set():
             self._wake.wait(1.0)
             self._wake.clear()
             try:
-                self._save_acks(window)
+                self._take_acks(window)
+                if self._unsaved and self._monotonic() >= save_from:
+                    # A store that refuses writes (disk full) must not stop the delivery, least
+                    # of all of the alerts it refused (volatile): the acknowledgements stay in
+                    # memory and are saved by a later pass; publishing goes on below.
+                    try:
+                        self._save_unsaved()
+                    except StoreError as exc:
+                        self._store_trouble(exc, pause=False)
+                        save_from = self._monotonic() + 1.0
                 with self._state_lock:
                     connected, current = self._connected, self._generation
                 if current != generation:
@@ -568,6 +580,12 @@ class MqttPublisher:
 
     def _save_acks(self, window: set[int]) -> None:
         """Turn queued PUBACKs into ``published_at`` rows (one transaction per batch)."""
+        self._take_acks(window)
+        self._save_unsaved()
+
+    def _take_acks(self, window: set[int]) -> None:
+        """Apply queued PUBACKs in memory: free their ``window`` slots, forget acknowledged
+        volatile alerts, queue stored rows in ``_unsaved`` for :meth:`_save_unsaved`."""
         while self._acks:
             mid, accepted, at, at_mono = self._acks.popleft()
             window.discard(mid)
@@ -583,6 +601,13 @@ class MqttPublisher:
                     self._observe_latency(row.alert_id, row.stream, at_mono)
                 continue
             self._unsaved.append((row, at, at_mono))
+
+    def _save_unsaved(self) -> None:
+        """Write the acknowledged rows of ``_unsaved`` as published (one transaction).
+
+        Raises:
+            StoreError: The write failed; the rows stay in ``_unsaved``.
+        """
         if not self._unsaved:
             return
         batch, self._unsaved = self._unsaved, []
@@ -620,8 +645,9 @@ class MqttPublisher:
         age = 0.0 if oldest is None else max(0.0, self._clock() - oldest)
         self._metrics.outbox_oldest_age_seconds.set(age)
 
-    def _store_trouble(self, exc: StoreError) -> None:
+    def _store_trouble(self, exc: StoreError, *, pause: bool = True) -> None:
         if not self._store_failing:
             self._store_failing = True
             self._log.error("MQTT outbox: %s; retrying every second", exc)
-        self._stopping.wait(1.0)
+        if pause:
+            self._stopping.wait(1.0)

@@ -6,7 +6,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.reasoncodes import ReasonCode
 from prometheus_client import CollectorRegistry
 
-from agent.errors import ConfigError
+from agent.errors import ConfigError, StoreError
 from agent.metrics import Metrics
 from agent.publish.mqtt import MqttConfig, MqttPublisher
 from agent.records import Alert
@@ -259,6 +259,51 @@ def test_reconnect_restarts_from_oldest_unacknowledged(rig: Rig) -> None:
     assert rig.metric("edge_agent_mqtt_published_total") == 4
     avail = [p for _, t, p, _, _ in rig.client.published if t == AVAIL]
     assert avail == [b"online", b"online"]
+
+
+class RefusingStore(Store):
+    """A store whose ``mark_published`` fails while ``refuse`` is set (a full disk)."""
+
+    refuse = False
+
+    def mark_published(self, row_ids: Sequence[int], at: float) -> int:
+        if self.refuse:
+            raise StoreError("disk full: test", op="mark_published", path=self.path)
+        return super().mark_published(row_ids, at)
+
+
+def test_acks_the_store_cannot_save_do_not_stop_the_delivery(tmp_path: Path) -> None:
+    """A full disk made every pass of the drain fail on saving the PUBACKs, and nothing more
+    was published until the store took writes again (17 s in a tester's run), least of all
+    the alerts the store had refused and that only MQTT could still deliver."""
+    store = RefusingStore(tmp_path / "agent.db")
+    r = Rig(store, max_inflight=3)
+    try:
+        r.pub.start()
+        r.client.fire_connect()
+        for seq in (1, 2, 3):
+            r.add(seq)
+        wait_until(lambda: len(r.client.alert_publishes()) == 3, what="3 publishes")
+        store.refuse = True
+        for mid, _ in r.client.alert_publishes():
+            r.client.ack(mid)
+        for seq in (4, 5):
+            r.add(seq)
+        assert r.pub.publish_volatile("gw1:pump1:6", "pump1", json.dumps(alert(6).to_payload()))
+        wait_until(lambda: len(r.client.alert_publishes()) == 6, what="publishing goes on")
+        assert [a for _, a in r.client.alert_publishes()][3:] == [
+            "gw1:pump1:4", "gw1:pump1:5", "gw1:pump1:6"]
+        for mid, _ in r.client.alert_publishes()[3:]:
+            r.client.ack(mid)
+        wait_until(lambda: len(r.pub.volatile) == 0, what="volatile alert acknowledged")
+        assert store.outbox_stats()[0] == 5  # no acknowledgement saved yet
+        store.refuse = False
+        assert r.pub.flush(5.0)  # saved by a later pass (one try a second while failing)
+        assert r.metric("edge_agent_mqtt_published_total") == 6
+        assert len(r.client.alert_publishes()) == 6  # nothing sent twice
+    finally:
+        r.pub.stop()
+        store.close()
 
 
 def test_latency_observed_on_first_puback(store: Store) -> None:
