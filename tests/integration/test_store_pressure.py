@@ -84,8 +84,11 @@ class Ballast:
             os.close(fd)
 
     def stop(self) -> None:
+        """Stop and remove the file; also when :meth:`start` was never called (an earlier step
+        failed) or it was already stopped."""
         self._stop.set()
-        self._thread.join(5)
+        if self._thread.ident is not None:  # started
+            self._thread.join(5)
         with contextlib.suppress(OSError):
             self.path.unlink()
 
@@ -163,8 +166,10 @@ def test_full_tiny_disk_fast_producer_delivers_every_alert_and_bounds_the_wal(
         agent.terminate()
         assert agent.wait(30) == 0, agent.stderr()[-3000:]
     finally:
-        ballast.stop()
-        agent.kill()
+        try:
+            ballast.stop()
+        finally:
+            agent.kill()  # always: a failed test once left its agent running for minutes
 
     raised = re.findall(r"^ALERT (\S+) ", agent.stdout(), flags=re.M)
     assert len(raised) >= 20
