@@ -211,12 +211,14 @@ class StreamPipeline:
         alerts = 0
         if live.any():
             windows = batch.data[live]
+            # > 1 while the latency budget skips windows; read before scoring, which may change
+            # the hop for the next block (DeadlineGuard.on_stride)
+            stride = max(1, self.windower.hop // self.spec.hop)
             scored = self._score(windows)
             scores[live] = scored.scores
             thr = self.threshold
             if self.observer is not None:
                 self.observer.observe(windows, scored.scores, thr)
-            stride = max(1, self.windower.hop // self.spec.hop)  # > 1 while skip_windows
             for j, i in enumerate(np.flatnonzero(live)):
                 if self.rules.update(float(scored.scores[j]), thr, float(batch.end_ts[i]),
                                      stride):
