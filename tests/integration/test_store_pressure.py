@@ -109,9 +109,14 @@ def test_full_tiny_disk_fast_producer_delivers_every_alert_and_bounds_the_wal(
 ) -> None:
     sub = Subscriber(mosquitto, [ALERTS])
     port = _free_port()
+    # -24 sigma: one alert per fault whether or not the agent holds its latency budget. At -8
+    # the faults were at the detection margin (4-7 windows above the threshold, k = 7 of 10):
+    # 70 alerts for 200 faults at full fidelity, 0-1 once a loaded machine made the agent score
+    # 1 window in 2 (10-68 by the windows' phase since a scored window counts for the stride),
+    # so "5 alerts in 30 s" and ">= 20 raised" depended on the machine's load.
     faults = "".join(
         f'[[streams.source.faults]]\nkind = "offset"\nchannel = "Volume Flow RateRMS"\n'
-        f"start_s = {600 + 120 * i}\nduration_s = 40\nmagnitude = -8.0\n"
+        f"start_s = {600 + 120 * i}\nduration_s = 40\nmagnitude = -24.0\n"
         for i in range(200)
     )
     config = tmp_path / "agent.toml"
