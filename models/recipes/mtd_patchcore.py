@@ -32,7 +32,9 @@ and the ``openvino`` extra plus ``nncf`` for the OpenVINO INT8 IR. Steps (about 
    stay float. The IR is quantized from the same model with the bank products written as 1x1
    convolutions (``full_model(conv_distance=True)``: the same distances, to 2e-5 in FP32),
    which OpenVINO runs on its int8 1x1-convolution kernels: on an AVX2-only CPU (no VNNI) its
-   int8 MatMul kernel (``jit_gemm_i8``) was slower than the float GEMM it replaced.
+   int8 MatMul kernel (``jit_gemm_i8``) was slower than the float GEMM it replaced. TFLite
+   INT8 for LiteRT (:mod:`mtd_tflite`) where the ``tflite-image`` extra is installed (else a
+   note; ``mtd_tflite.py`` adds it to a built package later).
 7. Threshold: ``--threshold-quantile`` of the OpenVINO INT8 scores of the held-out good images.
    Golden tolerance: ``--atol-margin`` x the largest |INT8 - FP32| score difference of any shipped
    INT8 artefact on the held-out good images (what INT8 is measured to do on normal data).
@@ -441,6 +443,16 @@ def build(data: Path, out: Path, *, size: int = 256, taps: tuple[int, ...] = (4,
         tools = quantize_openvino(conv_fp32, ov8, calib_x)
     f32 = runner(fp32)(x_val)
     scores = {"openvino": ov_runner(ov8)(x_val), "onnxruntime": runner(ort8)(x_val)}
+    tfl = out / "model.int8.tflite"
+    litert_tools: dict[str, Any] | None = None
+    try:  # TFLite INT8 for LiteRT: needs the tflite-image extra (TensorFlow, onnx2tf, onnxsim)
+        from mtd_tflite import litert_runner, tflite_int8  # noqa: PLC0415
+
+        litert_tools = {**tflite_int8(out, tfl, calib_x), "calibration_images": len(calib_x)}
+        scores["litert"] = litert_runner(tfl)(x_val)
+    except ImportError as exc:
+        log(f"note: no TFLite artefact ({exc}; pip install -e '.[tflite-image]' on a build "
+            "machine, or add one later with models/recipes/mtd_tflite.py)")
     errs = {k: np.abs(v - f32) for k, v in scores.items()}
     thr = float(np.quantile(scores["openvino"], threshold_quantile))
     worst = max(float(e.max()) for e in errs.values())
@@ -455,6 +467,8 @@ def build(data: Path, out: Path, *, size: int = 256, taps: tuple[int, ...] = (4,
     g = size // 8 // pool
     arts = [("openvino", "int8", ov8), ("openvino", "int8", ov8.with_suffix(".bin")),
             ("onnxruntime", "int8", ort8), ("onnxruntime", "fp32", fp32)]
+    if litert_tools is not None:
+        arts.append(("litert", "int8", tfl))
     manifest = {
         "format": 1,
         "name": NAME,
@@ -508,7 +522,8 @@ def build(data: Path, out: Path, *, size: int = 256, taps: tuple[int, ...] = (4,
                 "onnxruntime": {"tool": f"onnxruntime.quantization {ort.__version__}",
                                 "format": "QDQ", "op_types": ["Conv", "Clip", "MatMul"],
                                 "calibration": "minmax",
-                                "weights": "QInt8 per-channel, reduce_range (7-bit)"}},
+                                "weights": "QInt8 per-channel, reduce_range (7-bit)"},
+                **({"litert": litert_tools} if litert_tools is not None else {})},
             "fp32_int8_agreement": {"images": len(val_rows), **{
                 k: {"max_abs_err": round(float(e.max()), 5),
                     "mean_abs_err": round(float(e.mean()), 5)} for k, e in errs.items()},

@@ -273,7 +273,42 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {a.out} ({a.out.stat().st_size} B, {time.perf_counter() - t0:.0f} s); "
           f"validation good: LiteRT INT8 vs FP32 |err| max {err.max():.4f} mean "
           f"{err.mean():.4f} (FP32 scores median {np.median(f32):.3f})")
+    if a.out.resolve().parent == a.package.resolve():
+        add_to_manifest(a.package, a.out, tools, err, len(calib))
+        print(f"added {a.out.name} to {a.package / 'manifest.json'}")
     return 0
+
+
+def add_to_manifest(package_dir: Path, tflite: Path, tools: dict[str, str], err: np.ndarray,
+                    calibration_images: int) -> None:
+    """List ``tflite`` (a file inside ``package_dir``) in the package's manifest as the
+    ``litert``/``int8`` artefact, with its tools and its agreement with FP32 on the validation
+    good images (``err``: ``(N,)`` |INT8 - FP32| scores) in the lineage; what the recipe's
+    build writes when TensorFlow is installed there.
+
+    Raises:
+        ValueError: ``err`` exceeds the largest agreement error the package's golden tolerance
+            was set from (``atol_margin`` x that error): the tolerance would have to change,
+            so the package must be rebuilt with the recipe instead.
+    """
+    import hashlib  # noqa: PLC0415
+
+    path = package_dir / "manifest.json"
+    manifest = json.loads(path.read_text())
+    lineage = manifest["lineage"]
+    agreement = lineage["fp32_int8_agreement"]
+    worst = max(float(v["max_abs_err"]) for k, v in agreement.items() if isinstance(v, dict))
+    if float(err.max()) > worst:
+        raise ValueError(f"LiteRT INT8 max |err| {err.max():.4f} exceeds {worst:.4f}, which set "
+                         "the golden tolerance: rebuild the package with the recipe")
+    manifest["artefacts"] = [x for x in manifest["artefacts"] if x["path"] != tflite.name] + [{
+        "runtime": "litert", "precision": "int8", "path": tflite.name,
+        "sha256": hashlib.sha256(tflite.read_bytes()).hexdigest(),
+        "size_bytes": tflite.stat().st_size}]
+    lineage["quantization"]["litert"] = {**tools, "calibration_images": calibration_images}
+    agreement["litert"] = {"max_abs_err": round(float(err.max()), 5),
+                           "mean_abs_err": round(float(err.mean()), 5)}
+    path.write_text(json.dumps(manifest, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ def test_pinned_backend_and_precision_are_used(tmp_path: Path) -> None:
 
 def test_a_backend_without_an_artefact_is_a_clear_model_error(tmp_path: Path) -> None:
     pytest.importorskip("ai_edge_litert")
-    sc = _stream_config(tmp_path, "litert", "int8")
-    with pytest.raises(ModelError, match="no int8 artefact that litert can run"):
+    sc = _stream_config(tmp_path, "litert", "fp32")  # the package's TFLite file is int8 only
+    with pytest.raises(ModelError, match="no fp32 artefact that litert can run"):
         build_camera_stream(sc, "gw1", 60.0, lambda e: None,
                             threading.Event())

@@ -60,7 +60,9 @@ def test_package_is_small_and_int8_is_a_fraction_of_fp32() -> None:
     p = load_image_package(PACKAGE)
     sizes = {a.path: a.size_bytes for a in p.manifest.artefacts}
     total = sum(f.stat().st_size for f in PACKAGE.iterdir())
-    assert total < 25_000_000  # FP32 twin 13.2 MB (float memory bank), INT8 IR 3.7, ONNX 3.7
+    # FP32 twin 13.8 MB (float memory bank), INT8 IR 3.9, ONNX 3.8, TFLite 4.2 (0.304 x FP32:
+    # its distance arithmetic stays float, see models/recipes/mtd_tflite.py)
+    assert total < 30_000_000
     fp32 = sizes["model.fp32.onnx"]
     # every file of an artefact counts: the OpenVINO IR is its .xml and its .bin
     assert sizes["model.int8.xml"] + sizes["model.int8.bin"] <= 0.30 * fp32
