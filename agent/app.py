@@ -562,6 +562,7 @@ class Agent:
                 window_end=event.window_end,
                 raised_at=self.clock(),
                 top_channels=event.top_channels,
+                origin=event.origin,
             )
 
         # A refused alert goes over MQTT from memory (or is counted lost): agent.publish.keeper.

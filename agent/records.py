@@ -48,6 +48,56 @@ class Reading:
     received_mono: float = 0.0
 
 
+#: Longest ``source.file`` text in an alert payload (characters; the wire limit of
+#: ``cloud_sync.protocol.AlertSourceBody.file``). Longer names keep their end.
+MAX_SOURCE_FILE_CHARS = 1024
+
+
+def wire_text(text: str) -> str:
+    """``text`` safe for UTF-8 JSON: file-name bytes that are not UTF-8 (``os.fsdecode`` keeps
+    them as lone surrogates, ``surrogateescape``) become U+FFFD.
+
+    >>> import os
+    >>> wire_text(os.fsdecode(b"good_\\xff.png")), wire_text("crack_01.png")
+    ('good_\ufffd.png', 'crack_01.png')
+    """
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate surrogateescape did not make
+        raw = text.encode("utf-8", "replace")
+    return raw.decode("utf-8", "replace")
+
+
+@dataclass(frozen=True, slots=True)
+class FrameOrigin:
+    """Where a frame of a recorded camera input came from (None for a live camera).
+
+    Attributes:
+        file: An image folder's file, relative to the folder, or a video file's name, as
+            ``os.fsdecode`` gives it (bytes that are not UTF-8 kept as lone surrogates;
+            :func:`wire_text` makes it safe for the payload).
+        frame: A video file's frame index, 0-based from the file's first frame (a looped file
+            counts from 0 again each pass); None for an image of a folder.
+    """
+
+    file: str
+    frame: int | None = None
+
+    def to_payload(self) -> dict[str, object]:
+        """The alert payload's ``source`` object: ``{"file": …}`` plus ``"frame"`` for a video.
+
+        >>> FrameOrigin("line1.avi", 1234).to_payload()
+        {'file': 'line1.avi', 'frame': 1234}
+        """
+        name = wire_text(self.file)
+        if len(name) > MAX_SOURCE_FILE_CHARS:
+            name = "\u2026" + name[-(MAX_SOURCE_FILE_CHARS - 1):]
+        out: dict[str, object] = {"file": name}
+        if self.frame is not None:
+            out["frame"] = self.frame
+        return out
+
+
 @dataclass(frozen=True, slots=True)
 class Frame:
     """One camera image from a camera source.
@@ -59,6 +109,7 @@ class Frame:
             model's input size when the source was given one.
         received_mono: ``time.monotonic()`` at capture (frame age = now - received_mono).
         seq: Frame number since the source started (gaps = frames dropped for newer ones).
+        origin: The file (and video frame index) it came from; None for a live camera.
     """
 
     stream: str
@@ -66,6 +117,7 @@ class Frame:
     image: npt.NDArray[np.uint8]
     received_mono: float = 0.0
     seq: int = 0
+    origin: FrameOrigin | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +190,8 @@ class Alert:
         window_end: Last sample time of the triggering window, epoch seconds UTC.
         raised_at: When the alert was raised, epoch seconds UTC.
         top_channels: Channels that contributed most, largest first.
+        origin: A recorded camera input's file (and video frame) of the alerting frame; None
+            for sensor streams and live cameras (the payload then has no ``source`` key).
     """
 
     alert_id: str
@@ -152,10 +206,14 @@ class Alert:
     window_end: float
     raised_at: float
     top_channels: tuple[TopChannel, ...] = field(default_factory=tuple)
+    origin: FrameOrigin | None = None
 
     def to_payload(self) -> dict[str, object]:
-        """Return the documented JSON payload (schema version 1) for MQTT and the fleet."""
-        return {
+        """Return the documented JSON payload (schema version 1) for MQTT and the fleet.
+
+        ``source`` (optional, additive) is present only on alerts of recorded camera inputs.
+        """
+        payload: dict[str, object] = {
             "schema": 1,
             "alert_id": self.alert_id,
             "device_id": self.device_id,
@@ -172,6 +230,9 @@ class Alert:
                 for t in self.top_channels
             ],
         }
+        if self.origin is not None:
+            payload["source"] = self.origin.to_payload()
+        return payload
 
 
 @dataclass(frozen=True, slots=True)

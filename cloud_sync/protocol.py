@@ -101,8 +101,25 @@ class ModelRef(_Wire):
     version: int = Field(ge=0)
 
 
+class AlertSourceBody(_Wire):
+    """Where a recorded camera input's alerting frame came from (optional on an alert).
+
+    ``file``: an image folder's file relative to the folder, or a video file's name (bytes that
+    are not UTF-8 sent as U+FFFD); ``frame``: a video file's 0-based frame index (absent for a
+    folder image).
+    """
+
+    file: str = Field(min_length=1, max_length=1024)
+    frame: int | None = Field(None, ge=0)
+
+
 class AlertBody(_Wire):
-    """An alert: the MQTT payload, schema 1 (see :mod:`agent.publish.mqtt`)."""
+    """An alert: the MQTT payload, schema 1 (see :mod:`agent.publish.mqtt`).
+
+    ``source`` is an optional, additive field (still schema 1): only alerts of a recorded camera
+    input (image folder, video file) carry it. A fleet older than it rejects such alerts
+    (``extra="forbid"``): upgrade the fleet first.
+    """
 
     schema_: Literal[1] = Field(alias="schema")
     alert_id: str = Field(pattern=ID_PATTERN)
@@ -116,6 +133,7 @@ class AlertBody(_Wire):
     window_end: str = Field(max_length=40)
     raised_at: str = Field(max_length=40)
     top_channels: list[TopChannelBody] = Field(max_length=64)
+    source: AlertSourceBody | None = None
 
 
 class AggregateColumns(_Wire):

@@ -11,7 +11,8 @@ The score is the model's own output (``score.kind = "model_score"``) and the thr
 package's (a quantile of held-out good images' scores). The alert rules are the sensor streams'
 (:mod:`agent.pipeline.rules`: k of n frames above the threshold, hysteresis, cooldown), one
 "window" per frame; alerts name no channels. Aggregates count frames, scores and alerts per
-interval (no sensor channels).
+interval (no sensor channels). An alert of a recorded input names the frame's file (and video
+frame index) (``Frame.origin`` → ``AlertEvent.origin`` → the payload's ``source``).
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ class ImagePipeline:
         alert = self.rules.update(score, self.threshold, frame.ts)
         if alert:
             out.alerts.append(AlertEvent(self.stream, score, self.threshold, frame.ts, frame.ts,
-                                         (), frame.received_mono))
+                                         (), frame.received_mono, frame.origin))
         self.aggregator.add_scores(np.array([score]), int(alert))
         return out
 

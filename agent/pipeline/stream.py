@@ -33,7 +33,7 @@ from agent.pipeline.detector import (
 )
 from agent.pipeline.rules import AlertRules, RuleParams
 from agent.pipeline.windowing import SlidingWindower, WindowBatch
-from agent.records import Aggregate, Float32Array, FloatArray, TopChannel
+from agent.records import Aggregate, Float32Array, FloatArray, FrameOrigin, TopChannel
 
 
 class BatchObserver(Protocol):
@@ -56,6 +56,8 @@ class AlertEvent:
         window_end: Last sample time of the window, epoch s UTC.
         top_channels: Largest contributors first.
         received_mono: Monotonic receive time of the window's newest reading (0 if unknown).
+        origin: A recorded camera input's file (and video frame) of the alerting frame; None
+            for sensor streams and live cameras.
     """
 
     stream: str
@@ -65,6 +67,7 @@ class AlertEvent:
     window_end: float
     top_channels: tuple[TopChannel, ...]
     received_mono: float
+    origin: FrameOrigin | None = None
 
 
 @dataclass(slots=True)

@@ -16,6 +16,17 @@ Topics (``<prefix>`` is ``mqtt.topic_prefix``, default ``edge``; ``<device_id>``
     ``alert_id`` is ``<device_id>:<stream>:<seq>``, unique and never reused (``seq`` comes from
     the store and survives restarts).
 
+    ``source`` (optional, additive: still schema 1) names where the alerting frame of a
+    **recorded** camera input came from: an image folder's file, relative to the folder, or a
+    video file's name and the frame's 0-based index in it::
+
+        "source": {"file": "defects/crack_01.png"}
+        "source": {"file": "line1.avi", "frame": 1234}
+
+    File-name bytes that are not UTF-8 are sent as U+FFFD. The key is absent on sensor alerts
+    and on live cameras (device, URL), whose payloads are as before. A camera alert has
+    ``window_start == window_end`` (the frame's time) and an empty ``top_channels``.
+
 ``<prefix>/<device_id>/availability``
     Retained, QoS 1: ``online`` after every connect; ``offline`` on a clean stop, and as the
     last will, which the broker publishes when the connection dies uncleanly (crash, power cut,
@@ -553,6 +564,10 @@ class MqttPublisher:
     ) -> tuple[int, int]:
         """Publish pending rows (and volatile alerts) after ``cursor`` until ``max_inflight``
         are unacknowledged; returns the new cursor ``(row id, volatile n)``."""
+        # Rows the broker acknowledged whose save the store refused (disk full) are still
+        # pending in the outbox: after a reconnect they are skipped, not sent again (each
+        # reconnect would otherwise re-send every one, not only the ``max_inflight`` in flight).
+        acked = {row.id for row, _, _ in self._unsaved}
         while len(window) < self.config.max_inflight:
             room = self.config.max_inflight - len(window)
             rows = self._store.pending_alerts(room, after_id=cursor[0])
@@ -560,6 +575,9 @@ class MqttPublisher:
             if not batch:
                 break
             for item in batch:
+                if not isinstance(item, VolatileAlert) and item.id in acked:
+                    cursor = (item.id, cursor[1])
+                    continue
                 with self._state_lock:
                     if not self._connected or self._generation != generation:
                         return cursor

@@ -16,6 +16,13 @@ model's input size (``cv2.INTER_AREA``) when the source was given one, and emits
   grabber waits while ``RECORDED_QUEUE_FRAMES`` frames wait for the consumer (back-pressure), so
   the file is read as fast as the model scores it and no frame is dropped.
 
+Where a frame came from (:class:`agent.records.FrameOrigin`, ``Frame.origin``, named by the
+alerts it raises): an image folder's file, relative to the folder (``os.fsdecode``: any bytes);
+a video file's name and the frame's 0-based index in the file (counted per frame read; a looped
+file counts from 0 again). A live camera's frames have none (a frame counter since the camera
+opened names nothing an operator can find again). A capture names its last frame's origin in an
+``origin`` attribute; one without it (a live ``cv2.VideoCapture``, a test fake) gives None.
+
 Every frame read is accounted for: emitted, dropped for a newer one (real time), rejected
 (below) or :attr:`CameraSource.abandoned` (read but not handed on because the run stopped or
 the capture was replaced).
@@ -67,7 +74,7 @@ from pydantic import Field, model_validator
 
 from agent.config.base import StrictModel
 from agent.errors import RecordError, SourceError, SourceExhausted, SourceFailed
-from agent.records import Frame
+from agent.records import Frame, FrameOrigin
 from agent.sources.backoff import Backoff
 from agent.sources.base import StatusListener
 from agent.sources.image_file import read_image_file
@@ -80,6 +87,8 @@ FrameReject = Callable[[RecordError], None]
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
 #: Frames a recorded input (file or folder at ``fps`` = 0) reads ahead of the model.
 RECORDED_QUEUE_FRAMES = 2
+#: A frame waiting for the consumer: image, wall time, monotonic time, seq, origin.
+_Queued = tuple[Image, float, float, int, FrameOrigin | None]
 
 
 class CameraConfig(StrictModel):
@@ -154,6 +163,12 @@ class Capture(Protocol):
         ...
 
 
+def capture_origin(cap: Capture) -> FrameOrigin | None:
+    """The origin of the frame ``cap`` read last: its ``origin`` attribute, None without one."""
+    origin = getattr(cap, "origin", None)
+    return origin if isinstance(origin, FrameOrigin) else None
+
+
 CaptureFactory = Callable[[CameraConfig], Capture]
 
 
@@ -175,7 +190,9 @@ class FolderCapture:
         self._files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
         if not self._files:
             raise SourceError("camera folder holds no image", path=str(folder))
+        self._folder = folder
         self._loop = loop
+        self.origin: FrameOrigin | None = None  # the file read last
         self._i = 0
         self._decoded = False  # an image of this pass decoded
 
@@ -189,6 +206,7 @@ class FolderCapture:
             self._i, self._decoded = 0, False
         path = self._files[self._i]
         self._i += 1
+        self.origin = FrameOrigin(os.fsdecode(path.relative_to(self._folder)))
         try:
             img = read_image_file(path)
         except RecordError as exc:
@@ -240,24 +258,39 @@ def open_capture(config: CameraConfig) -> Capture:
     if not cap.isOpened():
         cap.release()
         raise SourceError("camera capture does not open", target=str(target))
-    if config.path is not None and config.loop:
-        return _RewindingCapture(cap)
+    if config.path is not None:
+        return VideoFileCapture(cap, os.fsdecode(Path(config.path).name), config.loop)
     return cap
 
 
-class _RewindingCapture:
-    """A video file that starts again at its first frame when it ends (``loop``)."""
+class VideoFileCapture:
+    """A video file: counts the frames read (:attr:`origin`: file name and 0-based index) and,
+    with ``loop``, starts again at its first frame when it ends.
 
-    def __init__(self, cap: Any) -> None:
+    Args:
+        cap: The opened ``cv2.VideoCapture`` (or anything with its ``read``/``set``/``release``).
+        name: The file's name (``origin.file``).
+        loop: Rewind at the end.
+    """
+
+    def __init__(self, cap: Any, name: str, loop: bool = False) -> None:
         self._cap = cap
+        self._name = name
+        self._loop = loop
+        self._next = 0  # index of the next frame in the file
+        self.origin: FrameOrigin | None = None  # the frame read last
 
     def read(self) -> tuple[bool, Any]:
-        import cv2  # noqa: PLC0415 - lazy: only with a camera stream
-
         ok, img = self._cap.read()
-        if not ok:
+        if not ok and self._loop:
+            import cv2  # noqa: PLC0415 - lazy: only with a camera stream
+
             self._cap.set(cv2.CAP_PROP_POS_FRAMES, 0)
+            self._next = 0
             ok, img = self._cap.read()
+        if ok:
+            self.origin = FrameOrigin(self._name, self._next)
+            self._next += 1
         return ok, img
 
     def release(self) -> None:
@@ -367,7 +400,8 @@ class _Grabber:
                 if isinstance(img, RecordError):
                     o.bad_input(img)
                     continue
-                o.offer(np.asarray(img), self.generation)  # counted abandoned if replaced
+                # counted abandoned if replaced
+                o.offer(np.asarray(img), self.generation, capture_origin(self.cap))
         finally:
             with contextlib.suppress(Exception):  # a failing release must not kill the thread
                 self.cap.release()
@@ -424,7 +458,7 @@ class CameraSource:
         self.stopping = threading.Event()
         self.generation = 0
         self._cond = threading.Condition()
-        self._queue: deque[tuple[Image, float, float, int]] = deque()
+        self._queue: deque[_Queued] = deque()
         self._listener: StatusListener | None = None
         self._last_frame_mono: float | None = None
         self._progress_mono: float | None = None  # the watchdog's: last frame or (re)open
@@ -438,8 +472,9 @@ class CameraSource:
 
     # -- grabber side ---------------------------------------------------------------------------
 
-    def offer(self, image: Image, generation: int) -> None:
-        """Hand a captured frame to the consumer (grabber thread of ``generation``).
+    def offer(self, image: Image, generation: int, origin: FrameOrigin | None = None) -> None:
+        """Hand a captured frame (read from ``origin``) to the consumer (grabber thread of
+        ``generation``).
 
         Real time: the frame replaces one not yet taken (counted in :attr:`dropped`).
         Recorded: waits while the queue is full (back-pressure), until there is room or the
@@ -457,7 +492,7 @@ class CameraSource:
             if self.realtime and self._queue:
                 self._queue.clear()
                 self.dropped += 1
-            self._queue.append((image, self._clock(), now, self.frames))
+            self._queue.append((image, self._clock(), now, self.frames, origin))
             self._last_frame_mono = self._progress_mono = now
             self._cond.notify_all()
 
@@ -508,7 +543,7 @@ class CameraSource:
             return grabber
         return None
 
-    def _take(self, grabber: _Grabber) -> tuple[tuple[Image, float, float, int] | None, bool]:
+    def _take(self, grabber: _Grabber) -> tuple[_Queued | None, bool]:
         """The next frame (None when none came within a short wait) and whether the grabber
         had ended or failed before it was taken (then an empty queue means: nothing more)."""
         with self._cond:
@@ -546,7 +581,7 @@ class CameraSource:
             while grabber is not None and not stop.is_set():
                 item, over = self._take(grabber)
                 if item is not None:
-                    image, ts, mono, seq = item
+                    image, ts, mono, seq, origin = item
                     if not healthy:
                         healthy = True
                         backoff.reset()
@@ -558,7 +593,8 @@ class CameraSource:
                         self.bad_input(RecordError(f"frame {seq} rejected: {exc}", "bad_image",
                                                    stream=self.stream))
                         continue
-                    emit(Frame(self.stream, ts, model_image, received_mono=mono, seq=seq))
+                    emit(Frame(self.stream, ts, model_image, received_mono=mono, seq=seq,
+                               origin=origin))
                     self.emitted += 1
                     continue
                 if over and grabber.ended:
