@@ -306,6 +306,38 @@ def test_acks_the_store_cannot_save_do_not_stop_the_delivery(tmp_path: Path) -> 
         store.close()
 
 
+def test_reconnect_does_not_resend_acknowledged_alerts_the_store_could_not_save(
+    tmp_path: Path,
+) -> None:
+    """While the store refuses to save PUBACKs, the acknowledged rows stay pending in the outbox;
+    a reconnect re-sent every one of them (52 stored alerts delivered 3 times over two broker
+    restarts on a full 2 MiB tmpfs), not only the ``max_inflight`` the docstring allows."""
+    store = RefusingStore(tmp_path / "agent.db")
+    r = Rig(store, max_inflight=3)
+    try:
+        r.pub.start()
+        r.client.fire_connect()
+        store.refuse = True
+        for seq in range(1, 9):
+            r.add(seq)
+            wait_until(lambda s=seq: len(r.client.alert_publishes()) == s, what=f"alert {seq}")
+            r.client.ack(r.client.alert_publishes()[-1][0])
+        wait_until(lambda: not r.pub._acks, what="acknowledgements taken")
+        r.client.fire_disconnect()
+        r.client.fire_connect()
+        r.add(9)
+        wait_until(lambda: len(r.client.alert_publishes()) > 8, what="the new alert")
+        time.sleep(0.2)
+        assert [a for _, a in r.client.alert_publishes()][8:] == ["gw1:pump1:9"]
+        r.client.ack(r.client.alert_publishes()[-1][0])
+        store.refuse = False
+        assert r.pub.flush(5.0)
+        assert r.metric("edge_agent_mqtt_published_total") == 9
+    finally:
+        r.pub.stop()
+        store.close()
+
+
 def test_latency_observed_on_first_puback(store: Store) -> None:
     r = Rig(store)
     clock = [50.0]
