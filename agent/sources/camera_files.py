@@ -1,0 +1,103 @@
+"""Recorded inputs of the camera source as captures: an image folder and a video file.
+
+:class:`FolderCapture` reads a folder's images in name order, one per ``read`` (each verified
+and decoded whole by :func:`agent.sources.image_file.read_image_file`; an unreadable one is
+handed on as a :class:`agent.errors.RecordError`). :class:`VideoFileCapture` wraps an opened
+``cv2.VideoCapture`` of a file and counts its frames. Both name the input they read last in an
+``origin`` attribute (:class:`agent.records.FrameOrigin`), which
+:class:`agent.sources.camera.CameraSource` stamps on the frame. Both are built by
+:func:`agent.sources.camera.open_capture`; OpenCV and Pillow are imported only when one is used.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from agent.errors import RecordError, SourceError
+from agent.records import FrameOrigin
+from agent.sources.image_file import read_image_file
+
+#: File name suffixes (lower case) a camera folder's images have.
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
+
+
+class FolderCapture:
+    """A folder of images as a capture: one image per :meth:`read`, in name order.
+
+    Raises:
+        SourceError: From the constructor when the folder is missing or holds no image, or
+            Pillow (which verifies each image whole) is not installed.
+    """
+
+    def __init__(self, folder: Path, loop: bool = False) -> None:
+        try:
+            import PIL  # noqa: F401, PLC0415 - checked here, used by read_image_file
+        except ImportError as exc:
+            raise SourceError("Pillow is not installed: pip install -e '.[camera]'") from exc
+        if not folder.is_dir():
+            raise SourceError("camera folder does not exist", path=str(folder))
+        self._files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        if not self._files:
+            raise SourceError("camera folder holds no image", path=str(folder))
+        self._folder = folder
+        self._loop = loop
+        self.origin: FrameOrigin | None = None  # the file read last
+        self._i = 0
+        self._decoded = False  # an image of this pass decoded
+
+    def read(self) -> tuple[bool, Any]:
+        """One image, a :class:`agent.errors.RecordError` for a rejected one
+        (:func:`agent.sources.image_file.read_image_file`), or ``(False, None)`` at the end
+        (looped: after a whole pass without a readable image)."""
+        if self._i >= len(self._files):
+            if not self._loop or not self._decoded:
+                return False, None
+            self._i, self._decoded = 0, False
+        path = self._files[self._i]
+        self._i += 1
+        self.origin = FrameOrigin(os.fsdecode(path.relative_to(self._folder)))
+        try:
+            img = read_image_file(path)
+        except RecordError as exc:
+            return True, exc
+        self._decoded = True
+        return True, img
+
+    def release(self) -> None:
+        self._i = len(self._files)
+
+
+class VideoFileCapture:
+    """A video file: counts the frames read (:attr:`origin`: file name and 0-based index) and,
+    with ``loop``, starts again at its first frame when it ends.
+
+    Args:
+        cap: The opened ``cv2.VideoCapture`` (or anything with its ``read``/``set``/``release``).
+        name: The file's name (``origin.file``).
+        loop: Rewind at the end.
+    """
+
+    def __init__(self, cap: Any, name: str, loop: bool = False) -> None:
+        self._cap = cap
+        self._name = name
+        self._loop = loop
+        self._next = 0  # index of the next frame in the file
+        self.origin: FrameOrigin | None = None  # the frame read last
+
+    def read(self) -> tuple[bool, Any]:
+        ok, img = self._cap.read()
+        if not ok and self._loop:
+            import cv2  # noqa: PLC0415 - lazy: only with a camera stream
+
+            self._cap.set(cv2.CAP_PROP_POS_FRAMES, 0)
+            self._next = 0
+            ok, img = self._cap.read()
+        if ok:
+            self.origin = FrameOrigin(self._name, self._next)
+            self._next += 1
+        return ok, img
+
+    def release(self) -> None:
+        self._cap.release()
