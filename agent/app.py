@@ -78,6 +78,7 @@ from agent.services.updater import StreamHandle, Updater
 from agent.services.uploader import Uploader, read_token
 from agent.sources.base import Source
 from agent.sources.camera import CameraConfig
+from agent.sources.camera_watch import ScoredFile
 from agent.sources.registry import build_source
 from agent.sources.replay import ReplayConfig
 from agent.sources.simulator import SimulatorConfig
@@ -207,7 +208,7 @@ class Agent:
         self.streams: dict[str, _Stream] = {}
         #: Camera streams score in their own threads; alerts/aggregates come back on a queue.
         self.cameras: dict[str, CameraStream] = {}
-        self.image_events: queue.Queue[AlertEvent | Aggregate] = queue.Queue()
+        self.image_events: queue.Queue[AlertEvent | Aggregate | ScoredFile] = queue.Queue()
         self._updates = _open_model_store(config) if config.updater.enabled else None
         for sc in config.streams:
             self.notifier.extend_timeout(START_STEP_S, f"loading the model of stream {sc.name}")
@@ -216,7 +217,7 @@ class Agent:
                 self.cameras[sc.name] = build_camera_stream(
                     sc, config.agent.device_id, config.store.aggregate_interval_s,
                     self.image_events.put, self.stop_event, self.metrics,
-                    cache_dir=state_dir / "openvino-cache")
+                    cache_dir=state_dir / "openvino-cache", store=self.store)
                 continue
             self.streams[sc.name] = self._build_stream(sc, given.get(sc.name))
         self.updater: Updater | None = None
@@ -534,7 +535,8 @@ class Agent:
             self._write_aggregate(agg)
 
     def _drain_images(self) -> None:
-        """Store the alerts and aggregates the camera streams produced (main thread)."""
+        """Store the alerts and aggregates the camera streams produced, then mark the watched
+        folders' files whose alerts they were (main thread)."""
         while True:
             try:
                 item = self.image_events.get_nowait()
@@ -542,6 +544,8 @@ class Agent:
                 return
             if isinstance(item, AlertEvent):
                 self._raise(self.cameras[item.stream], item)
+            elif isinstance(item, ScoredFile):
+                item.commit()
             else:
                 self._write_aggregate(item)
 
@@ -820,8 +824,9 @@ def repeat_policy(source: object) -> RepeatPolicy:
     repeat is a copy; a live source in real time (serial port, camera device or stream URL,
     simulator at ``speed = 1``) only ever sends new readings, so the repeat is the next part.
     """
-    if isinstance(source, CameraConfig):
-        return "same_readings" if source.path is not None or source.folder is not None else "part"
+    if isinstance(source, CameraConfig):  # a watched folder sends only new images
+        recorded = source.path is not None or source.folder is not None
+        return "same_readings" if recorded and not source.watch else "part"
     if isinstance(source, ReplayConfig):
         return "same_readings"
     if isinstance(source, SimulatorConfig):

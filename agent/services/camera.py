@@ -3,7 +3,9 @@
 A camera stream does not go through the sensor queue: the source's consumer loop (its
 :meth:`agent.sources.camera.CameraSource.run`) calls :meth:`CameraStream.on_frame`, which scores
 the frame at once, so frame → score latency is one inference and never waits behind sensor
-batches. Alerts and closed aggregates are handed to ``deliver`` (the agent puts them on a queue
+batches. Alerts, closed aggregates and a watched folder's file marks
+(:class:`agent.sources.camera_watch.ScoredFile`, behind the alerts of their frame) are handed
+to ``deliver`` (the agent puts them on a queue
 its main loop drains into the store and the MQTT outbox, as for sensor streams).
 
 The runner restarts the source after a retryable :class:`agent.errors.SourceError` with backoff
@@ -59,14 +61,16 @@ from agent.services.camera_rules import camera_rule_params
 from agent.services.supervisor import RateLimiter
 from agent.sources.backoff import Backoff
 from agent.sources.camera import CameraConfig, CameraSource
+from agent.sources.camera_watch import FolderCheckpoint, ScoredFile
 
 if TYPE_CHECKING:
     from agent.config.schema import StreamConfig
     from agent.metrics import Metrics
+    from agent.sources.camera_watch import CheckpointStore
 
 log = logging.getLogger("agent.camera")
 
-Deliver = Callable[[AlertEvent | Aggregate], None]
+Deliver = Callable[[AlertEvent | Aggregate | ScoredFile], None]
 ScoreHook = Callable[[Frame, float, float], None]
 
 
@@ -158,8 +162,12 @@ class CameraStream:
 
     def health_view(self, now: float) -> SourceView:
         """What the monitor needs for the stream's health (``now``: monotonic seconds)."""
+        progress = self.last_progress_mono
+        idle = self.source.idle_mono  # a watched folder with nothing new is not stuck
+        if idle is not None and (progress is None or idle > progress):
+            progress = idle
         return SourceView.observe(
-            now, started_mono=self.started_mono, last_progress_mono=self.last_progress_mono,
+            now, started_mono=self.started_mono, last_progress_mono=progress,
             alive=self.is_alive(), done=self.exhausted, error=self.error, outage=self.outage)
 
     def health_details(self) -> dict[str, object]:
@@ -221,6 +229,12 @@ class CameraStream:
             self._deliver(alert)
         for agg in out.aggregates:
             self._deliver(agg)
+        mark = self.source.scored_file(frame)
+        if mark is not None:  # a watched folder's file: done once its alerts are stored
+            if out.alerts:
+                self._deliver(mark)  # behind the alerts, on the same queue
+            else:
+                mark.commit()
 
     def _reject(self, error: RecordError) -> None:
         with self._lock:
@@ -301,12 +315,14 @@ class CameraStream:
 def build_camera_stream(config: StreamConfig, device_id: str, aggregate_interval_s: float,
                         deliver: Deliver, stop: threading.Event, metrics: Metrics | None = None,
                         on_score: ScoreHook | None = None,
-                        cache_dir: Path | None = None) -> CameraStream:
+                        cache_dir: Path | None = None,
+                        store: CheckpointStore | None = None) -> CameraStream:
     """Load the stream's image package (verified, golden images), build source and pipeline.
 
     The backend is chosen as the stream's ``backend`` and ``precision`` say (``auto``: the
     fastest runtime passing the golden images); ``cache_dir`` is OpenVINO's compiled-model
-    cache (the agent passes ``<state_dir>/openvino-cache``).
+    cache (the agent passes ``<state_dir>/openvino-cache``). ``store`` keeps a watched
+    folder's checkpoint (:mod:`agent.sources.camera_watch`; None: in memory only).
 
     Raises:
         ModelError: the package is missing, not an image package, or fails its checks.
@@ -322,8 +338,9 @@ def build_camera_stream(config: StreamConfig, device_id: str, aggregate_interval
     backend = open_image_backend(package, config.precision, backend=config.backend,
                                  cache_dir=cache_dir)
     inp = package.manifest.input
+    checkpoint = (FolderCheckpoint(config.name, store) if config.source.watch else None)
     source = build_source(config.source, config.name, image_size=(inp.height, inp.width),
-                          grayscale=inp.grayscale)
+                          grayscale=inp.grayscale, checkpoint=checkpoint)
     assert isinstance(source, CameraSource)
     pipeline = ImagePipeline(
         config.name, device_id,

@@ -39,6 +39,9 @@ read it again from its first frame. Its reader waiting for a slow model is back-
 stall; a read that hangs shows as no frame reaching the model, which the agent's monitor
 reports as a stuck stream (:func:`agent.health.camera_stall_policy`).
 
+A watched folder (``watch = true``: :mod:`agent.sources.camera_watch`) is polled every
+``poll_s`` for new images, each scored once across restarts, and never ends.
+
 Files and folders end (:class:`agent.errors.SourceExhausted`) unless ``loop``, after every
 frame read was taken. One that cannot be read at all fails for good
 (:class:`agent.errors.SourceFailed`): it does not open at start, or it ends (a looped one: one
@@ -60,6 +63,7 @@ OpenCV (and Pillow, for folders) is imported only when a camera stream is built
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 import time
@@ -70,7 +74,8 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from agent.config.base import StrictModel
 from agent.errors import RecordError, SourceError, SourceExhausted, SourceFailed
@@ -78,6 +83,7 @@ from agent.records import Frame, FrameOrigin
 from agent.sources.backoff import Backoff
 from agent.sources.base import StatusListener
 from agent.sources.camera_files import FolderCapture, VideoFileCapture
+from agent.sources.camera_watch import IDLE, FolderCheckpoint, ScoredFile, WatchFolderCapture
 
 KIND = "camera"
 
@@ -109,6 +115,12 @@ class CameraConfig(StrictModel):
         "newest frame; frames it cannot keep up with are dropped and counted). Ignored for "
         "devices and URLs (always live).")
     loop: bool = Field(False, description="Start a file or folder again at its end.")
+    watch: bool = Field(False, description="Folders only: keep polling the folder for new "
+                        "images and score each once, also across restarts (checkpoint in the "
+                        "store); never ends. A file is taken once its size and mtime stayed the "
+                        "same over one poll (not while it is being written).")
+    poll_s: float = Field(1.0, gt=0.0, description="Watched folder: seconds between two "
+                          "listings of the folder (only with watch = true).")
     stall_s: float = Field(5.0, gt=0.0, description="Reconnect when no new frame arrived for "
                            "this many seconds (frame-age watchdog of live cameras and of "
                            "files at fps > 0; a file at fps = 0 is never reopened).")
@@ -122,12 +134,27 @@ class CameraConfig(StrictModel):
             raise ValueError(
                 f"set exactly one of device, url, path, folder (got {given or 'none'})"
             )
+        problems: list[tuple[str, str]] = []
+        for key in ("watch", "poll_s"):
+            if key in self.model_fields_set and self.folder is None:
+                problems.append((key, "applies only to an image folder (folder = ...)"))
+        if self.watch and self.loop:
+            problems.append(("loop", "a watched folder never ends: remove loop"))
+        if self.watch and self.fps > 0:
+            problems.append(("fps", "a watched folder scores every new image once: fps must "
+                             "be 0"))
+        if problems:
+            raise ValidationError.from_exception_data("CameraConfig", [
+                InitErrorDetails(type=PydanticCustomError("camera_key", msg), loc=(key,),
+                                 input=getattr(self, key))
+                for key, msg in problems])
         return self
 
     @property
     def finite(self) -> bool:
         """A file or folder that ends (not looped)."""
-        return (self.path is not None or self.folder is not None) and not self.loop
+        return ((self.path is not None or self.folder is not None) and not self.loop
+                and not self.watch)
 
     @property
     def live(self) -> bool:
@@ -194,13 +221,19 @@ def quiet_opencv() -> None:
         cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
 
 
-def open_capture(config: CameraConfig) -> Capture:
-    """The default capture factory: :class:`FolderCapture` or ``cv2.VideoCapture``.
+def open_capture(config: CameraConfig, checkpoint: FolderCheckpoint | None = None) -> Capture:
+    """The default capture factory: :class:`FolderCapture`, :class:`WatchFolderCapture`
+    (``watch``; ``checkpoint``: the files done, in memory only when None) or
+    ``cv2.VideoCapture``.
 
     Raises:
         SourceError: OpenCV is missing, or the capture does not open.
     """
     quiet_opencv()
+    if config.folder is not None and config.watch:
+        if checkpoint is None:
+            checkpoint = FolderCheckpoint("")
+        return WatchFolderCapture(Path(config.folder), checkpoint)
     if config.folder is not None:
         return FolderCapture(Path(config.folder), config.loop)
     import cv2  # noqa: PLC0415 - lazy: only with a camera stream
@@ -307,6 +340,11 @@ class _Grabber:
                         return
                     due = max(due + period, o.monotonic() - period)
                 ok, img = self.cap.read()
+                if img is IDLE:  # a watched folder with nothing new: poll again later
+                    o.idle_mono = o.monotonic()
+                    if o.stopping.wait(o.config.poll_s):
+                        return
+                    continue
                 if not ok or img is None:
                     if o.generation != self.generation:
                         return  # abandoned while blocked in read()
@@ -334,7 +372,10 @@ class CameraSource:
         stream: Stream name stamped on every frame.
         image_size: ``(height, width)`` frames are resized to (the model's input); None = keep.
         grayscale: Convert frames to grayscale (the model's input spec).
-        capture_factory: Opens a capture for the config (tests inject fakes).
+        capture_factory: Opens a capture for the config (tests inject fakes); default
+            :func:`open_capture` (with ``checkpoint``).
+        checkpoint: A watched folder's files done (``watch``; the agent passes one backed by
+            its store); None = a new one in memory.
         clock: Wall clock, epoch seconds (``Frame.ts``).
         monotonic: Monotonic clock in seconds (frame age, watchdog, pacing).
 
@@ -359,7 +400,8 @@ class CameraSource:
         *,
         image_size: tuple[int, int] | None = None,
         grayscale: bool = True,
-        capture_factory: CaptureFactory = open_capture,
+        capture_factory: CaptureFactory | None = None,
+        checkpoint: FolderCheckpoint | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -371,7 +413,13 @@ class CameraSource:
         self.live = config.live
         self.realtime = config.realtime
         self._capacity = 1 if self.realtime else RECORDED_QUEUE_FRAMES
-        self._factory = capture_factory
+        self.checkpoint = checkpoint
+        if config.watch and checkpoint is None:
+            self.checkpoint = FolderCheckpoint(stream)
+        self._factory = capture_factory or functools.partial(open_capture,
+                                                             checkpoint=self.checkpoint)
+        #: ``monotonic()`` of the last poll of a watched folder that found nothing new.
+        self.idle_mono: float | None = None
         self._clock = clock
         self.monotonic = monotonic
         self.stopping = threading.Event()
@@ -384,6 +432,13 @@ class CameraSource:
         self._reject: FrameReject | None = None
         self.frames = self.emitted = self.dropped = self.reconnects = self.stalls = 0
         self.rejected = self.abandoned = 0
+
+    def scored_file(self, frame: Frame) -> ScoredFile | None:
+        """The mark of a watched folder's file whose ``frame`` was scored (None otherwise):
+        commit it once the frame's alerts are stored (:mod:`agent.sources.camera_watch`)."""
+        if self.checkpoint is None or frame.origin is None:
+            return None
+        return ScoredFile(self.stream, frame.origin.file, self.checkpoint)
 
     def set_status_listener(self, listener: StatusListener | None) -> None:
         """Report failed (re)connects and recoveries (:class:`agent.sources.base.ReportsStatus`)."""
@@ -511,6 +566,8 @@ class CameraSource:
                     except ValueError as exc:
                         self.bad_input(RecordError(f"frame {seq} rejected: {exc}", "bad_image",
                                                    stream=self.stream))
+                        if self.checkpoint is not None and origin is not None:
+                            self.checkpoint.done(origin.file)  # rejected: said once
                         continue
                     emit(Frame(self.stream, ts, model_image, received_mono=mono, seq=seq,
                                origin=origin))

@@ -36,6 +36,11 @@ Version 4 (row ids never reused):
                  they never sent. ``sqlite_sequence`` starts at the largest id copied; ids
                  deleted above it before the migration are unknown, which is harmless: nothing
                  is in flight while a store is opened.
+
+Version 5 (watched camera folders):
+    camera_files: one row per stream and file of a watched folder already scored
+                 (:mod:`agent.store.camera_files`): ``name`` (BLOB: the name's bytes relative
+                 to the folder), ``size`` (bytes), ``mtime_ns`` and ``scored_at`` (epoch s).
 """
 
 from __future__ import annotations
@@ -163,6 +168,19 @@ MIGRATIONS: tuple[Migration, ...] = (
         "ALTER TABLE aggregates_v4 RENAME TO aggregates",
         "CREATE INDEX aggregates_stream_start ON aggregates (stream, interval_start)",
         "CREATE INDEX aggregates_unuploaded ON aggregates (id) WHERE uploaded_at IS NULL",
+    ),
+    # 4 -> 5: the files of watched camera folders already scored.
+    (
+        """
+        CREATE TABLE camera_files (
+            stream    TEXT    NOT NULL,
+            name      BLOB    NOT NULL,
+            size      INTEGER NOT NULL,
+            mtime_ns  INTEGER NOT NULL,
+            scored_at REAL    NOT NULL,
+            PRIMARY KEY (stream, name)
+        )
+        """,
     ),
 )
 

@@ -30,6 +30,9 @@ Aggregates: ``add_aggregate`` stores an interval the store already holds (the ag
 within it) as the interval's next part, and drops an exact repeat (a replay of the same file):
 :mod:`agent.store.parts`.
 
+Watched camera folders (a camera thread and the main loop): ``scored_files``,
+``mark_file_scored`` and ``forget_scored_files``: :mod:`agent.store.camera_files`.
+
 Calibrations (the pipeline thread): ``save_calibration`` (durable, when a stream finishes its
 calibration or a model update swaps one in) and ``calibration`` (at start):
 :mod:`agent.store.calibrations`.
@@ -64,7 +67,7 @@ from agent.errors import StoreError
 from agent.metrics import Metrics
 from agent.pipeline.restore import StoredCalibration
 from agent.records import Aggregate, Alert, iso_utc
-from agent.store import calibrations, parts, wire
+from agent.store import calibrations, camera_files, parts, wire
 from agent.store import maintenance as mt
 from agent.store.schema import migrate
 
@@ -411,6 +414,37 @@ class Store:
             except ValueError as exc:
                 raise StoreError(f"stored calibration of stream {stream}: {exc}",
                                  op="load_calibration", path=self.path) from exc
+
+    # -- watched camera folders ----------------------------------------------------------------
+
+    def scored_files(self, stream: str) -> dict[str, tuple[int, int]]:
+        """The files of ``stream``'s watched folder already scored: name -> (size, mtime_ns).
+
+        Raises:
+            StoreError: The read failed.
+        """
+        with self._use("load_camera_files") as conn:
+            return camera_files.load(conn, stream)
+
+    def mark_file_scored(self, stream: str, name: str, size: int, mtime_ns: int) -> None:
+        """Remember one file of ``stream``'s watched folder as scored (replaces the name's
+        previous row). Not fsynced on its own: a power cut may forget the last marks (those
+        files are scored again; :mod:`agent.sources.camera_watch`).
+
+        Raises:
+            StoreError: The write failed.
+        """
+        with self._use("mark_camera_file") as conn:
+            camera_files.mark(conn, stream, name, size, mtime_ns, self._clock())
+
+    def forget_scored_files(self, stream: str, names: Sequence[str]) -> None:
+        """Forget files of ``stream``'s watched folder (gone from the folder).
+
+        Raises:
+            StoreError: The write failed.
+        """
+        with self._use("forget_camera_files", transaction=True) as conn:
+            camera_files.forget(conn, stream, names)
 
     # -- alerts / outbox ------------------------------------------------------------------------
 
