@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable
 
 from agent.errors import StoreError
@@ -35,10 +36,14 @@ class AlertKeeper:
         store: The agent's store.
         publisher: The MQTT publisher, None when MQTT is disabled.
         metrics: Receives ``dropped_total{kind="alert", reason="store_error"}``.
+        clock: Wall clock, epoch seconds: the first refused alert of a stream numbers on from
+            ``max(stored last + 1, clock() in ms)`` (:mod:`agent.publish.volatile`).
     """
 
-    def __init__(self, store: Store, publisher: MqttPublisher | None, metrics: Metrics) -> None:
+    def __init__(self, store: Store, publisher: MqttPublisher | None, metrics: Metrics,
+                 clock: Callable[[], float] = time.time) -> None:
         self._store = store
+        self._clock = clock
         self._publisher = publisher
         self._metrics = metrics
         #: Per stream: the last sequence number used in memory and not yet persisted.
@@ -105,6 +110,10 @@ class AlertKeeper:
                 self._lose(f"stream {stream}: alert not stored ({exc}) and no unique id can be "
                            f"made ({read_exc}): lost")
                 return None
+            # Jump to the wall clock in ms: if the agent dies before the store takes a write,
+            # the restarted agent numbers on from the stored counter, below these ids, instead
+            # of reissuing them (a consumer deduplicating by alert_id would drop new alerts).
+            last = max(last, int(self._clock() * 1000) - 1)
         alert = make(last + 1)
         self._floor[stream] = alert.seq
         payload = json.dumps(

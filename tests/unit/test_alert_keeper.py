@@ -37,16 +37,18 @@ def test_refused_alerts_continue_the_sequence_and_the_next_stored_one_persists_i
     m = Metrics(CollectorRegistry())
     store = RefusingStore(tmp_path / "agent.db", metrics=m)
     pub = MqttPublisher(MqttConfig(enabled=True), store, "gw1", m)  # never started
-    keeper = AlertKeeper(store, pub, m)
+    keeper = AlertKeeper(store, pub, m, clock=lambda: 1000.0)
     assert keeper.add("pump1", make)[0].seq == 1  # type: ignore[union-attr]
     store.refuse = True
     volatile = [keeper.add("pump1", make) for _ in range(3)]
-    assert [(a.seq, stored) for a, stored in volatile] == [(2, False), (3, False), (4, False)]  # type: ignore[union-attr]
+    # the first refused alert jumps to the wall clock in ms, the next ones continue it
+    assert [(a.seq, stored) for a, stored in volatile] == [  # type: ignore[union-attr]
+        (1_000_000, False), (1_000_001, False), (1_000_002, False)]
     assert [v.after_row for v in pub.volatile.after(0)] == [1, 1, 1]
     store.refuse = False
     alert, stored = keeper.add("pump1", make)
-    assert (alert.seq, stored) == (5, True)  # type: ignore[union-attr]
-    assert store.last_alert_seq("pump1") == 5
+    assert (alert.seq, stored) == (1_000_003, True)  # type: ignore[union-attr]
+    assert store.last_alert_seq("pump1") == 1_000_003
     assert keeper.not_stored == 3 and keeper.lost_total == 0
     assert not m.registry.get_sample_value(
         "edge_agent_dropped_total", {"kind": "alert", "reason": "store_error"})
@@ -59,7 +61,7 @@ def test_refused_alert_without_mqtt_is_counted_lost_and_the_floor_survives_a_res
 ) -> None:
     m = Metrics(CollectorRegistry())
     store = RefusingStore(tmp_path / "agent.db", metrics=m)
-    keeper = AlertKeeper(store, None, m)
+    keeper = AlertKeeper(store, None, m, clock=lambda: 0.0)  # a clock at the epoch: no jump
     store.refuse = True
     alert, stored = keeper.add("pump1", make)
     assert (alert.seq, stored) == (1, False)  # type: ignore[union-attr]
@@ -70,3 +72,25 @@ def test_refused_alert_without_mqtt_is_counted_lost_and_the_floor_survives_a_res
     store.close()
     with Store(tmp_path / "agent.db") as again:
         assert again.add_new_alert("pump1", make).seq == 2
+
+
+def test_a_crash_while_the_store_refuses_writes_does_not_reissue_delivered_ids(
+    tmp_path: Path,
+) -> None:
+    """Volatile alerts delivered, then the agent dies before the store takes a write: the
+    restarted agent's alerts must not take the delivered ids (a tester saw 68 reused)."""
+    m = Metrics(CollectorRegistry())
+    store = RefusingStore(tmp_path / "agent.db", metrics=m)
+    pub = MqttPublisher(MqttConfig(enabled=True), store, "gw1", m)  # never started
+    keeper = AlertKeeper(store, pub, m, clock=lambda: 1_700_000_000.0)
+    assert keeper.add("pump1", make)[0].seq == 1  # type: ignore[union-attr]
+    store.refuse = True
+    delivered = {a.alert_id for a, _ in (keeper.add("pump1", make) for _ in range(5))}  # type: ignore[union-attr]
+    pub.stop()
+    store.close()  # killed: persist_seq never ran
+    with Store(tmp_path / "agent.db") as again:
+        after = AlertKeeper(again, None, Metrics(CollectorRegistry()),
+                            clock=lambda: 1_700_000_001.0)
+        new = [after.add("pump1", make)[0] for _ in range(5)]
+        assert [a.seq for a in new] == [2, 3, 4, 5, 6]  # type: ignore[union-attr]
+        assert not delivered & {a.alert_id for a in new}  # type: ignore[union-attr]
