@@ -143,3 +143,18 @@ def test_a_strided_score_stands_for_the_windows_skipped_around_it() -> None:
     r = AlertRules(p)
     got = [i for i, s in enumerate(strided) if r.update(s, 1.0, 2.0 * i, stride=2)]
     assert got == [13, 27]  # the same two episodes (3 scored windows below cleared the first)
+
+
+def test_one_noisy_scored_window_does_not_alert_a_two_window_rule_at_stride_2() -> None:
+    """At the skip_windows level a scored window counts twice; a k = 2 rule must still need two
+    scored windows above (stride 1 ignores one isolated exceedance, so must stride 2)."""
+    params = RuleParams(k=2, n=10, clear_ratio=0.9, clear_windows=5, cooldown_s=0)
+    for stride in (1, 2, 3):
+        r = AlertRules(params)
+        assert not any(r.update(s, 1.0, t, stride=stride)
+                       for t, s in enumerate([0.5, 1.2, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5]))
+        r = AlertRules(params)
+        assert [r.update(s, 1.0, t, stride=stride) for t, s in enumerate([0.5, 1.2, 1.3])] == [
+            False, False, True]
+    one = AlertRules(RuleParams(k=1, n=1, clear_ratio=1.0, clear_windows=1, cooldown_s=0))
+    assert one.update(1.2, 1.0, 0.0, stride=2)  # a 1-window rule still alerts on one window
