@@ -19,10 +19,7 @@ from pydantic import ValidationError
 
 cv2 = pytest.importorskip("cv2")
 
-from agent.app import Agent  # noqa: E402
-from agent.config.loader import parse_config  # noqa: E402
 from agent.errors import SourceExhausted  # noqa: E402
-from agent.metrics import Metrics  # noqa: E402
 from agent.records import (  # noqa: E402
     MAX_SOURCE_FILE_CHARS,
     Alert,
@@ -31,27 +28,13 @@ from agent.records import (  # noqa: E402
     TopChannel,
 )
 from agent.sources.camera import CameraConfig, CameraSource  # noqa: E402
-from agent.systemd import Notifier  # noqa: E402
 from cloud_sync.protocol import AlertBody, AlertSourceBody  # noqa: E402
-from tests.unit.test_camera_rules import PATTERN, _images  # noqa: E402
+from tests.unit.test_camera_rules import PATTERN, _images, run_camera_agent  # noqa: E402
 
 
 def _run_agent(tmp_path: Path, source: str) -> list[dict[str, Any]]:
     """Run the agent over ``source`` (a camera source's keys) and return the stored payloads."""
-    text = f"""
-[agent]
-device_id = "gw1"
-state_dir = "{tmp_path / 'state'}"
-console_alerts = false
-[[streams]]
-name = "cam1"
-model = "builtin:mtd-patchcore"
-[streams.source]
-kind = "camera"
-{source}
-"""
-    agent = Agent(parse_config(text, env={}), Metrics(), console=None, notifier=Notifier(""))
-    assert agent.run() == 0
+    run_camera_agent(tmp_path, source)
     db = sqlite3.connect(tmp_path / "state" / "agent.db")
     try:
         rows = db.execute("select payload from alerts order by seq").fetchall()

@@ -47,7 +47,10 @@ def _images() -> tuple[list[np.ndarray], list[np.ndarray]]:
     return good, cracked
 
 
-def _alerts(tmp_path: Path, source: str, rules: str = "") -> int:
+def run_camera_agent(tmp_path: Path, source: str, rules: str = "") -> Agent:
+    """Run an agent with one camera stream ``cam1`` (``source``: the camera source's keys;
+    ``rules``: an optional ``[streams.rules]`` table) on ``builtin:mtd-patchcore`` until its
+    input ends, state in ``tmp_path/state``; asserts it exited 0."""
     text = f"""
 [agent]
 device_id = "gw1"
@@ -63,6 +66,11 @@ kind = "camera"
 """
     agent = Agent(parse_config(text, env={}), Metrics(), console=None, notifier=Notifier(""))
     assert agent.run() == 0
+    return agent
+
+
+def _alerts(tmp_path: Path, source: str, rules: str = "") -> int:
+    agent = run_camera_agent(tmp_path, source, rules)
     assert agent.cameras["cam1"].scored == len(PATTERN)
     db = sqlite3.connect(tmp_path / "state" / "agent.db")
     try:
