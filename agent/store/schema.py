@@ -45,6 +45,7 @@ Version 5 (watched camera folders):
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 
 Migration = tuple[str, ...]
@@ -227,6 +228,11 @@ def migrate(
             conn.execute(f"PRAGMA user_version = {version + 1:d}")
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            # SQLite rolls a transaction back by itself on some errors (SQLITE_FULL or an I/O
+            # error at COMMIT): a ROLLBACK then fails with "no transaction is active" and would
+            # hide the real error (a full disk at start said "cannot rollback", not "disk full").
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
             raise
     return before, user_version(conn)

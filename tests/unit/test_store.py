@@ -97,6 +97,33 @@ def test_migration_step_is_atomic(tmp_path: Path) -> None:
     conn.close()
 
 
+class _FullDiskAtCommit(sqlite3.Connection):
+    """COMMIT fails as on a full disk: SQLite rolls the transaction back itself, then errs."""
+
+    def execute(self, sql: str, *args: object) -> sqlite3.Cursor:  # type: ignore[override]
+        if sql == "COMMIT":
+            super().execute("ROLLBACK")
+            raise sqlite3.OperationalError("database or disk is full")
+        return super().execute(sql, *args)  # type: ignore[arg-type]
+
+
+def test_migration_failing_at_commit_raises_the_real_error(tmp_path: Path) -> None:
+    """A step whose COMMIT failed (and was rolled back by SQLite) raises that error, not
+    "cannot rollback - no transaction is active" from the ROLLBACK after it (a 4 -> 5
+    migration on a full disk said that instead of disk full)."""
+    conn = sqlite3.connect(tmp_path / "m.db", isolation_level=None)
+    migrate(conn, MIGRATIONS[:-1])
+    conn.close()
+    full = sqlite3.connect(tmp_path / "m.db", isolation_level=None, factory=_FullDiskAtCommit)
+    with pytest.raises(sqlite3.OperationalError, match="disk is full"):
+        migrate(full)
+    assert not full.in_transaction
+    full.close()
+    conn = sqlite3.connect(tmp_path / "m.db", isolation_level=None)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION - 1
+    conn.close()
+
+
 def test_newer_schema_is_refused(db_path: Path) -> None:
     Store(db_path).close()
     conn = sqlite3.connect(db_path)
