@@ -119,8 +119,10 @@ class CameraConfig(StrictModel):
                         "images and score each once, also across restarts (checkpoint in the "
                         "store); never ends. A file is taken once its size and mtime stayed the "
                         "same over one poll (not while it is being written).")
-    poll_s: float = Field(1.0, gt=0.0, description="Watched folder: seconds between two "
-                          "listings of the folder (only with watch = true).")
+    # le: inf or 1e300 passed and then killed the grabber thread (Event.wait overflows time_t)
+    poll_s: float = Field(1.0, gt=0.0, le=86400.0, description="Watched folder: seconds "
+                          "between two listings of the folder (only with watch = true; at most "
+                          "a day).")
     stall_s: float = Field(5.0, gt=0.0, description="Reconnect when no new frame arrived for "
                            "this many seconds (frame-age watchdog of live cameras and of "
                            "files at fps > 0; a file at fps = 0 is never reopened).")
@@ -332,6 +334,7 @@ class _Grabber:
         o = self._owner
         period = 1.0 / o.config.fps if o.config.fps > 0 and not o.live else 0.0
         due = o.monotonic()
+        folder_down = False  # a watched folder that cannot be listed (share unmounted)
         try:
             while not o.stopping.is_set() and o.generation == self.generation:
                 if period:
@@ -340,8 +343,17 @@ class _Grabber:
                         return
                     due = max(due + period, o.monotonic() - period)
                 ok, img = self.cap.read()
+                if bool(getattr(self.cap, "listing_failed", False)) != folder_down:
+                    # an outage (red in /healthz, one line when it starts and one when it
+                    # ends), not idle polls: those kept the stream green while the folder was gone
+                    folder_down = not folder_down
+                    if o._listener is not None:
+                        o._listener(SourceError("camera folder cannot be listed",
+                                                path=str(o.config.folder))
+                                    if folder_down else None)
                 if img is IDLE:  # a watched folder with nothing new: poll again later
-                    o.idle_mono = o.monotonic()
+                    if not folder_down:
+                        o.idle_mono = o.monotonic()
                     if o.stopping.wait(o.config.poll_s):
                         return
                     continue

@@ -198,7 +198,7 @@ class WatchFolderCapture:
         checkpoint.forget_inflight()  # abandoned by a previous capture: read them again
         self._ready: deque[tuple[Path, str, FileKey]] = deque()
         self._pending: dict[str, FileKey] = {}  # seen at the last poll, not stable yet
-        self._listing_failed = False
+        self.listing_failed = False  # the last poll could not list the folder (an outage)
         self.polls = 0
         self.origin: FrameOrigin | None = None  # the file read last
 
@@ -229,12 +229,12 @@ class WatchFolderCapture:
             paths = sorted(p for p in self._folder.iterdir()
                            if p.suffix.lower() in IMAGE_SUFFIXES)
         except OSError as exc:
-            if self._listing_failed:
+            if self.listing_failed:
                 return None
-            self._listing_failed = True
+            self.listing_failed = True
             return RecordError(f"camera folder cannot be listed: {exc}", UNLISTABLE,
                                path=str(self._folder))
-        self._listing_failed = False
+        self.listing_failed = False
         pending: dict[str, FileKey] = {}
         present: set[str] = set()
         for path in paths:

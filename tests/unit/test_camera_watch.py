@@ -115,6 +115,33 @@ def test_files_dropped_in_while_running_are_scored_once_in_name_order(tmp_path: 
     assert run.src.rejected == 1 and run.src.dropped == 0
 
 
+def test_a_folder_that_cannot_be_listed_is_an_outage_not_idle_polls(tmp_path: Path) -> None:
+    """A watched folder gone (a share unmounted) kept the stream green in /healthz: its failed
+    polls counted as idle progress. It is an outage now (status listener: one error when it
+    starts, None when the folder lists again) and idle_mono stands still meanwhile."""
+    folder = tmp_path / "frames"
+    folder.mkdir()
+    _drop(folder, "00.png", _png(40))
+    run = _Running(folder, None)
+    events: list[object] = []
+    run.src.set_status_listener(events.append)
+    try:
+        assert _wait(lambda: len(run.frames) == 1 and run.src.idle_mono is not None)
+        folder.rename(tmp_path / "away")
+        assert _wait(lambda: len(events) == 1)
+        assert "cannot be listed" in str(events[0])
+        idle = run.src.idle_mono
+        time.sleep(0.3)  # several failed polls
+        assert run.src.idle_mono == idle and len(events) == 1
+        (tmp_path / "away").rename(folder)
+        assert _wait(lambda: len(events) == 2)
+        assert events[1] is None
+        assert _wait(lambda: run.src.idle_mono is not None and run.src.idle_mono > (idle or 0))
+        assert run.names() == ["00.png"]  # nothing scored again
+    finally:
+        run.close()
+
+
 def test_a_file_being_written_is_taken_only_once_unchanged_over_one_poll(tmp_path: Path) -> None:
     data = _png(90, size=64)
     part = tmp_path / "a.png"
@@ -310,6 +337,9 @@ kind = "camera"
     ('folder = "frames"\nwatch = true\nloop = true', "loop"),
     ('folder = "frames"\nwatch = true\nfps = 5.0', "fps"),
     ('folder = "frames"\nwatch = true\npoll_s = 0', "poll_s"),
+    # passed, then the grabber thread died on Event.wait(inf) (OverflowError): no file scored
+    ('folder = "frames"\nwatch = true\npoll_s = inf', "poll_s"),
+    ('folder = "frames"\nwatch = true\npoll_s = 1e300', "poll_s"),
 ])
 def test_watch_keys_outside_a_folder_are_config_problems_at_their_path(
         tmp_path: Path, source: str, key: str, capsys: pytest.CaptureFixture[str]) -> None:
