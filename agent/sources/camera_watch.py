@@ -25,8 +25,13 @@ may also forget the last marks (the store commits them without an fsync of their
 store (tests, benchmarks) the checkpoint lives in memory only.
 
 The remembered set is bounded by the folder: every :data:`PRUNE_EVERY_POLLS` polls, entries of
-files no longer in the folder are forgotten (not when a poll lists no image at all: an
-unmounted share must not make the agent forget everything and score it all again).
+files missing from the folder at every pruning for :data:`FORGET_AFTER_S` (a day) are forgotten
+(never when a poll lists no image at all). The grace period is what keeps an unmounted share
+from being scored all over again: a tester mounted an empty file system over a watched folder
+of 3,210 scored files, put one image in it, and after 60 polls the entries were forgotten and
+3,082 files were scored again once the share was back. An entry is forgotten only after a day
+of absence counted by this process (a restart counts afresh), so the table holds at most about a
+day's worth of deleted files beyond the folder's own.
 """
 
 from __future__ import annotations
@@ -36,8 +41,9 @@ import logging
 import os
 import stat
 import threading
+import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -51,6 +57,8 @@ log = logging.getLogger("agent.camera")
 
 #: Polls between two prunings of the checkpoint (files gone from the folder are forgotten).
 PRUNE_EVERY_POLLS = 60
+#: Seconds a done file must have been missing (at every pruning since) before it is forgotten.
+FORGET_AFTER_S = 86_400.0
 #: What :meth:`WatchFolderCapture.read` returns when no file is ready: wait ``poll_s``, ask again.
 IDLE = object()
 #: Reason of a folder that cannot be listed (metric label).
@@ -85,14 +93,19 @@ class FolderCheckpoint:
     Args:
         stream: The stream name (the store's key).
         store: Where marks are kept; None = in memory only.
+        clock: Monotonic seconds, for :data:`FORGET_AFTER_S`.
 
     Raises:
         SourceError: From the constructor when the store cannot be read.
     """
 
-    def __init__(self, stream: str, store: CheckpointStore | None = None) -> None:
+    def __init__(self, stream: str, store: CheckpointStore | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.stream = stream
         self._store = store
+        self._clock = clock
+        #: Done files missing from the folder: name -> clock() when first found missing.
+        self._missing_since: dict[str, float] = {}
         self._lock = threading.Lock()
         try:
             self._done: dict[str, FileKey] = ({} if store is None else store.scored_files(stream))
@@ -142,11 +155,16 @@ class FolderCheckpoint:
                             "restart): %s", self.stream, exc)
 
     def prune(self, present: set[str]) -> int:
-        """Forget the done files not in ``present``; returns how many were forgotten."""
+        """Forget the done files missing from ``present`` at every pruning for
+        :data:`FORGET_AFTER_S`; returns how many were forgotten."""
+        now = self._clock()
         with self._lock:
-            gone = [n for n in self._done if n not in present]
+            missing = {n for n in self._done if n not in present}
+            self._missing_since = {n: self._missing_since.get(n, now) for n in missing}
+            gone = [n for n, t in self._missing_since.items() if now - t >= FORGET_AFTER_S]
             for name in gone:
                 del self._done[name]
+                del self._missing_since[name]
         if gone and self._store is not None:
             # the store counts a failure; the rows load at the next start and are pruned then
             with contextlib.suppress(StoreError):

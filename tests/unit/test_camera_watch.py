@@ -25,7 +25,12 @@ from agent.errors import ConfigError, SourceExhausted  # noqa: E402
 from agent.metrics import Metrics  # noqa: E402
 from agent.records import Frame  # noqa: E402
 from agent.sources.camera import CameraConfig, CameraSource  # noqa: E402
-from agent.sources.camera_watch import IDLE, FolderCheckpoint, WatchFolderCapture  # noqa: E402
+from agent.sources.camera_watch import (  # noqa: E402
+    FORGET_AFTER_S,
+    IDLE,
+    FolderCheckpoint,
+    WatchFolderCapture,
+)
 from agent.store.sqlite import Store  # noqa: E402
 from agent.systemd import Notifier  # noqa: E402
 
@@ -208,7 +213,8 @@ def test_checkpoint_forgets_files_gone_from_the_folder_and_keeps_odd_names(
     for name in ("a.png", "b.png", odd):
         (tmp_path / name).write_bytes(_png(70))
     store = Store(tmp_path / "agent.db", time.time)
-    cp = FolderCheckpoint("cam", store)
+    now = [0.0]
+    cp = FolderCheckpoint("cam", store, clock=lambda: now[0])
     cap = WatchFolderCapture(tmp_path, cp)
     assert cap.read() == (True, IDLE)
     for _ in range(3):
@@ -217,6 +223,10 @@ def test_checkpoint_forgets_files_gone_from_the_folder_and_keeps_odd_names(
         cp.done(cap.origin.file)
     assert set(store.scored_files("cam")) == {"a.png", "b.png", odd}
     (tmp_path / "a.png").unlink()
+    for _ in range(4):
+        assert cap.read() == (True, IDLE)
+    assert len(store.scored_files("cam")) == 3  # missing, but not for a day yet
+    now[0] = FORGET_AFTER_S
     for _ in range(4):
         assert cap.read() == (True, IDLE)
     assert set(store.scored_files("cam")) == {"b.png", odd} and len(cp) == 2
@@ -360,3 +370,38 @@ def test_watch_and_poll_s_on_a_folder_are_valid(tmp_path: Path) -> None:
     source = parse_config(text, env={}).streams[0].source
     assert isinstance(source, CameraConfig) and source.watch and source.poll_s == 0.5
     assert not source.finite and not source.realtime
+
+
+def test_a_share_hidden_by_a_mount_with_one_image_is_not_scored_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tester mounted an empty file system over a watched folder of scored files and put one
+    image in it: after 60 polls every entry was forgotten and, once unmounted, 3,082 of 3,210
+    files were scored again. Entries now survive an absence shorter than FORGET_AFTER_S."""
+    monkeypatch.setattr("agent.sources.camera_watch.PRUNE_EVERY_POLLS", 2)
+    share = tmp_path / "share"
+    share.mkdir()
+    for i in range(5):
+        (share / f"{i}.png").write_bytes(_png(20 + i))
+    now = [0.0]
+    cp = FolderCheckpoint("cam", None, clock=lambda: now[0])
+    cap = WatchFolderCapture(share, cp)
+    assert cap.read() == (True, IDLE)
+    for _ in range(5):
+        ok, _ = cap.read()
+        assert ok and cap.origin is not None
+        cp.done(cap.origin.file)
+    hidden = tmp_path / "hidden"
+    share.rename(hidden)  # "mount" an empty file system with one new image over it
+    share.mkdir()
+    (share / "new.png").write_bytes(_png(99))
+    for _ in range(10):
+        now[0] += 600.0  # 100 minutes in all
+        ok, img = cap.read()
+        if ok and img is not IDLE and cap.origin is not None:
+            cp.done(cap.origin.file)
+    assert len(cp) == 6
+    (share / "new.png").rename(hidden / "new.png")  # "unmount": the old files are back
+    share.rmdir()
+    hidden.rename(share)
+    for _ in range(6):
+        assert cap.read() == (True, IDLE)  # nothing scored again
