@@ -41,7 +41,10 @@ def preflight(config: AgentConfig) -> list[str]:
         if isinstance(source, CameraConfig):
             if source.path is not None and not Path(source.path).is_file():
                 problems.append(f"{key}.source.path: no such video file {source.path!r}")
-            if source.folder is not None and not Path(source.folder).is_dir():
+            # a watched folder may be a share mounted later: an outage at run time, not a
+            # config problem (RestartPreventExitStatus=78 would keep every stream down)
+            if (source.folder is not None and not source.watch
+                    and not Path(source.folder).is_dir()):
                 problems.append(f"{key}.source.folder: no such folder {source.folder!r}")
         try:
             path = resolve_model_path(stream.model, Path.cwd())

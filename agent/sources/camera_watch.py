@@ -201,7 +201,9 @@ class WatchFolderCapture:
         checkpoint: Files done (skipped) and where new marks go.
 
     Raises:
-        SourceError: From the constructor when the folder is missing or Pillow is not installed.
+        SourceError: From the constructor when Pillow is not installed. A missing folder is an
+            outage (the polls fail until it can be listed), not an error: a share may be
+            mounted after the agent starts.
     """
 
     def __init__(self, folder: Path, checkpoint: FolderCheckpoint) -> None:
@@ -209,8 +211,8 @@ class WatchFolderCapture:
             import PIL  # noqa: F401, PLC0415 - checked here, used by read_image_file
         except ImportError as exc:
             raise SourceError("Pillow is not installed: pip install -e '.[camera]'") from exc
-        if not folder.is_dir():
-            raise SourceError("camera folder does not exist", path=str(folder))
+        # A missing folder is not an error here: a share mounted after the agent starts is
+        # listed by a later poll; until then each poll fails as an outage (red, one WARNING).
         self._folder = folder
         self._checkpoint = checkpoint
         checkpoint.forget_inflight()  # abandoned by a previous capture: read them again

@@ -23,6 +23,7 @@ from agent.cli import EX_CONFIG, main  # noqa: E402
 from agent.config.loader import parse_config  # noqa: E402
 from agent.errors import ConfigError, SourceExhausted  # noqa: E402
 from agent.metrics import Metrics  # noqa: E402
+from agent.preflight import preflight  # noqa: E402
 from agent.records import Frame  # noqa: E402
 from agent.sources.camera import CameraConfig, CameraSource  # noqa: E402
 from agent.sources.camera_watch import (  # noqa: E402
@@ -405,3 +406,35 @@ def test_a_share_hidden_by_a_mount_with_one_image_is_not_scored_again(
     hidden.rename(share)
     for _ in range(6):
         assert cap.read() == (True, IDLE)  # nothing scored again
+
+
+def test_a_watched_folder_missing_at_start_is_an_outage_until_it_appears(tmp_path: Path) -> None:
+    """A share mounted after the agent starts: the start used to fail with exit 78, which the
+    unit's RestartPreventExitStatus keeps down for good (every stream with it). Now the polls
+    fail as an outage until the folder can be listed, and preflight does not object."""
+    folder = tmp_path / "share"
+    config = parse_config(f"""
+[agent]
+device_id = "gw1"
+state_dir = "{tmp_path / 'state'}"
+[[streams]]
+name = "cam1"
+model = "builtin:mtd-patchcore"
+[streams.source]
+kind = "camera"
+folder = "{folder}"
+watch = true
+""", env={})
+    assert preflight(config.resolved(tmp_path)) == []
+    run = _Running(folder, None)
+    events: list[object] = []
+    run.src.set_status_listener(events.append)
+    try:
+        assert _wait(lambda: len(events) == 1)
+        assert "cannot be listed" in str(events[0]) and run.error is None
+        folder.mkdir()
+        _drop(folder, "00.png", _png(40))
+        assert _wait(lambda: len(run.frames) == 1)
+        assert events[-1] is None and run.names() == ["00.png"]
+    finally:
+        run.close()
