@@ -246,8 +246,13 @@ class WatchFolderCapture:
         """List the folder once; queue the files that are stable and not done."""
         self.polls += 1
         try:
-            paths = sorted(p for p in self._folder.iterdir()
-                           if p.suffix.lower() in IMAGE_SUFFIXES)
+            # os.scandir and plain names, not pathlib: a tester measured 55 ms per poll of
+            # 2,609 files through pathlib (about 5 % of a core idle at poll_s = 1); 2,600 files
+            # here (CI load): 64-69 ms pathlib, 21 ms scandir, the same names, keys and order
+            with os.scandir(self._folder) as it:
+                entries = sorted((e for e in it
+                                  if os.path.splitext(e.name)[1].lower() in IMAGE_SUFFIXES),
+                                 key=lambda e: e.name)
         except OSError as exc:
             if self.listing_failed:
                 return None
@@ -257,14 +262,15 @@ class WatchFolderCapture:
         self.listing_failed = False
         pending: dict[str, FileKey] = {}
         present: set[str] = set()
-        for path in paths:
+        for entry in entries:
             try:
-                st = path.stat()
+                st = entry.stat()  # follows a symlink, as Path.stat
             except OSError:
                 continue  # gone since the listing
             if not stat.S_ISREG(st.st_mode):
                 continue
-            name = os.fsdecode(path.relative_to(self._folder))
+            name = os.fsdecode(entry.name)
+            path = self._folder / entry.name
             present.add(name)
             key = (st.st_size, st.st_mtime_ns)
             if self._checkpoint.known(name, key):
