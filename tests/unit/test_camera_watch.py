@@ -10,6 +10,7 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,10 +65,13 @@ def _drop(folder: Path, name: str, data: bytes) -> None:
 class _Running:
     """A watched-folder source running in a thread; marks each scored frame at once."""
 
-    def __init__(self, folder: Path, store: Store | None, stream: str = "cam") -> None:
+    def __init__(self, folder: Path, store: Store | None, stream: str = "cam",
+                 status: Callable[[object], None] | None = None) -> None:
         cp = FolderCheckpoint(stream, store)
         self.src = CameraSource(CameraConfig(folder=str(folder), watch=True, poll_s=0.05),
                                 stream, checkpoint=cp)
+        if status is not None:  # before the thread starts: its first poll may report at once
+            self.src.set_status_listener(status)
         self.frames: list[Frame] = []
         self.rejected: list[object] = []
         self.stop = threading.Event()
@@ -426,9 +430,8 @@ folder = "{folder}"
 watch = true
 """, env={})
     assert preflight(config.resolved(tmp_path)) == []
-    run = _Running(folder, None)
     events: list[object] = []
-    run.src.set_status_listener(events.append)
+    run = _Running(folder, None, status=events.append)
     try:
         assert _wait(lambda: len(events) == 1)
         assert "cannot be listed" in str(events[0]) and run.error is None
