@@ -220,7 +220,7 @@ def test_frames_that_cannot_be_converted_are_rejected_not_fatal() -> None:
     images = [np.zeros((8, 8, 2), np.uint8), np.zeros((8, 8, 5), np.uint8),
               np.zeros((0, 8), np.uint8), np.zeros((8, 8, 1), np.uint8),
               np.full((8, 8, 3), 100, np.uint8)]
-    src = CameraSource(CameraConfig(path="v.avi", fps=50.0), "cam", image_size=(4, 4),
+    src = CameraSource(CameraConfig(path="v.avi", fps=0.0), "cam", image_size=(4, 4),
                        capture_factory=lambda c: _ListCapture(images))
     rejected: list[RecordError] = []
     frames: list[Frame] = []
