@@ -43,7 +43,7 @@ from agent.exitcodes import (  # noqa: F401 - EX_UNAVAILABLE: re-exported with t
 #: ``status`` exit codes by overall health; ``STATUS_UNREACHABLE`` when /healthz cannot be read.
 STATUS_EXIT = {"green": 0, "yellow": 1, "red": 2}
 STATUS_UNREACHABLE = 3
-DEFAULT_STATUS_PORT = 9100
+DEFAULT_STATUS_PORT = 9851
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -109,7 +109,7 @@ class AgentSection(StrictModel):
         None,
         ge=0,
         le=65535,
-        examples=[9100],
+        examples=[9851],
         description="TCP port of the /metrics (Prometheus) and /healthz (JSON) endpoint; "
         "unset = no endpoint.",
     )

@@ -132,7 +132,7 @@ def test_float_fields_accept_toml_integers() -> None:
 @pytest.mark.parametrize(
     ("toml", "expected"),
     [
-        ('[agent]\nmetrics_port = "9100"', "agent.metrics_port: Input should be a valid integer"),
+        ('[agent]\nmetrics_port = "9851"', "agent.metrics_port: Input should be a valid integer"),
         ("[agent]\nmetrics_port = true", "agent.metrics_port: Input should be a valid integer"),
         ("[mqtt]\nport = 1883.0", "mqtt.port: Input should be a valid integer"),
         ('[store]\naggregate_interval_s = "60"', "store.aggregate_interval_s: Input should be"),
