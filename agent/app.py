@@ -853,8 +853,9 @@ def lock_state_dir(state_dir: Path) -> TextIO:
     """
     path = state_dir / "agent.lock"
     try:
-        state_dir.mkdir(parents=True, exist_ok=True)
-        fh = path.open("a+", encoding="utf-8")
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fh = open(path, "a+", encoding="utf-8",  # noqa: SIM115 - held for the process's life
+                  opener=lambda p, f: os.open(p, f, 0o600))
     except OSError as exc:
         raise AgentError(f"cannot create the state lock {path}: {exc}") from exc
     try:

@@ -36,8 +36,8 @@ log = logging.getLogger("agent.secrets")
 
 #: umask of the agent process: files 0600, directories 0700.
 PRIVATE_UMASK = 0o077
-#: The store's files besides the database itself (SQLite's WAL, shared memory, rollback journal).
-STORE_SIDECARS = ("-wal", "-shm", "-journal")
+#: The store's files besides the database (WAL, shared memory, rollback journal, disk reserve).
+STORE_SIDECARS = ("-wal", "-shm", "-journal", "-reserve")
 
 _warned: set[str] = set()
 _warned_lock = threading.Lock()
