@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,19 +26,12 @@ from cloud_sync.client import FleetClient
 from cloud_sync.errors import FleetUnavailable
 from cloud_sync.protocol import IngestBatch
 from tests.integration.fleet_peer import FleetProcess
+from tests.integration.test_mqtt_publish import wait_until
 from tests.integration.tls_relay import TlsRelay
 from tests.tls_certs import Issued, TestCA, pin
 from tests.unit.test_store import make_alert
 
 pytestmark = pytest.mark.integration
-
-
-def wait_until(pred: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.fixture
