@@ -8,6 +8,7 @@ as a run-time failure restarted forever.
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -119,6 +120,11 @@ def _credentials(config: AgentConfig) -> list[str]:
         except ConfigError as exc:
             problems.extend(exc.problems or [str(exc)])
     fleet = config.fleet
+    if fleet.enabled and fleet.ca_file is not None and Path(fleet.ca_file).is_file():
+        try:
+            ssl.create_default_context(cafile=fleet.ca_file)
+        except (OSError, ssl.SSLError, ValueError) as exc:
+            problems.append(f"fleet.ca_file: cannot load {fleet.ca_file!r}: {exc}")
     if fleet.enabled and fleet.token_file is not None and Path(fleet.token_file).is_file():
         try:
             read_token(fleet)
