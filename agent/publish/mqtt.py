@@ -63,7 +63,13 @@ only set a flag).
 Start-up policy: ``connect_async`` + ``loop_start``, so a broker that is down at boot neither
 blocks nor crashes the agent; alerts accumulate in the outbox and paho retries with
 ``reconnect_delay_set(reconnect_min_s, reconnect_max_s)`` (exponential, whole seconds). A loss
-and the recovery are logged once each, not per retry.
+and the recovery are logged once each, not per retry; a failed connection is logged with its
+cause (certificate verify, host name mismatch, a broker that requires a client certificate,
+connection refused), once per outage and cause (:mod:`agent.publish.mqtt_tls`).
+
+TLS (``tls = true``): the broker's chain and host name are verified; ``cert_file``/``key_file``
+give the client certificate (mTLS); a password over plain TCP to a host that is not this machine
+is warned about once (docs/security.md).
 """
 
 from __future__ import annotations
