@@ -101,6 +101,7 @@ def _credentials(config: AgentConfig) -> list[str]:
     from the shell's.
     """
     from agent.publish.mqtt import read_password  # noqa: PLC0415 - loads paho
+    from agent.secret_files import check_trust_file  # noqa: PLC0415
     from agent.services.uploader import read_token  # noqa: PLC0415
 
     problems: list[str] = []
@@ -122,7 +123,10 @@ def _credentials(config: AgentConfig) -> list[str]:
     fleet = config.fleet
     if fleet.enabled and fleet.ca_file is not None and Path(fleet.ca_file).is_file():
         try:
+            check_trust_file(fleet.ca_file, "fleet.ca_file")
             ssl.create_default_context(cafile=fleet.ca_file)
+        except ConfigError as exc:
+            problems.extend(exc.problems or [str(exc)])
         except (OSError, ssl.SSLError, ValueError) as exc:
             problems.append(f"fleet.ca_file: cannot load {fleet.ca_file!r}: {exc}")
     if fleet.enabled and fleet.token_file is not None and Path(fleet.token_file).is_file():

@@ -12,7 +12,9 @@ read (:func:`check_secret_file`), as OpenSSH checks private keys:
   choice this does not forbid). Files inside ``$CREDENTIALS_DIRECTORY`` are not warned about:
   systemd restricts them to the service with an ACL, whose mask shows as group bits.
 
-The mode is the file's own after symlinks are followed (the target is what is read).
+The mode is the file's own after symlinks are followed (the target is what is read). The CA
+files (``mqtt.ca_file``, ``fleet.ca_file``) are trust anchors, not secrets: refused when others
+can write them (:func:`check_trust_file`), never warned about for being readable.
 
 Files written (:func:`private_umask`, :func:`secure_state`): the agent runs with umask ``0o077``,
 so every file and directory it creates (store, WAL, state lock, model packages, downloads) is
@@ -66,6 +68,31 @@ def _in_credentials_dir(path: str, environ: Mapping[str, str]) -> bool:
         return False
 
 
+def _refuse_writable(path: str, key: str, what: str, fix: str) -> int | None:
+    """The file's permission bits; ConfigError when its group or others can write it; None
+    when it cannot be stat'ed (reading it reports that)."""
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return None
+    if mode & 0o022:
+        msg = (f"{key}: {path!r} is writable by {_who(mode & 0o022)} (mode {mode:04o}); "
+               f"refusing {what} that others can replace: chmod {fix} {path}")
+        raise ConfigError(msg, problems=[msg])
+    return mode
+
+
+def check_trust_file(path: str, key: str) -> None:
+    """Refuse a trust anchor (``mqtt.ca_file``, ``fleet.ca_file``) its group or others can
+    write: whoever can add a CA to it can impersonate the broker or the fleet. Reading it is
+    fine (it holds no secret).
+
+    Raises:
+        ConfigError: The file is writable by its group or by others.
+    """
+    _refuse_writable(path, key, "a CA file", "644")
+
+
 def check_secret_file(
     path: str, key: str, *, environ: Mapping[str, str] | None = None,
     logger: logging.Logger | None = None,
@@ -82,14 +109,9 @@ def check_secret_file(
         ConfigError: The file is writable by its group or by others. A file that cannot be
             stat'ed passes: reading it reports that problem.
     """
-    try:
-        mode = stat.S_IMODE(os.stat(path).st_mode)
-    except OSError:
+    mode = _refuse_writable(path, key, "a secret", "600")
+    if mode is None:
         return
-    if mode & 0o022:
-        msg = (f"{key}: {path!r} is writable by {_who(mode & 0o022)} (mode {mode:04o}); "
-               f"refusing a secret that others can replace: chmod 600 {path}")
-        raise ConfigError(msg, problems=[msg])
     env = os.environ if environ is None else environ
     if mode & 0o044 and not _in_credentials_dir(path, env) and _first_time("read:" + path):
         (logger or log).warning(

@@ -31,7 +31,7 @@ from paho.mqtt.enums import MQTTErrorCode
 
 from agent.errors import ConfigError
 from agent.loopback import is_loopback
-from agent.secret_files import check_secret_file, read_secret
+from agent.secret_files import check_secret_file, check_trust_file, read_secret
 
 if TYPE_CHECKING:
     from agent.publish.mqtt import MqttConfig
@@ -63,9 +63,11 @@ def tls_context(config: MqttConfig) -> ssl.SSLContext:
 
     Raises:
         ConfigError: The CA file, certificate or key cannot be loaded (a wrong key password
-            included), or the key or password file is writable by others; the message names
+            included), or the CA, key or password file is writable by others; the message names
             the key (``mqtt.key_file``) and the cause.
     """
+    if config.ca_file is not None:
+        check_trust_file(config.ca_file, "mqtt.ca_file")
     try:
         context = ssl.create_default_context(cafile=config.ca_file)
     except (OSError, ssl.SSLError, ValueError) as exc:

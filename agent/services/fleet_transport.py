@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import requests
 
 from agent.loopback import is_loopback
+from agent.secret_files import check_trust_file
 from cloud_sync.tls import fleet_session, parse_pins
 
 if TYPE_CHECKING:
@@ -66,7 +67,14 @@ def warn_plaintext(url: str, logger: logging.Logger | None = None) -> bool:
 
 def session_for(config: FleetConfig) -> requests.Session:
     """The HTTP session of a :class:`~cloud_sync.client.FleetClient` for ``[fleet]``; warns
-    about a plain-http url (:func:`warn_plaintext`)."""
+    about a plain-http url (:func:`warn_plaintext`).
+
+    Raises:
+        ConfigError: ``fleet.ca_file`` is writable by others
+            (:func:`agent.secret_files.check_trust_file`).
+    """
     if config.url is not None:
         warn_plaintext(config.url)
+    if config.ca_file is not None:
+        check_trust_file(config.ca_file, "fleet.ca_file")
     return fleet_session(config.ca_file, config.pinned_pubkey)

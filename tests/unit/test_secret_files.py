@@ -21,6 +21,7 @@ from agent.secret_files import check_secret_file, secure_state
 from agent.services.uploader import FleetConfig, read_token
 from agent.store.sqlite import Store
 from tests.integration.test_agent_e2e import edge_agent
+from tests.tls_certs import TestCA
 
 SENSOR = """
 [agent]
@@ -134,3 +135,28 @@ def test_the_agent_writes_its_data_owner_only_under_umask_022(tmp_path: Path) ->
     assert dir_mode == 0o700
     assert modes["agent.db"] == 0o600 and modes["agent.db-wal"] == 0o600, modes
     assert all(m & 0o077 == 0 for m in modes.values()), modes  # lock, shm: owner only too
+
+
+def test_ca_files_others_can_write_are_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ca = TestCA(tmp_path / "pki")
+    ca.cert_file.chmod(0o664)  # anyone in the group could add their own CA
+    secret(tmp_path, 0o600, "gw1.token")
+    config = tmp_path / "agent.toml"
+    config.write_text(SENSOR + f"""
+[mqtt]
+enabled = true
+tls = true
+ca_file = "{ca.cert_file}"
+[fleet]
+enabled = true
+url = "https://127.0.0.1:9"
+token_file = "gw1.token"
+ca_file = "{ca.cert_file}"
+""")
+    assert main(["check-config", str(config)]) == EX_CONFIG
+    err = capsys.readouterr().err
+    for key in ("mqtt.ca_file", "fleet.ca_file"):
+        assert f"{key}: {str(ca.cert_file)!r} is writable by its group" in err, err
+    ca.cert_file.chmod(0o644)  # readable by all is right for a CA
+    assert main(["check-config", str(config)]) == 0, capsys.readouterr().err
