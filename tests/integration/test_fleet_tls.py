@@ -96,6 +96,19 @@ def test_a_second_pin_for_a_key_rotation_is_accepted(
     assert result.results == []
 
 
+def test_the_configured_ca_file_wins_over_requests_ca_bundle(
+    tmp_path: Path, fleet: FleetProcess, relay: TlsRelay, ca: TestCA,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # requests lets these variables replace a session's verify (psf/requests#3829).
+    impostor = TestCA(tmp_path / "impostor", "impostor")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(impostor.cert_file))
+    monkeypatch.setenv("CURL_CA_BUNDLE", str(impostor.cert_file))
+    fc = fleet_config(tmp_path, fleet, relay.url, ca_file=str(ca.cert_file))
+    result = FleetClient(fc.url or "", fleet.token, session_for(fc)).ingest(empty_batch())
+    assert result.results == []
+
+
 def test_a_key_that_matches_no_pin_is_refused_before_any_request_byte(
     tmp_path: Path, fleet: FleetProcess, relay: TlsRelay, ca: TestCA, server_cert: Issued
 ) -> None:
