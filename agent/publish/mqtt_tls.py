@@ -97,9 +97,9 @@ def describe_failure(exc: BaseException | None, socket_error: str | None = None)
 
     >>> describe_failure(ConnectionRefusedError(111, "Connection refused"))
     'connection refused'
-    >>> describe_failure(None, "failed to receive on socket: [SSL: TLSV13_ALERT_CERTIFICATE_REQ'
-    ... 'UIRED] tlsv13 alert certificate required (_ssl.c:2580)")[:34]
-    'TLS: the broker requires a client '
+    >>> describe_failure(None, "failed to receive on socket: [SSL: "
+    ...                  "TLSV13_ALERT_CERTIFICATE_REQUIRED] tlsv13 alert certif")[:45]
+    'TLS: the broker requires a client certificate'
     """
     if isinstance(exc, ssl.SSLCertVerificationError):
         message = exc.verify_message or str(exc)
