@@ -69,7 +69,9 @@ from agent.preflight import preflight
 from agent.publish.keeper import AlertKeeper
 from agent.publish.mqtt import MqttPublisher
 from agent.records import Aggregate, Alert, Float32Array, Reading, iso_utc
+from agent.secret_files import private_umask, secure_state
 from agent.services.camera import CameraStream, build_camera_stream
+from agent.services.fleet_transport import session_for
 from agent.services.model_slot import ModelSlot
 from agent.services.model_store import ModelStore
 from agent.services.samples import SampleCollector, SampleUploader, config_hash
@@ -722,7 +724,8 @@ def _build_updater(agent: Agent, store: ModelStore, keys: TrustedKeys) -> Update
 
     config, fc = agent.config, agent.config.fleet
     assert fc.url is not None
-    client = FleetClient(fc.url, read_token(fc), connect_timeout_s=fc.connect_timeout_s,
+    client = FleetClient(fc.url, read_token(fc), session_for(fc),
+                         connect_timeout_s=fc.connect_timeout_s,
                          read_timeout_s=fc.read_timeout_s, clock=agent.clock)
     handles = {}
     for name, s in agent.streams.items():
@@ -755,7 +758,8 @@ def _build_samples(agent: Agent) -> SampleUploader:
             config_hash(s.config.model_dump_json(), s.package.label),
             config.samples.reservoir_size,
         )
-    client = FleetClient(fc.url, read_token(fc), connect_timeout_s=fc.connect_timeout_s,
+    client = FleetClient(fc.url, read_token(fc), session_for(fc),
+                         connect_timeout_s=fc.connect_timeout_s,
                          read_timeout_s=fc.read_timeout_s, clock=agent.clock)
     return SampleUploader(client, agent.collectors, config.samples.upload_interval_s)
 
@@ -770,7 +774,7 @@ def _build_uploader(
     assert fc.url is not None  # FleetConfig requires it when enabled
     current = [read_token(fc)]
     client = FleetClient(
-        fc.url, current[0], connect_timeout_s=fc.connect_timeout_s,
+        fc.url, current[0], session_for(fc), connect_timeout_s=fc.connect_timeout_s,
         read_timeout_s=fc.read_timeout_s, clock=clock, gzip_level=fc.gzip_level,
     )
 
@@ -849,8 +853,9 @@ def lock_state_dir(state_dir: Path) -> TextIO:
     """
     path = state_dir / "agent.lock"
     try:
-        state_dir.mkdir(parents=True, exist_ok=True)
-        fh = path.open("a+", encoding="utf-8")
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fh = open(path, "a+", encoding="utf-8",  # noqa: SIM115 - held for the process's life
+                  opener=lambda p, f: os.open(p, f, 0o600))
     except OSError as exc:
         raise AgentError(f"cannot create the state lock {path}: {exc}") from exc
     try:
@@ -926,6 +931,8 @@ def run(config: AgentConfig, config_dir: Path, config_file: Path | None = None) 
     for sig, handler in ((signal.SIGTERM, _stop), (signal.SIGINT, _stop),
                          (signal.SIGHUP, _hup)):
         previous[sig] = signal.signal(sig, handler)
+    umask = private_umask()  # what the agent writes is 0600/0700 (agent.secret_files)
+    secure_state(Path(config.agent.state_dir), Path(config.store.path))
     try:
         try:
             current.append(Agent(config, metrics, notifier=notifier, reload=reload))
@@ -958,5 +965,6 @@ def run(config: AgentConfig, config_dir: Path, config_file: Path | None = None) 
             server.stop()
         notifier.close()
         state_lock.close()  # releases the flock
+        os.umask(umask)
         for sig, old_handler in previous.items():
             signal.signal(sig, old_handler)  # type: ignore[arg-type]

@@ -8,6 +8,7 @@ as a run-time failure restarted forever.
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -62,11 +63,12 @@ def preflight(config: AgentConfig) -> list[str]:
         if isinstance(source, ReplayConfig) and Path(source.path).is_file():
             problems.extend(_replay_columns(key, stream.name, source,
                                             tuple(package.manifest.input.channels)))
-    files = [("mqtt.password_file", config.mqtt.password_file if config.mqtt.enabled else None),
-             ("mqtt.ca_file", config.mqtt.ca_file if config.mqtt.enabled else None)]
+    mqtt_keys = ("password_file", "ca_file", "cert_file", "key_file", "key_password_file")
+    files = [(f"mqtt.{k}", getattr(config.mqtt, k) if config.mqtt.enabled else None)
+             for k in mqtt_keys]
     fleet = getattr(config, "fleet", None)
     if fleet is not None and fleet.enabled:
-        files.append(("fleet.token_file", fleet.token_file))
+        files += [("fleet.token_file", fleet.token_file), ("fleet.ca_file", fleet.ca_file)]
     for name, value in files:
         if value is not None and not Path(value).is_file():
             problems.append(f"{name}: no such file {value!r}")
@@ -92,12 +94,14 @@ def _replay_columns(key: str, stream: str, source: ReplayConfig,
 
 
 def _credentials(config: AgentConfig) -> list[str]:
-    """Read the credential files as ``run`` does (unreadable, not UTF-8, empty: a problem).
+    """Read the credential files as ``run`` does (unreadable, not UTF-8, empty, writable by
+    others, a client key that does not load: a problem).
 
     A token from an environment variable is not checked: the service's environment may differ
     from the shell's.
     """
     from agent.publish.mqtt import read_password  # noqa: PLC0415 - loads paho
+    from agent.secret_files import check_trust_file  # noqa: PLC0415
     from agent.services.uploader import read_token  # noqa: PLC0415
 
     problems: list[str] = []
@@ -107,7 +111,24 @@ def _credentials(config: AgentConfig) -> list[str]:
             read_password(password_file)
         except ConfigError as exc:
             problems.extend(exc.problems or [str(exc)])
+    mqtt = config.mqtt
+    tls_files = (mqtt.ca_file, mqtt.cert_file, mqtt.key_file, mqtt.key_password_file)
+    if mqtt.enabled and mqtt.tls and all(f is None or Path(f).is_file() for f in tls_files):
+        from agent.publish.mqtt_tls import tls_context  # noqa: PLC0415
+
+        try:
+            tls_context(mqtt)  # loads the CA, the client certificate and key as run does
+        except ConfigError as exc:
+            problems.extend(exc.problems or [str(exc)])
     fleet = config.fleet
+    if fleet.enabled and fleet.ca_file is not None and Path(fleet.ca_file).is_file():
+        try:
+            check_trust_file(fleet.ca_file, "fleet.ca_file")
+            ssl.create_default_context(cafile=fleet.ca_file)
+        except ConfigError as exc:
+            problems.extend(exc.problems or [str(exc)])
+        except (OSError, ssl.SSLError, ValueError) as exc:
+            problems.append(f"fleet.ca_file: cannot load {fleet.ca_file!r}: {exc}")
     if fleet.enabled and fleet.token_file is not None and Path(fleet.token_file).is_file():
         try:
             read_token(fleet)

@@ -8,7 +8,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -40,9 +40,11 @@ class MosquittoBroker:
         workdir: Holds the generated config, the log and (with persistence) the database.
         persistence: Keep sessions and queued QoS 1 messages across ``stop``/``start``
             (mosquitto saves them on SIGTERM).
+        extra_config: Lines appended to the config, e.g. a second (TLS) listener.
     """
 
-    def __init__(self, binary: str, workdir: Path, *, persistence: bool = False) -> None:
+    def __init__(self, binary: str, workdir: Path, *, persistence: bool = False,
+                 extra_config: Sequence[str] = ()) -> None:
         self.binary = binary
         self.host = "127.0.0.1"
         self.port = _free_port()
@@ -61,6 +63,7 @@ class MosquittoBroker:
             lines += [f"persistence_location {workdir}/", "persistence_file mosquitto.db"]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             lines.append("user root")  # otherwise it drops to 'mosquitto' and cannot write here
+        lines += extra_config
         self.config_path.write_text("\n".join(lines) + "\n")
         self._proc: subprocess.Popen[bytes] | None = None
 

@@ -14,7 +14,9 @@ TOML shape::
 
 Relative paths:
     Paths in the file (``agent.state_dir``, ``streams.model``, a replay ``path``,
-    ``mqtt.password_file``, ``mqtt.ca_file``, ``fleet.token_file``, ``updater.trusted_keys_dir``)
+    ``mqtt.password_file``, ``mqtt.ca_file``, ``mqtt.cert_file``, ``mqtt.key_file``,
+    ``mqtt.key_password_file``, ``fleet.token_file``, ``fleet.ca_file``,
+    ``updater.trusted_keys_dir``)
     are relative to the directory of the config file; ``store.path`` is relative to
     ``agent.state_dir``. A model value ``builtin:<name>`` names a package shipped in the
     repository's ``models/`` directory.
@@ -388,7 +390,7 @@ class AgentConfig(StrictModel):
 
         Returns:
             A new config; ``agent.state_dir``, ``store.path``, each stream's ``model`` and replay
-            ``path``, ``mqtt.password_file`` and ``mqtt.ca_file`` are absolute path strings.
+            ``path``, the ``mqtt`` and ``fleet`` files are absolute path strings.
         """
         state_dir = resolve_path(self.agent.state_dir, config_dir)
         streams = []
@@ -407,7 +409,7 @@ class AgentConfig(StrictModel):
             streams.append(stream.model_copy(update={"source": source, "model": model}))
         mqtt_paths = {
             key: str(resolve_path(value, config_dir))
-            for key in ("password_file", "ca_file")
+            for key in ("password_file", "ca_file", "cert_file", "key_file", "key_password_file")
             if isinstance(value := getattr(self.mqtt, key), str)
         }
         return self.model_copy(
@@ -418,11 +420,11 @@ class AgentConfig(StrictModel):
                     update={"path": str(resolve_path(self.store.path, state_dir))}
                 ),
                 "mqtt": self.mqtt.model_copy(update=mqtt_paths),
-                "fleet": self.fleet.model_copy(
-                    update={"token_file": str(resolve_path(self.fleet.token_file, config_dir))}
-                    if self.fleet.token_file is not None
-                    else {}
-                ),
+                "fleet": self.fleet.model_copy(update={
+                    key: str(resolve_path(value, config_dir))
+                    for key in ("token_file", "ca_file")
+                    if isinstance(value := getattr(self.fleet, key), str)
+                }),
                 "updater": self.updater.model_copy(
                     update={"trusted_keys_dir": str(
                         resolve_path(self.updater.trusted_keys_dir, config_dir)

@@ -63,7 +63,13 @@ only set a flag).
 Start-up policy: ``connect_async`` + ``loop_start``, so a broker that is down at boot neither
 blocks nor crashes the agent; alerts accumulate in the outbox and paho retries with
 ``reconnect_delay_set(reconnect_min_s, reconnect_max_s)`` (exponential, whole seconds). A loss
-and the recovery are logged once each, not per retry.
+and the recovery are logged once each, not per retry; a failed connection is logged with its
+cause (certificate verify, host name mismatch, a broker that requires a client certificate,
+connection refused), once per outage and cause (:mod:`agent.publish.mqtt_tls`).
+
+TLS (``tls = true``): the broker's chain and host name are verified; ``cert_file``/``key_file``
+give the client certificate (mTLS); a password over plain TCP to a host that is not this machine
+is warned about once (docs/security.md).
 """
 
 from __future__ import annotations
@@ -71,11 +77,9 @@ from __future__ import annotations
 import collections
 import logging
 import math
-import ssl
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Literal
 
 import paho.mqtt.client as paho
@@ -86,7 +90,14 @@ from pydantic import Field, model_validator
 from agent.config.base import StrictModel
 from agent.errors import ConfigError, StoreError
 from agent.metrics import Metrics
+from agent.publish.mqtt_tls import (
+    DiagnosedClient,
+    failure_of,
+    tls_context,
+    warn_plain_password,
+)
 from agent.publish.volatile import VolatileAlert, VolatileQueue, merge
+from agent.secret_files import read_secret
 from agent.store.sqlite import OutboxRow, Store
 
 KIND = "mqtt"
@@ -132,6 +143,22 @@ class MqttConfig(StrictModel):
         examples=["/etc/edge-agent/ca.pem"],
         description="CA bundle for TLS; unset = the system's trust store. Needs tls = true.",
     )
+    cert_file: str | None = Field(
+        None,
+        examples=["/etc/edge-agent/mqtt-client.pem"],
+        description="Client certificate (PEM) for brokers that require one (mTLS); may hold the "
+        "key too. Needs tls = true.",
+    )
+    key_file: str | None = Field(
+        None,
+        examples=["/etc/edge-agent/credentials/mqtt-client.key"],
+        description="Private key (PEM) of cert_file, a secret (mode 0600); unset = in cert_file.",
+    )
+    key_password_file: str | None = Field(
+        None,
+        description="File whose first line decrypts an encrypted key; unset = the key is not "
+        "encrypted.",
+    )
     max_inflight: int = Field(
         20, ge=1, le=65535, description="Alerts published but not yet acknowledged, at most."
     )
@@ -154,8 +181,12 @@ class MqttConfig(StrictModel):
             raise ValueError(
                 f"topic_prefix {self.topic_prefix!r} must not contain '+', '#' or empty levels"
             )
-        if self.ca_file is not None and not self.tls:
-            raise ValueError("ca_file is set but tls is false")
+        for key in ("ca_file", "cert_file"):
+            if getattr(self, key) is not None and not self.tls:
+                raise ValueError(f"{key} is set but tls is false")
+        for key in ("key_file", "key_password_file"):
+            if getattr(self, key) is not None and self.cert_file is None:
+                raise ValueError(f"{key} is set but cert_file is not")
         if self.password_file is not None and self.username is None:
             raise ValueError("password_file is set but username is not")
         return self
@@ -165,26 +196,16 @@ def read_password(path: str) -> str:
     """The MQTT password: the first line of ``path`` (``edge-agent check-config`` reads it too).
 
     Raises:
-        ConfigError: the file is unreadable, not UTF-8, or its first line is empty.
+        ConfigError: the file is unreadable, not UTF-8, its first line is empty, or it is
+            writable by others (:func:`agent.secret_files.read_secret`).
     """
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(
-            f"mqtt.password_file: cannot read {path!r}: {exc}",
-            problems=[f"mqtt.password_file: cannot read {path!r}: {exc}"],
-        ) from exc
-    lines = text.splitlines()
-    password = lines[0] if lines else ""
-    if not password:
-        msg = f"mqtt.password_file: {path!r} is empty (the password is its first line)"
-        raise ConfigError(msg, problems=[msg])
-    return password
+    return read_secret(path, "mqtt.password_file", "password")
 
 
 def default_client_factory(**kwargs: Any) -> paho.Client:
-    """Build the real paho client (the publisher passes every argument by keyword)."""
-    return paho.Client(**kwargs)
+    """Build the real paho client (the publisher passes every argument by keyword); it
+    remembers why a connection failed (:class:`agent.publish.mqtt_tls.DiagnosedClient`)."""
+    return DiagnosedClient(**kwargs)
 
 
 class MqttPublisher:
@@ -244,11 +265,7 @@ class MqttPublisher:
         if config.username is not None:
             client.username_pw_set(config.username, password)
         if config.tls:
-            try:
-                client.tls_set(ca_certs=config.ca_file)
-            except (OSError, ssl.SSLError, ValueError) as exc:
-                msg = f"mqtt.ca_file: cannot load {config.ca_file!r}: {exc}"
-                raise ConfigError(msg, problems=[msg]) from exc
+            client.tls_set_context(tls_context(config))
         client.will_set(self.availability_topic, "offline", qos=1, retain=True)
         client.reconnect_delay_set(
             max(1, math.ceil(config.reconnect_min_s)), max(1, math.ceil(config.reconnect_max_s))
@@ -267,6 +284,7 @@ class MqttPublisher:
         self._connected = False
         self._generation = 0  # incremented on every successful connect
         self._outage_since: float | None = None  # monotonic; set while a loss is logged
+        self._outage_cause: str | None = None  # the last cause logged during that outage
         # PUBACKs: (mid, accepted, wall time, monotonic time); appended by paho's thread.
         self._acks: collections.deque[tuple[int, bool, float, float]] = collections.deque()
         self._tracked: collections.OrderedDict[str, float] = collections.OrderedDict()
@@ -316,6 +334,7 @@ class MqttPublisher:
             self._log.info("MQTT publishing is disabled; alerts stay in the outbox")
             return
         self._metrics.mqtt_connected.set(0)
+        warn_plain_password(self.config, self._log)
         self._client.connect_async(self.config.host, self.config.port, self.config.keepalive_s)
         self._client.loop_start()
         self._thread = threading.Thread(target=self._run, name="mqtt-outbox", daemon=True)
@@ -439,11 +458,7 @@ class MqttPublisher:
         properties: object,
     ) -> None:
         if reason_code.is_failure:
-            with self._state_lock:
-                first = self._outage_since is None
-                if first:
-                    self._outage_since = self._monotonic()
-            if first:
+            if self._note_failure(f"refused: {reason_code}"):
                 self._log.warning(
                     "MQTT broker %s:%d refused the connection (%s); alerts stay in the outbox, "
                     "retrying in the background",
@@ -459,6 +474,7 @@ class MqttPublisher:
             self._connected = True
             self._generation += 1
             since, self._outage_since = self._outage_since, None
+            self._outage_cause = None
         self._metrics.mqtt_connected.set(1)
         if since is None:
             self._log.info(
@@ -472,16 +488,25 @@ class MqttPublisher:
             )
         self._wake.set()
 
-    def _on_connect_fail(self, client: paho.Client, userdata: object) -> None:
+    def _note_failure(self, cause: str | None) -> bool:
+        """Start (or go on with) an outage; True when it starts here or ``cause`` (None =
+        unknown) is new to it: a failure is logged once per outage and cause, not per retry."""
         with self._state_lock:
             first = self._outage_since is None
             if first:
                 self._outage_since = self._monotonic()
-        if first:
+            new = cause is not None and cause != self._outage_cause
+            if first or new:
+                self._outage_cause = cause
+        return first or new
+
+    def _on_connect_fail(self, client: paho.Client, userdata: object) -> None:
+        cause = failure_of(client)  # the TLS or socket error paho does not pass on
+        if self._note_failure(cause):
             self._log.warning(
-                "MQTT broker %s:%d unreachable; alerts stay in the outbox, retrying in the "
+                "MQTT broker %s:%d unreachable%s; alerts stay in the outbox, retrying in the "
                 "background every %g-%g s",
-                self.config.host, self.config.port,
+                self.config.host, self.config.port, f": {cause}" if cause else "",
                 self.config.reconnect_min_s, self.config.reconnect_max_s,
             )
 
@@ -499,6 +524,16 @@ class MqttPublisher:
             if lost and self._outage_since is None:
                 self._outage_since = self._monotonic()
         self._metrics.mqtt_connected.set(0)
+        cause = None if was_connected else getattr(client, "socket_error", None)
+        if cause and not self._stopping.is_set() and self._note_failure(
+                failure_of(client) or cause):
+            # Closed before any CONNACK: e.g. the broker rejected the client certificate
+            # after a TLS 1.3 handshake (paho logs it; nothing else calls back).
+            self._log.warning(
+                "MQTT broker %s:%d closed the connection before accepting it: %s; alerts stay "
+                "in the outbox, retrying in the background",
+                self.config.host, self.config.port, failure_of(client),
+            )
         if lost:
             self._metrics.mqtt_disconnects_total.inc()
             self._log.warning(

@@ -77,6 +77,8 @@ from agent import __version__
 from agent.config.base import StrictModel
 from agent.errors import ConfigError, StoreError
 from agent.metrics import Metrics
+from agent.secret_files import check_secret_file
+from agent.services.fleet_transport import check_tls_fields
 from agent.sources.backoff import Backoff
 from agent.store.sqlite import RecordKind, Store
 from agent.store.wire import AggregateColumnsText, WireRow
@@ -125,6 +127,19 @@ class FleetConfig(StrictModel):
         examples=["EDGE_FLEET_TOKEN"],
         description="Name of the environment variable holding the device token.",
     )
+    ca_file: str | None = Field(
+        None,
+        examples=["/etc/edge-agent/fleet-ca.pem"],
+        description="PEM bundle of the CA(s) that sign the fleet's https certificate; unset = "
+        "the system's trust store. Needs an https url.",
+    )
+    pinned_pubkey: str | None = Field(
+        None,
+        examples=["sha256//YhKJKSzoTt2b5FP18fvpHo7fJYqQCjAa3HWY3tvRMwE="],
+        description="Pinned server key(s), as curl's --pinnedpubkey: 'sha256//<base64 of the "
+        "SHA-256 of the certificate's SubjectPublicKeyInfo>', several separated by ';'; unset "
+        "= no pinning. Checked on top of the chain (docs/security.md). Needs an https url.",
+    )
     batch_records: int = Field(
         500, ge=1, le=MAX_BATCH_RECORDS,
         description=f"Records per upload request (1..{MAX_BATCH_RECORDS}).",
@@ -164,6 +179,7 @@ class FleetConfig(StrictModel):
                 raise ValueError("set exactly one of token_file and token_env when enabled")
         if self.url is not None and not self.url.startswith(("http://", "https://")):
             raise ValueError(f"url {self.url!r} must start with http:// or https://")
+        check_tls_fields(self.url, self.ca_file, self.pinned_pubkey)
         return self
 
 
@@ -171,7 +187,8 @@ def read_token(config: FleetConfig, env: Mapping[str, str] | None = None) -> str
     """Return the device token named by ``config`` (file's first line, or the env variable).
 
     Raises:
-        ConfigError: The file is unreadable or empty, or the variable is unset or empty.
+        ConfigError: The file is unreadable, empty or writable by others
+            (:func:`agent.secret_files.check_secret_file`), or the variable is unset or empty.
     """
     environ = os.environ if env is None else env
     if config.token_env is not None:
@@ -179,6 +196,7 @@ def read_token(config: FleetConfig, env: Mapping[str, str] | None = None) -> str
         where = f"fleet.token_env: environment variable {config.token_env}"
     elif config.token_file is not None:
         where = f"fleet.token_file: {config.token_file!r}"
+        check_secret_file(config.token_file, "fleet.token_file")
         try:
             lines = Path(config.token_file).read_text(encoding="utf-8").splitlines()
         except (OSError, UnicodeDecodeError) as exc:

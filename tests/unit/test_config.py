@@ -469,3 +469,38 @@ def test_fleet_token_file_is_resolved_relative_to_the_config(tmp_path: Path) -> 
     text = MINIMAL + '\n[fleet]\nenabled = true\nurl = "http://f"\ntoken_file = "fleet.token"\n'
     config = parse_config(text, env={}).resolved(tmp_path)
     assert config.fleet.token_file == str(tmp_path / "fleet.token")
+
+
+def test_resolved_makes_the_tls_and_secret_paths_absolute(tmp_path: Path) -> None:
+    text = """
+[[streams]]
+name = "r"
+source = { kind = "simulator" }
+[mqtt]
+tls = true
+cert_file = "pki/gw1.pem"
+key_file = "credentials/gw1.key"
+key_password_file = "credentials/gw1.key.password"
+[fleet]
+enabled = true
+url = "https://fleet.example:8443"
+token_env = "TOK"
+ca_file = "pki/fleet-ca.pem"
+pinned_pubkey = "sha256//YhKJKSzoTt2b5FP18fvpHo7fJYqQCjAa3HWY3tvRMwE="
+"""
+    config = parse_config(text, env={}).resolved(tmp_path)
+    assert config.mqtt.cert_file == str(tmp_path / "pki" / "gw1.pem")
+    assert config.mqtt.key_file == str(tmp_path / "credentials" / "gw1.key")
+    assert config.mqtt.key_password_file == str(tmp_path / "credentials" / "gw1.key.password")
+    assert config.fleet.ca_file == str(tmp_path / "pki" / "fleet-ca.pem")
+
+
+@pytest.mark.parametrize(("mqtt", "problem"), [
+    ('cert_file = "c.pem"', "cert_file is set but tls is false"),
+    ('tls = true\nkey_file = "k.pem"', "key_file is set but cert_file is not"),
+])
+def test_client_certificate_keys_need_tls_and_a_certificate(mqtt: str, problem: str) -> None:
+    text = f'[[streams]]\nname = "r"\nsource = {{ kind = "simulator" }}\n[mqtt]\n{mqtt}\n'
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, env={})
+    assert any(problem in p for p in info.value.problems), info.value.problems

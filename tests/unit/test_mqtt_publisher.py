@@ -426,3 +426,20 @@ def test_config_rejects(values: dict[str, Any]) -> None:
 
 def test_every_config_field_is_described() -> None:
     assert all(f.description for f in MqttConfig.model_fields.values())
+
+
+def test_a_password_over_plain_tcp_to_a_remote_broker_is_warned_about_once(
+        store: Store, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    pw = tmp_path / "pw"
+    pw.write_text("secret\n")
+    pw.chmod(0o600)
+    caplog.set_level(logging.WARNING, logger="test.fake_mqtt")
+    rigs = [Rig(store, host=host, username="line1", password_file=str(pw))
+            for host in ("broker.plant.example", "broker.plant.example", "127.0.0.1",
+                         "localhost")]
+    for r in rigs:  # a reload builds the publisher again: still one warning
+        r.pub.start()
+        r.pub.stop()
+    texts = [r.getMessage() for r in caplog.records if "plain TCP" in r.getMessage()]
+    assert len(texts) == 1 and "broker.plant.example" in texts[0], texts
+    assert "secret" not in texts[0]

@@ -128,3 +128,14 @@ def test_replay_without_a_time_column_is_a_config_problem(
 def test_replay_with_the_models_channels_passes(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert _check(tmp_path, _replay(tmp_path, ["datetime", *SKAB_CHANNELS]), capsys)[0] == 0
+
+
+def test_a_fleet_ca_file_that_is_not_a_certificate(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "gw1.token").write_text("tok\n")
+    (tmp_path / "gw1.token").chmod(0o600)
+    (tmp_path / "ca.pem").write_text("not a certificate\n")
+    text = SENSOR + ('[fleet]\nenabled = true\nurl = "https://127.0.0.1:9"\n'
+                     'token_file = "gw1.token"\nca_file = "ca.pem"\n')
+    rc, err = _check(tmp_path, text, capsys)
+    assert rc == EX_CONFIG and "fleet.ca_file: cannot load" in err
