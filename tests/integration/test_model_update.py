@@ -93,7 +93,7 @@ def keys(tmp_path: Path) -> tuple[Path, Path]:
 
 def _agent(tmp_path: Path, fleet: FakeFleet, trusted: Path, source: FlowingSource,
            monkeypatch: pytest.MonkeyPatch, shadow: int = 50,
-           model: str = "builtin:skab-wstat", poll_s: float = 0.2) -> Agent:
+           model: str = "builtin:skab-wstat", poll_s: float = 0.2, updater: str = "") -> Agent:
     monkeypatch.setenv("EDGE_TEST_TOKEN", TOKEN)
     text = f"""
 [agent]
@@ -116,6 +116,7 @@ poll_interval_s = {poll_s}
 trusted_keys_dir = "{trusted}"
 shadow_windows = {shadow}
 acceptance_runs = 20
+{updater}
 """
     config = parse_config(text, env={}).resolved(tmp_path)
     return Agent(config, sources={"pump": source})
@@ -285,6 +286,52 @@ def test_interrupted_download_resumes_with_range(
     assert gets == [None, "bytes=2000-"]
     assert [s for _, s in fleet.states()][:2] == ["downloaded", "verified"]  # sha and size ok
     assert len(_reports(fleet, "downloaded")) == 1
+
+
+def test_archive_with_a_wrong_sha256_is_rejected_after_bounded_tries(
+    tmp_path: Path, fleet: FakeFleet, keys: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The assignment announces another sha256 than the archive has: 3 downloads with backoff,
+    then one ``rejected`` report with the reason, and no more downloads."""
+    priv, trusted = keys
+    finish = threading.Event()
+    agent = _agent(tmp_path, fleet, trusted, FlowingSource("pump", finish), monkeypatch,
+                   updater="download_tries = 3\ndownload_backoff_s = 0.2")
+    served = fleet.publish(make_package(tmp_path, 2, priv), tmp_path)
+    with fleet.state.lock:
+        assert fleet.state.assignment is not None
+        fleet.state.assignment["archive_sha256"] = "0" * 64
+
+    def downloads() -> int:
+        with fleet.state.lock:
+            return sum(path == served.url for _, path, _ in fleet.state.requests)
+
+    with _running(agent, finish):
+        _assert_refused_and_old_model_scores(agent, fleet, 2, "archive refused after 3 downloads")
+        assert downloads() == 3  # more polls have passed (the helper waits): no fourth download
+    rejected = _reports(fleet, "rejected")
+    assert "sha256" in str(rejected[0]["reason"]) and rejected[0]["rollout_id"] == 1
+    assert [s for _, s in fleet.states()] == ["rejected"]
+    assert not list((tmp_path / "state" / "models" / "incoming").iterdir())
+
+
+def test_start_reports_the_running_package(
+    tmp_path: Path, fleet: FakeFleet, keys: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first pass tells the fleet what each stream runs: the configured v1 (builtin)."""
+    _priv, trusted = keys
+    finish = threading.Event()
+    agent = _agent(tmp_path, fleet, trusted, FlowingSource("pump", finish), monkeypatch)
+    with _running(agent, finish):
+        _wait_for(lambda: bool(fleet.states(running=True)))
+        time.sleep(0.5)  # more polls: reported once
+    with fleet.state.lock:
+        reports = list(fleet.state.reports)
+    assert len(reports) == 1
+    r = reports[0]
+    assert (r["device_id"], r["stream"], r["name"], r["version"], r["state"]) == (
+        "gw1", "pump", "skab-wstat", 1, "active")
+    assert r["rollout_id"] is None and r["details"] == {"origin": "configured"}
 
 
 @pytest.mark.parametrize(
