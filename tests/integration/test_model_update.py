@@ -25,6 +25,7 @@ from agent.config.loader import parse_config
 from agent.errors import SourceExhausted
 from agent.records import Reading
 from cloud_sync.package import generate_keypair, key_id_of, load_private_key, sign_rollback
+from tests.integration.fleet_peer import FleetProcess
 from tests.integration.model_fleet import SOURCE_PACKAGE, FakeFleet, flip_byte, make_package
 
 pytestmark = pytest.mark.integration
@@ -91,10 +92,11 @@ def keys(tmp_path: Path) -> tuple[Path, Path]:
     return priv, trusted
 
 
-def _agent(tmp_path: Path, fleet: FakeFleet, trusted: Path, source: FlowingSource,
-           monkeypatch: pytest.MonkeyPatch, shadow: int = 50,
-           model: str = "builtin:skab-wstat", poll_s: float = 0.2, updater: str = "") -> Agent:
-    monkeypatch.setenv("EDGE_TEST_TOKEN", TOKEN)
+def _agent(tmp_path: Path, fleet: FakeFleet | FleetProcess, trusted: Path,
+           source: FlowingSource, monkeypatch: pytest.MonkeyPatch, shadow: int = 50,
+           model: str = "builtin:skab-wstat", poll_s: float = 0.2, updater: str = "",
+           token: str = TOKEN) -> Agent:
+    monkeypatch.setenv("EDGE_TEST_TOKEN", token)
     text = f"""
 [agent]
 device_id = "gw1"
