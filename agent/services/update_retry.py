@@ -1,13 +1,14 @@
-"""Bounded tries with backoff for package downloads that arrive wrong.
+"""Bounded tries with backoff for model updates that fail for want of the right bytes or room.
 
 A download that breaks (:class:`~cloud_sync.errors.FleetUnavailable`) is resumed at the next
 poll and costs no try. A download that completes but fails its check (the size or sha256
 differs from the assignment, or the fleet answers with a ``Content-Range`` that does not continue
-the file: :class:`~cloud_sync.errors.FleetProtocolError`) is a wrong archive: fetching it again
-at every poll would download the whole archive over and over. :class:`RetryBudget` allows
-``tries`` downloads per assignment, waits ``backoff_s``, then twice that, ... (at most
-``cap_s``) between them on the monotonic clock, and then says the assignment is spent: the
-updater rejects it and reports the reason to the fleet.
+the file: :class:`~cloud_sync.errors.FleetProtocolError`) is a wrong archive, and one that
+cannot be written or unpacked (``OSError``: a full or read-only disk) fails the same way again:
+trying at every poll would download the whole archive over and over. :class:`RetryBudget`
+allows ``tries`` per assignment, waits ``backoff_s``, then twice that, ... (at most ``cap_s``)
+between them on the monotonic clock, and then says the assignment is spent: the updater rejects
+it and reports the reason to the fleet.
 
 >>> t = [0.0]
 >>> b = RetryBudget(3, 10.0, clock=lambda: t[0])

@@ -26,8 +26,9 @@ Any failed step ends in ``rejected`` with the reason; the running model is untou
 is reported to the fleet (:class:`~cloud_sync.protocol.ModelStatusReport`; reports that fail are
 retried on the next pass), counted in ``edge_agent_model_updates_total{stream,state}`` and logged
 once. A download that breaks is resumed on the next pass without a report; an archive whose size
-or sha256 differs from the assignment is downloaded again at most ``download_tries`` times, with
-backoff (:mod:`agent.services.update_retry`), then rejected. One stream's update runs to its end
+or sha256 differs from the assignment, or one that cannot be written or installed (a full disk),
+is tried again at most ``download_tries`` times, with backoff
+(:mod:`agent.services.update_retry`), then rejected. One stream's update runs to its end
 (through the watch) before the next stream is looked at. At its first pass the updater reports
 each stream's running package as ``active`` (no rollout; ``details.origin`` = ``configured`` or
 ``installed``), so the fleet knows the version an abort of the first rollout goes back to.
@@ -118,8 +119,8 @@ class UpdaterConfig(StrictModel):
         "an immediate check (needs [mqtt]).",
     )
     download_tries: int = Field(
-        3, ge=1, description="Downloads of an archive whose size or sha256 differs from the "
-        "assignment before it is rejected.",
+        3, ge=1, description="Tries of an assignment whose archive differs from it (size, "
+        "sha256) or cannot be written or installed (a full disk) before it is rejected.",
     )
     download_backoff_s: float = Field(
         60.0, gt=0.0, description="Seconds before downloading such an archive again (doubled "
@@ -306,20 +307,16 @@ class Updater:
             else:
                 self._reject(h, a, f"download refused: {exc}")
             return
-        except FleetProtocolError as exc:  # the archive arrived wrong: a bounded number of tries
-            wait = self._retry.failed(_key(a))
-            if wait is None:
-                self._reject(h, a, f"archive refused after {self.config.download_tries} "
-                             f"downloads: {exc}")
-            else:
-                log.warning("stream %s: download of %s@%d failed its check (%s); downloading "
-                            "again in %.0f s", h.name, a.name, a.version, exc, wait)
+        except FleetProtocolError as exc:  # the archive arrived wrong
+            self._failed_try(h, a, "download failed its check", exc)
             return
         except FleetError as exc:
             log.warning("stream %s: download of %s@%d interrupted (%s); resuming later",
                         h.name, a.name, a.version, exc)
             return
-        self._retry.forget(_key(a))
+        except OSError as exc:  # the state dir: full, read-only
+            self._failed_try(h, a, "download could not be written", exc)
+            return
         self._report(h, a, "downloaded", details={"bytes": a.archive_size})
         final: Path | None = None
         try:
@@ -327,10 +324,24 @@ class Updater:
             self._report(h, a, "verified")
             package, detector = self._accept(h, a, final)
             self._shadow_then_swap(h, a, package, detector)
-        except _Rejected as exc:
-            self._reject(h, a, str(exc))
+        except (_Rejected, OSError) as exc:
+            if isinstance(exc, OSError):
+                shutil.rmtree(self.store.incoming / f"{a.name}-{a.version}", ignore_errors=True)
+                self._failed_try(h, a, "install failed", exc)
+            else:
+                self._reject(h, a, str(exc))
             if final is not None and final not in (_path(h.installed), _path(h.previous)):
                 shutil.rmtree(final, ignore_errors=True)
+
+    def _failed_try(self, h: StreamHandle, a: ModelAssignment, what: str, exc: Exception) -> None:
+        """A try of ``a`` failed (a wrong archive, a full disk): tried again after the backoff,
+        rejected with the reason once ``download_tries`` are spent."""
+        wait = self._retry.failed(_key(a))
+        if wait is None:
+            self._reject(h, a, f"{what} {self.config.download_tries} times: {exc}")
+        else:
+            log.warning("stream %s: model %s@%d: %s (%s); trying again in %.0f s",
+                        h.name, a.name, a.version, what, exc, wait)
 
     def _verify_and_install(self, h: StreamHandle, a: ModelAssignment, archive: Path) -> Path:
         unpacked = self.store.incoming / f"{a.name}-{a.version}"

@@ -11,6 +11,7 @@ import gc
 import json
 import os
 import sqlite3
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -309,12 +310,49 @@ def test_archive_with_a_wrong_sha256_is_rejected_after_bounded_tries(
             return sum(path == served.url for _, path, _ in fleet.state.requests)
 
     with _running(agent, finish):
-        _assert_refused_and_old_model_scores(agent, fleet, 2, "archive refused after 3 downloads")
+        _assert_refused_and_old_model_scores(agent, fleet, 2, "download failed its check 3 times")
         assert downloads() == 3  # more polls have passed (the helper waits): no fourth download
     rejected = _reports(fleet, "rejected")
     assert "sha256" in str(rejected[0]["reason"]) and rejected[0]["rollout_id"] == 1
     assert [s for _, s in fleet.states()] == ["rejected"]
     assert not list((tmp_path / "state" / "models" / "incoming").iterdir())
+
+
+@pytest.fixture
+def small_models_dir(tmp_path: Path) -> Iterator[Path]:
+    """``tmp_path/state/models`` on a 40 KiB tmpfs: room for a 15 kB archive, not for the
+    70 kB it unpacks to (root only; skipped elsewhere unless CI is set)."""
+    mnt = tmp_path / "state" / "models"
+    mnt.mkdir(parents=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40k", "tmpfs", str(mnt)],
+                       check=False, capture_output=True, text=True)
+    if r.returncode != 0:
+        if os.environ.get("CI"):
+            pytest.fail(f"cannot mount a tmpfs: {r.stderr.strip()}")
+        pytest.skip(f"cannot mount a tmpfs (needs root): {r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_install_on_a_full_disk_is_rejected_after_bounded_tries(
+    tmp_path: Path, fleet: FakeFleet, keys: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
+    small_models_dir: Path,
+) -> None:
+    """The archive downloads but does not fit unpacked (ENOSPC): 3 tries with backoff, then
+    ``rejected`` with the reason; before, an exception was logged at every poll for ever."""
+    priv, trusted = keys
+    finish = threading.Event()
+    agent = _agent(tmp_path, fleet, trusted, FlowingSource("pump", finish), monkeypatch,
+                   updater="download_tries = 3\ndownload_backoff_s = 0.2")
+    fleet.publish(make_package(tmp_path, 2, priv), tmp_path)
+    with _running(agent, finish):
+        _assert_refused_and_old_model_scores(agent, fleet, 2, "install failed 3 times")
+    reason = str(_reports(fleet, "rejected")[0]["reason"])
+    assert "No space left on device" in reason
+    assert [s for _, s in fleet.states()] == ["downloaded"] * 3 + ["rejected"]
+    assert not list((small_models_dir / "incoming").iterdir())
 
 
 def test_start_reports_the_running_package(
