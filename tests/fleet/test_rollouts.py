@@ -270,29 +270,32 @@ def test_abort_of_the_first_rollout_from_a_builtin_model(
     start = {"version": 1, "rollout_id": None, "stream": "pump",
              "details": {"origin": "configured"}}
     assert report(mclient, fleet["gw1"], "gw1", "active", **start).status_code == 204
+    # gw5 runs a version the registry does not hold
+    report(mclient, fleet["gw5"], "gw5", "active", **{**start, "version": 7})
     ro = mclient.post("/v1/rollouts", headers=admin, json={
-        "name": "skab-wstat", "version": 2, "devices": ["gw1", "gw2", "gw3", "gw4"]}).json()
+        "name": "skab-wstat", "version": 2, "devices": ["gw1", "gw2", "gw3", "gw4", "gw5"]}).json()
     prev = {d["device_id"]: d["previous_version"] for d in ro["devices"]}
-    assert prev == {"gw1": 1, "gw2": None, "gw3": None, "gw4": None}
+    assert prev == {"gw1": 1, "gw2": None, "gw3": None, "gw4": None, "gw5": 7}
     # gw2 starts after the rollout was created: its first report of the rollout fills it in
     report(mclient, fleet["gw2"], "gw2", "active", **start)
     report(mclient, fleet["gw2"], "gw2", "downloaded", rollout_id=ro["id"])
-    for d in ("gw1", "gw2", "gw3"):  # gw3 never said what it ran before
+    for d in ("gw1", "gw2", "gw3", "gw5"):  # gw3 never said what it ran before
         assert report(mclient, fleet[d], d, "active", rollout_id=ro["id"]).status_code == 204
     shown = mclient.get(f"/v1/rollouts/{ro['id']}", headers=admin).json()
     prev = {d["device_id"]: d["previous_version"] for d in shown["devices"]}
-    assert prev == {"gw1": 1, "gw2": 1, "gw3": None, "gw4": None}
+    assert prev == {"gw1": 1, "gw2": 1, "gw3": None, "gw4": None, "gw5": 7}
     r = mclient.post(f"/v1/rollouts/{ro['id']}/abort", headers=admin).json()
     assert r["state"] == "aborted"
     assert r["reason"] == (
         "aborted by the operator: back to skab-wstat@1: gw1, gw2; keep skab-wstat@2 (no "
         "previous version known: the device never reported another version of skab-wstat): "
-        "gw3; untouched (never ran it): gw4")
+        "gw3; untouched (never ran it): gw4; keep skab-wstat@2 (skab-wstat@7 is not in the "
+        "registry: push it signed): gw5")
     for d in ("gw1", "gw2"):
         got = assigned(mclient, fleet[d], "pump")
         assert got is not None and got.version == 1 and got.rollback is not None
         assert (got.rollback.from_version, got.rollback.to_version) == (2, 1)
-    assert assigned(mclient, fleet["gw3"]) is None and assigned(mclient, fleet["gw4"]) is None
+    assert all(assigned(mclient, fleet[d]) is None for d in ("gw3", "gw4", "gw5"))
     # gw1 is back on v1: the rollout says so, and nothing more is assigned to it
     report(mclient, fleet["gw1"], "gw1", "active", version=1, rollout_id=ro["id"])
     row = next(d for d in mclient.get(f"/v1/rollouts/{ro['id']}", headers=admin).json()[
