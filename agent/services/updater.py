@@ -338,6 +338,8 @@ class Updater:
         rejected with the reason once ``download_tries`` are spent."""
         wait = self._retry.failed(_key(a))
         if wait is None:
+            archive = self.store.incoming / f"{a.name}-{a.version}.tar.gz"
+            archive.with_suffix(".part").unlink(missing_ok=True)  # room on a full disk
             self._reject(h, a, f"{what} {self.config.download_tries} times: {exc}")
         else:
             log.warning("stream %s: model %s@%d: %s (%s); trying again in %.0f s",

@@ -319,12 +319,14 @@ def test_archive_with_a_wrong_sha256_is_rejected_after_bounded_tries(
 
 
 @pytest.fixture
-def small_models_dir(tmp_path: Path) -> Iterator[Path]:
-    """``tmp_path/state/models`` on a 40 KiB tmpfs: room for a 15 kB archive, not for the
-    70 kB it unpacks to (root only; skipped elsewhere unless CI is set)."""
+def small_models_dir(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Path]:
+    """``tmp_path/state/models`` on a tmpfs of ``request.param`` (e.g. ``40k``: room for a
+    15 kB archive, not for the 70 kB it unpacks to; root only; skipped elsewhere unless CI is
+    set)."""
     mnt = tmp_path / "state" / "models"
     mnt.mkdir(parents=True)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40k", "tmpfs", str(mnt)],
+    size = str(request.param)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
                        check=False, capture_output=True, text=True)
     if r.returncode != 0:
         if os.environ.get("CI"):
@@ -336,22 +338,27 @@ def small_models_dir(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-def test_install_on_a_full_disk_is_rejected_after_bounded_tries(
+@pytest.mark.parametrize(
+    ("small_models_dir", "reason", "downloaded"),
+    [("8k", "download could not be written 3 times", 0), ("40k", "install failed 3 times", 3)],
+    ids=["archive-does-not-fit", "unpacked-does-not-fit"], indirect=["small_models_dir"],
+)
+def test_update_on_a_full_disk_is_rejected_after_bounded_tries(
     tmp_path: Path, fleet: FakeFleet, keys: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
-    small_models_dir: Path,
+    small_models_dir: Path, reason: str, downloaded: int,
 ) -> None:
-    """The archive downloads but does not fit unpacked (ENOSPC): 3 tries with backoff, then
-    ``rejected`` with the reason; before, an exception was logged at every poll for ever."""
+    """The archive, or the package it unpacks to, does not fit (ENOSPC): 3 tries with backoff,
+    then ``rejected`` with the reason, and nothing left in ``incoming/``; before, an exception
+    was logged at every poll for ever."""
     priv, trusted = keys
     finish = threading.Event()
     agent = _agent(tmp_path, fleet, trusted, FlowingSource("pump", finish), monkeypatch,
                    updater="download_tries = 3\ndownload_backoff_s = 0.2")
     fleet.publish(make_package(tmp_path, 2, priv), tmp_path)
     with _running(agent, finish):
-        _assert_refused_and_old_model_scores(agent, fleet, 2, "install failed 3 times")
-    reason = str(_reports(fleet, "rejected")[0]["reason"])
-    assert "No space left on device" in reason
-    assert [s for _, s in fleet.states()] == ["downloaded"] * 3 + ["rejected"]
+        _assert_refused_and_old_model_scores(agent, fleet, 2, reason)
+    assert "No space left on device" in str(_reports(fleet, "rejected")[0]["reason"])
+    assert [s for _, s in fleet.states()] == ["downloaded"] * downloaded + ["rejected"]
     assert not list((small_models_dir / "incoming").iterdir())
 
 
