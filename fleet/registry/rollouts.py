@@ -94,8 +94,8 @@ class RolloutService:
             active = {
                 r.device_id: r
                 for r in conn.execute(
-                    select(devices.c.device_id, devices.c.tags, devices.c.model_name,
-                           devices.c.model_version).where(devices.c.revoked_at.is_(None))
+                    select(devices.c.device_id, devices.c.tags)
+                    .where(devices.c.revoked_at.is_(None))
                 )
             }
             if req.tag is not None:
@@ -331,8 +331,6 @@ class RolloutService:
             .values(state="halted", resume_state=None, updated_at=now,
                     reason=f"halted: {len(failed)} device(s) failed ({why})"[:2000])
         )
-
-
 
 
 def _out(row: Any, members: Sequence[Any], with_devices: bool) -> RolloutOut:
