@@ -120,6 +120,17 @@ def _reports(fleet: FleetProcess) -> list[tuple[int | None, int, str]]:
         conn.close()
 
 
+def _downloads(fleet: FleetProcess) -> dict[tuple[str, int], int]:
+    """HTTP status of every skab-wstat package for gw1 and a second device, gw2 (enrolled
+    here): a device gets only what it is assigned."""
+    out = fleet.cli("device", "add", "gw2", "--db", fleet.db_url,
+                    "--state-dir", str(fleet.workdir))
+    tokens = {"gw1": fleet.token, "gw2": out.strip().splitlines()[-1].strip()}
+    return {(d, v): requests.get(f"{fleet.url}/v1/models/skab-wstat/{v}/package", timeout=10,
+                                 headers={"Authorization": f"Bearer {t}"}).status_code
+            for d, t in tokens.items() for v in (1, 2, 3)}
+
+
 _STEPS = ["downloaded", "verified", "accepted", "shadow", "active"]
 
 
@@ -179,6 +190,8 @@ def test_v1_v2_v3_abort_back_to_the_kept_v2(
         assert (_member(rfleet, r2)["previous_version"], _member(rfleet, r3)["previous_version"]
                 ) == (1, 2)
         assert (tmp_path / "state" / "models" / "skab-wstat-2").is_dir()  # kept as previous
+        assert _downloads(rfleet) == {("gw1", 1): 403, ("gw1", 2): 403, ("gw1", 3): 200,
+                                      ("gw2", 1): 403, ("gw2", 2): 403, ("gw2", 3): 403}
         shown = _abort_and_wait(rfleet, agent, r3, back_to=2)
         assert "back to skab-wstat@2: gw1" in shown
         assert _admin_get(rfleet, f"/v1/rollouts/{r2}")["state"] == "promoted"
