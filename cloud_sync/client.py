@@ -487,6 +487,8 @@ class FleetClient:
             FleetProtocolError: a bad ``Content-Range``, more bytes than expected, or a size
                 or sha256 mismatch at the end (the part file is deleted: the next call starts
                 over).
+            OSError: the part file cannot be written (a full or read-only disk); what was
+                written is kept.
         """
         part = dest.with_suffix(".part")
         path = url_path if url_path.startswith("/") else "/" + url_path
@@ -538,9 +540,17 @@ class FleetClient:
             fh.seek(start)
             fh.truncate()
             try:
-                # read1: whatever has arrived, so the bytes before a broken connection are kept
-                # (iter_content would drop a short last chunk along with the IncompleteRead)
-                while chunk := resp.raw.read1(_CHUNK, decode_content=False):
+                while True:
+                    # read1: whatever has arrived, so the bytes before a broken connection are
+                    # kept (iter_content would drop a short last chunk with the IncompleteRead)
+                    try:
+                        chunk = resp.raw.read1(_CHUNK, decode_content=False)
+                    except (requests.RequestException, urllib3.exceptions.HTTPError,
+                            OSError) as exc:
+                        raise FleetUnavailable(f"package download broke at byte {size} of "
+                                               f"{expected_size}: {_short(exc)}") from exc
+                    if not chunk:
+                        break
                     size += len(chunk)
                     if size > expected_size:
                         fh.close()
@@ -548,13 +558,9 @@ class FleetClient:
                         raise FleetProtocolError(
                             f"package larger than the announced {expected_size} bytes"
                         )
-                    fh.write(chunk)
+                    fh.write(chunk)  # an OSError here (a full disk) is the gateway's, as it is
                     if progress is not None:
                         progress(size, expected_size)
-            except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
-                raise FleetUnavailable(
-                    f"package download broke at byte {size} of {expected_size}: {_short(exc)}"
-                ) from exc
             finally:
                 if not fh.closed:
                     fh.flush()

@@ -264,7 +264,8 @@ class EnrollResponse(_Wire):
 #        assigned to this device/stream (keep the installed model).
 #   GET  /v1/models/<name>/<version>/package  -> the package archive (tar.gz of the package
 #        directory: manifest.json + artefacts). Supports ``Range: bytes=<start>-`` (206) so an
-#        interrupted download resumes; ``ETag`` = the archive sha256.
+#        interrupted download resumes; ``ETag`` = the archive sha256. 403 for a package that is
+#        not assigned to this device.
 #   POST /v1/models/status  (ModelStatusReport) -> 204; every state change of an update.
 #   POST /v1/samples  (SampleBatch, gzip JSON like ingest) -> 200 {"stored": n}.
 # Operator side (admin token): see fleet/ (push, list, rollouts: create/promote/pause/abort).

@@ -70,6 +70,34 @@ class ModelStore:
         """Where ``name@version`` is installed."""
         return self.root / f"{name}-{version}"
 
+    def install(self, unpacked: Path, name: str, version: int) -> Path:
+        """Move the verified package directory ``unpacked`` to :meth:`package_dir`.
+
+        A folder already there (the kept previous package, assigned again by a rollback, or one
+        left by an interrupted update) is replaced: moved aside into ``incoming/``, the new one
+        renamed into place, the old one deleted. A model already loaded from the old folder keeps
+        working (its files stay open until it is closed).
+
+        Returns:
+            The package directory.
+
+        Raises:
+            OSError: a rename failed (the old folder is moved back when it can be).
+        """
+        final = self.package_dir(name, version)
+        aside = self.incoming / f".replaced-{final.name}"
+        shutil.rmtree(aside, ignore_errors=True)
+        if final.exists():
+            os.replace(final, aside)
+        try:
+            os.replace(unpacked, final)
+        except OSError:
+            if aside.exists() and not final.exists():
+                os.replace(aside, final)
+            raise
+        shutil.rmtree(aside, ignore_errors=True)
+        return final
+
     def _read(self) -> dict[str, Any]:
         try:
             data = json.loads(self._path.read_text(encoding="utf-8"))

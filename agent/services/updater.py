@@ -25,15 +25,19 @@ jitter), or at once when :meth:`Updater.notify` is called (an MQTT message on
 Any failed step ends in ``rejected`` with the reason; the running model is untouched. Every state
 is reported to the fleet (:class:`~cloud_sync.protocol.ModelStatusReport`; reports that fail are
 retried on the next pass), counted in ``edge_agent_model_updates_total{stream,state}`` and logged
-once. A download that breaks is resumed on the next pass without a report. One stream's update
-runs to its end (through the watch) before the next stream is looked at.
+once. A download that breaks is resumed on the next pass without a report; an archive whose size
+or sha256 differs from the assignment, or one that cannot be written or installed (a full disk),
+is tried again at most ``download_tries`` times, with backoff
+(:mod:`agent.services.update_retry`), then rejected. One stream's update runs to its end
+(through the watch) before the next stream is looked at. At its first pass the updater reports
+each stream's running package as ``active`` (no rollout; ``details.origin`` = ``configured`` or
+``installed``), so the fleet knows the version an abort of the first rollout goes back to.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-import os
 import random
 import shutil
 import threading
@@ -53,9 +57,17 @@ from agent.metrics import Metrics
 from agent.pipeline.detector import Calibration, FeatureDeviationDetector
 from agent.pipeline.stream import StreamPipeline
 from agent.services.model_checks import Limits, ShadowRun, acceptance_test
+from agent.services.model_report import running_report
 from agent.services.model_slot import ModelSlot, Observe, Rollback, Swap
 from agent.services.model_store import Installed, ModelStore
-from cloud_sync.errors import FleetAuthError, FleetError, FleetRejected, PackageError
+from agent.services.update_retry import RetryBudget
+from cloud_sync.errors import (
+    FleetAuthError,
+    FleetError,
+    FleetProtocolError,
+    FleetRejected,
+    PackageError,
+)
 from cloud_sync.package import TrustedKeys, unpack, verify_package_dir
 from cloud_sync.protocol import ModelAssignment, ModelState, ModelStatusReport
 
@@ -105,6 +117,14 @@ class UpdaterConfig(StrictModel):
         "models/notify", min_length=1, pattern=r"^[^+#]+$",
         description="MQTT topic suffix: a message on <topic_prefix>/<device_id>/<this> triggers "
         "an immediate check (needs [mqtt]).",
+    )
+    download_tries: int = Field(
+        3, ge=1, description="Tries of an assignment whose archive differs from it (size, "
+        "sha256) or cannot be written or installed (a full disk) before it is rejected.",
+    )
+    download_backoff_s: float = Field(
+        60.0, gt=0.0, description="Seconds before downloading such an archive again (doubled "
+        "after each further try, at most an hour).",
     )
 
     @model_validator(mode="after")
@@ -204,6 +224,8 @@ class Updater:
         #: Assignments refused per stream (not tried again unless the assignment changes).
         self._rejected: dict[str, set[tuple[str, str, str]]] = {n: set() for n in streams}
         self._fleet_failing = False
+        self._retry = RetryBudget(config.download_tries, config.download_backoff_s)
+        self._announced = False
         for name, h in streams.items():
             self.metrics.model_version.labels(stream=name).set(h.slot.package.manifest.version)
             self.metrics.shadow_windows.labels(stream=name).set(0)
@@ -238,6 +260,11 @@ class Updater:
 
     def run_once(self) -> None:
         """One pass over every stream; never raises for fleet, package or model failures."""
+        if not self._announced:
+            self._announced = True
+            for h in self.streams.values():
+                self._unsent.append(running_report(self.device_id, h.name, h.slot.package,
+                                                   h.installed is not None, self.clock()))
         self._flush_reports()
         for h in self.streams.values():
             if self.stop_event.is_set():
@@ -266,7 +293,7 @@ class Updater:
         label = f"{a.name}@{a.version}"
         if (a.name, a.version) == (m.name, m.version) or label in self.store.refused(h.name):
             return
-        if _key(a) in self._rejected[h.name]:
+        if _key(a) in self._rejected[h.name] or not self._retry.ready(_key(a)):
             return
         self._update(h, a)
 
@@ -280,9 +307,15 @@ class Updater:
             else:
                 self._reject(h, a, f"download refused: {exc}")
             return
+        except FleetProtocolError as exc:  # the archive arrived wrong
+            self._failed_try(h, a, "download failed its check", exc)
+            return
         except FleetError as exc:
             log.warning("stream %s: download of %s@%d interrupted (%s); resuming later",
                         h.name, a.name, a.version, exc)
+            return
+        except OSError as exc:  # the state dir: full, read-only
+            self._failed_try(h, a, "download could not be written", exc)
             return
         self._report(h, a, "downloaded", details={"bytes": a.archive_size})
         final: Path | None = None
@@ -291,10 +324,26 @@ class Updater:
             self._report(h, a, "verified")
             package, detector = self._accept(h, a, final)
             self._shadow_then_swap(h, a, package, detector)
-        except _Rejected as exc:
-            self._reject(h, a, str(exc))
-            if final is not None and final != _path(h.installed):
+        except (_Rejected, OSError) as exc:
+            if isinstance(exc, OSError):
+                shutil.rmtree(self.store.incoming / f"{a.name}-{a.version}", ignore_errors=True)
+                self._failed_try(h, a, "install failed", exc)
+            else:
+                self._reject(h, a, str(exc))
+            if final is not None and final not in (_path(h.installed), _path(h.previous)):
                 shutil.rmtree(final, ignore_errors=True)
+
+    def _failed_try(self, h: StreamHandle, a: ModelAssignment, what: str, exc: Exception) -> None:
+        """A try of ``a`` failed (a wrong archive, a full disk): tried again after the backoff,
+        rejected with the reason once ``download_tries`` are spent."""
+        wait = self._retry.failed(_key(a))
+        if wait is None:
+            archive = self.store.incoming / f"{a.name}-{a.version}.tar.gz"
+            archive.with_suffix(".part").unlink(missing_ok=True)  # room on a full disk
+            self._reject(h, a, f"{what} {self.config.download_tries} times: {exc}")
+        else:
+            log.warning("stream %s: model %s@%d: %s (%s); trying again in %.0f s",
+                        h.name, a.name, a.version, what, exc, wait)
 
     def _verify_and_install(self, h: StreamHandle, a: ModelAssignment, archive: Path) -> Path:
         unpacked = self.store.incoming / f"{a.name}-{a.version}"
@@ -314,11 +363,7 @@ class Updater:
             raise _Rejected(f"{type(exc).__name__}: {exc}") from exc
         finally:
             archive.unlink(missing_ok=True)
-        final = self.store.package_dir(a.name, a.version)
-        if final.exists() and final not in (_path(h.installed), _path(h.previous)):
-            shutil.rmtree(final)
-        os.replace(unpacked, final)
-        return final
+        return self.store.install(unpacked, a.name, a.version)
 
     def _accept(
         self, h: StreamHandle, a: ModelAssignment, final: Path

@@ -6,7 +6,9 @@
   artefact hash differs (``detail`` starts with the error class: ``PackageFormatError``,
   ``SignatureError``, ``HashMismatch``); 409 when the version exists; 413 too large.
 * ``GET /v1/models`` (admin): every package (``?name=`` filters).
-* ``GET /v1/models/{name}/{version}/package`` (admin or any device): the archive.
+* ``GET /v1/models/{name}/{version}/package`` (admin, or a device the package is assigned to:
+  one of its rollouts assigns it now, or an abort sends it back to it; any other package, stored
+  or not, is 403 for a device): the archive.
   ``ETag: "<sha256>"``, ``Accept-Ranges: bytes``. ``Range: bytes=a-b | a- | -n`` (one range,
   RFC 9110 §14.1.2) → 206 with ``Content-Range: bytes a-b/size``; an unparsable, multi-part or
   unsatisfiable range → 416 with ``Content-Range: bytes */size``. ``If-Range`` other than the
@@ -24,7 +26,7 @@ from cloud_sync.protocol import NAME_PATTERN
 from fleet.api.deps import AdminDep, PrincipalDep
 from fleet.api.handlers import error_response
 from fleet.api.model_loop import ModelLoopDep
-from fleet.errors import PayloadTooLarge, UnsupportedMediaType
+from fleet.errors import Forbidden, PayloadTooLarge, UnsupportedMediaType
 from fleet.registry.store import ModelRecord
 from fleet.registry.views import ModelList, ModelOut
 
@@ -92,10 +94,13 @@ def parse_range(header: str, size: int) -> tuple[int, int] | None:
 
 @router.get("/v1/models/{name}/{version}/package")
 def download(
-    name: str, version: int, request: Request, loop: ModelLoopDep, _who: PrincipalDep
+    name: str, version: int, request: Request, loop: ModelLoopDep, who: PrincipalDep
 ) -> Response:
     if not re.fullmatch(NAME_PATTERN, name):
         return error_response(404, "not_found", f"model {name}@{version} is not in the registry")
+    device = who.device_id
+    if device is not None and not loop.rollouts.may_download(device, name, version):
+        raise Forbidden(f"model {name}@{version} is not assigned to device {device}")
     data, sha = loop.registry.archive(name, version)
     etag = f'"{sha}"'
     headers = {"ETag": etag, "Accept-Ranges": "bytes", "Cache-Control": "no-cache"}

@@ -9,6 +9,9 @@
   version (reported accepted/shadow/active, or its last known model is it) and it ran an older
   registry version before, that version, with a :class:`~cloud_sync.protocol.SignedRollback`
   signed by the fleet's key; without a fleet signing key, nothing (devices keep what they run).
+  The previous version and what an abort does per device: :mod:`fleet.registry.fallback`.
+* Downloads (``GET /v1/models/<name>/<version>/package``): a device gets only a package that
+  one of its assignments names (:meth:`RolloutService.may_download`).
 * Reports (``POST /v1/models/status``): stored in ``model_status_reports``; the device's row of
   the rollout gets the state and reason; ``active`` also updates the device's model columns.
   When the failed devices (rejected/rolled_back; canary devices only while in canary) reach
@@ -31,10 +34,10 @@ from cloud_sync.protocol import ModelAssignment, ModelStatusReport
 from fleet.db.model_tables import model_status_reports, rollout_devices, rollouts
 from fleet.db.schema import devices
 from fleet.errors import Conflict, Forbidden, NotFound, Unprocessable
+from fleet.registry.fallback import abort_outcome, fill_previous, may_run, previous_versions
 from fleet.registry.policy import (
     ASSIGNING,
     FAILED,
-    MAY_RUN,
     Action,
     pick_canaries,
     should_halt,
@@ -91,8 +94,8 @@ class RolloutService:
             active = {
                 r.device_id: r
                 for r in conn.execute(
-                    select(devices.c.device_id, devices.c.tags, devices.c.model_name,
-                           devices.c.model_version).where(devices.c.revoked_at.is_(None))
+                    select(devices.c.device_id, devices.c.tags)
+                    .where(devices.c.revoked_at.is_(None))
                 )
             }
             if req.tag is not None:
@@ -104,6 +107,7 @@ class RolloutService:
                 unknown = [d for d in target if d not in active]
                 if unknown:
                     raise Unprocessable(f"unknown or revoked devices: {', '.join(unknown)}")
+            previous = previous_versions(conn, target, req.name, req.version, req.stream)
             canaries = pick_canaries(target, req.canary_percent)
             state = "promoted" if len(canaries) == len(target) else "canary"
             rid = conn.execute(
@@ -118,7 +122,7 @@ class RolloutService:
                 {
                     "rollout_id": rid, "device_id": d, "canary": d in canaries,
                     "assigned": d in canaries or state == "promoted",
-                    "previous_version": _previous(active[d], req.name, req.version),
+                    "previous_version": previous.get(d),
                     "updated_at": now,
                 }
                 for d in target
@@ -160,7 +164,11 @@ class RolloutService:
             state, resume = transition(row.state, row.resume_state, action)
             values: dict[str, Any] = {"state": state, "resume_state": resume, "updated_at": now}
             if action == "abort":
-                values["reason"] = "aborted by the operator"
+                ro = conn.execute(select(rollouts).where(rollouts.c.id == rollout_id)).one()
+                values["reason"] = abort_outcome(
+                    conn, ro, lambda v: self._registry.exists(ro.model_name, v),
+                    self._signer is not None,
+                )
             done = conn.execute(
                 update(rollouts)
                 .where(rollouts.c.id == rollout_id, rollouts.c.state == row.state)
@@ -181,11 +189,43 @@ class RolloutService:
 
     def assignment(self, device_id: str, stream: str | None) -> ModelAssignment | None:
         """What ``device_id`` should run on ``stream`` (None: keep what it runs)."""
+        row = self._newest(device_id, stream)
+        target = self._target(row)
+        if target is None:
+            return None
+        version, is_rollback = target
+        if not is_rollback or self._signer is None:
+            return self._assign(row, version, None)
+        key_id, key = self._signer
+        rollback = sign_rollback(
+            key, key_id, device_id=device_id, name=row.model_name,
+            from_version=int(row.model_version), to_version=version,
+            clock=lambda: self._clock().timestamp(),
+        )
+        return self._assign(row, version, rollback)
+
+    def may_download(self, device_id: str, name: str, version: int) -> bool:
+        """True when one of ``device_id``'s assignments (any stream) is ``name@version``."""
+        with self._engine.connect() as conn:
+            streams = set(conn.execute(
+                select(rollouts.c.stream).distinct()
+                .join(rollout_devices, rollout_devices.c.rollout_id == rollouts.c.id)
+                .where(rollout_devices.c.device_id == device_id, rollouts.c.model_name == name)
+            ).scalars())
+        for stream in sorted(streams, key=lambda s: s or ""):
+            row = self._newest(device_id, stream)
+            target = self._target(row)
+            if target is not None and row.model_name == name and target[0] == version:
+                return True
+        return False
+
+    def _newest(self, device_id: str, stream: str | None) -> Any:
+        """The device's newest rollout for ``stream`` (or every stream), with its member row."""
         streams: ColumnElement[bool] = rollouts.c.stream.is_(None)
         if stream is not None:
             streams = or_(streams, rollouts.c.stream == stream)
         with self._engine.connect() as conn:
-            row = conn.execute(
+            return conn.execute(
                 select(rollouts, rollout_devices.c.assigned,
                        rollout_devices.c.previous_version,
                        rollout_devices.c.state.label("device_state"),
@@ -196,29 +236,23 @@ class RolloutService:
                 .where(rollout_devices.c.device_id == device_id, streams)
                 .order_by(rollouts.c.id.desc()).limit(1)
             ).first()
+
+    def _target(self, row: Any) -> tuple[int, bool] | None:
+        """``(version, is_rollback)`` a rollout row assigns its device, or None."""
         if row is None:
             return None
         if row.state in ASSIGNING:
             if not row.assigned or row.device_state in FAILED:
                 return None
-            return self._assign(row, int(row.model_version), None)
-        if row.state != "aborted" or row.previous_version is None:
+            return int(row.model_version), False
+        if row.state != "aborted" or row.previous_version is None or self._signer is None:
             return None
-        runs_it = row.device_state in MAY_RUN or (
-            row.device_model == row.model_name and row.device_version == row.model_version
-        )
         prev = int(row.previous_version)
+        runs_it = may_run(row.device_state, row.device_model, row.device_version,
+                          row.model_name, int(row.model_version))
         if not runs_it or not self._registry.exists(row.model_name, prev):
             return None
-        if self._signer is None:
-            return None
-        key_id, key = self._signer
-        rollback = sign_rollback(
-            key, key_id, device_id=device_id, name=row.model_name,
-            from_version=int(row.model_version), to_version=prev,
-            clock=lambda: self._clock().timestamp(),
-        )
-        return self._assign(row, prev, rollback)
+        return prev, True
 
     def _assign(self, row: Any, version: int, rollback: Any) -> ModelAssignment:
         rec = self._registry.get(row.model_name, version)
@@ -250,11 +284,15 @@ class RolloutService:
             ro = self._find_rollout(conn, device_id, rep)
             if ro is None or ro.model_name != rep.name:
                 return
+            fill_previous(conn, ro, device_id, now)
+            state, reason = rep.state, rep.reason
+            if ro.state == "aborted" and rep.state == "active" and rep.version != ro.model_version:
+                state, reason = "rolled_back", f"abort: back on {rep.name}@{rep.version}"
             conn.execute(
                 update(rollout_devices)
                 .where(rollout_devices.c.rollout_id == ro.id,
                        rollout_devices.c.device_id == device_id)
-                .values(state=rep.state, reason=rep.reason, reported_at=now, updated_at=now)
+                .values(state=state, reason=reason, reported_at=now, updated_at=now)
             )
             if rep.state in FAILED and rep.version == ro.model_version:
                 self._maybe_halt(conn, ro, now)
@@ -293,13 +331,6 @@ class RolloutService:
             .values(state="halted", resume_state=None, updated_at=now,
                     reason=f"halted: {len(failed)} device(s) failed ({why})"[:2000])
         )
-
-
-def _previous(device: Any, name: str, version: int) -> int | None:
-    if device.model_name == name and device.model_version is not None:
-        prev = int(device.model_version)
-        return prev if prev != version else None
-    return None
 
 
 def _out(row: Any, members: Sequence[Any], with_devices: bool) -> RolloutOut:

@@ -20,20 +20,22 @@ def make_keys(root: Path, key_id: str = "ops") -> tuple[Path, Path]:
     return priv, trusted
 
 
-def package(tmp: Path, version: int, key: Path | None) -> Path:
-    """A copy of the shipped package at ``version``, signed with ``key`` (None: unsigned)."""
-    dst = tmp / f"skab-wstat-{version}-{key.stem if key else 'unsigned'}"
+def package(tmp: Path, version: int, key: Path | None, name: str = "skab-wstat") -> Path:
+    """A copy of the shipped package at ``version`` (named ``name``), signed with ``key`` (None:
+    unsigned)."""
+    dst = tmp / f"{name}-{version}-{key.stem if key else 'unsigned'}"
     shutil.copytree(SHIPPED, dst)
     raw = json.loads((dst / MANIFEST).read_text())
     raw["version"] = version
+    raw["name"] = name
     (dst / MANIFEST).write_text(json.dumps(raw, indent=1))
     if key is not None:
         sign_package_dir(dst, key)
     return dst
 
 
-def archive(tmp: Path, version: int, key: Path | None) -> bytes:
-    pkg = package(tmp, version, key)
+def archive(tmp: Path, version: int, key: Path | None, name: str = "skab-wstat") -> bytes:
+    pkg = package(tmp, version, key, name)
     out = tmp / f"{pkg.name}.tar.gz"
     pack(pkg, out)
     return out.read_bytes()

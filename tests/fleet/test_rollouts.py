@@ -198,6 +198,9 @@ def test_range_download_resumes(
 ) -> None:
     auth = fleet["gw1"]
     url = "/v1/models/skab-wstat/2/package"
+    r = mclient.post("/v1/rollouts", headers=admin,
+                     json={"name": "skab-wstat", "version": 2, "devices": ["gw1"]})
+    assert r.status_code == 201, r.text
     full = mclient.get(url, headers=auth)
     assert full.status_code == 200
     sha = hashlib.sha256(full.content).hexdigest()
@@ -217,8 +220,88 @@ def test_range_download_resumes(
     stale = mclient.get(url, headers={**auth, "Range": f"bytes={n}-", "If-Range": '"old"'})
     assert stale.status_code == 200 and stale.content == full.content
     assert mclient.get(url, headers={**auth, "If-None-Match": f'"{sha}"'}).status_code == 304
-    assert mclient.get("/v1/models/skab-wstat/9/package", headers=auth).status_code == 404
+    assert mclient.get("/v1/models/skab-wstat/9/package", headers=admin).status_code == 404
     assert mclient.get(url).status_code == 401
+
+
+def test_device_downloads_only_what_it_is_assigned(
+    mclient: TestClient, admin: dict[str, str], fleet: dict[str, dict[str, str]],
+    keys: tuple[Path, Path], tmp_path: Path,
+) -> None:
+    """Package confidentiality: another device's retrained model, a package of no rollout, a
+    paused rollout's package and an aborted version are refused (403) to a device."""
+    own = archive(tmp_path, 1, keys[0], name="skab-wstat-gw1")  # gw1's retrained model
+    assert push(mclient, admin, own).status_code == 201
+    get = lambda who, name, v: mclient.get(  # noqa: E731
+        f"/v1/models/{name}/{v}/package", headers=fleet[who]).status_code
+    for who in ("gw1", "gw2"):
+        assert get(who, "skab-wstat-gw1", 1) == 403  # pushed, in no rollout yet
+    ro1 = mclient.post("/v1/rollouts", headers=admin, json={
+        "name": "skab-wstat-gw1", "version": 1, "devices": ["gw1"], "stream": "pump"}).json()
+    assert get("gw1", "skab-wstat-gw1", 1) == 200
+    r = mclient.get("/v1/models/skab-wstat-gw1/1/package", headers=fleet["gw2"])
+    assert r.status_code == 403 and "not assigned to device gw2" in r.json()["detail"]
+    assert get("gw2", "skab-wstat-gw1", 7) == 403  # not stored: the same answer
+    assert mclient.get("/v1/models/skab-wstat-gw1/1/package", headers=admin).status_code == 200
+    # a canary rollout: the canary device only; paused: nobody
+    ro2 = mclient.post("/v1/rollouts", headers=admin, json={
+        "name": "skab-wstat", "version": 2, "devices": ["gw2", "gw3"], "canary_percent": 50,
+    }).json()
+    canary = next(d["device_id"] for d in ro2["devices"] if d["canary"])
+    other = next(d["device_id"] for d in ro2["devices"] if not d["canary"])
+    assert (get(canary, "skab-wstat", 2), get(other, "skab-wstat", 2)) == (200, 403)
+    assert get(canary, "skab-wstat", 1) == 403
+    mclient.post(f"/v1/rollouts/{ro2['id']}/pause", headers=admin)
+    assert get(canary, "skab-wstat", 2) == 403
+    # aborted after the canary ran v2 (from v1): v1 with the rollback, no longer v2
+    mclient.post(f"/v1/rollouts/{ro2['id']}/resume", headers=admin)
+    report(mclient, fleet[canary], canary, "active", version=1, rollout_id=None)
+    report(mclient, fleet[canary], canary, "active", rollout_id=ro2["id"])
+    mclient.post(f"/v1/rollouts/{ro2['id']}/abort", headers=admin)
+    assert (get(canary, "skab-wstat", 1), get(canary, "skab-wstat", 2)) == (200, 403)
+    assert get("gw1", "skab-wstat-gw1", 1) == 200 and ro1["stream"] == "pump"
+
+
+def test_abort_of_the_first_rollout_from_a_builtin_model(
+    mclient: TestClient, admin: dict[str, str], fleet: dict[str, dict[str, str]],
+) -> None:
+    """Devices on their configured (builtin) v1 report it at start; an abort of v2 sends them
+    back to the registry's v1, and the rollout's reason says what happens to each device."""
+    start = {"version": 1, "rollout_id": None, "stream": "pump",
+             "details": {"origin": "configured"}}
+    assert report(mclient, fleet["gw1"], "gw1", "active", **start).status_code == 204
+    # gw5 runs a version the registry does not hold
+    report(mclient, fleet["gw5"], "gw5", "active", **{**start, "version": 7})
+    ro = mclient.post("/v1/rollouts", headers=admin, json={
+        "name": "skab-wstat", "version": 2, "devices": ["gw1", "gw2", "gw3", "gw4", "gw5"]}).json()
+    prev = {d["device_id"]: d["previous_version"] for d in ro["devices"]}
+    assert prev == {"gw1": 1, "gw2": None, "gw3": None, "gw4": None, "gw5": 7}
+    # gw2 starts after the rollout was created: its first report of the rollout fills it in
+    report(mclient, fleet["gw2"], "gw2", "active", **start)
+    report(mclient, fleet["gw2"], "gw2", "downloaded", rollout_id=ro["id"])
+    for d in ("gw1", "gw2", "gw3", "gw5"):  # gw3 never said what it ran before
+        assert report(mclient, fleet[d], d, "active", rollout_id=ro["id"]).status_code == 204
+    shown = mclient.get(f"/v1/rollouts/{ro['id']}", headers=admin).json()
+    prev = {d["device_id"]: d["previous_version"] for d in shown["devices"]}
+    assert prev == {"gw1": 1, "gw2": 1, "gw3": None, "gw4": None, "gw5": 7}
+    r = mclient.post(f"/v1/rollouts/{ro['id']}/abort", headers=admin).json()
+    assert r["state"] == "aborted"
+    assert r["reason"] == (
+        "aborted by the operator: back to skab-wstat@1: gw1, gw2; keep skab-wstat@2 (no "
+        "previous version known: the device never reported another version of skab-wstat): "
+        "gw3; untouched (never ran it): gw4; keep skab-wstat@2 (skab-wstat@7 is not in the "
+        "registry: push it signed): gw5")
+    for d in ("gw1", "gw2"):
+        got = assigned(mclient, fleet[d], "pump")
+        assert got is not None and got.version == 1 and got.rollback is not None
+        assert (got.rollback.from_version, got.rollback.to_version) == (2, 1)
+    assert all(assigned(mclient, fleet[d]) is None for d in ("gw3", "gw4", "gw5"))
+    # gw1 is back on v1: the rollout says so, and nothing more is assigned to it
+    report(mclient, fleet["gw1"], "gw1", "active", version=1, rollout_id=ro["id"])
+    row = next(d for d in mclient.get(f"/v1/rollouts/{ro['id']}", headers=admin).json()[
+        "devices"] if d["device_id"] == "gw1")
+    assert (row["state"], row["reason"]) == ("rolled_back", "abort: back on skab-wstat@1")
+    assert assigned(mclient, fleet["gw1"], "pump") is None
 
 
 def test_device_reports_only_for_itself(

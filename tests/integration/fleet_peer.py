@@ -3,7 +3,9 @@
 ``FleetProcess`` enrolls a device (``edge-fleet device add``), starts the server on a fixed free
 port, and can stop/kill/restart it on the same port; ``counts`` reads the fleet's database
 directly (``COUNT(*)`` and ``COUNT(DISTINCT id)`` per record table). The database is a SQLite
-file in ``workdir`` unless ``db_url`` names another (``postgresql+psycopg://...``).
+file in ``workdir`` unless ``db_url`` names another (``postgresql+psycopg://...``). ``serve_args``
+are added to ``edge-fleet serve`` (e.g. ``--trusted-keys DIR --signing-key FILE``); ``cli`` runs
+an operator command (``model push``, ``rollout create``...) against the server.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 ADMIN_TOKEN = "admin-token-for-tests-0123456789"
@@ -36,10 +39,12 @@ class FleetProcess:
     """One fleet server process with its SQLite database in ``workdir``."""
 
     def __init__(
-        self, workdir: Path, device_id: str = "gw1", db_url: str | None = None, workers: int = 1
+        self, workdir: Path, device_id: str = "gw1", db_url: str | None = None, workers: int = 1,
+        serve_args: Sequence[str] = (),
     ) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         self.workers = workers
+        self.serve_args = list(serve_args)
         self.workdir = workdir
         self.db_path = workdir / "fleet.db"
         self.db_url = db_url or f"sqlite:///{self.db_path}"
@@ -60,7 +65,7 @@ class FleetProcess:
             self._proc = subprocess.Popen(
                 [*fleet_command(), "serve", "--db", self.db_url, "--port", str(self.port),
                  "--state-dir", str(self.workdir), "--log-level", "warning",
-                 "--workers", str(self.workers)],
+                 "--workers", str(self.workers), *self.serve_args],
                 env=self.env, stdout=log, stderr=subprocess.STDOUT,
             )
         deadline = time.monotonic() + timeout_s
@@ -84,6 +89,19 @@ class FleetProcess:
                 self._proc.kill()
                 self._proc.wait()
         self._proc = None
+
+    def cli(self, *args: str) -> str:
+        """Run ``edge-fleet <args>`` against this server (admin token); its stdout.
+
+        Raises:
+            AssertionError: the command failed (with its stderr).
+        """
+        out = subprocess.run(
+            [*fleet_command(), *args], env={**self.env, "EDGE_FLEET_URL": self.url},
+            capture_output=True, text=True, timeout=120, check=False,
+        )
+        assert out.returncode == 0, f"edge-fleet {' '.join(args)}: {out.stderr}"
+        return out.stdout
 
     def kill(self) -> None:
         if self._proc is not None and self._proc.poll() is None:

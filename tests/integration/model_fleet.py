@@ -238,8 +238,12 @@ class FakeFleet:
             }
         return served
 
-    def states(self, stream: str | None = None) -> list[tuple[int, str]]:
-        """(version, state) of every report so far, in order."""
+    def states(
+        self, stream: str | None = None, *, running: bool = False
+    ) -> list[tuple[int, str]]:
+        """(version, state) of every update report so far, in order; with ``running``, also the
+        agent's start-up reports of what each stream runs (``details.origin``)."""
         with self.state.lock:
             return [(r["version"], r["state"]) for r in self.state.reports
-                    if stream is None or r["stream"] == stream]
+                    if (stream is None or r["stream"] == stream)
+                    and (running or "origin" not in r.get("details", {}))]

@@ -11,6 +11,7 @@ import gc
 import json
 import os
 import sqlite3
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +26,7 @@ from agent.config.loader import parse_config
 from agent.errors import SourceExhausted
 from agent.records import Reading
 from cloud_sync.package import generate_keypair, key_id_of, load_private_key, sign_rollback
+from tests.integration.fleet_peer import FleetProcess
 from tests.integration.model_fleet import SOURCE_PACKAGE, FakeFleet, flip_byte, make_package
 
 pytestmark = pytest.mark.integration
@@ -91,10 +93,11 @@ def keys(tmp_path: Path) -> tuple[Path, Path]:
     return priv, trusted
 
 
-def _agent(tmp_path: Path, fleet: FakeFleet, trusted: Path, source: FlowingSource,
-           monkeypatch: pytest.MonkeyPatch, shadow: int = 50,
-           model: str = "builtin:skab-wstat", poll_s: float = 0.2) -> Agent:
-    monkeypatch.setenv("EDGE_TEST_TOKEN", TOKEN)
+def _agent(tmp_path: Path, fleet: FakeFleet | FleetProcess, trusted: Path,
+           source: FlowingSource, monkeypatch: pytest.MonkeyPatch, shadow: int = 50,
+           model: str = "builtin:skab-wstat", poll_s: float = 0.2, updater: str = "",
+           token: str = TOKEN) -> Agent:
+    monkeypatch.setenv("EDGE_TEST_TOKEN", token)
     text = f"""
 [agent]
 device_id = "gw1"
@@ -116,6 +119,7 @@ poll_interval_s = {poll_s}
 trusted_keys_dir = "{trusted}"
 shadow_windows = {shadow}
 acceptance_runs = 20
+{updater}
 """
     config = parse_config(text, env={}).resolved(tmp_path)
     return Agent(config, sources={"pump": source})
@@ -285,6 +289,96 @@ def test_interrupted_download_resumes_with_range(
     assert gets == [None, "bytes=2000-"]
     assert [s for _, s in fleet.states()][:2] == ["downloaded", "verified"]  # sha and size ok
     assert len(_reports(fleet, "downloaded")) == 1
+
+
+def test_archive_with_a_wrong_sha256_is_rejected_after_bounded_tries(
+    tmp_path: Path, fleet: FakeFleet, keys: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The assignment announces another sha256 than the archive has: 3 downloads with backoff,
+    then one ``rejected`` report with the reason, and no more downloads."""
+    priv, trusted = keys
+    finish = threading.Event()
+    agent = _agent(tmp_path, fleet, trusted, FlowingSource("pump", finish), monkeypatch,
+                   updater="download_tries = 3\ndownload_backoff_s = 0.2")
+    served = fleet.publish(make_package(tmp_path, 2, priv), tmp_path)
+    with fleet.state.lock:
+        assert fleet.state.assignment is not None
+        fleet.state.assignment["archive_sha256"] = "0" * 64
+
+    def downloads() -> int:
+        with fleet.state.lock:
+            return sum(path == served.url for _, path, _ in fleet.state.requests)
+
+    with _running(agent, finish):
+        _assert_refused_and_old_model_scores(agent, fleet, 2, "download failed its check 3 times")
+        assert downloads() == 3  # more polls have passed (the helper waits): no fourth download
+    rejected = _reports(fleet, "rejected")
+    assert "sha256" in str(rejected[0]["reason"]) and rejected[0]["rollout_id"] == 1
+    assert [s for _, s in fleet.states()] == ["rejected"]
+    assert not list((tmp_path / "state" / "models" / "incoming").iterdir())
+
+
+@pytest.fixture
+def small_models_dir(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Path]:
+    """``tmp_path/state/models`` on a tmpfs of ``request.param`` (e.g. ``40k``: room for a
+    15 kB archive, not for the 70 kB it unpacks to; root only; skipped elsewhere unless CI is
+    set)."""
+    mnt = tmp_path / "state" / "models"
+    mnt.mkdir(parents=True)
+    size = str(request.param)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+                       check=False, capture_output=True, text=True)
+    if r.returncode != 0:
+        if os.environ.get("CI"):
+            pytest.fail(f"cannot mount a tmpfs: {r.stderr.strip()}")
+        pytest.skip(f"cannot mount a tmpfs (needs root): {r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.mark.parametrize(
+    ("small_models_dir", "reason", "downloaded"),
+    [("8k", "download could not be written 3 times", 0), ("40k", "install failed 3 times", 3)],
+    ids=["archive-does-not-fit", "unpacked-does-not-fit"], indirect=["small_models_dir"],
+)
+def test_update_on_a_full_disk_is_rejected_after_bounded_tries(
+    tmp_path: Path, fleet: FakeFleet, keys: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
+    small_models_dir: Path, reason: str, downloaded: int,
+) -> None:
+    """The archive, or the package it unpacks to, does not fit (ENOSPC): 3 tries with backoff,
+    then ``rejected`` with the reason, and nothing left in ``incoming/``; before, an exception
+    was logged at every poll for ever."""
+    priv, trusted = keys
+    finish = threading.Event()
+    agent = _agent(tmp_path, fleet, trusted, FlowingSource("pump", finish), monkeypatch,
+                   updater="download_tries = 3\ndownload_backoff_s = 0.2")
+    fleet.publish(make_package(tmp_path, 2, priv), tmp_path)
+    with _running(agent, finish):
+        _assert_refused_and_old_model_scores(agent, fleet, 2, reason)
+    assert "No space left on device" in str(_reports(fleet, "rejected")[0]["reason"])
+    assert [s for _, s in fleet.states()] == ["downloaded"] * downloaded + ["rejected"]
+    assert not list((small_models_dir / "incoming").iterdir())
+
+
+def test_start_reports_the_running_package(
+    tmp_path: Path, fleet: FakeFleet, keys: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first pass tells the fleet what each stream runs: the configured v1 (builtin)."""
+    _priv, trusted = keys
+    finish = threading.Event()
+    agent = _agent(tmp_path, fleet, trusted, FlowingSource("pump", finish), monkeypatch)
+    with _running(agent, finish):
+        _wait_for(lambda: bool(fleet.states(running=True)))
+        time.sleep(0.5)  # more polls: reported once
+    with fleet.state.lock:
+        reports = list(fleet.state.reports)
+    assert len(reports) == 1
+    r = reports[0]
+    assert (r["device_id"], r["stream"], r["name"], r["version"], r["state"]) == (
+        "gw1", "pump", "skab-wstat", 1, "active")
+    assert r["rollout_id"] is None and r["details"] == {"origin": "configured"}
 
 
 @pytest.mark.parametrize(
