@@ -6,7 +6,14 @@ For EACH labelled file separately: calibrate (scaler, feature statistics, thresh
 400 rows with no labels, score every later row (the window ending at that row), then pool all
 scored rows of all files and report F1 = TP/(TP+(FP+FN)/2), FAR % = FP/(FP+TN)·100 and
 MAR % = FN/(FN+TP)·100 (Katser & Kozitsin, SKAB, 2020), for the INT8 model and its FP32 twin,
-beside the published outlier-detection rows. The last line is the INT8 result:
+beside the published outlier-detection rows, per group (valve1, other) and pooled.
+
+Then the grouped model selection (:mod:`skab_select`, FP32 NumPy references of every candidate
+family side by side: window statistics with the in-sample and the held-out threshold base,
+lagged-window PCA T²+Q, MSET): each group scored with the parameters chosen on the other group,
+leave-files-out within each group, the pooled figure with parameters chosen on all files, and the
+spread over the chosen point's neighbourhood; it says whether the package's defaults are the ones
+the procedure picks. The last line is the shipped INT8 result, pooled:
 ``F1=<0..1> FAR=<percent> MAR=<percent>``.
 
 It uses the same classes as the daemon: ``load_package`` → ``open_backend`` →
@@ -110,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="SKAB benchmark (published protocol)")
     ap.add_argument("--data", type=Path, required=True, help="SKAB root directory")
     ap.add_argument("--model", type=Path, default=ROOT / "models" / "skab-wstat")
+    ap.add_argument("--families", default="wstat,pca,mset",
+                    help="candidate families of the grouped selection ('' = skip it)")
     args = ap.parse_args(argv)
     files = labelled_files(args.data)
     if not files:
@@ -121,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'file':<22}{'rows':>6}  {'INT8 F1/FAR/MAR':>22}  {'FP32 F1/FAR/MAR':>22}")
     backends = {p: open_backend(package, p) for p in ("int8", "fp32")}
     totals = {p: np.zeros(4, dtype=np.int64) for p in backends}
+    groups: dict[str, np.ndarray] = {}
     for path in files:
         readings, channels, labels = read_file(path)
         row = f"{path.relative_to(args.data)!s:<22}{len(readings):>6}"
@@ -128,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
             pred = predict(readings, channels, package, backend)
             c = confusion(pred, labels[n:])
             totals[prec] += c
+            if prec == "int8":
+                groups.setdefault(path.parent.name, np.zeros(4, dtype=np.int64))
+                groups[path.parent.name] += c
             f1, far, mar = rates(*c)
             row += f"  {f1:>6.3f} {far:>6.2f} {mar:>6.2f}   "
         print(row)
@@ -142,9 +155,33 @@ def main(argv: list[str] | None = None) -> int:
         f1, far, mar = res[prec]
         print(f"{'this agent ' + prec.upper():<26}{f1:>6.3f}{far:>8.2f}{mar:>8.2f}")
     print(f"INT8 - FP32 F1 difference: {res['int8'][0] - res['fp32'][0]:+.4f}")
+    for g, c in sorted(groups.items()):
+        gf1, gfar, gmar = rates(*(int(v) for v in c))
+        print(f"{'this agent INT8 ' + g:<26}{gf1:>6.3f}{gfar:>8.2f}{gmar:>8.2f}")
+    fams = [f for f in args.families.split(",") if f]
+    if fams:
+        grouped(args.data, fams, package)
     f1, far, mar = res["int8"]
     print(f"F1={f1:.3f} FAR={far:.2f} MAR={mar:.2f}")
     return 0
+
+
+def grouped(data: Path, families: list[str], package) -> None:
+    """Print the grouped selection report and whether the package's defaults are its choice."""
+    from skab_select import Candidate, Study, describe, load, report  # noqa: PLC0415
+
+    print("\ngrouped model selection (models/recipes/skab_select.py; FP32 NumPy references; "
+          "F1 / FAR % / MAR %)")
+    files, floor, ffloors = load(data)
+    choice = report(Study(files, floor, ffloors, families), families)
+    m = package.manifest
+    shipped = Candidate("wstat", m.input.window, float(m.score.top_k),
+                        m.score.threshold.holdout, m.score.threshold.factor)
+    same = (shipped.detector, shipped.window, shipped.param, shipped.holdout,
+            shipped.factor) == (choice.detector, choice.window, float(choice.param),
+                                choice.holdout, choice.factor)
+    verdict = "the procedure's choice" if same else "NOT the procedure's choice"
+    print(f"package {package.label}: {describe(shipped)}: {verdict}")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,14 @@ reference), for a scaled window x of shape ``(W, C)``, per channel c, feature-ma
 
 Score: each feature standardised against its calibration mean and floored std; the score is the
 mean of the ``top_k`` largest |z| (top-k aggregation as in PyOD's and Merlion's scorers).
-threshold = quantile(calibration scores, q) × factor.
+threshold = quantile(threshold-base scores, q) × factor. The threshold base is either the
+calibration windows' own (in-sample) scores, or, with a hold-out fraction h > 0, the scores of the
+windows inside the last h·N samples under a scaler and statistics fitted on the first (1 − h)·N:
+out-of-sample scores that show how far normal operation drifts past a fit, as every later window
+will (the scaler and statistics that score the stream are still fitted on all N samples). Held-out
+calibration is the usual guard against an optimistic in-sample threshold (Hastie, Tibshirani &
+Friedman, "The Elements of Statistical Learning", 2009, §7.2); its fraction and factor are chosen by
+the grouped selection in ``models/recipes/skab_select.py``.
 """
 
 from __future__ import annotations
@@ -206,20 +213,73 @@ def fit_calibration(
     top_k: int,
     quantile: float,
     factor: float,
+    holdout: float = 0.0,
 ) -> CalibrationFit:
     """Fit scaler, feature statistics and threshold on raw ``samples`` (``(N, C)``).
 
     Every window of W consecutive samples (hop 1) inside ``samples`` is a calibration window.
+    With ``holdout`` = h > 0 the threshold is fitted on the held-out scores described in the
+    module docstring (and ``CalibrationFit.scores`` holds those); with h = 0 on the calibration
+    windows' own scores.
 
     Raises:
-        ValueError: fewer than W + 1 samples or a channel count mismatch.
+        ValueError: fewer than W + 1 samples, a channel count mismatch, h outside [0, 0.9], or
+            a hold-out that leaves fewer than 2·W fit or W held-out samples.
         Whatever ``model`` raises.
     """
     if samples.ndim != 2 or samples.shape[0] < window + 1:
         raise ValueError(f"calibration needs at least {window + 1} samples, got {samples.shape}")
+    if not 0.0 <= holdout <= 0.9:
+        raise ValueError(f"hold-out fraction {holdout} outside [0, 0.9]")
     scaler = fit_scaler(samples, scale_floor)
     windows = sliding_windows(samples, window).astype(np.float32)
     feats = np.asarray(model(scaler.apply(windows)), dtype=np.float64)
     stats = fit_feature_stats(feats, feature_std_floor)
     scores = deviation_scores(feats, stats, top_k)[0]
+    if holdout > 0:
+        scores = holdout_scores(samples, model, window=window, scale_floor=scale_floor,
+                                feature_std_floor=feature_std_floor, top_k=top_k,
+                                holdout=holdout)
     return CalibrationFit(scaler, stats, fit_threshold(scores, quantile, factor), scores)
+
+
+def holdout_scores(
+    samples: FloatArray,
+    model: FeatureFn,
+    *,
+    window: int,
+    scale_floor: FloatArray,
+    feature_std_floor: FloatArray,
+    top_k: int,
+    holdout: float,
+) -> FloatArray:
+    """Out-of-sample calibration scores: scaler and statistics fitted on the first
+    m = round((1 − h)·N) samples score every window inside samples m..N−1.
+
+    Args:
+        samples: ``(N, C)`` raw calibration samples.
+        holdout: h in (0, 0.9].
+
+    Returns:
+        ``(N − m − W + 1,)`` float64 scores.
+
+    Raises:
+        ValueError: fewer than 2·W fit samples or fewer than W held-out samples.
+        Whatever ``model`` raises.
+
+    >>> rng = np.random.default_rng(0)
+    >>> x = rng.normal(size=(100, 2))
+    >>> s = holdout_scores(x, window_features, window=5, scale_floor=np.full(2, 0.1),
+    ...                    feature_std_floor=np.full(6, 0.01), top_k=2, holdout=0.25)
+    >>> s.shape
+    (21,)
+    """
+    n = samples.shape[0]
+    fit = round(n * (1.0 - holdout))
+    if fit < 2 * window or n - fit < window:
+        raise ValueError(f"hold-out {holdout} of {n} samples leaves too few for W={window}")
+    scaler = fit_scaler(samples[:fit], scale_floor)
+    windows = sliding_windows(samples, window).astype(np.float32)
+    feats = np.asarray(model(scaler.apply(windows)), dtype=np.float64)
+    stats = fit_feature_stats(feats[: fit - window + 1], feature_std_floor)
+    return deviation_scores(feats[fit:], stats, top_k)[0]

@@ -49,11 +49,16 @@ class Preprocessing(_Strict):
 
 
 class ThresholdSpec(_Strict):
-    """threshold = quantile(calibration scores, ``quantile``) × ``factor``."""
+    """threshold = quantile(threshold-base scores, ``quantile``) × ``factor``; the base is the
+    calibration windows' own scores (``holdout`` 0) or the out-of-sample scores of the last
+    ``holdout`` fraction of the calibration samples (:func:`cloud_sync.calibration.holdout_scores`).
+    """
 
     kind: Literal["calibration_quantile"] = Field(description="How the threshold is fitted.")
     quantile: float = Field(gt=0, le=1, description="Quantile of calibration-window scores.")
     factor: float = Field(gt=0, description="Margin multiplied onto that quantile.")
+    holdout: float = Field(0.0, ge=0, le=0.9, description="Fraction of the calibration samples "
+                           "held out to score the threshold base out of sample; 0 = in-sample.")
 
 
 class ScoreSpec(_Strict):

@@ -87,6 +87,7 @@ class ModelPackage:
             feature_std_floor=np.asarray(m.score.feature_std_floor, dtype=np.float64),
             threshold_quantile=threshold_quantile or m.score.threshold.quantile,
             threshold_factor=threshold_factor or m.score.threshold.factor,
+            threshold_holdout=m.score.threshold.holdout,
         )
 
     def preset_calibration(self) -> Calibration | None:

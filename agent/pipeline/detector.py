@@ -7,7 +7,9 @@ Score definition (the package's ``score.kind = feature_deviation``):
 3. standardise each feature against its calibration-window mean and (floored) std;
 4. score = mean of the ``top_k`` largest |standardised feature| values.
 
-threshold = quantile(scores of the calibration windows, q) × factor. This is the per-series
+threshold = quantile(threshold-base scores, q) × factor, the base being the calibration windows'
+own scores or, with a hold-out, their out-of-sample scores
+(:func:`cloud_sync.calibration.fit_calibration`). This is the per-series
 calibrate-then-score protocol of SKAB (Katser & Kozitsin, 2020); top-k averaging of standardised
 residuals is the "top-k" score aggregation used by e.g. PyOD's and Merlion's ensemble scorers.
 """
@@ -44,6 +46,8 @@ class DetectorSpec:
         feature_std_floor: Shape ``(F,)``.
         threshold_quantile: q in (0, 1].
         threshold_factor: Margin > 0.
+        threshold_holdout: Fraction of the calibration samples held out for the threshold
+            base, 0 = in-sample (:func:`cloud_sync.calibration.fit_calibration`).
     """
 
     channels: tuple[str, ...]
@@ -56,6 +60,7 @@ class DetectorSpec:
     feature_std_floor: FloatArray
     threshold_quantile: float
     threshold_factor: float
+    threshold_holdout: float = 0.0
 
 
 #: A fitted calibration: ``scaler``, ``features`` (feature statistics), ``threshold`` and
@@ -141,6 +146,7 @@ class FeatureDeviationDetector:
             top_k=sp.top_k,
             quantile=sp.threshold_quantile,
             factor=sp.threshold_factor,
+            holdout=sp.threshold_holdout,
         )
 
     @staticmethod

@@ -44,8 +44,16 @@ def _sha256_json(value: Any) -> str:
 
 
 def package_sha256(manifest: Manifest) -> str:
-    """sha256 (hex) of the canonical manifest JSON: names every artefact by its sha256."""
-    return _sha256_json(manifest.model_dump(mode="json"))
+    """sha256 (hex) of the canonical manifest JSON: names every artefact by its sha256.
+
+    The threshold's ``holdout`` is left out at its default 0 (it was added after packages
+    existed), so the calibrations of a package built before it still match after an upgrade.
+    """
+    data = manifest.model_dump(mode="json")
+    threshold = data.get("score", {}).get("threshold", {})
+    if threshold.get("holdout") == 0.0:
+        del threshold["holdout"]
+    return _sha256_json(data)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +66,8 @@ class CalibrationKey:
         package_sha256: :func:`package_sha256` of the manifest.
         spec: The fitted-on detector settings as JSON values (keys: ``channels``, ``window``,
             ``calibration_samples``, ``scale_floor``, ``feature_std_floor``, ``n_features``,
-            ``top_k``, ``threshold_quantile``, ``threshold_factor``, ``precision``).
+            ``top_k``, ``threshold_quantile``, ``threshold_factor``, ``threshold_holdout`` when
+            not 0, ``precision``).
     """
 
     model_name: str
@@ -99,6 +108,9 @@ def calibration_key(manifest: Manifest, spec: DetectorSpec, precision: str) -> C
             "top_k": spec.top_k,
             "threshold_quantile": float(spec.threshold_quantile),
             "threshold_factor": float(spec.threshold_factor),
+            # only when set, so the keys of calibrations stored before it still match
+            **({"threshold_holdout": float(spec.threshold_holdout)}
+               if spec.threshold_holdout else {}),
             "precision": precision,
         },
     )

@@ -228,7 +228,8 @@ def train_wstat(
 
     def calibrate(rows: FloatArray, model: FeatureFn) -> CalibrationFit:
         return fit_calibration(rows, model, window=w, scale_floor=floor, feature_std_floor=ffloor,
-                               top_k=base.score.top_k, quantile=thr.quantile, factor=thr.factor)
+                               top_k=base.score.top_k, quantile=thr.quantile, factor=thr.factor,
+                               holdout=thr.holdout)
 
     step("fp32 graph")
     import onnx  # noqa: PLC0415 - training only

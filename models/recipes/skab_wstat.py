@@ -1,6 +1,12 @@
 """Recipe: build the ``skab-wstat`` INT8 window-statistics model package from SKAB data.
 
-    python models/recipes/skab_wstat.py --data ../shared/datasets/skab --out models/skab-wstat
+    python models/recipes/skab_select.py --data ../shared/datasets/skab --json selection.json
+    python models/recipes/skab_wstat.py --data ../shared/datasets/skab --out models/skab-wstat \
+        --selection selection.json --version 2
+
+The window, top_k, threshold factor and hold-out come from the grouped model selection
+(``--selection``, written by :mod:`skab_select`; it must have chosen the ``wstat`` family), so the
+shipped defaults are the ones that procedure picks.
 
 Steps (re-runnable; needs the ``train`` extra for ``onnx``):
 
@@ -139,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--feature-floor-frac", type=float, default=0.1)
     ap.add_argument("--top-k", type=int, default=2)
     ap.add_argument("--threshold-factor", type=float, default=1.5)
+    ap.add_argument("--holdout", type=float, default=0.0,
+                    help="fraction of the calibration samples held out for the threshold base")
+    ap.add_argument("--selection", type=Path,
+                    help="skab_select.py --json output: sets window, top-k, factor, hold-out")
     ap.add_argument("--quant-windows", type=int, default=4000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--calibration-method", choices=list(METHODS), default="minmax")
@@ -146,6 +156,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--op-types", default="MatMul,Sub,Abs",
                     help="comma-separated op types to quantize (others stay FP32)")
     args = ap.parse_args(argv)
+    if args.selection is not None:
+        chosen = json.loads(args.selection.read_text())
+        if chosen["detector"] != "wstat":
+            raise SystemExit(f"{args.selection}: the selection chose {chosen['detector']!r}; "
+                             "this recipe builds the window-statistics package only")
+        args.window, args.top_k = int(chosen["window"]), int(chosen["param"])
+        args.threshold_factor, args.holdout = float(chosen["factor"]), float(chosen["holdout"])
+        args.selection = str(args.selection)
     rng = np.random.default_rng(args.seed)
 
     src = anomaly_free_file(args.data)
@@ -204,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         "score": {"kind": "feature_deviation", "features": list(FEATURES), "top_k": args.top_k,
                   "feature_std_floor": [float(v) for v in feature_floor],
                   "threshold": {"kind": "calibration_quantile", "quantile": 1.0,
-                                "factor": args.threshold_factor}},
+                                "factor": args.threshold_factor, "holdout": args.holdout}},
         "artefacts": artefacts,
         "golden": {"inputs": golden_x.round(6).tolist(), "outputs": golden_y.round(6).tolist(),
                    "atol": round(atol, 4)},

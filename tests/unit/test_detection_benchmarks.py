@@ -1,0 +1,47 @@
+"""The detection benchmarks run end to end on the real data and print their figures last.
+
+Needs ``../shared/datasets`` (always present in CI). These check that the benchmarks run and
+report in the documented format; they assert no figure (benchmarks are never tuned tests).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DATASETS = ROOT.parent / "shared" / "datasets"
+
+
+def _run(script: str, *args: str) -> list[str]:
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip().splitlines()
+
+
+@pytest.mark.dataset
+def test_ims_benchmark_prints_first_alarm_and_healthy_alarms() -> None:
+    if not (DATASETS / "ims_bearing").is_dir():
+        pytest.skip("needs ../shared/datasets/ims_bearing")
+    lines = _run("ims.py", "--data", str(DATASETS / "ims_bearing"))
+    m = re.fullmatch(r"first_alarm=(\S+) healthy_alarms=(\d+)", lines[-1])
+    assert m, lines[-1]
+    assert m.group(1) == "none" or m.group(1).startswith("2004-02-")
+
+
+@pytest.mark.dataset
+def test_skab_benchmark_reports_grouped_selection() -> None:
+    if not (DATASETS / "skab").is_dir():
+        pytest.skip("needs ../shared/datasets/skab")
+    lines = _run("skab.py", "--data", str(DATASETS / "skab"), "--families", "wstat")
+    assert re.fullmatch(r"F1=[01]\.\d{3} FAR=\d+\.\d\d MAR=\d+\.\d\d", lines[-1]), lines[-1]
+    text = "\n".join(lines)
+    for group in ("other", "valve1"):
+        assert re.search(rf"held-out group {group}\s+\d\.\d{{3}} /", text)
+        assert re.search(rf"leave files out {group}\s+\d\.\d{{3}} /", text)
+    assert re.search(r"^package skab-wstat@\d+: wstat W=\d+ .*procedure's choice$", text, re.M)
