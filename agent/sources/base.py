@@ -17,11 +17,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from agent.config.base import StrictModel
 from agent.errors import RecordError, SourceError
 from agent.records import Reading
+
+if TYPE_CHECKING:
+    from agent.metrics import Metrics
 
 Emit = Callable[[Reading], None]
 Reject = Callable[[RecordError], None]
@@ -50,6 +53,15 @@ class ReportsStatus(Protocol):
 
     def set_status_listener(self, listener: StatusListener | None) -> None:
         """Call ``listener(error)`` per failed attempt and ``listener(None)`` on recovery."""
+        ...
+
+
+@runtime_checkable
+class UsesMetrics(Protocol):
+    """Optional: a source that exports metrics of its own (poll jitter, overruns ...)."""
+
+    def set_metrics(self, metrics: Metrics) -> None:
+        """Called by the supervisor before ``run`` with the agent's metrics."""
         ...
 
 

@@ -39,6 +39,7 @@ GROUP = "edge_agent.sources"
 #: The built-in kinds, exactly as setup.cfg declares them in :data:`GROUP`.
 BUILTIN: tuple[str, ...] = (
     "camera = agent.sources.camera:PLUGIN",
+    "modbus = agent.sources.modbus_config:PLUGIN",
     "replay = agent.sources.replay:PLUGIN",
     "serial = agent.sources.serial:PLUGIN",
     "simulator = agent.sources.simulator:PLUGIN",
@@ -123,7 +124,7 @@ def source_kinds() -> tuple[str, ...]:
     """Return the registered kinds, sorted.
 
     >>> source_kinds()
-    ('camera', 'replay', 'serial', 'simulator')
+    ('camera', 'modbus', 'replay', 'serial', 'simulator')
     """
     return tuple(sorted(REGISTRY))
 
