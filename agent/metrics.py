@@ -83,6 +83,14 @@ class Metrics:
             "unreachable (the device was down or not answering).",
             ["stream", "reason"], registry=r,
         )
+        # MQTT-in streams with Sparkplug B (agent.sources.mqtt_in)
+        self.sparkplug_events_total = Counter(
+            "edge_agent_sparkplug_events_total",
+            "Sparkplug B events of MQTT-in streams: seq_gap (messages lost, counted by the "
+            "gap), bdseq_change (the edge node began a new session), unknown_alias, "
+            "data_before_birth, rebirth_requested.",
+            ["stream", "event"], registry=r,
+        )
         # camera streams (agent.services.camera; synced from the source at each heartbeat)
         self.camera_frames_scored_total = Counter(
             "edge_agent_camera_frames_scored_total", "Camera frames scored by the model.",

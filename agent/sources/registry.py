@@ -40,6 +40,7 @@ GROUP = "edge_agent.sources"
 BUILTIN: tuple[str, ...] = (
     "camera = agent.sources.camera:PLUGIN",
     "modbus = agent.sources.modbus_config:PLUGIN",
+    "mqtt = agent.sources.mqtt_in_config:PLUGIN",
     "opcua = agent.sources.opcua_config:PLUGIN",
     "replay = agent.sources.replay:PLUGIN",
     "serial = agent.sources.serial:PLUGIN",
