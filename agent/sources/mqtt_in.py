@@ -316,8 +316,9 @@ def _default_client_id(stream: str) -> str:
 
 def _paho_client(client_id: str, clean_session: bool) -> Any:
     import paho.mqtt.client as mqtt  # noqa: PLC0415
+    from paho.mqtt.enums import CallbackAPIVersion  # noqa: PLC0415
 
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
                          clean_session=clean_session, protocol=mqtt.MQTTv311)
     client.enable_logger(logging.getLogger("agent.sources.mqtt_in.paho"))
     logging.getLogger("agent.sources.mqtt_in.paho").setLevel(logging.CRITICAL)
