@@ -117,6 +117,15 @@ class OpcuaPeer:
                           ServerTimestamp=dt.datetime.now(dt.UTC))
         await self._server.write_attribute_value(self._vars[name].nodeid, dv)
 
+    def write_many(self, values: dict[str, float], source_ts: dt.datetime) -> None:
+        """Write several variables in one coroutine of the server's loop, so no publish falls
+        between them (one coherent row)."""
+        async def all_of_them() -> None:
+            for name, value in values.items():
+                await self._write(name, value, "Good", source_ts)
+
+        self._call(all_of_them())
+
     def stop(self) -> None:
         if self._loop is None:
             return
