@@ -13,7 +13,8 @@ Stall policy (which silence counts as "stuck", :func:`stall_policy`):
   alive and not in a reported outage means the reader is stuck: the component is red and the
   systemd watchdog stops (a restart is the cure for a wedged reader). ``speed = 0`` (as fast as
   possible) uses the 30 s floor;
-* a ``serial`` source may legitimately be quiet (an idle machine, a device that reports on
+* a ``serial`` source (and any live device source a plugin adds: ``modbus`` ...) may
+  legitimately be quiet (an idle machine, a device that reports on
   change): silence past the same limit (period from the model's ``sample_rate_hz``) only makes it
   yellow ("quiet") and never stops the watchdog; a lost port is reported by the source itself
   (an outage, red);
@@ -40,7 +41,6 @@ from typing import Literal
 
 from agent.sources.camera import CameraConfig
 from agent.sources.replay import ReplayConfig
-from agent.sources.serial import SerialConfig
 from agent.sources.simulator import SimulatorConfig
 
 State = Literal["green", "yellow", "red"]
@@ -151,7 +151,7 @@ class StallPolicy:
 
 
 def stall_policy(
-    source: ReplayConfig | SerialConfig | SimulatorConfig,
+    source: object,
     model_rate_hz: float,
     override_s: float | None = None,
 ) -> StallPolicy:
@@ -166,6 +166,7 @@ def stall_policy(
     StallPolicy(limit_s=30.0, stops_watchdog=True)
     >>> stall_policy(SimulatorConfig(sample_rate_hz=0.1, speed=1.0), 1.0)
     StallPolicy(limit_s=100.0, stops_watchdog=True)
+    >>> from agent.sources.serial import SerialConfig
     >>> stall_policy(SerialConfig(port="/dev/ttyUSB0", channels=["a"]), 1.0)
     StallPolicy(limit_s=30.0, stops_watchdog=False)
     >>> stall_policy(SerialConfig(port="/dev/ttyUSB0", channels=["a"]), 1.0, override_s=5.0)
@@ -179,7 +180,8 @@ def stall_policy(
         rate, speed = model_rate_hz, getattr(source, "speed", 1.0)
     period = 1.0 / (rate * speed) if speed > 0 and rate > 0 else 0.0
     limit = max(STALL_PERIODS * period, MIN_STALL_S)
-    return StallPolicy(limit, not isinstance(source, SerialConfig))
+    # a live device (serial, or a plugin's: Modbus ...) may be quiet or down: yellow, no restart
+    return StallPolicy(limit, isinstance(source, ReplayConfig | SimulatorConfig))
 
 
 def camera_stall_policy(source: CameraConfig, override_s: float | None = None) -> StallPolicy:

@@ -62,6 +62,35 @@ class Metrics:
         self.source_up = Gauge(
             "edge_agent_source_up", "1 while the source is reading.", ["stream"], registry=r
         )
+        # polled sources (agent.sources.modbus): poll timing, counted by the source itself
+        self.poll_jitter_seconds = Histogram(
+            "edge_agent_poll_jitter_seconds",
+            "How late each poll started after its due time (poll_interval_s grid).",
+            ["stream"], buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.poll_duration_seconds = Histogram(
+            "edge_agent_poll_duration_seconds",
+            "From a poll's first request to its last response.",
+            ["stream"], buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.poll_overruns_total = Counter(
+            "edge_agent_poll_overruns_total",
+            "Polls that took longer than the poll interval.", ["stream"], registry=r,
+        )
+        self.polls_missed_total = Counter(
+            "edge_agent_polls_missed_total",
+            "Polls not made, by reason: overrun (slow polls left no time for them), "
+            "unreachable (the device was down or not answering).",
+            ["stream", "reason"], registry=r,
+        )
+        # MQTT-in streams with Sparkplug B (agent.sources.mqtt_in)
+        self.sparkplug_events_total = Counter(
+            "edge_agent_sparkplug_events_total",
+            "Sparkplug B events of MQTT-in streams: seq_gap (messages lost, counted by the "
+            "gap), bdseq_change (the edge node began a new session), unknown_alias, "
+            "data_before_birth, rebirth_requested.",
+            ["stream", "event"], registry=r,
+        )
         # camera streams (agent.services.camera; synced from the source at each heartbeat)
         self.camera_frames_scored_total = Counter(
             "edge_agent_camera_frames_scored_total", "Camera frames scored by the model.",

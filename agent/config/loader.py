@@ -31,6 +31,7 @@ from pydantic_core import ErrorDetails
 
 from agent.config.schema import AgentConfig, default_config
 from agent.errors import ConfigError
+from agent.sources.registry import describe_kinds
 
 KeyPath = tuple[str | int, ...]
 
@@ -297,6 +298,8 @@ def dump_config(config: AgentConfig) -> str:
         "# Relative paths are relative to this file's directory; store.path is relative to",
         "# agent.state_dir. String values may use ${VAR} and ${VAR:-default} (environment).",
         "# Check a file with `edge-agent check-config FILE`.",
+        "# Installed source kinds ([streams.source] kind = ...; docs/sources.md):",
+        *(f"#   {line}" for line in describe_kinds()),
     ]
     _dump_table(lines, config, header=None, array=False)
     return "\n".join(lines) + "\n"

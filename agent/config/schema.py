@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import (
     Field,
@@ -50,6 +50,7 @@ from agent.services.samples import SamplesConfig
 from agent.services.updater import UpdaterConfig
 from agent.services.uploader import FleetConfig
 from agent.sources.camera import CameraConfig
+from agent.sources.registry import path_fields, source_config_union, source_kinds
 from agent.sources.replay import ReplayConfig
 from agent.sources.serial import SerialConfig
 from agent.sources.simulator import FaultConfig, SimulatorConfig
@@ -67,9 +68,15 @@ BUILTIN_MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
 #: ``/opt/edge-agent/models``, set by the systemd unit).
 MODELS_DIR_ENV = "EDGE_AGENT_MODELS_DIR"
 
-SourceConfig = Annotated[
-    ReplayConfig | SerialConfig | SimulatorConfig | CameraConfig, Field(discriminator="kind")
-]
+if TYPE_CHECKING:  # the core's view: the kinds it special-cases, and any plugin's kind
+    from agent.sources.registry import PluginSourceConfig
+
+    SourceConfig = Annotated[
+        ReplayConfig | SerialConfig | SimulatorConfig | CameraConfig | PluginSourceConfig,
+        Field(discriminator="kind"),
+    ]
+else:  # every installed kind (agent.sources.registry: entry points of edge_agent.sources)
+    SourceConfig = source_config_union()
 """One source config; the ``kind`` key selects the class."""
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
@@ -188,7 +195,8 @@ class StreamConfig(StrictModel):
         "1-64 of A-Z a-z 0-9 _ . -",
     )
     source: SourceConfig = Field(
-        description="Where readings come from; 'kind' selects replay, serial, simulator or camera."
+        description="Where readings come from; 'kind' selects one of the installed source "
+        f"kinds: {', '.join(source_kinds())}."
     )
     model: str = Field(
         "builtin:skab-wstat",
@@ -396,15 +404,12 @@ class AgentConfig(StrictModel):
         streams = []
         for stream in self.streams:
             source = stream.source
-            if isinstance(source, ReplayConfig):
-                source = source.model_copy(
-                    update={"path": str(resolve_path(source.path, config_dir))}
-                )
-            elif isinstance(source, CameraConfig):
-                source = source.model_copy(update={
-                    k: str(resolve_path(v, config_dir))
-                    for k in ("path", "folder") if isinstance(v := getattr(source, k), str)
-                })
+            paths = {
+                k: str(resolve_path(v, config_dir))
+                for k in path_fields(source.kind) if isinstance(v := getattr(source, k), str)
+            }
+            if paths:
+                source = source.model_copy(update=paths)
             model = str(resolve_model_path(stream.model, config_dir))
             streams.append(stream.model_copy(update={"source": source, "model": model}))
         mqtt_paths = {

@@ -31,7 +31,7 @@ from agent.errors import AgentError, RecordError, SourceError, SourceExhausted
 from agent.metrics import Metrics
 from agent.records import Reading
 from agent.sources.backoff import Backoff
-from agent.sources.base import Emit, ReportsStatus, Source
+from agent.sources.base import Emit, ReportsStatus, Source, UsesMetrics
 
 
 class RateLimiter:
@@ -156,6 +156,8 @@ class SourceSupervisor:
             raise RuntimeError(f"supervisor for stream {self.stream!r} already started")
         if isinstance(self.source, ReportsStatus):
             self.source.set_status_listener(self._on_status)
+        if isinstance(self.source, UsesMetrics):
+            self.source.set_metrics(self._metrics)
         self.started_mono = self._monotonic()
         self._thread = threading.Thread(
             target=self._run, name=f"source-{self.stream}", daemon=True

@@ -16,10 +16,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from agent.config.base import StrictModel
 from agent.errors import RecordError, SourceError
 from agent.records import Reading
+
+if TYPE_CHECKING:
+    from agent.metrics import Metrics
 
 Emit = Callable[[Reading], None]
 Reject = Callable[[RecordError], None]
@@ -49,3 +54,42 @@ class ReportsStatus(Protocol):
     def set_status_listener(self, listener: StatusListener | None) -> None:
         """Call ``listener(error)`` per failed attempt and ``listener(None)`` on recovery."""
         ...
+
+
+@runtime_checkable
+class UsesMetrics(Protocol):
+    """Optional: a source that exports metrics of its own (poll jitter, overruns ...)."""
+
+    def set_metrics(self, metrics: Metrics) -> None:
+        """Called by the supervisor before ``run`` with the agent's metrics."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class SourcePlugin:
+    """One source kind, as an entry point of the group ``edge_agent.sources`` names it.
+
+    A package adds a kind by declaring, in its own metadata (setup.cfg)::
+
+        [options.entry_points]
+        edge_agent.sources =
+            lidar = my_package.lidar:PLUGIN
+
+    where ``PLUGIN = SourcePlugin("lidar", LidarConfig, "my_package.lidar:LidarSource")``.
+    The built-in kinds are declared the same way (:mod:`agent.sources.registry`).
+
+    Attributes:
+        kind: The ``[streams.source] kind`` value; equal to the entry point's name.
+        config: The kind's strict config model; its ``kind`` field is ``Literal[kind]`` with
+            ``kind`` as default.
+        implementation: ``"module:Class"`` of the :class:`Source`, imported only when a stream
+            uses the kind (its heavy dependencies load only then); the class is called as
+            ``Class(config, stream, **dependencies)``.
+        path_fields: Config fields holding file paths, made absolute relative to the config
+            file's directory (:meth:`agent.config.schema.AgentConfig.resolved`).
+    """
+
+    kind: str
+    config: type[StrictModel]
+    implementation: str
+    path_fields: tuple[str, ...] = ()

@@ -81,7 +81,7 @@ from agent.config.base import StrictModel
 from agent.errors import RecordError, SourceError, SourceExhausted, SourceFailed
 from agent.records import Frame, FrameOrigin
 from agent.sources.backoff import Backoff
-from agent.sources.base import StatusListener
+from agent.sources.base import SourcePlugin, StatusListener
 from agent.sources.camera_files import FolderCapture, VideoFileCapture
 from agent.sources.camera_watch import IDLE, FolderCheckpoint, ScoredFile, WatchFolderCapture
 
@@ -173,6 +173,12 @@ class CameraConfig(StrictModel):
         True
         """
         return self.live or self.fps > 0
+
+
+#: The ``camera`` kind, as the ``edge_agent.sources`` entry point names it.
+PLUGIN = SourcePlugin(
+    KIND, CameraConfig, "agent.sources.camera:CameraSource", path_fields=("path", "folder")
+)
 
 
 class Capture(Protocol):

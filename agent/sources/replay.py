@@ -35,7 +35,7 @@ from pydantic import Field
 from agent.config.base import StrictModel
 from agent.errors import RecordError, SourceError, SourceExhausted, SourceFailed
 from agent.records import FloatArray, Reading
-from agent.sources.base import Emit, Reject
+from agent.sources.base import Emit, Reject, SourcePlugin
 
 KIND = "replay"
 
@@ -74,6 +74,12 @@ class ReplayConfig(StrictModel):
         False,
         description="Replace file timestamps with the current time (keeps the file's spacing).",
     )
+
+
+#: The ``replay`` kind, as the ``edge_agent.sources`` entry point names it.
+PLUGIN = SourcePlugin(
+    KIND, ReplayConfig, "agent.sources.replay:ReplaySource", path_fields=("path",)
+)
 
 
 _CHUNK_ROWS = 4096

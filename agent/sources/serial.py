@@ -37,7 +37,7 @@ from agent.config.base import StrictModel
 from agent.errors import ConfigError, RecordError, SourceError
 from agent.records import FloatArray, Reading
 from agent.sources.backoff import Backoff
-from agent.sources.base import Emit, Reject, StatusListener
+from agent.sources.base import Emit, Reject, SourcePlugin, StatusListener
 
 KIND = "serial"
 
@@ -68,6 +68,10 @@ class SerialConfig(StrictModel):
         0.5, gt=0, description="First reconnect delay after the port vanishes (seconds)."
     )
     reconnect_max_s: float = Field(30.0, gt=0, description="Largest reconnect delay (seconds).")
+
+
+#: The ``serial`` kind, as the ``edge_agent.sources`` entry point names it.
+PLUGIN = SourcePlugin(KIND, SerialConfig, "agent.sources.serial:SerialSource")
 
 
 _KV_SPLIT = re.compile(r"[,\s]+")

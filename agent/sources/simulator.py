@@ -34,7 +34,7 @@ from pydantic import Field
 from agent.config.base import StrictModel
 from agent.errors import ConfigError, SourceExhausted
 from agent.records import FloatArray, Reading
-from agent.sources.base import Emit, Reject
+from agent.sources.base import Emit, Reject, SourcePlugin
 
 KIND = "simulator"
 
@@ -78,6 +78,10 @@ class SimulatorConfig(StrictModel):
     duration_s: float = Field(
         0.0, ge=0, description="Stop after this much simulated time; 0 = run forever."
     )
+
+
+#: The ``simulator`` kind, as the ``edge_agent.sources`` entry point names it.
+PLUGIN = SourcePlugin(KIND, SimulatorConfig, "agent.sources.simulator:SimulatorSource")
 
 
 @dataclass(frozen=True, slots=True)

@@ -182,7 +182,8 @@ def test_duplicate_stream_names() -> None:
 def test_missing_kind_and_unknown_kind() -> None:
     text = '[[streams]]\nname = "a"\nsource = {}\n[[streams]]\nname = "b"\nsource = {kind = "x"}'
     first, second = problems_of(text)
-    assert first.startswith("streams[0].source: 'kind' is missing: one of 'replay'")
+    assert first.startswith("streams[0].source: 'kind' is missing: one of 'camera', ")
+    assert "'replay', 'serial', 'simulator'" in first
     assert second.startswith("streams[1].source: Input tag 'x'")
 
 

@@ -1,0 +1,342 @@
+"""Modbus source (pymodbus sync client): polls a register map over Modbus TCP or RTU.
+
+One poll is one reading: the requests of :func:`agent.sources.modbus_map.plan_reads` are sent
+in order and the reading carries the arrival time of the last response (``ts``, wall clock;
+``received_mono`` for latency). Polls start on a fixed grid of ``poll_interval_s``:
+
+* **jitter**: how late a poll started after its due time (``edge_agent_poll_jitter_seconds``);
+* **overrun**: a poll that took longer than the interval (``edge_agent_poll_overruns_total``);
+  due times that passed by a whole interval meanwhile are skipped and counted
+  (``edge_agent_polls_missed_total{reason="overrun"}``), the next poll starts at once;
+* while the device is down, the polls that would have been made are counted on reconnect
+  (``edge_agent_polls_missed_total{reason="unreachable"}``).
+
+A poll whose reading cannot be accepted is rejected with one of these reasons (the supervisor
+counts ``edge_agent_records_rejected_total{reason}`` and logs once per reason per minute):
+
+* ``timeout``: no response within ``timeout_s`` (after ``retries`` resends);
+* ``exception_<name>``: an exception response (``exception_illegal_address``,
+  ``exception_device_busy`` ...; spec 7, codes 1-11; ``exception_other`` beyond);
+* ``short_read``: fewer registers or bits than requested; ``bad_response``: another function;
+* ``non_finite``, ``out_of_range``: a decoded value (:func:`agent.sources.modbus_map.decode`).
+
+Stale responses: a response that arrives after its request timed out is never taken as the
+answer to a later one. Over TCP every request carries a new transaction id and pymodbus skips
+frames whose id differs (MBAP header, Modbus Messaging on TCP/IP Implementation Guide V1.0b,
+3.1.3); that is not enough, since a server may stamp a late answer with the id of the request
+in flight (pymodbus 3.16's own server does), so after a timeout the connection is closed and
+the next poll opens a new one. RTU frames carry no id: after a timeout the line is drained
+(read and dropped until it has been silent for ``timeout_s``), and pymodbus also drops unread
+bytes before each send.
+``reconnect_after_timeouts`` polls in a row without any response count as a lost connection:
+closed, reported (:class:`agent.sources.base.ReportsStatus`) and reopened with
+:class:`agent.sources.backoff.Backoff`, like a refused or broken connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from agent.errors import RecordError, SourceError
+from agent.records import Reading
+from agent.sources.backoff import Backoff
+from agent.sources.base import Emit, Reject, StatusListener
+from agent.sources.modbus_config import ModbusConfig
+from agent.sources.modbus_map import ReadBlock, decode, plan_reads
+
+if TYPE_CHECKING:
+    from agent.metrics import Metrics
+
+#: Exception codes (Modbus Application Protocol V1.1b3, section 7) -> reject reason suffix.
+EXCEPTION_NAMES = {
+    1: "illegal_function", 2: "illegal_address", 3: "illegal_value", 4: "device_failure",
+    5: "acknowledge", 6: "device_busy", 7: "negative_acknowledge", 8: "memory_parity_error",
+    10: "gateway_path_unavailable", 11: "gateway_no_response",
+}
+
+#: Read function per table (client method name, function code).
+READS = {"holding": ("read_holding_registers", 3), "input": ("read_input_registers", 4),
+         "coil": ("read_coils", 1), "discrete_input": ("read_discrete_inputs", 2)}
+
+ClientFactory = Callable[[ModbusConfig], Any]
+
+
+def make_client(config: ModbusConfig) -> Any:
+    """A pymodbus sync client for ``config`` (not connected yet)."""
+    from pymodbus import FramerType  # noqa: PLC0415 - lazy: only when a modbus stream runs
+    from pymodbus.client import ModbusSerialClient, ModbusTcpClient  # noqa: PLC0415
+
+    if config.transport == "tcp":
+        return ModbusTcpClient(config.host, port=config.port, timeout=config.timeout_s,
+                               retries=config.retries)
+    return ModbusSerialClient(
+        str(config.serial_port), framer=FramerType.RTU, baudrate=config.baudrate,
+        bytesize=config.bytesize, parity=config.parity, stopbits=config.stopbits,
+        timeout=config.timeout_s, retries=config.retries,
+    )
+
+
+class _ConnectionLost(Exception):
+    """Internal: the connection broke during a poll (message = why)."""
+
+
+class ModbusSource:
+    """Polls a Modbus device; reconnects by itself; one reading per poll.
+
+    Args:
+        config: The ``modbus`` config.
+        stream: Stream name stamped on every reading.
+        client_factory: Builds a pymodbus sync client; default :func:`make_client`.
+        clock: Wall clock, epoch seconds (reading timestamps).
+        monotonic: Monotonic clock, seconds (poll grid, ``received_mono``).
+        rng: Random source for the reconnect jitter.
+
+    Attributes:
+        stream: The stream name.
+        channels: Channel names of the register map, in order.
+        blocks: The read requests of one poll.
+        polls, overruns: Polls made, and polls longer than the interval.
+        missed: Polls not made, by reason (``overrun``, ``unreachable``).
+        max_jitter_s: Largest poll start lateness seen, seconds.
+    """
+
+    def __init__(
+        self,
+        config: ModbusConfig,
+        stream: str,
+        *,
+        client_factory: ClientFactory | None = None,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self.stream = stream
+        self.channels: tuple[str, ...] = tuple(ch.name for ch in config.channels)
+        self.blocks = plan_reads(config.channels, config.max_gap,
+                                 config.max_registers_per_read, config.max_bits_per_read)
+        self._factory = client_factory if client_factory is not None else make_client
+        self._clock = clock
+        self._monotonic = monotonic
+        self._backoff = Backoff(config.reconnect_initial_s,
+                                max(config.reconnect_max_s, config.reconnect_initial_s), rng=rng)
+        self._listener: StatusListener | None = None
+        self._metrics: Metrics | None = None
+        self._client: Any = None
+        self._healthy = False
+        self._no_response = 0
+        self.polls = 0
+        self.overruns = 0
+        self.missed: dict[str, int] = {"overrun": 0, "unreachable": 0}
+        self.max_jitter_s = 0.0
+        # pymodbus logs every failed request itself; the agent counts and rate-limits instead.
+        logging.getLogger("pymodbus").setLevel(logging.CRITICAL)
+
+    def set_status_listener(self, listener: StatusListener | None) -> None:
+        """Receive a SourceError per failed connect / lost connection, None once polls work."""
+        self._listener = listener
+
+    def set_metrics(self, metrics: Metrics) -> None:
+        """Export poll jitter, duration, overruns and missed polls on ``metrics``."""
+        self._metrics = metrics
+
+    def _report(self, error: SourceError | None) -> None:
+        if self._listener is not None:
+            self._listener(error)
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def run(self, emit: Emit, reject: Reject, stop: threading.Event) -> None:
+        """Poll until ``stop`` is set; never raises for a device that is down or misbehaves."""
+        interval = self.config.poll_interval_s
+        down_since: float | None = None
+        due = 0.0
+        try:
+            while not stop.is_set():
+                if self._client is None:
+                    if down_since is None:
+                        down_since = self._monotonic()
+                    if not self._connect():
+                        stop.wait(self._backoff.next_delay())
+                        continue
+                    now = self._monotonic()
+                    if self.polls:  # polls missed while down (not before the first connect)
+                        self._missed("unreachable", int((now - down_since) / interval))
+                    down_since, due = None, now
+                now = self._monotonic()
+                if now < due:
+                    stop.wait(due - now)
+                    continue
+                self._observe_jitter(now - due)
+                try:
+                    self._poll(emit, reject)
+                except _ConnectionLost as exc:
+                    self._lose(str(exc))
+                    down_since = self._monotonic()
+                    stop.wait(self._backoff.next_delay())
+                    continue
+                end = self._monotonic()
+                self._observe_duration(end - now, interval)
+                due += interval
+                if end - due >= interval:
+                    skipped = int((end - due) / interval)
+                    self._missed("overrun", skipped)
+                    due += skipped * interval
+        finally:
+            self._close()
+
+    def _connect(self) -> bool:
+        cfg = self.config
+        where = f"{cfg.host}:{cfg.port}" if cfg.transport == "tcp" else str(cfg.serial_port)
+        client: Any = None
+        try:
+            client = self._factory(cfg)
+            ok = bool(client.connect())
+        except Exception as exc:  # pyserial/pymodbus raise many kinds
+            ok, why = False, f"{type(exc).__name__}: {exc}"
+        else:
+            why = "connection refused or unreachable"
+        if not ok:
+            _close_quietly(client)
+            self._report(SourceError(f"cannot connect to Modbus device: {why}",
+                                     stream=self.stream, device=where))
+            return False
+        self._client = client
+        return True
+
+    def _lose(self, why: str) -> None:
+        self._close()
+        self._report(SourceError(f"Modbus connection lost: {why}", stream=self.stream))
+
+    def _close(self) -> None:
+        _close_quietly(self._client)
+        self._client = None
+        self._healthy = False
+
+    # -- one poll -------------------------------------------------------------------------------
+
+    def _poll(self, emit: Emit, reject: Reject) -> None:
+        """Send every request of one poll; emit the reading or reject it with one reason.
+
+        Raises:
+            _ConnectionLost: the connection broke, or too many polls went unanswered.
+        """
+        self.polls += 1
+        values = np.empty(len(self.channels), dtype=np.float64)
+        try:
+            for block in self.blocks:
+                data = self._read(block)
+                for i in block.channels:
+                    values[i] = decode(self.config.channels[i], data, block.address)
+        except RecordError as exc:
+            reject(exc)
+            if self._no_response >= self.config.reconnect_after_timeouts:
+                raise _ConnectionLost(f"{self._no_response} polls in a row without a "
+                                      "response") from None
+            return
+        received_mono, ts = self._monotonic(), self._clock()
+        emit(Reading(self.stream, ts, values, received_mono=received_mono))
+
+    def _answered(self) -> None:
+        """The device answered (data or an exception response): the connection works."""
+        self._no_response = 0
+        if not self._healthy:
+            self._healthy = True
+            self._backoff.reset()
+            self._report(None)
+
+    def _read(self, block: ReadBlock) -> list[int] | list[bool]:
+        """One request; its registers or bits.
+
+        Raises:
+            RecordError: timeout, exception_*, short_read, bad_response.
+            _ConnectionLost: the connection broke.
+        """
+        from pymodbus.exceptions import ConnectionException, ModbusIOException  # noqa: PLC0415
+
+        method, function = READS[block.table]
+        try:
+            response = getattr(self._client, method)(
+                block.address, count=block.count, device_id=block.unit)
+        except ConnectionException as exc:
+            raise _ConnectionLost(str(exc) or "connection closed") from exc
+        except ModbusIOException as exc:
+            self._no_response += 1
+            self._forget_late_answers()
+            raise RecordError(f"no response from unit {block.unit} to {block.table} "
+                              f"{block.address}+{block.count} within "
+                              f"{self.config.timeout_s} s", reason="timeout") from exc
+        except OSError as exc:
+            raise _ConnectionLost(f"{type(exc).__name__}: {exc}") from exc
+        self._answered()
+        where = f"unit {block.unit} {block.table} {block.address}+{block.count}"
+        if response.isError():
+            code = int(getattr(response, "exception_code", 0))
+            name = EXCEPTION_NAMES.get(code, "other")
+            raise RecordError(f"exception response {code} ({name}) to {where}",
+                              reason=f"exception_{name}")
+        if response.function_code != function:
+            raise RecordError(f"function {response.function_code} answered {where}",
+                              reason="bad_response")
+        data: list[int] | list[bool] = (response.bits if block.table in ("coil",
+                                        "discrete_input") else response.registers)
+        if len(data) < block.count:
+            raise RecordError(f"{len(data)} values in the response to {where}",
+                              reason="short_read")
+        return data
+
+    def _forget_late_answers(self) -> None:
+        """After a timeout: TCP opens a new connection at the next poll (a late answer dies
+        with the old one, whatever transaction id it carries); RTU drains the line."""
+        if self.config.transport == "tcp":
+            _close_quietly(self._client)
+            self._client = None
+            return
+        port = getattr(self._client, "socket", None)
+        if port is None:
+            return
+        quiet_s, deadline = self.config.timeout_s, self._monotonic() + 4 * self.config.timeout_s
+        with contextlib.suppress(Exception):  # a broken port shows at the next request
+            last = self._monotonic()
+            while self._monotonic() < deadline and self._monotonic() - last < quiet_s:
+                if port.in_waiting:
+                    port.read(port.in_waiting)
+                    last = self._monotonic()
+                else:
+                    time.sleep(0.005)
+
+    # -- statistics -----------------------------------------------------------------------------
+
+    def _observe_jitter(self, late_s: float) -> None:
+        self.max_jitter_s = max(self.max_jitter_s, late_s)
+        if self._metrics is not None:
+            self._metrics.poll_jitter_seconds.labels(stream=self.stream).observe(late_s)
+
+    def _observe_duration(self, took_s: float, interval: float) -> None:
+        overrun = took_s > interval
+        self.overruns += overrun
+        if self._metrics is not None:
+            self._metrics.poll_duration_seconds.labels(stream=self.stream).observe(took_s)
+            if overrun:
+                self._metrics.poll_overruns_total.labels(stream=self.stream).inc()
+
+    def _missed(self, reason: str, count: int) -> None:
+        if count <= 0:
+            return
+        self.missed[reason] += count
+        if self._metrics is not None:
+            self._metrics.polls_missed_total.labels(stream=self.stream, reason=reason).inc(count)
+
+
+def _close_quietly(client: Any) -> None:
+    if client is not None:
+        with contextlib.suppress(Exception):  # already broken; nothing to report
+            client.close()

@@ -1,0 +1,138 @@
+"""Payload decoding of the ``mqtt`` source: JSON objects and single numbers (no I/O).
+
+Each decoder returns ``(updates, ts)``: ``updates`` maps channel index -> value, ``ts`` the
+reading time in epoch seconds (None = the receive time). Every problem is a
+:class:`agent.errors.RecordError` whose ``reason`` labels the reject counter: ``oversized``,
+``bad_payload`` (not UTF-8 / not JSON / not an object), ``no_fields`` (none of the mapped fields
+is present), ``wrong_type`` (a mapped field is not a number), ``not_a_number``, ``non_finite``,
+``bad_timestamp``.
+
+Timestamps (JSON ``timestamp_field``): a number is epoch seconds, or epoch milliseconds when it
+is above 1e11 (a date after 5138 in seconds); a string is ISO 8601
+(:meth:`datetime.datetime.fromisoformat`, naive = UTC).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from agent.errors import RecordError
+
+#: Above this a numeric timestamp is taken as epoch milliseconds.
+MS_THRESHOLD = 1e11
+#: Deepest dotted field path followed.
+MAX_PATH_DEPTH = 16
+
+
+def check_size(payload: bytes, limit: int, topic: str) -> None:
+    """Raises RecordError ``oversized`` when ``payload`` exceeds ``limit`` bytes."""
+    if len(payload) > limit:
+        raise RecordError(f"{len(payload)}-byte payload on {topic[:200]!r} exceeds "
+                          f"max_payload_bytes {limit}", reason="oversized")
+
+
+def number(value: Any, what: str) -> float:
+    """``value`` (int, float or bool) as a finite float.
+
+    Raises:
+        RecordError: ``wrong_type`` or ``non_finite``.
+    """
+    if isinstance(value, bool):
+        return 1.0 if value else 0.0
+    if not isinstance(value, int | float):
+        raise RecordError(f"{what} is {type(value).__name__}, not a number", reason="wrong_type")
+    out = float(value)
+    if not math.isfinite(out):
+        raise RecordError(f"{what} is {out}", reason="non_finite")
+    return out
+
+
+def parse_time(value: Any) -> float:
+    """A timestamp field as epoch seconds (module docstring).
+
+    Raises:
+        RecordError: ``bad_timestamp``.
+    """
+    try:
+        if isinstance(value, bool):
+            raise TypeError("a boolean")
+        if isinstance(value, int | float):
+            t = float(value)
+            if not math.isfinite(t):
+                raise ValueError(f"{t}")
+            return t / 1000.0 if abs(t) > MS_THRESHOLD else t
+        if isinstance(value, str):
+            d = dt.datetime.fromisoformat(value)
+            return (d if d.tzinfo else d.replace(tzinfo=dt.UTC)).timestamp()
+        raise TypeError(type(value).__name__)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise RecordError(f"timestamp {str(value)[:64]!r} is not a time: {exc}",
+                          reason="bad_timestamp") from exc
+
+
+def _walk(obj: Any, path: str) -> tuple[bool, Any]:
+    parts = path.split(".")
+    if len(parts) > MAX_PATH_DEPTH:
+        return False, None
+    for part in parts:
+        if not isinstance(obj, Mapping) or part not in obj:
+            return False, None
+        obj = obj[part]
+    return True, obj
+
+
+def decode_json(payload: bytes, fields: Sequence[str], timestamp_field: str | None,
+                topic: str) -> tuple[dict[int, float], float | None]:
+    """Decode a JSON object; ``fields[i]`` is channel i's dotted field path.
+
+    Raises:
+        RecordError: see the module docstring.
+    """
+    try:
+        obj = json.loads(payload.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise RecordError(f"payload on {topic[:200]!r} is not JSON: {exc}",
+                          reason="bad_payload") from exc
+    if not isinstance(obj, dict):
+        raise RecordError(f"payload on {topic[:200]!r} is a JSON {type(obj).__name__}, "
+                          "not an object", reason="bad_payload")
+    updates: dict[int, float] = {}
+    for i, path in enumerate(fields):
+        found, value = _walk(obj, path)
+        if found:
+            updates[i] = number(value, f"field {path!r}")
+    if not updates:
+        raise RecordError(f"payload on {topic[:200]!r} has none of the fields "
+                          f"{list(fields)[:8]}", reason="no_fields")
+    ts = None
+    if timestamp_field is not None:
+        found, value = _walk(obj, timestamp_field)
+        if not found:
+            raise RecordError(f"payload on {topic[:200]!r} has no {timestamp_field!r}",
+                              reason="bad_timestamp")
+        ts = parse_time(value)
+    return updates, ts
+
+
+def decode_number(payload: bytes, topic: str) -> float:
+    """One number in ASCII (``21.5``, ``-3e2``, ``true``/``false``).
+
+    Raises:
+        RecordError: ``not_a_number`` or ``non_finite``.
+    """
+    text = payload.decode("ascii", errors="replace").strip()
+    low = text.lower()
+    if low in ("true", "false"):
+        return 1.0 if low == "true" else 0.0
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise RecordError(f"payload on {topic[:200]!r} is not a number: {text[:40]!r}",
+                          reason="not_a_number") from exc
+    if not math.isfinite(value):
+        raise RecordError(f"payload on {topic[:200]!r} is {value}", reason="non_finite")
+    return value

@@ -1,0 +1,284 @@
+"""ModbusSource against pymodbus's own server: over TCP, and over RTU on a socat pty pair.
+
+Every test runs the source under the real SourceSupervisor (counters, outage reporting) and
+reads a real server: :class:`agent.sources.modbus_sim.SimServer` (pymodbus ModbusTcpServer /
+ModbusSerialServer) or, for the server that never answers, a plain socket that accepts and
+reads but never writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from agent.metrics import Metrics
+from agent.records import Reading
+from agent.services.supervisor import SourceSupervisor
+from agent.sources.modbus import ModbusSource
+from agent.sources.modbus_config import ModbusConfig
+from agent.sources.modbus_map import encode_float32
+from agent.sources.modbus_sim import SimServer
+from tests.conftest import _free_port
+from tests.integration.test_serial_pty import SOCAT, Socat, sample, wait_for
+
+pytestmark = pytest.mark.integration
+
+MAP: list[dict[str, Any]] = [
+    {"name": "pressure", "address": 0, "type": "float32"},
+    {"name": "temp", "address": 2, "type": "int16", "scale": 0.1},
+    {"name": "count", "address": 3, "type": "uint32", "word_order": "little"},
+    {"name": "status_run", "address": 5, "type": "bool", "bit": 0},
+    {"name": "status_mode", "address": 5, "type": "bits", "bit": 4, "bits": 3},
+    {"name": "far", "address": 40, "type": "uint16", "min": 0, "max": 1000},
+    {"name": "door", "table": "coil", "address": 1, "type": "bool"},
+]
+
+
+def fill(server: SimServer) -> None:
+    server.set_holding(0, encode_float32(2.5))
+    server.set_holding(2, [(-123) & 0xFFFF])  # int16 -12.3 after scale
+    server.set_holding(3, [0x5678, 0x1234])  # uint32 0x12345678, low word first
+    server.set_holding(5, [0b1010001])  # bit 0 = 1, bits 4..6 = 0b101
+    server.set_holding(40, [77])
+
+
+EXPECTED = [2.5, -12.3, 0x12345678, 1.0, 5.0, 77.0, 1.0]
+
+
+class Running:
+    """A ModbusSource under a real SourceSupervisor, collecting readings."""
+
+    def __init__(self, **overrides: Any) -> None:
+        fields: dict[str, Any] = {
+            "poll_interval_s": 0.05, "timeout_s": 0.3, "reconnect_initial_s": 0.05,
+            "reconnect_max_s": 0.2, "channels": MAP,
+        }
+        fields.update(overrides)
+        self.config = ModbusConfig.model_validate(fields, strict=False)
+        self.metrics = Metrics(CollectorRegistry())
+        self.stop = threading.Event()
+        self.readings: list[Reading] = []
+        self.source = ModbusSource(self.config, "plc")
+        self.sup = SourceSupervisor(self.source, self.readings.append, self.metrics, self.stop,
+                                    logging.getLogger("test.modbus"), backoff_initial_s=0.05,
+                                    backoff_max_s=0.2)
+        self.sup.start()
+
+    def rejected(self, reason: str) -> float:
+        return sample(self.metrics, "edge_agent_records_rejected_total", stream="plc",
+                      reason=reason)
+
+    def metric(self, name: str, **labels: str) -> float:
+        return sample(self.metrics, name, stream="plc", **labels)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.sup.join(5.0)
+        assert not self.sup.is_alive()
+
+
+@pytest.fixture
+def server() -> Iterator[SimServer]:
+    sim = SimServer(_free_port(), coils=[False, True, False, False])
+    fill(sim)
+    sim.start()
+    yield sim
+    sim.stop()
+
+
+def test_tcp_map_is_coalesced_decoded_and_timed(server: SimServer) -> None:
+    run = Running(port=server.port)
+    try:
+        assert [(b.table, b.address, b.count) for b in run.source.blocks] == [
+            ("coil", 1, 1), ("holding", 0, 6), ("holding", 40, 1)]
+        assert wait_for(lambda: len(run.readings) >= 5)
+        assert run.readings[-1].values.tolist() == pytest.approx(EXPECTED)
+        assert run.source.channels == tuple(ch["name"] for ch in MAP)
+        assert run.metric("edge_agent_poll_jitter_seconds_count") >= 5
+        assert run.metric("edge_agent_poll_duration_seconds_count") >= 5
+        stamps = [r.ts for r in run.readings]
+        assert stamps == sorted(stamps)
+    finally:
+        run.close()
+
+
+def test_tcp_server_stops_and_returns(server: SimServer) -> None:
+    run = Running(port=server.port)
+    try:
+        assert wait_for(lambda: len(run.readings) >= 3)
+        server.stop()
+        assert wait_for(lambda: run.sup.outage is not None)
+        before = len(run.readings)
+        assert wait_for(lambda: run.metric("edge_agent_source_errors_total") >= 3)
+        server.start()
+        assert wait_for(lambda: len(run.readings) >= before + 5, timeout=10.0)
+        assert run.sup.outage is None
+        assert run.metric("edge_agent_polls_missed_total", reason="unreachable") >= 1
+        # every reading the source accepted reached the consumer, and all are whole
+        assert run.metric("edge_agent_readings_total") == len(run.readings)
+        assert all(r.values.tolist() == pytest.approx(EXPECTED) for r in run.readings)
+    finally:
+        run.close()
+
+
+def test_exception_responses_and_range_are_rejected_by_reason(server: SimServer) -> None:
+    run = Running(port=server.port)
+    try:
+        assert wait_for(lambda: len(run.readings) >= 2)
+        server.exception_code = 2
+        assert wait_for(lambda: run.rejected("exception_illegal_address") >= 3)
+        server.exception_code = 6
+        assert wait_for(lambda: run.rejected("exception_device_busy") >= 3)
+        server.exception_code = None
+        server.set_holding(40, [5000])  # above max 1000
+        assert wait_for(lambda: run.rejected("out_of_range") >= 3)
+        server.set_holding(0, encode_float32(float("nan")))
+        server.set_holding(40, [7])
+        assert wait_for(lambda: run.rejected("non_finite") >= 3)
+        server.set_holding(0, encode_float32(1.0))
+        count = len(run.readings)
+        assert wait_for(lambda: len(run.readings) >= count + 3)
+        assert run.readings[-1].values[0] == 1.0 and run.readings[-1].values[5] == 7.0
+        assert run.sup.outage is None and run.sup.is_alive()
+    finally:
+        run.close()
+
+
+def test_illegal_address_from_the_map(server: SimServer) -> None:
+    far = [*MAP, {"name": "beyond", "address": 300}]  # the server has 256 registers
+    run = Running(port=server.port, channels=far)
+    try:
+        assert wait_for(lambda: run.rejected("exception_illegal_address") >= 3)
+        assert run.readings == []
+    finally:
+        run.close()
+
+
+def _late_response_is_never_a_later_answer(server: SimServer, **transport: Any) -> None:
+    server.stamp_register = 10
+    run = Running(channels=[{"name": "request", "address": 10}], timeout_s=0.4, **transport)
+    try:
+        assert wait_for(lambda: len(run.readings) >= 3, timeout=10.0)
+        for _ in range(3):
+            server.delay_s, server.delay_count = 0.6, 1
+            before = run.rejected("timeout")
+            assert wait_for(lambda b=before: run.rejected("timeout") > b, timeout=10.0)
+            count = len(run.readings)
+            assert wait_for(lambda c=count: len(run.readings) >= c + 3, timeout=10.0)
+        accepted = {int(r.values[0]) for r in run.readings}
+        assert len(server.delayed) == 3
+        assert not accepted & set(server.delayed), (sorted(accepted), server.delayed)
+    finally:
+        run.close()
+
+
+def test_tcp_late_response_is_never_taken_for_a_later_request(server: SimServer) -> None:
+    _late_response_is_never_a_later_answer(server, port=server.port)
+
+
+class Silent:
+    """A TCP server that accepts connections and reads requests but never answers."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        self.sock.settimeout(0.1)
+        conns = []
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            self.accepted += 1
+            conn.setblocking(False)
+            conns.append(conn)
+        for conn in conns:
+            conn.close()
+        self.sock.close()
+
+
+def test_server_that_accepts_and_never_answers() -> None:
+    silent = Silent()
+    run = Running(port=silent.port, timeout_s=0.2, reconnect_after_timeouts=2)
+    try:
+        assert wait_for(lambda: run.sup.outage is not None, timeout=10.0)
+        assert run.sup.outage is not None and "without a response" in run.sup.outage[0]
+        assert run.rejected("timeout") >= 1
+        assert silent.accepted >= 2  # a new connection after each timeout
+        assert run.readings == []
+    finally:
+        run.close()
+        silent.stop.set()
+        silent.thread.join(5.0)
+
+
+def test_nothing_listening_is_an_outage_not_a_crash() -> None:
+    run = Running(port=_free_port())
+    try:
+        assert wait_for(lambda: run.metric("edge_agent_source_errors_total") >= 3)
+        assert run.sup.outage is not None and "cannot connect" in run.sup.outage[0]
+        assert run.sup.is_alive()
+    finally:
+        run.close()
+
+
+# --- RTU on a socat pseudo-terminal pair -------------------------------------------------------
+
+
+@pytest.fixture
+def rtu(tmp_path: Path) -> Iterator[tuple[Socat, SimServer]]:
+    if SOCAT is None:
+        pytest.skip("socat not installed (apt-get install socat)")
+    pair = Socat(tmp_path)
+    pair.start()
+    # parity N: a Linux pseudo-terminal refuses PARENB (tcsetattr EINVAL)
+    sim = SimServer(transport="rtu", serial_port=str(pair.peer), baudrate=115200, parity="N",
+                    coils=[False, True])
+    fill(sim)
+    sim.start()
+    yield pair, sim
+    sim.stop()
+    pair.kill()
+
+
+def _rtu(pair: Socat) -> dict[str, Any]:
+    return {"transport": "rtu", "serial_port": str(pair.dev), "baudrate": 115200,
+            "parity": "N", "stopbits": 1, "bytesize": 8}
+
+
+def test_rtu_reads_and_survives_a_device_restart(rtu: tuple[Socat, SimServer]) -> None:
+    pair, server = rtu
+    run = Running(**_rtu(pair), timeout_s=0.2, reconnect_after_timeouts=2)
+    try:
+        assert wait_for(lambda: len(run.readings) >= 3, timeout=10.0)
+        assert run.readings[-1].values.tolist() == pytest.approx(EXPECTED)
+        server.stop()
+        assert wait_for(lambda: run.rejected("timeout") >= 2, timeout=10.0)
+        assert wait_for(lambda: run.sup.outage is not None, timeout=10.0)
+        count = len(run.readings)
+        server.start()
+        assert wait_for(lambda: len(run.readings) >= count + 3, timeout=15.0)
+        assert run.sup.outage is None
+        assert all(r.values.tolist() == pytest.approx(EXPECTED) for r in run.readings)
+    finally:
+        run.close()
+
+
+def test_rtu_late_response_is_never_taken_for_a_later_request(
+    rtu: tuple[Socat, SimServer],
+) -> None:
+    pair, server = rtu
+    _late_response_is_never_a_later_answer(server, **_rtu(pair), reconnect_after_timeouts=5)
