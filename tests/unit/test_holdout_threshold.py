@@ -1,7 +1,8 @@
-"""Held-out threshold base (cloud_sync.calibration.holdout_scores) through the package and detector."""
+"""Held-out threshold base (cloud_sync.calibration.holdout_scores): package, detector, restore."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -91,8 +92,6 @@ def test_package_holdout_reaches_the_device_calibration(tmp_path: Path) -> None:
 def test_packages_without_holdout_keep_their_hash_and_calibration_key() -> None:
     """The field's default leaves the package hash and the calibration key of a package built
     before it unchanged, so its stored calibrations are still restored after an upgrade."""
-    import hashlib
-
     package = load_package(SHIPPED)
     m = package.manifest
     assert m.score.threshold.holdout == 0.0
