@@ -6,6 +6,9 @@ Commands::
     edge-agent check-config FILE          validate a config; print every problem
     edge-agent print-default-config       the default config as commented TOML
     edge-agent status [--url URL | --config FILE]   a running agent's /healthz, readably
+    edge-agent probe [--config FILE] [--stream NAME] [--seconds N] [--json]
+                                          read the sources only: readings, rejections, outages
+    edge-agent sim-modbus --csv FILE [--port N]   serve a recorded CSV as Modbus registers
     edge-agent version                    print the version
 
 Exit codes (:mod:`agent.exitcodes`): 0 success, 78 (``EX_CONFIG``) invalid configuration,
@@ -104,6 +107,28 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--timeout", type=float, default=5.0, metavar="S", help="seconds")
     status.add_argument("--json", action="store_true", help="print the raw JSON")
     status.set_defaults(func=_cmd_status)
+
+    probe = sub.add_parser(
+        "probe", help="open the sources and print what they read (no scoring, no publishing; "
+        "exit 1 when a stream read nothing)")
+    probe.add_argument("--config", type=Path, metavar="FILE",
+                       help="TOML config file (default: the embedded defaults)")
+    probe.add_argument("--stream", metavar="NAME", help="only this stream")
+    probe.add_argument("--seconds", type=_positive, default=5.0, metavar="N",
+                       help="how long to read (default 5)")
+    probe.add_argument("--json", action="store_true", help="one JSON object per line")
+    probe.set_defaults(func=_cmd_probe)
+
+    sim = sub.add_parser(
+        "sim-modbus", help="serve a recorded CSV (SKAB layout) as Modbus TCP holding registers "
+        "in real time: channel i as float32 at registers 2i, 2i+1 of unit 1")
+    sim.add_argument("--csv", required=True, metavar="FILE", help="the recording")
+    sim.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    sim.add_argument("--port", type=int, default=5020, help="TCP port (default 5020)")
+    sim.add_argument("--speed", type=float, default=1.0,
+                     help="1 = the file's own pace, N = N times faster (default 1)")
+    sim.add_argument("--once", action="store_true", help="stop at the end of the file")
+    sim.set_defaults(func=_cmd_sim_modbus)
 
     version = sub.add_parser("version", help="print the version")
     version.set_defaults(func=_cmd_version)
@@ -223,6 +248,52 @@ def format_health(url: str, body: dict[str, object]) -> str:
                 line = f"{line:<26} {reason}"
             lines.append(line)
     return "\n".join(lines)
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, not {text}")
+    return value
+
+
+def _cmd_probe(args: argparse.Namespace) -> int:
+    from agent.probe import probe  # noqa: PLC0415
+
+    config_file: Path | None = args.config
+    try:
+        if config_file is None:
+            config, config_dir = default_config(), Path.cwd()
+        else:
+            config, config_dir = load_config(config_file), config_file.resolve().parent
+        return probe(config.resolved(config_dir), sys.stdout, stream=args.stream,
+                     seconds=args.seconds, as_json=args.json)
+    except ConfigError as exc:
+        return _report_config_error(exc, config_file, sys.stderr)
+
+
+def _cmd_sim_modbus(args: argparse.Namespace) -> int:
+    from agent.sources.modbus_sim import SimServer, serve_csv  # noqa: PLC0415
+    from agent.sources.replay import ReplayConfig, ReplaySource  # noqa: PLC0415
+
+    try:
+        channels = ReplaySource(ReplayConfig(path=args.csv), "sim").channels
+        server = SimServer(args.port, args.host, registers=max(256, 2 * len(channels)))
+        server.start()
+    except AgentError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EX_FAILURE
+    print(f"serving {args.csv} on {args.host}:{args.port} (unit 1, holding registers, float32, "
+          f"{args.speed:g}x); its register map, for [streams.source] kind = \"modbus\":")
+    print("channels = [")
+    for i, name in enumerate(channels):
+        print(f'    {{ name = "{name}", address = {2 * i}, type = "float32" }},')
+    print("]", flush=True)
+    try:
+        serve_csv(server, args.csv, speed=args.speed, loop=not args.once)
+    finally:
+        server.stop()
+    return EX_OK
 
 
 def _cmd_version(args: argparse.Namespace) -> int:

@@ -24,6 +24,7 @@ import contextlib
 import math
 import random
 import re
+import termios
 import threading
 import time
 from collections.abc import Callable
@@ -31,13 +32,14 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from agent.config.base import StrictModel
 from agent.errors import ConfigError, RecordError, SourceError
 from agent.records import FloatArray, Reading
 from agent.sources.backoff import Backoff
 from agent.sources.base import Emit, Reject, SourcePlugin, StatusListener
+from agent.sources.serial_line import STOPBITS, RS485Config, apply_rs485, line_settings
 
 KIND = "serial"
 
@@ -63,11 +65,29 @@ class SerialConfig(StrictModel):
     max_line_bytes: int = Field(
         1024, ge=16, le=1_048_576, description="Longer lines are rejected and counted."
     )
+    bytesize: Literal[5, 6, 7, 8] = Field(8, description="Data bits: 5, 6, 7 or 8.")
+    parity: Literal["N", "E", "O", "M", "S"] = Field(
+        "N", description="Parity: N (none), E (even), O (odd), M (mark) or S (space)."
+    )
+    stopbits: float = Field(1, description="Stop bits: 1, 1.5 or 2.")
+    rtscts: bool = Field(False, description="RTS/CTS hardware flow control.")
+    xonxoff: bool = Field(False, description="XON/XOFF software flow control.")
+    rs485: RS485Config | None = Field(
+        None, description="RS-485 half-duplex mode driven by the kernel (a [streams.source.rs485] "
+        "table; unset = RS-232). Needs a port whose driver supports it (TIOCSRS485)."
+    )
     read_timeout_s: float = Field(1.0, gt=0, description="pyserial read timeout in seconds.")
     reconnect_initial_s: float = Field(
         0.5, gt=0, description="First reconnect delay after the port vanishes (seconds)."
     )
     reconnect_max_s: float = Field(30.0, gt=0, description="Largest reconnect delay (seconds).")
+
+    @field_validator("stopbits")
+    @classmethod
+    def _stopbits(cls, value: float) -> float:
+        if value not in STOPBITS:
+            raise ValueError(f"stop bits must be 1, 1.5 or 2, not {value:g}")
+        return value
 
 
 #: The ``serial`` kind, as the ``edge_agent.sources`` entry point names it.
@@ -282,7 +302,7 @@ class SerialSource:
     Args:
         config: The ``serial`` config.
         stream: Stream name stamped on every reading.
-        serial_factory: Opens a port: ``factory(port, baudrate=..., timeout=...)``; default
+        serial_factory: Opens a port: ``factory(port, **line_settings(config))``; default
             ``serial.serial_for_url`` (also accepts ``loop://`` and ``socket://`` URLs).
         clock: Wall clock, epoch seconds, for readings without a timestamp field.
         sleep: ``sleep(seconds)`` between reconnect attempts; default ``stop.wait``.
@@ -359,8 +379,10 @@ class SerialSource:
     def _open(self) -> SerialPort | None:
         cfg = self.config
         try:
-            port = self._factory(cfg.port, baudrate=cfg.baudrate, timeout=cfg.read_timeout_s)
-        except ValueError as exc:
+            port = self._factory(cfg.port, **line_settings(cfg))
+            if cfg.rs485 is not None:
+                apply_rs485(port, cfg.rs485)
+        except (ValueError, termios.error) as exc:  # e.g. parity on a pty: tcsetattr EINVAL
             raise ConfigError(
                 f"serial port settings rejected: {exc}", stream=self.stream, port=cfg.port
             ) from exc

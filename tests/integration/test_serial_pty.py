@@ -233,3 +233,37 @@ def test_port_vanishes_and_returns_with_socat(tmp_path: Path) -> None:
             os.close(peer)
         run.close()
         socat.kill()
+
+
+# --- line settings -----------------------------------------------------------------------------
+
+
+def test_line_settings_reach_the_port(pty_pair: tuple[int, str]) -> None:
+    import termios  # noqa: PLC0415
+
+    master, path = pty_pair
+    run = Running(path, bytesize=7, stopbits=2, xonxoff=True, rtscts=True)
+    try:
+        run.sync(lambda b: os.write(master, b))
+        fd = os.open(path, os.O_RDWR | os.O_NOCTTY)
+        try:
+            iflag, _oflag, cflag, *_ = termios.tcgetattr(fd)
+        finally:
+            os.close(fd)
+        # (a Linux pty forces CS8 and no parity whatever is asked: bytesize is not visible here)
+        assert cflag & termios.CSTOPB
+        assert cflag & termios.CRTSCTS
+        assert iflag & termios.IXON and iflag & termios.IXOFF
+    finally:
+        run.close()
+
+
+def test_rs485_on_a_port_without_it_is_a_config_problem(pty_pair: tuple[int, str]) -> None:
+    from agent.errors import ConfigError  # noqa: PLC0415
+
+    _master, path = pty_pair
+    cfg = SerialConfig.model_validate(
+        {"port": path, "channels": CHANNELS, "rs485": {"delay_before_tx_s": 0.001}},
+        strict=False)
+    with pytest.raises(ConfigError, match="RS-485 mode not supported by this port"):
+        SerialSource(cfg, "pty").run(lambda r: None, lambda e: None, threading.Event())
