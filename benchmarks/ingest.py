@@ -2,8 +2,8 @@
 
     python benchmarks/ingest.py [--alerts 200] [--seconds 10]
 
-A benchmark, not a test: it prints figures and never asserts them. Measured for ``modbus``
-(OPC UA and MQTT-in are not measured by this script yet: their keys print ``nan``):
+A benchmark, not a test: it prints figures and never asserts them. Measured for ``modbus``,
+``opcua`` and ``mqtt`` (MQTT in, JSON):
 
 1. **read -> alert** (``modbus_p99_ms``): the real :class:`agent.app.Agent` (shipped model
    ``skab-wstat``, SQLite outbox, MQTT publisher to a private mosquitto, a subscriber in another
@@ -15,7 +15,10 @@ A benchmark, not a test: it prints figures and never asserts them. Measured for 
    ``received_mono`` (taken by the source right after the response arrived; CLOCK_MONOTONIC is
    system-wide on Linux). The same run with an in-process source polled at 100 Hz (no protocol)
    gives ``direct_p99_ms``: the difference is what Modbus adds. Rules k=1 of n=1, window 10,
-   hop 1, as in benchmarks/latency.py.
+   hop 1, as in benchmarks/latency.py. The same for ``opcua`` (an asyncua server in a child
+   process writing a row every 10 ms, the agent subscribed with a 10 ms publishing interval) and
+   ``mqtt`` (a child process publishing one JSON row every 10 ms to the same mosquitto):
+   latency from the source's ``received_mono`` (when the data change or message arrived).
 2. **CPU** (``modbus_cpu_pct``): a :class:`agent.sources.modbus.ModbusSource` alone (no
    scoring) polling a 100-register map (100 uint16 channels, one request) at 10 Hz for
    ``--seconds``: this process's CPU time / wall time (the server is in the child process), and
@@ -23,7 +26,7 @@ A benchmark, not a test: it prints figures and never asserts them. Measured for 
 3. **Sustained readings/s** with scoring on, pinned to CPU 0: the agent polling as fast as the
    server answers (poll_interval_s 0.0001), hop 1, for ``--seconds``.
 
-The last line is ``modbus_p99_ms=... opcua_p99_ms=nan mqtt_p99_ms=nan modbus_cpu_pct=...``.
+The last line is ``modbus_p99_ms=... opcua_p99_ms=... mqtt_p99_ms=... modbus_cpu_pct=...``.
 """
 
 from __future__ import annotations
@@ -46,10 +49,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from ingest_devices import PumpDevice, mqtt_device, opcua_device  # noqa: E402
 from latency import (  # noqa: E402
     MOSQUITTO_BIN,
     SKAB_CHANNELS,
-    SPIKE_STD,
     Broker,
     Subscriber,
     _free_port,
@@ -70,24 +73,11 @@ from agent.sources.modbus import ModbusSource  # noqa: E402
 from agent.sources.modbus_config import ModbusConfig  # noqa: E402
 from agent.sources.modbus_map import encode_float32  # noqa: E402
 from agent.sources.modbus_sim import SimServer  # noqa: E402
-from agent.sources.simulator import DEFAULT_CHANNEL, PUMP_CHANNELS  # noqa: E402
+from agent.sources.mqtt_in import MqttInSource  # noqa: E402
+from agent.sources.opcua import OpcuaSource  # noqa: E402
 
 CALIBRATION = 400
 WAIT_S = 5.0
-
-
-class PumpDevice:
-    """A pump's 8 values: a fresh noisy row per read; ``spike`` adds SPIKE_STD noise std."""
-
-    def __init__(self, seed: int = 1) -> None:
-        models = [PUMP_CHANNELS.get(c, DEFAULT_CHANNEL) for c in SKAB_CHANNELS]
-        self.level = np.array([m.level + 2 / 3 * m.load_gain for m in models])
-        self.std = np.array([m.noise_std for m in models])
-        self.rng = np.random.default_rng(seed)
-
-    def row(self, spike: bool) -> np.ndarray:
-        values = self.level + self.std * self.rng.standard_normal(len(self.level))
-        return values + SPIKE_STD * self.std if spike else values
 
 
 class PumpServer(SimServer):
@@ -180,11 +170,13 @@ class DirectSource:
             due += self.interval
 
 
-def run_latency(kind: str, alerts: int, broker: Broker, server: ServerProcess,
-                workdir: Path) -> np.ndarray:
-    """Read -> alert delivered latencies (seconds) of ``alerts`` spikes; kind modbus/direct."""
+def run_latency(kind: str, alerts: int, broker: Broker, server: Any,
+                workdir: Path, source_config: Any = None) -> np.ndarray:
+    """Read -> alert delivered latencies (seconds) of ``alerts`` spikes; kind modbus/direct, or
+    opcua/mqtt with their ``source_config`` (``server`` is then their device process)."""
     device, stream = f"bench-{kind}", "pump"
-    source_config = _modbus_config(server.port, 0.01, PUMP_MAP)
+    if source_config is None:
+        source_config = _modbus_config(server.port, 0.01, PUMP_MAP)
     config = AgentConfig(
         agent=AgentSection(device_id=device, state_dir=str(workdir / kind),
                            console_alerts=False, log_level="WARNING"),
@@ -196,8 +188,10 @@ def run_latency(kind: str, alerts: int, broker: Broker, server: ServerProcess,
         mqtt=MqttConfig(enabled=True, host=broker.host, port=broker.port, topic_prefix="bench",
                         client_id=f"bench-{kind}-agent"),
     ).resolved(workdir)
-    inner: Any = (ModbusSource(source_config, stream) if kind == "modbus"
-                  else DirectSource(stream, 0.01, server.spike))
+    inner: Any = {"modbus": lambda: ModbusSource(source_config, stream),
+                   "opcua": lambda: OpcuaSource(source_config, stream),
+                   "mqtt": lambda: MqttInSource(source_config, stream),
+                   "direct": lambda: DirectSource(stream, 0.01, server.spike)}[kind]()
     source = Timed(inner)
     subscriber = Subscriber(broker.host, broker.port, f"bench/{device}/alerts")
     agent = Agent(config, Metrics(), console=None, sources={stream: source})
@@ -298,6 +292,18 @@ def main() -> None:
             try:
                 lat = {kind: run_latency(kind, args.alerts, broker, server, workdir)
                        for kind in ("direct", "modbus")}
+                opc, opc_config = opcua_device(0.01)
+                try:
+                    lat["opcua"] = run_latency("opcua", args.alerts, broker, opc, workdir,
+                                               opc_config)
+                finally:
+                    opc.close()
+                pub, mqtt_config = mqtt_device(broker.host, broker.port, 0.01)
+                try:
+                    lat["mqtt"] = run_latency("mqtt", args.alerts, broker, pub, workdir,
+                                              mqtt_config)
+                finally:
+                    pub.close()
             finally:
                 broker.stop()
             print("read -> alert delivered (ms), 100 Hz polls, k=1 of n=1, window 10, hop 1:")
@@ -313,8 +319,8 @@ def main() -> None:
     print(f"CPU per 1,000 registers/s polled: {cpu100 / 10:.2f} % of one core "
           f"(100 registers at 100 Hz)")
     print(f"sustained modbus readings/s, scoring on, pinned to CPU 0: {rate:.0f}")
-    print("opcua and mqtt sources: not measured by this script yet (nan)")
-    print(f"modbus_p99_ms={_p(lat['modbus'], 99):.2f} opcua_p99_ms=nan mqtt_p99_ms=nan "
+    print(f"modbus_p99_ms={_p(lat['modbus'], 99):.2f} opcua_p99_ms={_p(lat['opcua'], 99):.2f} "
+          f"mqtt_p99_ms={_p(lat['mqtt'], 99):.2f} "
           f"modbus_cpu_pct={cpu10:.2f} direct_p99_ms={_p(lat['direct'], 99):.2f} "
           f"modbus_readings_per_s={rate:.0f}")
 

@@ -1,6 +1,6 @@
 """Pump devices that speak OPC UA or MQTT, each in a child process, for benchmarks/ingest.py.
 
-Both make a new pump-like row of 8 values (``ingest.PumpDevice``) every ``period_s`` and, while
+Both make a new pump-like row of 8 values (:class:`PumpDevice`) every ``period_s`` and, while
 the shared ``spike`` flag is set, rows with a spike. The OPC UA device is an asyncua server whose
 ``Pump1.<channel>`` variables are written in one server-loop coroutine per row (so one publish
 never mixes two rows); the MQTT device publishes one JSON object per row (QoS 0, the row time in
@@ -10,18 +10,38 @@ never mixes two rows); the MQTT device publishes one JSON object per row (QoS 0,
 
 from __future__ import annotations
 
+import asyncio
+import datetime as dt
 import json
 import multiprocessing as mp
 import time
 from collections.abc import Callable
 from typing import Any
 
-from latency import SKAB_CHANNELS, _free_port
+import numpy as np
+import paho.mqtt.client as mqtt
+from latency import SKAB_CHANNELS, SPIKE_STD, _free_port
+from paho.mqtt.enums import CallbackAPIVersion
 
 from agent.sources.mqtt_in_config import MqttInConfig
 from agent.sources.opcua_config import OpcuaConfig
+from agent.sources.simulator import DEFAULT_CHANNEL, PUMP_CHANNELS
 
 TOPIC = "bench/pump1/telemetry"
+
+
+class PumpDevice:
+    """A pump's 8 values: a fresh noisy row per read; ``spike`` adds SPIKE_STD noise std."""
+
+    def __init__(self, seed: int = 1) -> None:
+        models = [PUMP_CHANNELS.get(c, DEFAULT_CHANNEL) for c in SKAB_CHANNELS]
+        self.level = np.array([m.level + 2 / 3 * m.load_gain for m in models])
+        self.std = np.array([m.noise_std for m in models])
+        self.rng = np.random.default_rng(seed)
+
+    def row(self, spike: bool) -> np.ndarray:
+        values = self.level + self.std * self.rng.standard_normal(len(self.level))
+        return values + SPIKE_STD * self.std if spike else values
 
 
 def _node_name(channel: str) -> str:
@@ -29,11 +49,7 @@ def _node_name(channel: str) -> str:
 
 
 def _opcua_main(port: int, period_s: float, spike: Any, ready: Any, stop: Any) -> None:
-    import asyncio
-    import datetime as dt
-
-    from asyncua import Server, ua
-    from ingest import PumpDevice
+    from asyncua import Server, ua  # noqa: PLC0415 - the extra 'opcua', only in the child
 
     async def serve() -> None:
         server = Server()
@@ -65,10 +81,6 @@ def _opcua_main(port: int, period_s: float, spike: Any, ready: Any, stop: Any) -
 
 def _mqtt_main(host: str, port: int, period_s: float, spike: Any, ready: Any,
                stop: Any) -> None:
-    import paho.mqtt.client as mqtt
-    from ingest import PumpDevice
-    from paho.mqtt.enums import CallbackAPIVersion
-
     client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="bench-pump")
     client.connect(host, port)
     client.loop_start()
