@@ -72,6 +72,12 @@ from agent.records import Aggregate, Alert, Float32Array, Reading, iso_utc
 from agent.services.camera import CameraStream, build_camera_stream
 from agent.services.model_slot import ModelSlot
 from agent.services.model_store import ModelStore
+from agent.services.package_guard import (
+    HIGH_WATER_FILE,
+    HighWater,
+    PackageGuard,
+    load_rollback_policy,
+)
 from agent.services.samples import SampleCollector, SampleUploader, config_hash
 from agent.services.supervisor import SourceSupervisor
 from agent.services.updater import StreamHandle, Updater
@@ -737,8 +743,14 @@ def _build_updater(agent: Agent, store: ModelStore, keys: TrustedKeys) -> Update
         hist = agent.metrics.inference_seconds.labels(stream=stream, backend=backend.name)
         return _TimedBackend(backend, hist.observe)
 
-    return Updater(config.updater, client, store, handles, config.agent.device_id, keys,
-                   agent.metrics, wrap_backend=wrap, clock=agent.clock)
+    uc = config.updater
+    guard = PackageGuard(
+        HighWater(store.root / HIGH_WATER_FILE),
+        load_rollback_policy(uc.rollback_keys_dir, uc.rollback_max_age_s, keys),
+        config.agent.device_id, uc.max_archive_bytes, agent.clock,
+    )
+    return Updater(uc, client, store, handles, config.agent.device_id, keys,
+                   agent.metrics, wrap_backend=wrap, clock=agent.clock, guard=guard)
 
 
 def _build_samples(agent: Agent) -> SampleUploader:

@@ -8,7 +8,9 @@
   that version. paused/halted: nothing (204: keep what runs). aborted: if the device may run the
   version (reported accepted/shadow/active, or its last known model is it) and it ran an older
   registry version before, that version, with a :class:`~cloud_sync.protocol.SignedRollback`
-  signed by the fleet's key; without a fleet signing key, nothing (devices keep what they run).
+  for this device and the asked stream, signed at each request (fresh ``issued_at``) by the
+  fleet's rollback key (``--rollback-key``, never the package key); without one, nothing
+  (devices keep what they run).
 * Reports (``POST /v1/models/status``): stored in ``model_status_reports``; the device's row of
   the rollout gets the state and reason; ``active`` also updates the device's model columns.
   When the failed devices (rejected/rolled_back; canary devices only while in canary) reach
@@ -214,7 +216,7 @@ class RolloutService:
             return None
         key_id, key = self._signer
         rollback = sign_rollback(
-            key, key_id, device_id=device_id, name=row.model_name,
+            key, key_id, device_id=device_id, stream=stream, name=row.model_name,
             from_version=int(row.model_version), to_version=prev,
             clock=lambda: self._clock().timestamp(),
         )

@@ -37,7 +37,7 @@ def mclient(
     settings: Settings, engine: Engine, keys: tuple[Path, Path]
 ) -> Iterator[TestClient]:
     s = Settings(**{**settings.__dict__, "trusted_keys_dir": keys[1],
-                    "signing_key_file": keys[0]})
+                    "rollback_key_file": keys[0]})
     with TestClient(create_app(s, engine)) as tc:
         yield tc
 
@@ -184,10 +184,11 @@ def test_abort_falls_back_with_signed_rollback(
     assert report(mclient, fleet["gw1"], "gw1", "active", rollout_id=r2["id"]).status_code == 204
     r = mclient.post(f"/v1/rollouts/{r2['id']}/abort", headers=admin)
     assert r.json()["state"] == "aborted"
-    got = assigned(mclient, fleet["gw1"])
+    got = assigned(mclient, fleet["gw1"], "pump")  # the rollback names the asked stream
     assert got is not None and got.version == 1 and got.rollback is not None
     rb: SignedRollback = got.rollback
-    assert (rb.device_id, rb.name, rb.from_version, rb.to_version) == ("gw1", "skab-wstat", 2, 1)
+    assert (rb.device_id, rb.stream, rb.name, rb.from_version, rb.to_version) == (
+        "gw1", "pump", "skab-wstat", 2, 1)
     verify_rollback(rb, load_public_keys(keys[1]))
     assert assigned(mclient, fleet["gw2"]) is None  # never ran v2: keeps v1
     assert mclient.post(f"/v1/rollouts/{r2['id']}/resume", headers=admin).status_code == 409
