@@ -139,6 +139,8 @@ class FleetState:
     requests: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)
     drop_after: int | None = None
     ignore_range: bool = False
+    #: Answer every poll with the assignment, whatever stream it names (a hostile fleet).
+    unfiltered: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -174,7 +176,7 @@ class _Handler(BaseHTTPRequestHandler):
         if url.path == "/v1/models/assignment":
             stream = parse_qs(url.query).get("stream", [""])[0]
             a = st.assignment
-            if a is None or a.get("stream") not in (None, stream):
+            if a is None or (not st.unfiltered and a.get("stream") not in (None, stream)):
                 self._send(204)
             else:
                 self._send(200, json.dumps(a).encode(), {"Content-Type": "application/json"})
@@ -290,6 +292,7 @@ class FakeFleet:
                 self.state.archives[str(a["url"])] = Served(
                     str(a["name"]), int(a["version"]), data)
             self.state.assignment = a
+            self.state.unfiltered = True
 
     def states(self, stream: str | None = None) -> list[tuple[int, str]]:
         """(version, state) of every report so far, in order."""
