@@ -2,7 +2,8 @@
 
 * Before the download: the announced ``archive_size`` is at most ``updater.max_archive_bytes``
   (names, stream and url were checked when the assignment was parsed,
-  :class:`cloud_sync.protocol.ModelAssignment`).
+  :class:`cloud_sync.protocol.ModelAssignment`), and anti-rollback on the assigned name and
+  version, so a refused rollback costs no download.
 * After the download, before anything is unpacked (the check hook of
   :func:`cloud_sync.archive.unpack_verified`, which has verified the manifest's signature): the
   archive holds the assigned ``name@version``, and anti-rollback across names
@@ -35,7 +36,7 @@ from pydantic import Field
 
 from agent.config.base import StrictModel
 from agent.errors import ConfigError
-from cloud_sync.errors import KeyFileError, PackageFormatError
+from cloud_sync.errors import KeyFileError, PackageError, PackageFormatError
 from cloud_sync.manifest import Manifest
 from cloud_sync.package import TrustedKeys, load_public_keys
 from cloud_sync.protocol import MAX_ARCHIVE_BYTES, PACKAGE_NAME_PATTERN, ModelAssignment
@@ -152,13 +153,23 @@ class PackageGuard:
         self.max_archive_bytes = max_archive_bytes
         self.clock = clock
 
-    def before_download(self, a: ModelAssignment) -> str | None:
-        """The reason to refuse ``a`` without downloading it, or None."""
+    def before_download(
+        self, a: ModelAssignment, stream: str, running: tuple[str, int]
+    ) -> str | None:
+        """The reason to refuse ``a`` without downloading it, or None.
+
+        Checks the announced size, and anti-rollback on the assignment's name and version (the
+        manifest is checked again after the download: it must be the assigned package).
+        """
         if self.high_water.broken is not None:
             return self.high_water.broken
         if a.archive_size > self.max_archive_bytes:
             return (f"announced archive size {a.archive_size} bytes exceeds "
                     f"updater.max_archive_bytes {self.max_archive_bytes}; not downloaded")
+        try:
+            self._anti_rollback(stream, running, a, a.name, a.version)
+        except PackageError as exc:
+            return f"{type(exc).__name__}: {exc}; not downloaded"
         return None
 
     def check(
@@ -183,16 +194,22 @@ class PackageGuard:
         if (manifest.name, manifest.version) != (a.name, a.version):
             raise PackageFormatError(
                 f"archive holds {label}, not the assigned {a.name}@{a.version}", label)
+        self._anti_rollback(stream, running, a, manifest.name, manifest.version)
+
+    def _anti_rollback(
+        self, stream: str, running: tuple[str, int], a: ModelAssignment, name: str, version: int
+    ) -> None:
+        label = f"{name}@{version}"
         marks = self.high_water.marks(stream)
-        floor = rollback_floor(manifest.name, manifest.version, running, marks)
+        floor = rollback_floor(name, version, running, marks)
         if floor is None:
-            if manifest.name not in marks and len(marks) >= MAX_NAMES:
+            if name not in marks and len(marks) >= MAX_NAMES:
                 raise PackageFormatError(f"stream {stream} has run {MAX_NAMES} model names "
                                          "already; no new name is accepted", label)
             return
         check_rollback(
-            a.rollback, device_id=self.device_id, stream=stream, name=manifest.name,
-            from_version=floor, to_version=manifest.version, policy=self.policy,
+            a.rollback, device_id=self.device_id, stream=stream, name=name,
+            from_version=floor, to_version=version, policy=self.policy,
             now=self.clock(), where=label,
         )
 

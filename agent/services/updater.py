@@ -311,7 +311,8 @@ class Updater:
         self._update(h, a)
 
     def _update(self, h: StreamHandle, a: ModelAssignment) -> None:
-        refused = self.guard.before_download(a)
+        m = h.slot.package.manifest
+        refused = self.guard.before_download(a, h.name, (m.name, m.version))
         if refused is not None:
             self._reject(h, a, refused)
             return

@@ -159,6 +159,7 @@ def test_hostile_fleet_gets_nothing(
                 lambda rb=rb: fleet.serve(_a("skab-wstat", 1, rollback=rb), old),  # type: ignore[misc]
                 reason)
             assert agent.streams["pump"].package.label == "skab-other@1"
+            assert not attacks.requested("/v1/models/skab-wstat/1/package")  # not downloaded
         # the one valid rollback for exactly this device, stream, name and versions
         fleet.serve(_a("skab-wstat", 1, rollback=rollback()), old)
         _wait_for(lambda: agent.streams["pump"].package.label == "skab-wstat@1")

@@ -76,7 +76,7 @@ def test_unreadable_high_water_refuses_every_package(tmp_path: Path) -> None:
     hw = HighWater(tmp_path / "hw.json")
     guard = PackageGuard(hw, None, "gw1", 10**9, clock=lambda: NOW)
     a = ModelAssignment.model_validate(_assignment())
-    assert "unreadable" in str(guard.before_download(a))
+    assert "unreadable" in str(guard.before_download(a, "pump", ("skab-wstat", 1)))
     with pytest.raises(PackageFormatError, match="unreadable"):
         guard.check("pump", ("skab-wstat", 1), a, _manifest("skab-wstat", 2))
     hw.ran("pump", "skab-wstat", 2)  # never overwrites the broken file with fresh marks
@@ -85,9 +85,14 @@ def test_unreadable_high_water_refuses_every_package(tmp_path: Path) -> None:
 
 def test_announced_size_is_bounded_before_download(tmp_path: Path) -> None:
     guard = PackageGuard(HighWater(tmp_path / "hw.json"), None, "gw1", 5000)
-    assert guard.before_download(ModelAssignment.model_validate(_assignment())) is None
+    running = ("skab-wstat", 1)
+    ok = ModelAssignment.model_validate(_assignment())
+    assert guard.before_download(ok, "pump", running) is None
     big = ModelAssignment.model_validate(_assignment(archive_size=5001))
-    assert "exceeds updater.max_archive_bytes" in str(guard.before_download(big))
+    assert "exceeds updater.max_archive_bytes" in str(guard.before_download(big, "pump", running))
+    # anti-rollback is checked on the assignment too: a refused rollback costs no download
+    old = ModelAssignment.model_validate(_assignment(version=1))
+    assert "RollbackRefused" in str(guard.before_download(old, "pump", running))
 
 
 @pytest.fixture
