@@ -3,9 +3,11 @@
 Layout under ``<state_dir>/models/``::
 
     incoming/<name>-<version>.tar.gz(.part)   downloads (resumable)
-    incoming/<name>-<version>/                unpacked, not yet verified
+    incoming/<name>-<version>/                being extracted (manifest already verified)
     <name>-<version>/                         verified packages (active, previous, candidate)
     active.json                               per stream: active and previous package
+    high_water.json                           per stream: newest version run per model name
+                                              (agent.services.package_guard)
 
 ``active.json`` (written atomically: temporary file, fsync, rename, fsync of the directory)::
 

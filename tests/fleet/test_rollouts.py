@@ -13,12 +13,14 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine
+from sqlalchemy import Engine, create_engine
 
 from cloud_sync.package import load_public_keys, verify_rollback
 from cloud_sync.protocol import ModelAssignment, SignedRollback
 from fleet.app import create_app
+from fleet.errors import ConfigError
 from fleet.registry.policy import pick_canaries
+from fleet.registry.wiring import build_model_loop
 from fleet.settings import Settings
 from tests.fleet.conftest import enroll
 from tests.fleet.model_pkg import archive, make_keys
@@ -255,3 +257,16 @@ def test_rollout_validation(
     assert assigned(mclient, fleet["gw3"], "pump2") is None
     got = assigned(mclient, fleet["gw3"], "pump1")
     assert got is not None and got.stream == "pump1" and got.rollout_id == ro["id"]
+
+
+def test_rollback_key_must_not_be_the_package_signing_key(tmp_path: Path) -> None:
+    """The fleet's rollback role is a key of its own (devices trust it for rollbacks only)."""
+    key, _ = make_keys(tmp_path / "k")
+    other, _ = make_keys(tmp_path / "k2", "fleet-rollback")
+    eng = create_engine("sqlite://")
+    base = Settings(db_url="sqlite://", admin_token="x", state_dir=tmp_path)
+    same = Settings(**{**base.__dict__, "signing_key_file": key, "rollback_key_file": key})
+    with pytest.raises(ConfigError, match="same key"):
+        build_model_loop(same, eng)
+    ok = Settings(**{**base.__dict__, "signing_key_file": key, "rollback_key_file": other})
+    assert build_model_loop(ok, eng).rollouts is not None
