@@ -188,7 +188,7 @@ class Updater:
         store: Installed packages and ``active.json``.
         streams: Handles by stream name.
         device_id: This gateway (status reports; signed rollbacks must name it).
-        trusted_keys: Pinned public keys by key id.
+        trusted_keys: Package-signing keys by key id (never the rollback keys).
         metrics: ``model_updates_total``, ``model_version``, ``shadow_windows``.
         wrap_backend: Wraps a candidate's backend for a stream (inference timing).
         clock: Wall clock, epoch seconds UTC (report stamps).

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from agent.config.loader import parse_config
 from agent.errors import ConfigError
 from agent.services.package_guard import (
     HighWater,
@@ -16,6 +17,7 @@ from agent.services.package_guard import (
     load_rollback_policy,
     salvage,
 )
+from agent.services.updater import UpdaterConfig
 from cloud_sync.errors import PackageFormatError, RollbackRefused
 from cloud_sync.manifest import Manifest
 from cloud_sync.package import generate_keypair, load_private_key, load_public_keys, sign_rollback
@@ -187,3 +189,16 @@ def test_a_key_in_both_trust_sets_is_refused(tmp_path: Path) -> None:
                                   load_public_keys(tmp_path / "pkg"))
     assert policy is not None and set(policy.keys) == {"fleet-rb"}
     assert load_rollback_policy(None, 600.0, {}) is None
+
+
+def test_updater_config_of_the_guard(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="separate trust sets"):
+        UpdaterConfig(trusted_keys_dir="k", rollback_keys_dir="k")
+    with pytest.raises(ValidationError):
+        UpdaterConfig(max_archive_bytes=2**40)
+    base = '[[streams]]\nname = "a"\n[streams.source]\nkind = "simulator"\n'
+    cfg = parse_config(base + '[updater]\ntrusted_keys_dir = "k"\nrollback_keys_dir = "rb"\n',
+                       env={}).resolved(tmp_path)
+    assert cfg.updater.rollback_keys_dir == str(tmp_path / "rb")
+    assert cfg.updater.trusted_keys_dir == str(tmp_path / "k")
+    assert cfg.updater.max_archive_bytes == 256 * 1024 * 1024
