@@ -7,7 +7,8 @@ A package archive (format: :mod:`cloud_sync.package`) comes from the network. Re
   :data:`MAX_META_HEADERS` per archive BEFORE Python's :mod:`tarfile` reads them (it reads a
   header's whole announced size into memory: a 1 GiB PAX header in a 1 MB archive is 1 GiB);
 * only regular files and directory entries with safe relative names (no ``..``, absolute path,
-  backslash or NUL); links, devices, FIFOs, sparse and continued files are refused.
+  backslash or NUL); links, devices, FIFOs, sparse (GNU or PAX) and continued files are refused
+  (sparse maps are refused as their headers are read: their extension chains have no bound).
 
 :func:`unpack_verified` reads the archive twice. Pass 1 writes nothing: it finds
 ``manifest.json`` (at most :data:`MAX_MANIFEST_BYTES`), checks its Ed25519 signature with the
@@ -68,6 +69,8 @@ class _BoundedTarInfo(tarfile.TarInfo):
     """
 
     def _proc_member(self, tf: tarfile.TarFile) -> tarfile.TarInfo:
+        if self.type == tarfile.GNUTYPE_SPARSE:  # its extension headers chain without a bound
+            raise _Limit(f"entry {self.name!r} is a sparse file (refused)")
         if self.type in _META_TYPES:
             if self.size > MAX_META_BYTES:
                 raise _Limit(f"a tar meta header (PAX or GNU long name) of {self.size} bytes; "
@@ -78,6 +81,14 @@ class _BoundedTarInfo(tarfile.TarInfo):
                     raise _Limit(f"more than {MAX_META_HEADERS} tar meta headers")
         member: tarfile.TarInfo = super()._proc_member(tf)  # type: ignore[misc]
         return member
+
+
+    def _no_sparse(self, *_args: object) -> None:
+        # PAX GNU.sparse.* records: format 1.0 reads a map of any announced length from the
+        # data; no package is sparse, so every PAX sparse format is refused outright
+        raise _Limit("a PAX header describes a sparse file (refused)")
+
+    _proc_gnusparse_00 = _proc_gnusparse_01 = _proc_gnusparse_10 = _no_sparse
 
 
 class _BoundedTarFile(tarfile.TarFile):
@@ -98,7 +109,8 @@ class _Counted:
         self.limit = limit
 
     def read(self, size: int = -1) -> bytes:
-        want = self._left + 1 if size < 0 else min(size, self._left + 1)
+        """At most ``size`` bytes (``size < 0``: at most 1 MiB; tarfile never asks for all)."""
+        want = min(_CHUNK if size < 0 else size, self._left + 1)
         data = self._raw.read(want)
         self._left -= len(data)
         if self._left < 0:

@@ -175,3 +175,28 @@ def test_non_regular_members_are_refused(tmp_path: Path, keys: tuple[Path, Path]
         unpack_verified(_write(tmp_path, buf.getvalue()), tmp_path / "out",
                         load_public_keys(keys[1]), max_bytes=MAX)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("major", "minor"), [("0", "0"), ("0", "1"), ("1", "0")])
+def test_pax_sparse_members_are_refused_at_their_header(
+    tmp_path: Path, keys: tuple[Path, Path], major: str, minor: str
+) -> None:
+    """PAX GNU.sparse.* (format 1.0 reads a sparse map of any announced length from the data)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("model.int8.onnx")
+        info.size = 512
+        info.pax_headers = {"GNU.sparse.major": major, "GNU.sparse.minor": minor,
+                            "GNU.sparse.name": "model.int8.onnx", "GNU.sparse.realsize": "512",
+                            "GNU.sparse.size": "512", "GNU.sparse.numblocks": "1",
+                            "GNU.sparse.offset": "0", "GNU.sparse.numbytes": "512",
+                            "GNU.sparse.map": "0,512"}
+        tar.addfile(info, io.BytesIO(b"1\n0\n512\n".ljust(512, b"\0")))
+    for run in (
+        lambda: unpack_verified(_write(tmp_path, buf.getvalue()), tmp_path / "out",
+                                load_public_keys(keys[1]), max_bytes=MAX),
+        lambda: unpack(_write(tmp_path, buf.getvalue()), tmp_path / "out"),
+    ):
+        with pytest.raises(PackageFormatError, match="sparse"):
+            run()
+    assert not (tmp_path / "out").exists()
