@@ -108,15 +108,19 @@ class HighWater:
     def ran(self, stream: str, name: str, version: int) -> None:
         """Record that ``stream`` runs ``name@version`` (raises the mark, never lowers it).
 
-        Raises:
-            OSError: the file cannot be written (the mark is kept in memory).
+        A file that cannot be written is logged (error); the mark is kept in memory and written
+        with the next change.
         """
         with self._lock:
             names = self._data.setdefault(stream, {})
             if names.get(name, 0) >= version or self.broken is not None:
                 return
             names[name] = version
-            self._write()
+            try:
+                self._write()
+            except OSError as exc:
+                log.error("cannot write %s (%s): the model high-water mark %s@%d of stream %s "
+                          "is kept in memory only", self.path, exc, name, version, stream)
 
     def _write(self) -> None:
         tmp = self.path.with_name(f".{self.path.name}.tmp")

@@ -202,3 +202,13 @@ def test_updater_config_of_the_guard(tmp_path: Path) -> None:
     assert cfg.updater.rollback_keys_dir == str(tmp_path / "rb")
     assert cfg.updater.trusted_keys_dir == str(tmp_path / "k")
     assert cfg.updater.max_archive_bytes == 256 * 1024 * 1024
+
+
+def test_high_water_write_failure_keeps_the_mark_in_memory(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    hw = HighWater(tmp_path / "hw.json")
+    (tmp_path / ".hw.json.tmp").mkdir()  # the temporary file cannot be created
+    hw.ran("pump", "skab-wstat", 6)
+    assert hw.marks("pump") == {"skab-wstat": 6}
+    assert "kept in memory only" in caplog.text
