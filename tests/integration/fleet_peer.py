@@ -36,10 +36,12 @@ class FleetProcess:
     """One fleet server process with its SQLite database in ``workdir``."""
 
     def __init__(
-        self, workdir: Path, device_id: str = "gw1", db_url: str | None = None, workers: int = 1
+        self, workdir: Path, device_id: str = "gw1", db_url: str | None = None, workers: int = 1,
+        serve_args: list[str] | None = None,
     ) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         self.workers = workers
+        self.serve_args = list(serve_args or [])
         self.workdir = workdir
         self.db_path = workdir / "fleet.db"
         self.db_url = db_url or f"sqlite:///{self.db_path}"
@@ -60,7 +62,7 @@ class FleetProcess:
             self._proc = subprocess.Popen(
                 [*fleet_command(), "serve", "--db", self.db_url, "--port", str(self.port),
                  "--state-dir", str(self.workdir), "--log-level", "warning",
-                 "--workers", str(self.workers)],
+                 "--workers", str(self.workers), *self.serve_args],
                 env=self.env, stdout=log, stderr=subprocess.STDOUT,
             )
         deadline = time.monotonic() + timeout_s

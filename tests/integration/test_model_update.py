@@ -105,7 +105,7 @@ def rollback_keys(tmp_path: Path) -> tuple[Path, Path]:
 def _agent(tmp_path: Path, fleet: FakeFleet, trusted: Path, source: FlowingSource,
            monkeypatch: pytest.MonkeyPatch, shadow: int = 50,
            model: str = "builtin:skab-wstat", poll_s: float = 0.2,
-           rollback_keys: Path | None = None, extra: str = "") -> Agent:
+           rollback_keys: Path | None = None) -> Agent:
     monkeypatch.setenv("EDGE_TEST_TOKEN", TOKEN)
     text = f"""
 [agent]
@@ -131,7 +131,6 @@ acceptance_runs = 20
 """
     if rollback_keys is not None:
         text += f'rollback_keys_dir = "{rollback_keys}"\n'
-    text += extra
     config = parse_config(text, env={}).resolved(tmp_path)
     return Agent(config, sources={"pump": source})
 
