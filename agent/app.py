@@ -76,6 +76,7 @@ from agent.services.package_guard import (
     HIGH_WATER_FILE,
     HighWater,
     PackageGuard,
+    load_keys_dir,
     load_rollback_policy,
 )
 from agent.services.samples import SampleCollector, SampleUploader, config_hash
@@ -91,7 +92,7 @@ from agent.sources.simulator import SimulatorConfig
 from agent.store.parts import RepeatPolicy
 from agent.store.sqlite import Store
 from agent.systemd import Notifier, watchdog_interval_s
-from cloud_sync.package import KeyFileError, TrustedKeys, load_public_keys
+from cloud_sync.package import TrustedKeys
 
 log = logging.getLogger("agent")
 
@@ -711,14 +712,7 @@ def _preset_calibration(package: ModelPackage, device_id: str, stream: str) -> C
 def _open_model_store(config: AgentConfig) -> tuple[ModelStore, TrustedKeys]:
     """``<state_dir>/models`` and the pinned keys of ``[updater]``; ConfigError on bad keys."""
     assert config.updater.trusted_keys_dir is not None  # UpdaterConfig requires it when enabled
-    try:
-        keys = load_public_keys(Path(config.updater.trusted_keys_dir))
-    except KeyFileError as exc:
-        msg = f"updater.trusted_keys_dir: {exc}"
-        raise ConfigError(msg, problems=[msg]) from exc
-    if not keys:
-        msg = f"updater.trusted_keys_dir: no *.pub key in {config.updater.trusted_keys_dir}"
-        raise ConfigError(msg, problems=[msg])
+    keys = load_keys_dir(config.updater.trusted_keys_dir, "updater.trusted_keys_dir")
     return ModelStore(Path(config.agent.state_dir) / "models"), keys
 
 

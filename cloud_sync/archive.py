@@ -327,21 +327,35 @@ def unpack_verified(
     if check is not None:
         check(manifest)
     label = manifest_label(manifest)
+
+    def fill(tmp: Path) -> None:
+        _write_new(tmp / MANIFEST, manifest_bytes)
+        _extract_named(archive, tmp, manifest, max_bytes, max_members)
+
+    build_dir(dest_dir, fill, label)
+    return manifest
+
+
+def build_dir(dest_dir: Path, fill: Callable[[Path], None], where: str) -> None:
+    """Create ``dest_dir`` (which must not exist) by ``fill`` of a temporary sibling directory,
+    renamed to it only when ``fill`` succeeded; on any failure the sibling is removed.
+
+    Raises:
+        PackageFormatError: ``dest_dir`` exists, or entries collide (file vs directory).
+    """
     if dest_dir.exists():
-        raise PackageFormatError(f"destination {dest_dir} already exists", package=label)
+        raise PackageFormatError(f"destination {dest_dir} already exists", package=where)
     dest_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest_dir.name}.", dir=dest_dir.parent))
     try:
-        _write_new(tmp / MANIFEST, manifest_bytes)
-        _extract_named(archive, tmp, manifest, max_bytes, max_members)
+        fill(tmp)
         os.replace(tmp, dest_dir)
     except (FileExistsError, NotADirectoryError, IsADirectoryError) as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise PackageFormatError(f"entries collide (file vs directory): {exc}", label) from exc
+        raise PackageFormatError(f"entries collide (file vs directory): {exc}", where) from exc
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return manifest
 
 
 def _write_new(path: Path, data: bytes) -> None:

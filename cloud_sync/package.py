@@ -34,9 +34,7 @@ import hashlib
 import io
 import json
 import os
-import shutil
 import tarfile
-import tempfile
 import time
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
@@ -44,6 +42,7 @@ from typing import IO, Any
 from cloud_sync.archive import (
     MANIFEST,
     MAX_MANIFEST_BYTES,
+    build_dir,
     iter_files,
     open_bounded,
     parse_manifest_bytes,
@@ -322,32 +321,20 @@ def unpack(
             ``dest_dir`` exists.
     """
     where = str(archive)
-    if dest_dir.exists():
-        raise PackageFormatError(f"destination {dest_dir} already exists", package=where)
-    dest_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest_dir.name}.", dir=dest_dir.parent))
-    try:
-        _extract(archive, tmp, max_bytes, max_members, where)
-        os.replace(tmp, dest_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    build_dir(dest_dir, lambda tmp: _extract(archive, tmp, max_bytes, max_members, where), where)
 
 
 def _extract(archive: Path, dest: Path, max_bytes: int, max_members: int, where: str) -> None:
     total = 0
-    try:
-        with open_bounded(archive, read_limit(max_bytes, max_members), where) as tar:
-            for member in iter_files(tar, where, max_members):
-                if total + member.size > max_bytes:
-                    raise PackageFormatError(f"archive unpacks to over {max_bytes} bytes", where)
-                target = dest.joinpath(*safe_relpath(member.name, where).parts)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                src = tar.extractfile(member)
-                if src is None:  # pragma: no cover - regular members always have data
-                    raise PackageFormatError(f"entry {member.name!r} has no data", where)
-                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                with src, os.fdopen(fd, "wb") as dst:
-                    total += _copy_limited(src, dst, max_bytes - total, where)
-    except (FileExistsError, NotADirectoryError, IsADirectoryError) as exc:
-        raise PackageFormatError(f"entries collide (file vs directory): {exc}", where) from exc
+    with open_bounded(archive, read_limit(max_bytes, max_members), where) as tar:
+        for member in iter_files(tar, where, max_members):
+            if total + member.size > max_bytes:
+                raise PackageFormatError(f"archive unpacks to over {max_bytes} bytes", where)
+            target = dest.joinpath(*safe_relpath(member.name, where).parts)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            src = tar.extractfile(member)
+            if src is None:  # pragma: no cover - regular members always have data
+                raise PackageFormatError(f"entry {member.name!r} has no data", where)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            with src, os.fdopen(fd, "wb") as dst:
+                total += _copy_limited(src, dst, max_bytes - total, where)

@@ -218,6 +218,23 @@ class PackageGuard:
         )
 
 
+def load_keys_dir(directory: str, key: str) -> TrustedKeys:
+    """The ``*.pub`` keys of a configured directory (``key`` names the config key).
+
+    Raises:
+        ConfigError: the directory or a key cannot be loaded, or it holds no key.
+    """
+    try:
+        keys = load_public_keys(Path(directory))
+    except KeyFileError as exc:
+        msg = f"{key}: {exc}"
+        raise ConfigError(msg, problems=[msg]) from exc
+    if not keys:
+        msg = f"{key}: no *.pub key in {directory}"
+        raise ConfigError(msg, problems=[msg])
+    return keys
+
+
 def load_rollback_policy(
     rollback_keys_dir: str | None, max_age_s: float, package_keys: TrustedKeys
 ) -> RollbackPolicy | None:
@@ -232,14 +249,7 @@ def load_rollback_policy(
     """
     if rollback_keys_dir is None:
         return None
-    try:
-        keys = load_public_keys(Path(rollback_keys_dir))
-    except KeyFileError as exc:
-        msg = f"updater.rollback_keys_dir: {exc}"
-        raise ConfigError(msg, problems=[msg]) from exc
-    if not keys:
-        msg = f"updater.rollback_keys_dir: no *.pub key in {rollback_keys_dir}"
-        raise ConfigError(msg, problems=[msg])
+    keys = load_keys_dir(rollback_keys_dir, "updater.rollback_keys_dir")
     package_raw = {_raw(k): kid for kid, k in package_keys.items()}
     for kid, key in keys.items():
         if _raw(key) in package_raw:
