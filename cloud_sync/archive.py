@@ -178,6 +178,8 @@ def iter_files(tar: tarfile.TarFile, where: str, max_members: int) -> Iterator[t
         safe_relpath(name, where)
         if member.isdir():
             continue
+        if member.size < 0:
+            raise PackageFormatError(f"entry {member.name!r} has a negative size", where)
         if member.type not in _REGULAR or member.sparse is not None:
             raise PackageFormatError(
                 f"entry {member.name!r} is not a regular file (links, devices, FIFOs, sparse "

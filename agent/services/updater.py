@@ -495,6 +495,8 @@ class Updater:
         digest = hashlib.sha256(exc.raw).hexdigest()
         if digest in self._invalid[h.name]:
             return
+        if len(self._invalid[h.name]) >= UNSENT_LIMIT:  # a fleet varying its answers: bounded
+            self._invalid[h.name].clear()
         self._invalid[h.name].add(digest)
         name, version, rollout_id = salvage(exc.raw)
         self._send(h, name, version, rollout_id, "rejected", f"assignment refused: {exc}", {})

@@ -200,3 +200,17 @@ def test_pax_sparse_members_are_refused_at_their_header(
         with pytest.raises(PackageFormatError, match="sparse"):
             run()
     assert not (tmp_path / "out").exists()
+
+
+def test_a_pax_size_that_is_negative_is_refused(tmp_path: Path, keys: tuple[Path, Path]) -> None:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("model.int8.onnx")
+        info.size = 4
+        info.pax_headers = {"size": "-5"}
+        tar.addfile(info, io.BytesIO(b"abcd"))
+    with pytest.raises(PackageFormatError, match="negative size"):
+        unpack(_write(tmp_path, buf.getvalue()), tmp_path / "out")
+    with pytest.raises(PackageFormatError, match="negative size"):
+        unpack_verified(_write(tmp_path, buf.getvalue()), tmp_path / "out",
+                        load_public_keys(keys[1]), max_bytes=MAX)
