@@ -289,6 +289,15 @@ def scan(
     return data, manifest
 
 
+def unlisted_files(directory: Path, manifest: Manifest) -> list[str]:
+    """Files under ``directory`` that are neither ``manifest.json`` nor a manifest artefact
+    (relative POSIX paths, sorted; e.g. what an older agent installed from an archive)."""
+    named = {MANIFEST, *(a.path for a in manifest.artefacts)}
+    found = (p.relative_to(directory).as_posix() for p in directory.rglob("*")
+             if not p.is_dir())
+    return sorted(f for f in found if f not in named)
+
+
 def manifest_label(manifest: Manifest) -> str:
     """``name@version``."""
     return f"{manifest.name}@{manifest.version}"

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from agent.config.loader import parse_config
 from agent.errors import ConfigError
+from agent.services.model_store import Installed, ModelStore
 from agent.services.package_guard import (
     HighWater,
     PackageGuard,
@@ -23,7 +24,7 @@ from cloud_sync.manifest import Manifest
 from cloud_sync.package import generate_keypair, load_private_key, load_public_keys, sign_rollback
 from cloud_sync.protocol import ModelAssignment
 from cloud_sync.rollback import RollbackPolicy
-from tests.integration.model_fleet import SOURCE_PACKAGE
+from tests.integration.model_fleet import SOURCE_PACKAGE, make_package
 
 NOW = 1_800_000_000.0
 SHA = "0" * 64
@@ -212,3 +213,15 @@ def test_high_water_write_failure_keeps_the_mark_in_memory(
     hw.ran("pump", "skab-wstat", 6)
     assert hw.marks("pump") == {"skab-wstat": 6}
     assert "kept in memory only" in caplog.text
+
+
+def test_an_installed_package_with_an_unnamed_file_is_not_loaded(tmp_path: Path) -> None:
+    """E.g. installed by an older agent that unpacked every archive member."""
+    priv, pub = generate_keypair(tmp_path / "keys")
+    store = ModelStore(tmp_path / "models")
+    installed = store.package_dir("skab-wstat", 3)
+    make_package(tmp_path, 3, priv).rename(installed)
+    store.set_active("pump", Installed("skab-wstat", 3, str(installed)), None)
+    assert store.load_active("pump", load_public_keys([pub])) is not None
+    (installed / "payload.bin").write_bytes(b"\x7fELF")
+    assert store.load_active("pump", load_public_keys([pub])) is None
