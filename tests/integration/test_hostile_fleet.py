@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from agent.services.package_guard import HighWater
 from cloud_sync.package import generate_keypair, key_id_of, load_private_key, pack, sign_rollback
 from tests.integration.model_fleet import FakeFleet, make_package, pax_bomb, tar_gz_with
 from tests.integration.test_model_update import (
@@ -170,6 +171,9 @@ def test_hostile_fleet_gets_nothing(
     assert models == ["active.json", "high_water.json", "incoming", "skab-other-1",
                       "skab-wstat-1"]
     assert list((state / "models" / "incoming").iterdir()) == []
+    # the marks a restart reads: the rollback to skab-wstat@1 did not lower skab-wstat's
+    assert HighWater(state / "models" / "high_water.json").marks("pump") == {
+        "skab-wstat": 6, "skab-other": 1}
     assert sorted(p.name for p in (state / "models" / "skab-wstat-1").iterdir()) == sorted(
         p.name for p in v6.iterdir())
     assert agent.metrics.registry.get_sample_value(
