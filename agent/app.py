@@ -74,6 +74,13 @@ from agent.services.camera import CameraStream, build_camera_stream
 from agent.services.fleet_transport import session_for
 from agent.services.model_slot import ModelSlot
 from agent.services.model_store import ModelStore
+from agent.services.package_guard import (
+    HIGH_WATER_FILE,
+    HighWater,
+    PackageGuard,
+    load_keys_dir,
+    load_rollback_policy,
+)
 from agent.services.samples import SampleCollector, SampleUploader, config_hash
 from agent.services.supervisor import SourceSupervisor
 from agent.services.updater import StreamHandle, Updater
@@ -87,7 +94,7 @@ from agent.sources.simulator import SimulatorConfig
 from agent.store.parts import RepeatPolicy
 from agent.store.sqlite import Store
 from agent.systemd import Notifier, watchdog_interval_s
-from cloud_sync.package import KeyFileError, TrustedKeys, load_public_keys
+from cloud_sync.package import TrustedKeys
 
 log = logging.getLogger("agent")
 
@@ -707,14 +714,7 @@ def _preset_calibration(package: ModelPackage, device_id: str, stream: str) -> C
 def _open_model_store(config: AgentConfig) -> tuple[ModelStore, TrustedKeys]:
     """``<state_dir>/models`` and the pinned keys of ``[updater]``; ConfigError on bad keys."""
     assert config.updater.trusted_keys_dir is not None  # UpdaterConfig requires it when enabled
-    try:
-        keys = load_public_keys(Path(config.updater.trusted_keys_dir))
-    except KeyFileError as exc:
-        msg = f"updater.trusted_keys_dir: {exc}"
-        raise ConfigError(msg, problems=[msg]) from exc
-    if not keys:
-        msg = f"updater.trusted_keys_dir: no *.pub key in {config.updater.trusted_keys_dir}"
-        raise ConfigError(msg, problems=[msg])
+    keys = load_keys_dir(config.updater.trusted_keys_dir, "updater.trusted_keys_dir")
     return ModelStore(Path(config.agent.state_dir) / "models"), keys
 
 
@@ -740,8 +740,14 @@ def _build_updater(agent: Agent, store: ModelStore, keys: TrustedKeys) -> Update
         hist = agent.metrics.inference_seconds.labels(stream=stream, backend=backend.name)
         return _TimedBackend(backend, hist.observe)
 
-    return Updater(config.updater, client, store, handles, config.agent.device_id, keys,
-                   agent.metrics, wrap_backend=wrap, clock=agent.clock)
+    uc = config.updater
+    guard = PackageGuard(
+        HighWater(store.root / HIGH_WATER_FILE),
+        load_rollback_policy(uc.rollback_keys_dir, uc.rollback_max_age_s, keys),
+        config.agent.device_id, uc.max_archive_bytes, agent.clock,
+    )
+    return Updater(uc, client, store, handles, config.agent.device_id, keys,
+                   agent.metrics, wrap_backend=wrap, clock=agent.clock, guard=guard)
 
 
 def _build_samples(agent: Agent) -> SampleUploader:

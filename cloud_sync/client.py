@@ -46,6 +46,7 @@ import urllib3
 from pydantic import ValidationError
 
 from cloud_sync.errors import (
+    AssignmentInvalid,
     FleetAuthError,
     FleetProtocolError,
     FleetRejected,
@@ -379,7 +380,8 @@ class FleetClient:
 
         Raises:
             FleetUnavailable, FleetAuthError, FleetRejected: as for :meth:`send`.
-            FleetProtocolError: a 200 whose body is not a :class:`ModelAssignment`.
+            AssignmentInvalid: a 200 whose body is not a :class:`ModelAssignment` (names and
+                paths are checked here, before anything is written).
         """
         deadline = self._monotonic() + self.connect_timeout_s + 2 * self.read_timeout_s
         resp = self._request(
@@ -397,8 +399,13 @@ class FleetClient:
         try:
             return ModelAssignment.model_validate_json(content)
         except ValidationError as exc:
-            raise FleetProtocolError(
-                f"200 response is not a ModelAssignment: {_detail(content)}"
+            problems = "; ".join(
+                f"{'.'.join(str(x) for x in e['loc']) or 'body'}: {e['msg']} "
+                f"(got {repr(e.get('input'))[:80]})"
+                for e in exc.errors()[:5]
+            )
+            raise AssignmentInvalid(
+                f"200 response is not a valid ModelAssignment: {problems}", content
             ) from exc
 
     def report_status(self, report: ModelStatusReport) -> None:

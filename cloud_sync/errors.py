@@ -10,7 +10,10 @@ Whether a failure is worth retrying is a property of the class (``retryable``)::
     │   └── FleetAuthError          (retryable, slowly) 401/403: token unknown or revoked; an
     │                                          operator may re-enroll the device
     ├── FleetProtocolError          (retryable) a 200 whose body is not a valid IngestResult, or
-    │                                          whose results do not cover every index exactly once
+    │   │                                      whose results do not cover every index exactly once
+    │   └── AssignmentInvalid       a 200 assignment that fails the wire schema (a name that is
+    │                                          not a package name, a url with ``..``, a size past
+    │                                          the bound): refused whole, nothing written
     └── PackageError                (fatal) a model package (cloud_sync.package) is refused; never
         │                                  install it. ``package`` names it (path or name@version)
         ├── PackageFormatError      not a package: manifest missing/invalid, unsafe archive entry
@@ -82,6 +85,19 @@ class FleetProtocolError(FleetError):
     """A 200 response that breaks the wire contract (the records' fate is unknown)."""
 
     retryable = True
+
+
+class AssignmentInvalid(FleetProtocolError):
+    """A model assignment that fails :class:`cloud_sync.protocol.ModelAssignment`.
+
+    Args:
+        message: Which fields failed and why.
+        raw: The response body (at most the client's response bound), for a best-effort report.
+    """
+
+    def __init__(self, message: str, raw: bytes) -> None:
+        self.raw = raw
+        super().__init__(message)
 
 
 class PackageError(FleetError):

@@ -15,8 +15,13 @@ Signature rule:
   Signing touches only ``manifest.json`` (:func:`sign_package_dir`), so artefact hashes stay valid.
 
 Anti-rollback: a fleet package must be newer than the installed version, unless a
-:class:`~cloud_sync.protocol.SignedRollback` signed by a trusted key names exactly this device,
-model name, installed version (``from_version``) and package version (``to_version``).
+:class:`~cloud_sync.protocol.SignedRollback` signed by a ROLLBACK key (a trust set separate from
+the package keys) names exactly this device, stream, model name, installed version
+(``from_version``) and package version (``to_version``) and is fresh (:mod:`cloud_sync.rollback`).
+
+Archives from the network: :func:`cloud_sync.archive.unpack_verified` (signed manifest first,
+bounded headers and bytes, only the members the manifest names). :func:`unpack` extracts any
+safe archive within the same bounds, without verifying it.
 
 Keys and signatures: :mod:`cloud_sync.signing` (re-exported here). Errors:
 :mod:`cloud_sync.errors` (``PackageError`` and its subclasses).
@@ -29,15 +34,21 @@ import hashlib
 import io
 import json
 import os
-import shutil
 import tarfile
-import tempfile
-import zlib
+import time
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from pydantic import ValidationError
-
+from cloud_sync.archive import (
+    MANIFEST,
+    MAX_MANIFEST_BYTES,
+    build_dir,
+    iter_files,
+    open_bounded,
+    parse_manifest_bytes,
+    read_limit,
+    safe_relpath,
+)
 from cloud_sync.errors import (
     HashMismatch,
     KeyFileError,
@@ -48,6 +59,7 @@ from cloud_sync.errors import (
 )
 from cloud_sync.manifest import Manifest
 from cloud_sync.protocol import SignedRollback
+from cloud_sync.rollback import RollbackPolicy, check_rollback
 from cloud_sync.signing import (
     TrustedKeys,
     fingerprint,
@@ -93,9 +105,6 @@ __all__ = [
     "verify_rollback",
 ]
 
-MANIFEST = "manifest.json"
-#: Largest manifest.json read, bytes.
-MAX_MANIFEST_BYTES = 4 * 1024 * 1024
 #: Default limit of the total unpacked size, bytes.
 MAX_UNPACKED_BYTES = 512 * 1024 * 1024
 #: Most members an archive may hold.
@@ -112,21 +121,6 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _safe_relpath(name: str, where: str) -> PurePosixPath:
-    """A relative POSIX path with no ``..``, no absolute part, no backslash or NUL."""
-    p = PurePosixPath(name)
-    if (
-        not name
-        or "\\" in name
-        or "\x00" in name
-        or p.is_absolute()
-        or any(part in ("..", "") for part in name.split("/"))
-        or name.startswith("./")
-    ):
-        raise PackageFormatError(f"unsafe path {name!r}", package=where)
-    return p
-
-
 def read_manifest(directory: Path) -> tuple[dict[str, Any], Manifest]:
     """Read ``directory/manifest.json``: the raw dict (what is signed) and the parsed model.
 
@@ -139,19 +133,7 @@ def read_manifest(directory: Path) -> tuple[dict[str, Any], Manifest]:
         raise PackageFormatError(f"{MANIFEST} is missing or not a regular file", package=where)
     with path.open("rb") as f:
         data = f.read(MAX_MANIFEST_BYTES + 1)
-    if len(data) > MAX_MANIFEST_BYTES:
-        raise PackageFormatError(f"{MANIFEST} exceeds {MAX_MANIFEST_BYTES} bytes", where)
-    try:
-        raw = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise PackageFormatError(f"{MANIFEST} is not JSON: {exc}", package=where) from exc
-    if not isinstance(raw, dict):
-        raise PackageFormatError(f"{MANIFEST} is not a JSON object", package=where)
-    try:
-        manifest = Manifest.model_validate(raw)
-    except ValidationError as exc:
-        raise PackageFormatError(f"{MANIFEST} fails the schema: {exc}", package=where) from exc
-    return raw, manifest
+    return parse_manifest_bytes(data, where)
 
 
 def verify_hashes(directory: Path) -> Manifest:
@@ -168,7 +150,7 @@ def verify_hashes(directory: Path) -> Manifest:
     where = f"{manifest.name}@{manifest.version}"
     seen: set[str] = set()
     for art in manifest.artefacts:
-        rel = _safe_relpath(art.path, where)
+        rel = safe_relpath(art.path, where)
         if art.path in seen or art.path == MANIFEST:
             raise PackageFormatError(f"artefact path {art.path!r} used twice", package=where)
         seen.add(art.path)
@@ -195,17 +177,25 @@ def verify_package_dir(
     rollback: SignedRollback | None = None,
     *,
     device_id: str | None = None,
+    stream: str | None = None,
+    rollback_policy: RollbackPolicy | None = None,
+    now: float | None = None,
 ) -> Manifest:
-    """Everything a device checks before installing a package that came from the fleet.
+    """Everything a device checks before installing a package directory that came from the fleet.
 
-    Order: manifest format, signature, artefact sizes and hashes, anti-rollback.
+    Order: manifest format, signature (package keys), artefact sizes and hashes, anti-rollback
+    (:func:`cloud_sync.rollback.check_rollback`: rollback keys, binding, age). The updater
+    checks archives with :func:`cloud_sync.archive.unpack_verified` instead, before unpacking.
 
     Args:
         directory: An unpacked package (see :func:`unpack`).
-        trusted_keys: ``{key_id: public key}`` (:func:`load_public_keys`).
+        trusted_keys: Package-signing keys ``{key_id: public key}`` (:func:`load_public_keys`).
         installed_version: Version of this model name installed now, or None for none.
         rollback: Permission to install an older (or the same) version.
         device_id: This device's id; a rollback applies only when it names it.
+        stream: The stream; a rollback applies only when it names it.
+        rollback_policy: Rollback keys and ages (None: no rollback is accepted).
+        now: Wall clock, epoch seconds UTC (default: now).
 
     Returns:
         The parsed manifest.
@@ -215,7 +205,7 @@ def verify_package_dir(
         SignatureError: unsigned, untrusted key, or the signature fails.
         HashMismatch: an artefact differs from the manifest.
         RollbackRefused: ``version <= installed_version`` and ``rollback`` is absent, not for
-            this device/name/versions, or not validly signed by a trusted key.
+            this device/stream/name/versions, expired, or not validly signed by a rollback key.
     """
     raw, manifest = read_manifest(directory)
     where = f"{manifest.name}@{manifest.version}"
@@ -226,19 +216,11 @@ def verify_package_dir(
     verify_hashes(directory)
     if installed_version is None or manifest.version > installed_version:
         return manifest
-    refuse = f"version {manifest.version} is not newer than installed {installed_version}"
-    if rollback is None:
-        raise RollbackRefused(f"{refuse} and no signed rollback allows it", package=where)
-    want = (device_id, manifest.name, installed_version, manifest.version)
-    got = (rollback.device_id, rollback.name, rollback.from_version, rollback.to_version)
-    if device_id is None or got != want:
-        raise RollbackRefused(
-            f"{refuse}; the rollback is for device/name/from/to {got}, not {want}", where
-        )
-    try:
-        verify_rollback(rollback, trusted_keys)
-    except SignatureError as exc:
-        raise RollbackRefused(f"{refuse}; the rollback is not valid: {exc}", where) from exc
+    check_rollback(
+        rollback, device_id=device_id, stream=stream, name=manifest.name,
+        from_version=installed_version, to_version=manifest.version, policy=rollback_policy,
+        now=time.time() if now is None else now, where=where,
+    )
     return manifest
 
 
@@ -305,7 +287,7 @@ def pack(package_dir: Path, out_path: Path) -> str:
 
 def _copy_limited(src: IO[bytes], dst: IO[bytes], budget: int, where: str) -> int:
     written = 0
-    while chunk := src.read(_CHUNK):
+    while chunk := src.read(min(_CHUNK, budget - written + 1)):
         written += len(chunk)
         if written > budget:
             raise PackageFormatError("archive unpacks to more than the size limit", where)
@@ -339,50 +321,20 @@ def unpack(
             ``dest_dir`` exists.
     """
     where = str(archive)
-    if dest_dir.exists():
-        raise PackageFormatError(f"destination {dest_dir} already exists", package=where)
-    dest_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest_dir.name}.", dir=dest_dir.parent))
-    try:
-        _extract(archive, tmp, max_bytes, max_members, where)
-        os.replace(tmp, dest_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    build_dir(dest_dir, lambda tmp: _extract(archive, tmp, max_bytes, max_members, where), where)
 
 
 def _extract(archive: Path, dest: Path, max_bytes: int, max_members: int, where: str) -> None:
-    seen: set[str] = set()
     total = 0
-    try:
-        with tarfile.open(archive, mode="r:gz") as tar:
-            for count, member in enumerate(tar, start=1):
-                if count > max_members:
-                    raise PackageFormatError(f"archive has more than {max_members} entries", where)
-                name = member.name.removesuffix("/") if member.isdir() else member.name
-                rel = _safe_relpath(name, where)
-                if member.isdir():
-                    continue
-                if not member.isreg():
-                    raise PackageFormatError(
-                        f"entry {member.name!r} is not a regular file (links, devices and "
-                        "FIFOs are refused)",
-                        where,
-                    )
-                if name in seen:
-                    raise PackageFormatError(f"entry {name!r} appears twice", where)
-                seen.add(name)
-                if total + member.size > max_bytes:
-                    raise PackageFormatError(f"archive unpacks to over {max_bytes} bytes", where)
-                target = dest.joinpath(*rel.parts)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                src = tar.extractfile(member)
-                if src is None:  # pragma: no cover - isreg() members always have data
-                    raise PackageFormatError(f"entry {name!r} has no data", where)
-                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                with src, os.fdopen(fd, "wb") as dst:
-                    total += _copy_limited(src, dst, max_bytes - total, where)
-    except (tarfile.TarError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
-        raise PackageFormatError(f"not a valid tar.gz archive: {exc}", where) from exc
-    except (FileExistsError, NotADirectoryError, IsADirectoryError) as exc:
-        raise PackageFormatError(f"entries collide (file vs directory): {exc}", where) from exc
+    with open_bounded(archive, read_limit(max_bytes, max_members), where) as tar:
+        for member in iter_files(tar, where, max_members):
+            if total + member.size > max_bytes:
+                raise PackageFormatError(f"archive unpacks to over {max_bytes} bytes", where)
+            target = dest.joinpath(*safe_relpath(member.name, where).parts)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            src = tar.extractfile(member)
+            if src is None:  # pragma: no cover - regular members always have data
+                raise PackageFormatError(f"entry {member.name!r} has no data", where)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            with src, os.fdopen(fd, "wb") as dst:
+                total += _copy_limited(src, dst, max_bytes - total, where)

@@ -276,33 +276,68 @@ ModelState = Literal[
 ]
 
 
+#: Model package names: what may become part of a path on the gateway (``<name>-<version>``);
+#: the same rule as :attr:`cloud_sync.manifest.Manifest.name` (no ``/``, no leading ``.``).
+PACKAGE_NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
+#: Stream names on the wire of the model loop: :data:`NAME_PATTERN` without a leading ``.``
+#: (so never ``.`` or ``..``).
+STREAM_PATTERN = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}$"
+#: Largest ``archive_size`` an assignment may announce, bytes (the agent's own limit,
+#: ``updater.max_archive_bytes``, is usually lower).
+MAX_ARCHIVE_BYTES = 4 * 1024 * 1024 * 1024
+#: Package URLs: a path on the fleet of 1-16 segments none of which starts with ``.`` (so no
+#: ``..``), no scheme, host, query or percent escape.
+PACKAGE_URL_PATTERN = r"^(?:/[A-Za-z0-9_~-][A-Za-z0-9._~-]{0,127}){1,16}$"
+
+
 class SignedRollback(_Wire):
     """Operator permission to install an OLDER version (anti-rollback exception).
 
+    It names the one assignment it belongs to: ``device_id``, ``stream``, model ``name``,
+    ``from_version`` (the newest version of that name the stream ran) and ``to_version`` (the
+    assigned version), and expires: the device refuses it when ``issued_at`` (epoch seconds
+    UTC) is older than its ``updater.rollback_max_age_s`` or in the future.
+
     ``signature`` is Ed25519 (base64) over the canonical JSON of
-    ``{"device_id", "name", "to_version", "from_version", "issued_at"}``
-    (:func:`cloud_sync.manifest.canonical_bytes` of that dict).
+    ``{"role": "rollback", "device_id", "stream", "name", "from_version", "to_version",
+    "issued_at"}`` (:func:`cloud_sync.manifest.canonical_bytes` of that dict), by a key of the
+    device's rollback trust set (``updater.rollback_keys_dir``), never a package-signing key.
+    A rollback without ``stream`` (signed by an older fleet) is refused.
     """
 
     device_id: str = Field(pattern=NAME_PATTERN)
-    name: str
-    from_version: int = Field(ge=0)
-    to_version: int = Field(ge=1)
-    issued_at: float
-    key_id: str
-    signature: str
+    stream: str | None = Field(None, pattern=STREAM_PATTERN)
+    name: str = Field(pattern=PACKAGE_NAME_PATTERN)
+    from_version: int = Field(ge=0, le=2**63 - 1)
+    to_version: int = Field(ge=1, le=2**63 - 1)
+    issued_at: float = Field(ge=0, le=32503680000)
+    key_id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    signature: str = Field(max_length=256)
 
 
 class ModelAssignment(_Wire):
-    """What the fleet wants this device/stream to run."""
+    """What the fleet wants this device/stream to run.
 
-    rollout_id: int | None = Field(None, description="Rollout that assigned it, if any.")
-    stream: str | None = Field(None, description="Stream it targets; None = every stream.")
-    name: str
-    version: int = Field(ge=1)
+    Every name that becomes part of a path on the gateway is checked here, at parse time:
+    ``name`` matches :data:`PACKAGE_NAME_PATTERN`, ``stream`` :data:`STREAM_PATTERN`, ``url``
+    :data:`PACKAGE_URL_PATTERN`; an assignment that fails is refused as a whole
+    (:class:`cloud_sync.errors.AssignmentInvalid` on the agent).
+    """
+
+    rollout_id: int | None = Field(
+        None, ge=0, le=2**63 - 1, description="Rollout that assigned it, if any."
+    )
+    stream: str | None = Field(
+        None, pattern=STREAM_PATTERN, description="Stream it targets; None = every stream."
+    )
+    name: str = Field(pattern=PACKAGE_NAME_PATTERN)
+    version: int = Field(ge=1, le=2**63 - 1)
     archive_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    archive_size: int = Field(ge=1)
-    url: str = Field(description="Path of the archive, relative to the fleet base URL.")
+    archive_size: int = Field(ge=1, le=MAX_ARCHIVE_BYTES)
+    url: str = Field(
+        pattern=PACKAGE_URL_PATTERN, max_length=1024,
+        description="Path of the archive, relative to the fleet base URL.",
+    )
     rollback: SignedRollback | None = None
 
 

@@ -16,8 +16,11 @@ where :func:`cloud_sync.manifest.canonical_bytes` drops the ``signature`` key it
 standard with padding (RFC 4648 §4).
 
 :class:`~cloud_sync.protocol.SignedRollback`: ``signature`` is base64 Ed25519 over
-``canonical_bytes({"device_id", "name", "from_version", "to_version", "issued_at"})`` and
-``key_id`` names the key (same files, same trust list).
+``canonical_bytes({"role": "rollback", "device_id", "stream", "name", "from_version",
+"to_version", "issued_at"})`` and ``key_id`` names the key. Same key files, but a separate trust
+set: a device checks rollbacks against its rollback keys only and manifests against its package
+keys only (:mod:`cloud_sync.rollback`), so the fleet's rollback key (which lives on the server)
+cannot sign a package.
 """
 
 from __future__ import annotations
@@ -232,9 +235,15 @@ def verify_manifest(manifest: Mapping[str, Any], trusted: TrustedKeys) -> None:
     _verify(trusted, parts[1], parts[2], canonical_bytes(dict(manifest)), "manifest")
 
 
+#: ``role`` of the signed rollback body (domain separation from manifests).
+ROLLBACK_ROLE = "rollback"
+
+
 def _rollback_body(rb: SignedRollback) -> dict[str, Any]:
     return {
+        "role": ROLLBACK_ROLE,
         "device_id": rb.device_id,
+        "stream": rb.stream,
         "name": rb.name,
         "from_version": rb.from_version,
         "to_version": rb.to_version,
@@ -247,6 +256,7 @@ def sign_rollback(
     key_id: str,
     *,
     device_id: str,
+    stream: str | None,
     name: str,
     from_version: int,
     to_version: int,
@@ -255,9 +265,12 @@ def sign_rollback(
     """Sign permission for ``device_id`` to go from ``from_version`` down to ``to_version``.
 
     Args:
-        private_key: The signer's key; its public half must be trusted by the device.
+        private_key: The signer's key; its public half must be in the device's rollback keys
+            (``updater.rollback_keys_dir``), not its package keys.
         key_id: Its key id.
         device_id: The one device this permission is for.
+        stream: The one stream of that device (None: refused by devices; kept so that a
+            fleet asked without a stream still answers).
         name: Model name.
         from_version: The version the device runs now (0 = none).
         to_version: The older version it may install.
@@ -269,6 +282,7 @@ def sign_rollback(
     _check_key_id(key_id)
     rb = SignedRollback(
         device_id=device_id,
+        stream=stream,
         name=name,
         from_version=from_version,
         to_version=to_version,

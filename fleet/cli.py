@@ -4,7 +4,8 @@
 
     edge-fleet serve [--db URL] [--host 127.0.0.1] [--port 8700] [--admin-token-file F]
                      [--state-dir fleet-state] [--pool-size 10] [--workers 1]
-                     [--trusted-keys DIR] [--signing-key FILE] [--halt-after N]
+                     [--trusted-keys DIR] [--signing-key FILE] [--rollback-key FILE]
+                     [--halt-after N]
                      [--auth-cache-ttl 30] [--auto-retrain] [--base-model DIR]
                      (EDGE_FLEET_DB may replace --db)
     edge-fleet retrain --device D --stream S --signing-key F --trusted-keys DIR
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
 EX_REFUSED, EX_UNAVAILABLE, EX_SOFTWARE, EX_CONFIG = 1, 69, 70, 78
 _ENV_DB, _ENV_POOL, _ENV_STATE = "EDGE_FLEET_DB", "EDGE_FLEET_POOL_SIZE", "EDGE_FLEET_STATE_DIR"
 _ENV_KEYS, _ENV_SIGNING = "EDGE_FLEET_TRUSTED_KEYS", "EDGE_FLEET_SIGNING_KEY"
+_ENV_ROLLBACK = "EDGE_FLEET_ROLLBACK_KEY"
 _ENV_HALT = "EDGE_FLEET_HALT_AFTER"
 _ENV_AUTH_TTL = "EDGE_FLEET_AUTH_CACHE_TTL"
 #: Seconds uvicorn's supervisor waits for a worker's health answer (``--workers N``) before it
@@ -85,7 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--trusted-keys", type=Path,
                        help="dir of ID.pub keys; pushed packages must be signed by one")
     serve.add_argument("--signing-key", type=Path,
-                       help="ID.key the fleet signs rollbacks with when a rollout is aborted")
+                       help="ID.key the fleet signs retrained packages with (--auto-retrain)")
+    serve.add_argument("--rollback-key", type=Path,
+                       help="ID.key the fleet signs rollbacks with when a rollout is aborted "
+                            "(devices trust it in updater.rollback_keys_dir; never a package "
+                            "key)")
     serve.add_argument("--halt-after", type=int, default=1,
                        help="failed devices that halt a rollout (default 1)")
     serve.add_argument("--auth-cache-ttl", type=float, default=Settings.auth_cache_ttl_s,
@@ -189,6 +195,7 @@ def _settings(args: argparse.Namespace, admin_token: str = "") -> Settings:
         pool_size=getattr(args, "pool_size", 10),
         trusted_keys_dir=getattr(args, "trusted_keys", None),
         signing_key_file=getattr(args, "signing_key", None),
+        rollback_key_file=getattr(args, "rollback_key", None),
         rollout_halt_failures=getattr(args, "halt_after", 1),
         auth_cache_ttl_s=getattr(args, "auth_cache_ttl", Settings.auth_cache_ttl_s),
     )
@@ -244,6 +251,7 @@ def _serve(args: argparse.Namespace) -> int:
         _ENV_STATE: str(settings.state_dir),
         _ENV_KEYS: str(settings.trusted_keys_dir or ""),
         _ENV_SIGNING: str(settings.signing_key_file or ""),
+        _ENV_ROLLBACK: str(settings.rollback_key_file or ""),
         _ENV_HALT: str(settings.rollout_halt_failures),
         _ENV_AUTH_TTL: str(settings.auth_cache_ttl_s),
     })
@@ -264,6 +272,9 @@ def worker_app() -> FastAPI:
         trusted_keys_dir=Path(os.environ[_ENV_KEYS]) if os.environ.get(_ENV_KEYS) else None,
         signing_key_file=(
             Path(os.environ[_ENV_SIGNING]) if os.environ.get(_ENV_SIGNING) else None
+        ),
+        rollback_key_file=(
+            Path(os.environ[_ENV_ROLLBACK]) if os.environ.get(_ENV_ROLLBACK) else None
         ),
         rollout_halt_failures=int(os.environ.get(_ENV_HALT, "1")),
         auth_cache_ttl_s=float(

@@ -46,8 +46,12 @@ class Settings:
         query_limit_max: Largest ``limit`` a query endpoint accepts (rows).
         trusted_keys_dir: Directory of ``<key_id>.pub`` Ed25519 keys a pushed model package
             must be signed by (None: every push is refused).
-        signing_key_file: ``<key_id>.key`` the fleet signs rollbacks with on abort (None: an
-            abort only stops assigning).
+        signing_key_file: ``<key_id>.key`` the fleet signs retrained packages with (``retrain``,
+            ``--auto-retrain``); devices that take those packages trust its public half as a
+            package key.
+        rollback_key_file: ``<key_id>.key`` the fleet signs rollbacks with on abort (None: an
+            abort only stops assigning). Devices trust its public half in
+            ``updater.rollback_keys_dir`` only: a separate role, it cannot sign packages.
         rollout_halt_failures: Default number of failed devices that halts a rollout.
         auth_cache_ttl_s: Seconds a worker reuses a successful device-token lookup (0: no
             cache). A revoked token keeps working in the other workers for at most this long;
@@ -63,6 +67,7 @@ class Settings:
     query_limit_max: int = 10_000
     trusted_keys_dir: Path | None = None
     signing_key_file: Path | None = None
+    rollback_key_file: Path | None = None
     rollout_halt_failures: int = 1
     auth_cache_ttl_s: float = 30.0
 

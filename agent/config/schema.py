@@ -16,7 +16,7 @@ Relative paths:
     Paths in the file (``agent.state_dir``, ``streams.model``, a replay ``path``,
     ``mqtt.password_file``, ``mqtt.ca_file``, ``mqtt.cert_file``, ``mqtt.key_file``,
     ``mqtt.key_password_file``, ``fleet.token_file``, ``fleet.ca_file``,
-    ``updater.trusted_keys_dir``)
+    ``updater.trusted_keys_dir``, ``updater.rollback_keys_dir``)
     are relative to the directory of the config file; ``store.path`` is relative to
     ``agent.state_dir``. A model value ``builtin:<name>`` names a package shipped in the
     repository's ``models/`` directory.
@@ -430,13 +430,11 @@ class AgentConfig(StrictModel):
                     for key in ("token_file", "ca_file")
                     if isinstance(value := getattr(self.fleet, key), str)
                 }),
-                "updater": self.updater.model_copy(
-                    update={"trusted_keys_dir": str(
-                        resolve_path(self.updater.trusted_keys_dir, config_dir)
-                    )}
-                    if self.updater.trusted_keys_dir is not None
-                    else {}
-                ),
+                "updater": self.updater.model_copy(update={
+                    key: str(resolve_path(value, config_dir))
+                    for key in ("trusted_keys_dir", "rollback_keys_dir")
+                    if isinstance(value := getattr(self.updater, key), str)
+                }),
             }
         )
 

@@ -3,9 +3,11 @@
 Layout under ``<state_dir>/models/``::
 
     incoming/<name>-<version>.tar.gz(.part)   downloads (resumable)
-    incoming/<name>-<version>/                unpacked, not yet verified
+    incoming/<name>-<version>/                being extracted (manifest already verified)
     <name>-<version>/                         verified packages (active, previous, candidate)
     active.json                               per stream: active and previous package
+    high_water.json                           per stream: newest version run per model name
+                                              (agent.services.package_guard)
 
 ``active.json`` (written atomically: temporary file, fsync, rename, fsync of the directory)::
 
@@ -14,8 +16,8 @@ Layout under ``<state_dir>/models/``::
       "refused": ["skab-wstat@4"]}}}
 
 At start the agent loads a stream's active package from here instead of the configured one, but
-only after verifying it again (signature by a pinned key, hashes): a package that fails is never
-loaded, and the configured package is used instead.
+only after verifying it again (signature by a pinned key, hashes, no file the manifest does not
+name): a package that fails is never loaded, and the configured package is used instead.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 
 from agent.errors import AgentError
 from agent.inference.package import ModelPackage, load_package
+from cloud_sync.archive import unlisted_files
 from cloud_sync.errors import PackageError
 from cloud_sync.package import TrustedKeys, verify_package_dir
 
@@ -185,6 +188,8 @@ class ModelStore:
             manifest = verify_package_dir(path, trusted_keys, None)
             if (manifest.name, manifest.version) != (rec.name, rec.version):
                 raise AgentError(f"{path} holds {manifest.name}@{manifest.version}")
+            if extra := unlisted_files(path, manifest):
+                raise AgentError(f"{path} holds files its manifest does not name: {extra[:5]}")
             return load_package(path), rec
         except (PackageError, AgentError) as exc:
             log.error(

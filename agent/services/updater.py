@@ -5,10 +5,14 @@ jitter), or at once when :meth:`Updater.notify` is called (an MQTT message on
 ``<prefix>/<device_id>/<notify_topic>``), it asks the fleet for each stream's assignment
 (:meth:`cloud_sync.client.FleetClient.assignment`). A new assignment goes through:
 
+0. the assignment's names were checked when it was parsed, and its announced size against
+   ``max_archive_bytes`` (:mod:`agent.services.package_guard`): nothing is written before;
 1. ``downloaded``: the archive to ``<state_dir>/models/incoming/`` (resumable with Range);
-2. ``verified``: unpacked and checked by :func:`cloud_sync.package.verify_package_dir` with the
-   pinned keys of ``trusted_keys_dir``: signature, hashes, and anti-rollback (newer than the
-   installed version of that model, or the assignment's signed rollback for this device);
+2. ``verified``: :func:`cloud_sync.archive.unpack_verified`: the manifest's signature by a
+   pinned key of ``trusted_keys_dir`` and anti-rollback across names (the stream's high-water
+   marks, or the assignment's signed rollback by a key of ``rollback_keys_dir`` for this
+   device and stream, :mod:`cloud_sync.rollback`) BEFORE anything is unpacked; then only the
+   members the manifest names, hashes checked while written;
 3. ``accepted``: on this device, the INT8 artefact reproduces the golden outputs and its p99
    latency per window is within the package's budget (:mod:`agent.services.model_checks`);
 4. ``shadow``: calibrated on the stream's own calibration samples, the candidate scores the next
@@ -37,6 +41,7 @@ each stream's running package as ``active`` (no rollout; ``details.origin`` = ``
 from __future__ import annotations
 
 import collections
+import hashlib
 import logging
 import random
 import shutil
@@ -49,7 +54,6 @@ from typing import Protocol
 
 from pydantic import Field, model_validator
 
-from agent.config.base import StrictModel
 from agent.errors import ModelError
 from agent.inference.base import Backend
 from agent.inference.package import ModelPackage, load_package, saturation_fallback
@@ -60,15 +64,24 @@ from agent.services.model_checks import Limits, ShadowRun, acceptance_test
 from agent.services.model_report import running_report
 from agent.services.model_slot import ModelSlot, Observe, Rollback, Swap
 from agent.services.model_store import Installed, ModelStore
+from agent.services.package_guard import (
+    HIGH_WATER_FILE,
+    GuardConfig,
+    HighWater,
+    PackageGuard,
+    salvage,
+)
 from agent.services.update_retry import RetryBudget
+from cloud_sync.archive import unpack_verified
 from cloud_sync.errors import (
+    AssignmentInvalid,
     FleetAuthError,
     FleetError,
     FleetProtocolError,
     FleetRejected,
     PackageError,
 )
-from cloud_sync.package import TrustedKeys, unpack, verify_package_dir
+from cloud_sync.package import TrustedKeys
 from cloud_sync.protocol import ModelAssignment, ModelState, ModelStatusReport
 
 KIND = "updater"
@@ -80,8 +93,9 @@ UNSENT_LIMIT = 256
 _WAIT_STEP_S = 0.1
 
 
-class UpdaterConfig(StrictModel):
-    """Config of the model updater (``[updater]``; needs ``[fleet]`` enabled)."""
+class UpdaterConfig(GuardConfig):
+    """Config of the model updater (``[updater]``; needs ``[fleet]`` enabled; the package
+    limits and rollback keys: :class:`~agent.services.package_guard.GuardConfig`)."""
 
     enabled: bool = Field(False, description="Poll the fleet for model updates and apply them.")
     poll_interval_s: float = Field(
@@ -131,6 +145,9 @@ class UpdaterConfig(StrictModel):
     def _consistent(self) -> UpdaterConfig:
         if self.enabled and self.trusted_keys_dir is None:
             raise ValueError("trusted_keys_dir is required when the updater is enabled")
+        if self.rollback_keys_dir is not None and self.rollback_keys_dir == self.trusted_keys_dir:
+            raise ValueError("rollback_keys_dir must not be trusted_keys_dir: package and "
+                             "rollback signers are separate trust sets")
         return self
 
     @property
@@ -186,11 +203,13 @@ class Updater:
         store: Installed packages and ``active.json``.
         streams: Handles by stream name.
         device_id: This gateway (status reports; signed rollbacks must name it).
-        trusted_keys: Pinned public keys by key id.
+        trusted_keys: Package-signing keys by key id (never the rollback keys).
         metrics: ``model_updates_total``, ``model_version``, ``shadow_windows``.
         wrap_backend: Wraps a candidate's backend for a stream (inference timing).
         clock: Wall clock, epoch seconds UTC (report stamps).
         rng: Random source of the poll jitter.
+        guard: Size and anti-rollback checks (default: marks in ``<store>/high_water.json``,
+            no rollback keys: every rollback refused).
     """
 
     def __init__(
@@ -206,6 +225,7 @@ class Updater:
         wrap_backend: Callable[[str, Backend], Backend] | None = None,
         clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
+        guard: PackageGuard | None = None,
     ) -> None:
         self.config = config
         self.client = client
@@ -226,9 +246,20 @@ class Updater:
         self._fleet_failing = False
         self._retry = RetryBudget(config.download_tries, config.download_backoff_s)
         self._announced = False
+        self.guard = guard if guard is not None else PackageGuard(
+            HighWater(store.root / HIGH_WATER_FILE), None, device_id, config.max_archive_bytes,
+            clock,
+        )
+        #: Digests of assignments that failed the schema, per stream (reported once).
+        self._invalid: dict[str, set[str]] = {n: set() for n in streams}
         for name, h in streams.items():
             self.metrics.model_version.labels(stream=name).set(h.slot.package.manifest.version)
             self.metrics.shadow_windows.labels(stream=name).set(0)
+            for rec in (h.previous, h.installed):
+                if rec is not None:
+                    self.guard.high_water.ran(name, rec.name, rec.version)
+            m = h.slot.package.manifest
+            self.guard.high_water.ran(name, m.name, m.version)
 
     # -- thread ---------------------------------------------------------------------------------
 
@@ -283,6 +314,10 @@ class Updater:
             return  # the candidate calibrates on the stream's calibration samples: wait
         try:
             a = self.client.assignment(h.name)
+        except AssignmentInvalid as exc:
+            self._fleet_ok()
+            self._refuse_invalid(h, exc)
+            return
         except FleetError as exc:
             self._fleet_trouble(f"assignment poll failed: {exc}")
             return
@@ -298,6 +333,11 @@ class Updater:
         self._update(h, a)
 
     def _update(self, h: StreamHandle, a: ModelAssignment) -> None:
+        m = h.slot.package.manifest
+        refused = self.guard.before_download(a, h.name, (m.name, m.version))
+        if refused is not None:
+            self._reject(h, a, refused)
+            return
         archive = self.store.incoming / f"{a.name}-{a.version}.tar.gz"
         try:
             self.client.download(a.url, archive, a.archive_size, a.archive_sha256)
@@ -350,14 +390,10 @@ class Updater:
         shutil.rmtree(unpacked, ignore_errors=True)
         m = h.slot.package.manifest
         try:
-            unpack(archive, unpacked)
-            manifest = verify_package_dir(
-                unpacked, self.trusted_keys, m.version if m.name == a.name else None,
-                a.rollback, device_id=self.device_id,
+            unpack_verified(
+                archive, unpacked, self.trusted_keys, max_bytes=self.config.max_package_bytes,
+                check=lambda got: self.guard.check(h.name, (m.name, m.version), a, got),
             )
-            if (manifest.name, manifest.version) != (a.name, a.version):
-                raise _Rejected(f"archive holds {manifest.name}@{manifest.version}, not the "
-                                f"assigned {a.name}@{a.version}")
         except PackageError as exc:
             shutil.rmtree(unpacked, ignore_errors=True)
             raise _Rejected(f"{type(exc).__name__}: {exc}") from exc
@@ -418,6 +454,7 @@ class Updater:
         if swap.error is not None:
             raise _Rejected(f"swap refused: {swap.error}")
         new = Installed(a.name, a.version, str(package.path))
+        self.guard.high_water.ran(h.name, a.name, a.version)
         h.previous, h.installed = h.installed, new
         self.store.set_active(h.name, new, h.previous)
         self._report(h, a, "active", details=details)
@@ -492,6 +529,17 @@ class Updater:
         if progress is not None:
             gauge.set(0)
         return True
+
+    def _refuse_invalid(self, h: StreamHandle, exc: AssignmentInvalid) -> None:
+        """Report an assignment that failed the schema as ``rejected``, once per content."""
+        digest = hashlib.sha256(exc.raw).hexdigest()
+        if digest in self._invalid[h.name]:
+            return
+        if len(self._invalid[h.name]) >= UNSENT_LIMIT:  # a fleet varying its answers: bounded
+            self._invalid[h.name].clear()
+        self._invalid[h.name].add(digest)
+        name, version, rollout_id = salvage(exc.raw)
+        self._send(h, name, version, rollout_id, "rejected", f"assignment refused: {exc}", {})
 
     def _reject(self, h: StreamHandle, a: ModelAssignment, reason: str) -> None:
         self._rejected[h.name].add(_key(a))

@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Response
 from pydantic import ValidationError
 
-from cloud_sync.protocol import NAME_PATTERN, ModelAssignment, ModelStatusReport
+from cloud_sync.protocol import STREAM_PATTERN, ModelAssignment, ModelStatusReport
 from fleet.api.deps import AdminDep, DeviceDep
 from fleet.api.model_loop import ModelLoopDep
 from fleet.errors import Unprocessable
@@ -72,7 +72,7 @@ def act(
 def assignment(
     loop: ModelLoopDep,
     device_id: DeviceDep,
-    stream: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
+    stream: Annotated[str | None, Query(pattern=STREAM_PATTERN)] = None,
 ) -> Any:
     found = loop.rollouts.assignment(device_id, stream)
     if found is None:

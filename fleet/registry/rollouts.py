@@ -8,7 +8,9 @@
   that version. paused/halted: nothing (204: keep what runs). aborted: if the device may run the
   version (reported accepted/shadow/active, or its last known model is it) and it ran an older
   registry version before, that version, with a :class:`~cloud_sync.protocol.SignedRollback`
-  signed by the fleet's key; without a fleet signing key, nothing (devices keep what they run).
+  for this device and the asked stream, signed at each request (fresh ``issued_at``) by the
+  fleet's rollback key (``--rollback-key``, never the package key); without one, nothing
+  (devices keep what they run).
   The previous version and what an abort does per device: :mod:`fleet.registry.fallback`.
 * Downloads (``GET /v1/models/<name>/<version>/package``): a device gets only a package that
   one of its assignments names (:meth:`RolloutService.may_download`).
@@ -198,7 +200,7 @@ class RolloutService:
             return self._assign(row, version, None)
         key_id, key = self._signer
         rollback = sign_rollback(
-            key, key_id, device_id=device_id, name=row.model_name,
+            key, key_id, device_id=device_id, stream=stream, name=row.model_name,
             from_version=int(row.model_version), to_version=version,
             clock=lambda: self._clock().timestamp(),
         )

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from cloud_sync.protocol import NAME_PATTERN
+from cloud_sync.protocol import STREAM_PATTERN
 
 
 class _Body(BaseModel):
@@ -42,7 +42,7 @@ class RolloutCreate(_Body):
     version: int = Field(ge=1)
     tag: str | None = Field(None, max_length=64, description="Every active device with it.")
     devices: list[str] | None = Field(None, min_length=1, max_length=10_000)
-    stream: str | None = Field(None, pattern=NAME_PATTERN, description="None: every stream.")
+    stream: str | None = Field(None, pattern=STREAM_PATTERN, description="None: every stream.")
     canary_percent: float | None = Field(
         None, gt=0, le=100, description="None or 100: every device at once (promoted)."
     )

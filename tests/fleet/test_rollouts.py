@@ -13,12 +13,14 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine
+from sqlalchemy import Engine, create_engine
 
 from cloud_sync.package import load_public_keys, verify_rollback
 from cloud_sync.protocol import ModelAssignment, SignedRollback
 from fleet.app import create_app
+from fleet.errors import ConfigError
 from fleet.registry.policy import pick_canaries
+from fleet.registry.wiring import build_model_loop
 from fleet.settings import Settings
 from tests.fleet.conftest import enroll
 from tests.fleet.model_pkg import archive, make_keys
@@ -37,7 +39,7 @@ def mclient(
     settings: Settings, engine: Engine, keys: tuple[Path, Path]
 ) -> Iterator[TestClient]:
     s = Settings(**{**settings.__dict__, "trusted_keys_dir": keys[1],
-                    "signing_key_file": keys[0]})
+                    "rollback_key_file": keys[0]})
     with TestClient(create_app(s, engine)) as tc:
         yield tc
 
@@ -184,10 +186,11 @@ def test_abort_falls_back_with_signed_rollback(
     assert report(mclient, fleet["gw1"], "gw1", "active", rollout_id=r2["id"]).status_code == 204
     r = mclient.post(f"/v1/rollouts/{r2['id']}/abort", headers=admin)
     assert r.json()["state"] == "aborted"
-    got = assigned(mclient, fleet["gw1"])
+    got = assigned(mclient, fleet["gw1"], "pump")  # the rollback names the asked stream
     assert got is not None and got.version == 1 and got.rollback is not None
     rb: SignedRollback = got.rollback
-    assert (rb.device_id, rb.name, rb.from_version, rb.to_version) == ("gw1", "skab-wstat", 2, 1)
+    assert (rb.device_id, rb.stream, rb.name, rb.from_version, rb.to_version) == (
+        "gw1", "pump", "skab-wstat", 2, 1)
     verify_rollback(rb, load_public_keys(keys[1]))
     assert assigned(mclient, fleet["gw2"]) is None  # never ran v2: keeps v1
     assert mclient.post(f"/v1/rollouts/{r2['id']}/resume", headers=admin).status_code == 409
@@ -337,3 +340,16 @@ def test_rollout_validation(
     assert assigned(mclient, fleet["gw3"], "pump2") is None
     got = assigned(mclient, fleet["gw3"], "pump1")
     assert got is not None and got.stream == "pump1" and got.rollout_id == ro["id"]
+
+
+def test_rollback_key_must_not_be_the_package_signing_key(tmp_path: Path) -> None:
+    """The fleet's rollback role is a key of its own (devices trust it for rollbacks only)."""
+    key, _ = make_keys(tmp_path / "k")
+    other, _ = make_keys(tmp_path / "k2", "fleet-rollback")
+    eng = create_engine("sqlite://")
+    base = Settings(db_url="sqlite://", admin_token="x", state_dir=tmp_path)
+    same = Settings(**{**base.__dict__, "signing_key_file": key, "rollback_key_file": key})
+    with pytest.raises(ConfigError, match="same key"):
+        build_model_loop(same, eng)
+    ok = Settings(**{**base.__dict__, "signing_key_file": key, "rollback_key_file": other})
+    assert build_model_loop(ok, eng).rollouts is not None

@@ -41,14 +41,18 @@ def make_package(
     golden_delta: float = 0.0,
     latency_budget_ms: float | None = None,
     source: Path = SOURCE_PACKAGE,
+    name: str | None = None,
 ) -> Path:
-    """A signed copy of ``source`` with ``version`` (tampered as asked); returns its directory."""
-    d = out_dir / f"pkg-v{version}-{golden_delta}-{latency_budget_ms}"
+    """A signed copy of ``source`` with ``version`` (and ``name``, tampered as asked); returns
+    its directory."""
+    d = out_dir / f"pkg-{name or ''}v{version}-{golden_delta}-{latency_budget_ms}"
     if d.exists():
         shutil.rmtree(d)
     shutil.copytree(source, d)
     raw: dict[str, Any] = json.loads((d / "manifest.json").read_text())
     raw["version"] = version
+    if name is not None:
+        raw["name"] = name
     raw.pop("signature", None)
     if golden_delta:
         outputs = raw["golden"]["outputs"]
@@ -77,6 +81,42 @@ def tar_gz(package_dir: Path) -> bytes:
     return buf.getvalue()
 
 
+def tar_gz_with(package_dir: Path, extra: dict[str, bytes]) -> bytes:
+    """:func:`tar_gz` of a (valid, signed) package plus ``extra`` members the manifest does not
+    name."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for f in sorted(package_dir.iterdir()):
+            tar.add(f, arcname=f.name)
+        for name, data in extra.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def pax_bomb(header_bytes: int) -> bytes:
+    """A tar.gz whose first entry is a PAX extended header announcing ``header_bytes`` (a
+    multiple of 1 MiB) of zeros, then a small file: about 1 kB per MiB announced.
+
+    Built from concatenated gzip members (RFC 1952 section 2.2; readers see one stream), so a
+    1 GiB header costs one compressed MiB of zeros repeated, not a GiB of compression.
+    """
+    assert header_bytes % (1 << 20) == 0
+    head = tarfile.TarInfo("././@PaxHeader")
+    head.type = tarfile.XHDTYPE
+    head.size = header_bytes
+    parts = [gzip.compress(head.tobuf(format=tarfile.USTAR_FORMAT), mtime=0)]
+    parts += [gzip.compress(b"\0" * (1 << 20), mtime=0)] * (header_bytes >> 20)
+    tail = io.BytesIO()
+    with tarfile.open(fileobj=tail, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        info = tarfile.TarInfo("manifest.json")
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"{}"))
+    parts.append(gzip.compress(tail.getvalue(), mtime=0))
+    return b"".join(parts)
+
+
 @dataclass
 class Served:
     """One archive the fake fleet serves."""
@@ -99,6 +139,8 @@ class FleetState:
     requests: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)
     drop_after: int | None = None
     ignore_range: bool = False
+    #: Answer every poll with the assignment, whatever stream it names (a hostile fleet).
+    unfiltered: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -134,7 +176,7 @@ class _Handler(BaseHTTPRequestHandler):
         if url.path == "/v1/models/assignment":
             stream = parse_qs(url.query).get("stream", [""])[0]
             a = st.assignment
-            if a is None or a.get("stream") not in (None, stream):
+            if a is None or (not st.unfiltered and a.get("stream") not in (None, stream)):
                 self._send(204)
             else:
                 self._send(200, json.dumps(a).encode(), {"Content-Type": "application/json"})
@@ -237,6 +279,20 @@ class FakeFleet:
                 "archive_size": len(served.data), "url": served.url, "rollback": rollback,
             }
         return served
+
+    def serve(self, assignment: dict[str, Any], data: bytes | None = None) -> None:
+        """Answer every assignment poll with ``assignment`` as given (any JSON, hostile
+        included) and serve ``data`` at its ``url`` when given (sha256 and size filled in
+        unless the assignment sets them)."""
+        with self.state.lock:
+            a = dict(assignment)
+            if data is not None:
+                a.setdefault("archive_sha256", hashlib.sha256(data).hexdigest())
+                a.setdefault("archive_size", len(data))
+                self.state.archives[str(a["url"])] = Served(
+                    str(a["name"]), int(a["version"]), data)
+            self.state.assignment = a
+            self.state.unfiltered = True
 
     def states(
         self, stream: str | None = None, *, running: bool = False

@@ -93,10 +93,21 @@ def keys(tmp_path: Path) -> tuple[Path, Path]:
     return priv, trusted
 
 
+@pytest.fixture
+def rollback_keys(tmp_path: Path) -> tuple[Path, Path]:
+    """(rollback private key file, rollback keys directory holding its public half): the
+    fleet's rollback role, separate from the package signers of :func:`keys`."""
+    priv, _pub = generate_keypair(tmp_path / "rollback-signer", "fleet-rollback")
+    trusted = tmp_path / "rollback-trusted"
+    trusted.mkdir()
+    (trusted / _pub.name).write_bytes(_pub.read_bytes())
+    return priv, trusted
+
+
 def _agent(tmp_path: Path, fleet: FakeFleet | FleetProcess, trusted: Path,
            source: FlowingSource, monkeypatch: pytest.MonkeyPatch, shadow: int = 50,
            model: str = "builtin:skab-wstat", poll_s: float = 0.2, updater: str = "",
-           token: str = TOKEN) -> Agent:
+           token: str = TOKEN, rollback_keys: Path | None = None) -> Agent:
     monkeypatch.setenv("EDGE_TEST_TOKEN", token)
     text = f"""
 [agent]
@@ -121,6 +132,8 @@ shadow_windows = {shadow}
 acceptance_runs = 20
 {updater}
 """
+    if rollback_keys is not None:
+        text += f'rollback_keys_dir = "{rollback_keys}"\n'
     config = parse_config(text, env={}).resolved(tmp_path)
     return Agent(config, sources={"pump": source})
 
@@ -238,20 +251,22 @@ def test_package_signed_by_an_unknown_key_is_refused(
 
 
 def test_older_version_is_refused_then_accepted_with_a_signed_rollback(
-    tmp_path: Path, fleet: FakeFleet, keys: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, fleet: FakeFleet, keys: tuple[Path, Path],
+    rollback_keys: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     priv, trusted = keys
+    rb_priv, rb_trusted = rollback_keys
     installed = make_package(tmp_path / "installed", 5, priv)
     finish = threading.Event()
     agent = _agent(tmp_path, fleet, trusted, FlowingSource("pump", finish), monkeypatch,
-                   model=str(installed))
+                   model=str(installed), rollback_keys=rb_trusted)
     older = make_package(tmp_path, 4, priv)
     fleet.publish(older, tmp_path)
     with _running(agent, finish):
         _assert_refused_and_old_model_scores(agent, fleet, 4, "RollbackRefused", old_version=5)
         rollback = sign_rollback(
-            load_private_key(priv), key_id_of(priv), device_id="gw1", name="skab-wstat",
-            from_version=5, to_version=4,
+            load_private_key(rb_priv), key_id_of(rb_priv), device_id="gw1", stream="pump",
+            name="skab-wstat", from_version=5, to_version=4,
         )
         fleet.publish(older, tmp_path, rollback=rollback.model_dump())
         _wait_for(lambda: (4, "active") in fleet.states())
@@ -259,15 +274,17 @@ def test_older_version_is_refused_then_accepted_with_a_signed_rollback(
 
 
 def test_rollback_signed_for_another_device_is_refused(
-    tmp_path: Path, fleet: FakeFleet, keys: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, fleet: FakeFleet, keys: tuple[Path, Path],
+    rollback_keys: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     priv, trusted = keys
+    rb_priv, rb_trusted = rollback_keys
     installed = make_package(tmp_path / "installed", 5, priv)
     finish = threading.Event()
     agent = _agent(tmp_path, fleet, trusted, FlowingSource("pump", finish), monkeypatch,
-                   model=str(installed))
-    rollback = sign_rollback(load_private_key(priv), key_id_of(priv), device_id="gw2",
-                             name="skab-wstat", from_version=5, to_version=4)
+                   model=str(installed), rollback_keys=rb_trusted)
+    rollback = sign_rollback(load_private_key(rb_priv), key_id_of(rb_priv), device_id="gw2",
+                             stream="pump", name="skab-wstat", from_version=5, to_version=4)
     fleet.publish(make_package(tmp_path, 4, priv), tmp_path, rollback=rollback.model_dump())
     with _running(agent, finish):
         _assert_refused_and_old_model_scores(agent, fleet, 4, "RollbackRefused", old_version=5)
@@ -470,7 +487,8 @@ def test_memory_does_not_grow_across_100_swaps(
     assert growth_mb < 20.0
     assert agent.streams["pump"].package.manifest.version == 101
     installed = sorted(p.name for p in (tmp_path / "state" / "models").iterdir())
-    assert installed == ["active.json", "incoming", "skab-wstat-100", "skab-wstat-101"]
+    assert installed == ["active.json", "high_water.json", "incoming", "skab-wstat-100",
+                         "skab-wstat-101"]
     assert len(_reports(fleet, "rejected")) == 0
 
 

@@ -35,6 +35,8 @@ from cloud_sync.package import (
     verify_manifest,
     verify_package_dir,
 )
+from cloud_sync.protocol import SignedRollback
+from cloud_sync.rollback import RollbackPolicy
 
 SHIPPED = Path(__file__).resolve().parents[2] / "models" / "skab-wstat"
 
@@ -145,41 +147,61 @@ def test_same_key_id_different_key_fails(signed: Path, tmp_path: Path) -> None:
 
 def test_anti_rollback(signed: Path, keys: tuple[Path, Path], tmp_path: Path) -> None:
     trusted = load_public_keys(keys[0].parent)
-    priv = load_private_key(keys[0])
+    rb_priv, _ = generate_keypair(tmp_path / "rollback-keys", "fleet-rb")
+    policy = RollbackPolicy(load_public_keys(tmp_path / "rollback-keys"), max_age_s=600.0)
+    priv = load_private_key(rb_priv)
+    now = 1_800_000_000.0
+
+    def verify(rb: SignedRollback | None, installed: int = 2, device: str | None = "gw-1",
+               stream: str | None = "pump", at: float = now) -> int:
+        return verify_package_dir(signed, trusted, installed, rb, device_id=device,
+                                  stream=stream, rollback_policy=policy, now=at).version
+
+    def rollback(key: Ed25519PrivateKey = priv, kid: str = "fleet-rb", **kw: Any) -> SignedRollback:
+        args: dict[str, Any] = {"device_id": "gw-1", "stream": "pump", "name": "skab-wstat",
+                                "from_version": 2, "to_version": 1, "clock": lambda: now - 10}
+        return sign_rollback(key, kid, **{**args, **kw})
+
     # package is v1; device runs v2
     with pytest.raises(RollbackRefused, match="not newer"):
-        verify_package_dir(signed, trusted, installed_version=2, device_id="gw-1")
+        verify(None)
     with pytest.raises(RollbackRefused):
-        verify_package_dir(signed, trusted, installed_version=1, device_id="gw-1")
-    rb = sign_rollback(
-        priv, "ops-1", device_id="gw-1", name="skab-wstat", from_version=2, to_version=1
-    )
-    m = verify_package_dir(signed, trusted, 2, rb, device_id="gw-1")
-    assert m.version == 1
-    # bound to device, and from/to versions
+        verify(None, installed=1)
+    rb = rollback()
+    assert verify(rb) == 1
+    # bound to device, stream and from/to versions
     with pytest.raises(RollbackRefused, match="not"):
-        verify_package_dir(signed, trusted, 2, rb, device_id="gw-2")
+        verify(rb, device="gw-2")
+    with pytest.raises(RollbackRefused, match="device/stream/name"):
+        verify(rb, stream="fan")
     with pytest.raises(RollbackRefused):
-        verify_package_dir(signed, trusted, 3, rb, device_id="gw-1")
+        verify(rb, installed=3)
     with pytest.raises(RollbackRefused):
-        verify_package_dir(signed, trusted, 2, rb)  # device id unknown
+        verify(rb, device=None)  # device id unknown
+    with pytest.raises(RollbackRefused, match="device/stream/name"):
+        verify(rollback(stream=None))  # an older fleet's rollback names no stream
+    # expires; not from the future
+    with pytest.raises(RollbackRefused, match="expired"):
+        verify(rb, at=now + 601)
+    with pytest.raises(RollbackRefused, match="in the future"):
+        verify(rollback(clock=lambda: now + 3600))
+    # no rollback keys configured: refused
+    with pytest.raises(RollbackRefused, match="no rollback keys"):
+        verify_package_dir(signed, trusted, 2, rb, device_id="gw-1", stream="pump", now=now)
     # tampered
     forged = rb.model_copy(update={"device_id": "gw-9"})
     with pytest.raises(RollbackRefused, match="not valid"):
-        verify_package_dir(signed, trusted, 2, forged, device_id="gw-9")
+        verify(forged, device="gw-9")
+    # signed by the PACKAGE key: not a rollback key (roles are separate trust sets)
+    with pytest.raises(RollbackRefused, match="not a trusted rollback key"):
+        verify(rollback(load_private_key(keys[0]), "ops-1"))
     # signed by a key the device does not trust
     rogue = Ed25519PrivateKey.generate()
-    bad = sign_rollback(
-        rogue, "rogue", device_id="gw-1", name="skab-wstat", from_version=2, to_version=1
-    )
-    with pytest.raises(RollbackRefused, match="not trusted"):
-        verify_package_dir(signed, trusted, 2, bad, device_id="gw-1")
+    with pytest.raises(RollbackRefused, match="not a trusted rollback key"):
+        verify(rollback(rogue, "rogue"))
     # rogue key reusing the trusted key id
-    bad2 = sign_rollback(
-        rogue, "ops-1", device_id="gw-1", name="skab-wstat", from_version=2, to_version=1
-    )
     with pytest.raises(RollbackRefused, match="not valid"):
-        verify_package_dir(signed, trusted, 2, bad2, device_id="gw-1")
+        verify(rollback(rogue, "fleet-rb"))
 
 
 def test_newer_version_ok(signed: Path, keys: tuple[Path, Path]) -> None:
