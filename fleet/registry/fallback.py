@@ -12,7 +12,7 @@ report of that rollout (:func:`fill_previous`).
 An abort sends a device back only when all of these hold (:func:`abort_outcome` says which one
 is missing, per device, in the rollout's ``reason``): the device may run the aborted version, its
 previous version is known, that version is in the registry (pushed signed, like any package),
-and the fleet has a signing key for the rollback (``--signing-key``; agents must trust its
+and the fleet has a rollback key (``--rollback-key``; agents must trust its
 ``.pub``).
 """
 
@@ -129,7 +129,7 @@ def abort_outcome(
             why = (f"keep {label} ({ro.model_name}@{prev} is not in the registry: push it "
                    "signed)")
         elif not can_sign:
-            why = f"keep {label} (the fleet has no --signing-key to sign the rollback)"
+            why = f"keep {label} (the fleet has no --rollback-key to sign the rollback)"
         else:
             why = f"back to {ro.model_name}@{prev}"
         groups.setdefault(why, []).append(str(m.device_id))

@@ -4,7 +4,7 @@
 port, and can stop/kill/restart it on the same port; ``counts`` reads the fleet's database
 directly (``COUNT(*)`` and ``COUNT(DISTINCT id)`` per record table). The database is a SQLite
 file in ``workdir`` unless ``db_url`` names another (``postgresql+psycopg://...``). ``serve_args``
-are added to ``edge-fleet serve`` (e.g. ``--trusted-keys DIR --signing-key FILE``); ``cli`` runs
+are added to ``edge-fleet serve`` (e.g. ``--trusted-keys DIR --rollback-key FILE``); ``cli`` runs
 an operator command (``model push``, ``rollout create``...) against the server.
 """
 

@@ -36,29 +36,33 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def fleet_keys(tmp_path: Path) -> tuple[Path, Path, Path]:
-    """(package signing key, the fleet's trusted dir, the agent's trusted dir).
+def fleet_keys(tmp_path: Path) -> tuple[Path, Path, Path, Path]:
+    """(package signing key, the fleet's trusted dir, the agent's package trusted dir, the
+    agent's rollback keys dir).
 
     The fleet's rollback key ``fleet-rollback.key`` is in ``tmp_path/fleet-keys``; agents trust
-    both public keys.
+    its public half for rollbacks only, and the operator's key for packages only.
     """
     ops, ops_pub = generate_keypair(tmp_path / "ops-keys", "ops")
     _rb, rb_pub = generate_keypair(tmp_path / "fleet-keys", "fleet-rollback")
     fleet_trusted, agent_trusted = tmp_path / "fleet-trusted", tmp_path / "agent-trusted"
-    for d, pubs in ((fleet_trusted, [ops_pub]), (agent_trusted, [ops_pub, rb_pub])):
+    agent_rollback = tmp_path / "agent-rollback-keys"
+    for d, pubs in ((fleet_trusted, [ops_pub]), (agent_trusted, [ops_pub]),
+                    (agent_rollback, [rb_pub])):
         d.mkdir()
         for pub in pubs:
             (d / pub.name).write_bytes(pub.read_bytes())
-    return ops, fleet_trusted, agent_trusted
+    return ops, fleet_trusted, agent_trusted, agent_rollback
 
 
 @pytest.fixture
-def rfleet(tmp_path: Path, fleet_keys: tuple[Path, Path, Path]) -> Iterator[FleetProcess]:
+def rfleet(tmp_path: Path, fleet_keys: tuple[Path, Path, Path, Path]
+           ) -> Iterator[FleetProcess]:
     """A real fleet holding signed skab-wstat v1, v2 and v3."""
-    ops, fleet_trusted, _ = fleet_keys
+    ops, fleet_trusted, _, _ = fleet_keys
     proc = FleetProcess(tmp_path / "fleet", serve_args=[
         "--trusted-keys", str(fleet_trusted),
-        "--signing-key", str(tmp_path / "fleet-keys" / "fleet-rollback.key"),
+        "--rollback-key", str(tmp_path / "fleet-keys" / "fleet-rollback.key"),
     ])
     proc.start()
     try:
@@ -150,7 +154,7 @@ def _check_agent_after(agent: Agent, source: FlowingSource, tmp_path: Path,
 
 
 def test_abort_of_the_first_rollout_goes_back_to_the_builtin_version(
-    tmp_path: Path, rfleet: FleetProcess, fleet_keys: tuple[Path, Path, Path],
+    tmp_path: Path, rfleet: FleetProcess, fleet_keys: tuple[Path, Path, Path, Path],
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:
     """builtin v1 → rollout v2 → abort: the agent reported its builtin v1 at start, so the
@@ -158,7 +162,8 @@ def test_abort_of_the_first_rollout_goes_back_to_the_builtin_version(
     caplog.set_level(logging.WARNING, logger="agent.updater")
     finish = threading.Event()
     source = FlowingSource("pump", finish)
-    agent = _agent(tmp_path, rfleet, fleet_keys[2], source, monkeypatch, token=rfleet.token)
+    agent = _agent(tmp_path, rfleet, fleet_keys[2], source, monkeypatch, token=rfleet.token,
+                   rollback_keys=fleet_keys[3])
     with _running(agent, finish):
         _wait_for(lambda: _device_model(rfleet) == ("skab-wstat", 1))  # the start report
         rid = _activate(rfleet, agent, 2)
@@ -174,7 +179,7 @@ def test_abort_of_the_first_rollout_goes_back_to_the_builtin_version(
 
 
 def test_v1_v2_v3_abort_back_to_the_kept_v2(
-    tmp_path: Path, rfleet: FleetProcess, fleet_keys: tuple[Path, Path, Path],
+    tmp_path: Path, rfleet: FleetProcess, fleet_keys: tuple[Path, Path, Path, Path],
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:
     """builtin v1 → v2 → v3 → abort → v2: the agent kept v2 as its previous package; the abort
@@ -182,7 +187,8 @@ def test_v1_v2_v3_abort_back_to_the_kept_v2(
     caplog.set_level(logging.WARNING, logger="agent.updater")
     finish = threading.Event()
     source = FlowingSource("pump", finish)
-    agent = _agent(tmp_path, rfleet, fleet_keys[2], source, monkeypatch, token=rfleet.token)
+    agent = _agent(tmp_path, rfleet, fleet_keys[2], source, monkeypatch, token=rfleet.token,
+                   rollback_keys=fleet_keys[3])
     with _running(agent, finish):
         _wait_for(lambda: _device_model(rfleet) == ("skab-wstat", 1))
         r2 = _activate(rfleet, agent, 2)
