@@ -16,11 +16,12 @@
 from __future__ import annotations
 
 import re
+from typing import Annotated
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from cloud_sync.protocol import NAME_PATTERN
+from cloud_sync.protocol import INT64_MAX, NAME_PATTERN
 from fleet.api.deps import AdminDep, PrincipalDep
 from fleet.api.handlers import error_response
 from fleet.api.model_loop import ModelLoopDep
@@ -62,7 +63,10 @@ async def upload(request: Request, loop: ModelLoopDep, _admin: AdminDep) -> Mode
 
 
 @router.get("/v1/models", response_model=ModelList)
-def list_models(loop: ModelLoopDep, _admin: AdminDep, name: str | None = None) -> ModelList:
+def list_models(
+    loop: ModelLoopDep, _admin: AdminDep,
+    name: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
+) -> ModelList:
     return ModelList(models=[_out(r) for r in loop.registry.list(name)])
 
 
@@ -92,7 +96,8 @@ def parse_range(header: str, size: int) -> tuple[int, int] | None:
 
 @router.get("/v1/models/{name}/{version}/package")
 def download(
-    name: str, version: int, request: Request, loop: ModelLoopDep, _who: PrincipalDep
+    name: str, version: Annotated[int, Path(ge=1, le=INT64_MAX)], request: Request,
+    loop: ModelLoopDep, _who: PrincipalDep,
 ) -> Response:
     if not re.fullmatch(NAME_PATTERN, name):
         return error_response(404, "not_found", f"model {name}@{version} is not in the registry")
