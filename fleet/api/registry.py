@@ -42,7 +42,11 @@ def _out(rec: ModelRecord) -> ModelOut:
     )
 
 
-@router.post("/v1/models", status_code=201, response_model=ModelOut)
+_ARCHIVE_BODY = {"requestBody": {"required": True, "content": {
+    "application/gzip": {"schema": {"type": "string", "format": "binary"}}}}}
+
+
+@router.post("/v1/models", status_code=201, response_model=ModelOut, openapi_extra=_ARCHIVE_BODY)
 async def upload(request: Request, loop: ModelLoopDep, _admin: AdminDep) -> ModelOut:
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype not in _TYPES:
