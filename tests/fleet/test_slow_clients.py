@@ -135,3 +135,12 @@ def test_fleet_unit_sets_a_descriptor_limit() -> None:
     limits = [line.split("=", 1)[1] for line in unit.read_text().splitlines()
               if line.startswith("LimitNOFILE=")]
     assert len(limits) == 1 and 1024 <= int(limits[0]) <= 65536, limits
+
+
+def test_oversized_request_headers_get_431(fleet: FleetProcess) -> None:
+    with socket.create_connection(("127.0.0.1", fleet.port), timeout=10) as s:
+        # 66 KB of headers in one send, then nothing: all of it is read before the fleet closes
+        pad = b"".join(b"X-Pad-%d: " % i + b"a" * 2000 + b"\r\n" for i in range(33))
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: fleet\r\n" + pad)
+        answer = s.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
