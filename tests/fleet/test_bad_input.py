@@ -79,6 +79,11 @@ DEVICE_CASES: list[tuple[str, str, dict[str, Any]]] = [
      sample_body(model={"name": "m" * 100, "version": 1})),
     ("samples: NUL in model name", "/v1/samples", sample_body(model={"name": "m\x00",
                                                                      "version": 1})),
+    # a lone surrogate has no UTF-8: neither stored nor quoted back in an error as it is
+    ("samples: lone-surrogate key, NUL value", "/v1/samples", {"\ud800": "\x00"}),
+    ("status: lone surrogate in reason", "/v1/models/status", status_body(reason="\ud800")),
+    ("status: lone-surrogate details key", "/v1/models/status",
+     status_body(details={"\ud800": 1})),
 ]
 
 ADMIN_CASES: list[tuple[str, str, dict[str, Any]]] = [
@@ -111,7 +116,7 @@ def test_device_bodies_no_database_stores_are_refused(
     raw_client: TestClient, case: str, path: str, body: dict[str, Any]
 ) -> None:
     auth = {"Authorization": f"Bearer {enroll(raw_client, 'gw1')}"}
-    resp = raw_client.post(path, content=json.dumps(body), headers={
+    resp = raw_client.post(path, content=json.dumps(body).encode(), headers={
         **auth, "Content-Type": "application/json"})
     assert resp.status_code == 422, (case, resp.status_code, resp.text)
 

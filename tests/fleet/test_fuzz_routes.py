@@ -8,13 +8,14 @@ JSON, or random bytes), gzip or not, and a token of each kind (admin, device, an
 none, garbage). Whatever it sends, the answer is never a 5xx. The fleet holds an enrolled
 device, a pushed package and a rollout, so the requests reach the database.
 
-Cost is bounded: :data:`EXAMPLES` requests per operation and database (about 40 s in all here).
+Cost is bounded: :data:`EXAMPLES` requests per operation and database (about 60 s in all here).
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import os
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,7 +35,8 @@ from tests.fleet.conftest import ADMIN_TOKEN, enroll
 from tests.fleet.model_pkg import archive, make_keys
 from tests.fleet.wire import T0, aggregate, alert, batch
 
-EXAMPLES = 30
+#: Requests per operation and database; ``FLEET_FUZZ_EXAMPLES=500`` for a deeper run by hand.
+EXAMPLES = int(os.environ.get("FLEET_FUZZ_EXAMPLES", "30"))
 
 _DOC_DB = Path(tempfile.gettempdir()) / "edge-fleet-openapi-never-opened.db"
 DOC = create_app(Settings(db_url=f"sqlite:///{_DOC_DB}", admin_token="x")).openapi()
