@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import ipaddress
 import logging
 import os
 import sys
@@ -276,6 +277,9 @@ def _serve(args: argparse.Namespace) -> int:
     _log.info("edge-fleet on %s://%s:%d, database %s, %d worker(s)", scheme, args.host,
               args.port, engine.url.render_as_string(hide_password=True), args.workers)
     conn_guard.configure(settings.request_timeout_s)
+    if scheme == "http" and not _loopback(args.host):
+        _log.warning("serving plain HTTP on %s: tokens cross the network in clear; use "
+                     "--tls-cert/--tls-key or a TLS proxy", args.host)
     if args.workers <= 1:
         auto = None
         if args.auto_retrain:
@@ -316,6 +320,13 @@ def _serve(args: argparse.Namespace) -> int:
         if copy is not None:
             remove_private_copy(copy)
     return 0
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def _server_options(args: argparse.Namespace) -> dict[str, Any]:

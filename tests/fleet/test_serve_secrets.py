@@ -147,8 +147,17 @@ def test_admin_token_is_not_in_worker_environments(tmp_path: Path) -> None:
                 time.sleep(0.2)
         children = _children(fleet.pid)
         assert len(children) >= 2
+        copies: set[Path] = set()
         for child in children:
             environ = Path(f"/proc/{child}/environ").read_bytes()
             assert ADMIN_TOKEN.encode() not in environ, child
+            for entry in environ.split(b"\0"):
+                if entry.startswith(b"EDGE_FLEET_ADMIN_TOKEN_FILE="):
+                    copies.add(Path(entry.split(b"=", 1)[1].decode()))
+        assert len(copies) == 1  # the workers read a private copy: 0600 in a 0700 directory
+        copy = copies.pop()
+        assert _mode(copy) == 0o600 and _mode(copy.parent) == 0o700
+        assert copy.read_text().strip() == ADMIN_TOKEN
     finally:
         fleet.stop()
+    assert not copy.exists() and not copy.parent.exists()  # removed at exit
