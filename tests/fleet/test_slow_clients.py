@@ -144,3 +144,23 @@ def test_oversized_request_headers_get_431(fleet: FleetProcess) -> None:
         s.sendall(b"GET /healthz HTTP/1.1\r\nHost: fleet\r\n" + pad)
         answer = s.recv(4096)
     assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+
+
+def test_trickled_body_gets_408_and_is_closed(fleet: FleetProcess) -> None:
+    with socket.create_connection(("127.0.0.1", fleet.port), timeout=30) as s:
+        s.sendall(b"POST /v1/ingest HTTP/1.1\r\nHost: fleet\r\nContent-Type: application/json\r\n"
+                  b"Authorization: Bearer " + fleet.token.encode() +
+                  b"\r\nContent-Length: 1000\r\n\r\n{")
+        data = b""
+        with contextlib.suppress(OSError):
+            for _ in range(60):  # one byte a second: 3 s + 1000 B / 32 KiB/s is the deadline
+                s.sendall(b" ")
+                s.settimeout(1.0)
+                try:
+                    chunk = s.recv(4096)
+                except TimeoutError:
+                    continue
+                data += chunk
+                if not chunk or data.endswith(b"}"):
+                    break
+    assert data.startswith(b"HTTP/1.1 408 "), data[:200]
