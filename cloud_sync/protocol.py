@@ -60,6 +60,12 @@ AGGREGATE_ID_PATTERN = (
     r"^[A-Za-z0-9_.-]{1,64}:[A-Za-z0-9_.-]{1,64}:-?[0-9]{1,20}(?::[1-9][0-9]{0,5})?$"
 )
 NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+#: Largest integer a wire field may carry: the databases' BIGINT (int64).
+INT64_MAX = 2**63 - 1
+#: Free text: no NUL character (PostgreSQL ``text``/``jsonb`` cannot hold it).
+TEXT_PATTERN = r"^[^\x00]*$"
+#: Most entries, key and text lengths of a status report's ``details``.
+MAX_DETAILS, MAX_DETAIL_KEY, MAX_DETAIL_TEXT = 32, 64, 512
 
 
 class _Wire(BaseModel):
@@ -97,8 +103,8 @@ class TopChannelBody(_Wire):
 
 
 class ModelRef(_Wire):
-    name: str = Field(min_length=1, max_length=64)
-    version: int = Field(ge=0)
+    name: str = Field(min_length=1, max_length=64, pattern=TEXT_PATTERN)
+    version: int = Field(ge=0, le=INT64_MAX)
 
 
 class AlertSourceBody(_Wire):
@@ -247,7 +253,9 @@ class EnrollRequest(_Wire):
     """``POST /v1/devices`` (admin token): register a device."""
 
     device_id: str = Field(pattern=NAME_PATTERN)
-    tags: list[str] = Field(default_factory=list, max_length=32)
+    tags: list[Annotated[str, Field(min_length=1, max_length=64, pattern=TEXT_PATTERN)]] = Field(
+        default_factory=list, max_length=32
+    )
 
 
 class EnrollResponse(_Wire):
@@ -341,18 +349,28 @@ class ModelAssignment(_Wire):
     rollback: SignedRollback | None = None
 
 
+DetailKey = Annotated[str, Field(min_length=1, max_length=MAX_DETAIL_KEY, pattern=TEXT_PATTERN)]
+DetailValue = (
+    float  # NaN/Infinity leave the agent as null; the fleet refuses the literals (422)
+    | Annotated[int, Field(ge=-INT64_MAX - 1, le=INT64_MAX)]
+    | Annotated[str, Field(max_length=MAX_DETAIL_TEXT, pattern=TEXT_PATTERN)]
+    | None
+)
+
+
 class ModelStatusReport(_Wire):
-    """A device's report of one update step."""
+    """A device's report of one update step (``details``: at most :data:`MAX_DETAILS` entries,
+    keys up to :data:`MAX_DETAIL_KEY` characters, texts up to :data:`MAX_DETAIL_TEXT`)."""
 
     device_id: str = Field(pattern=NAME_PATTERN)
-    stream: str | None = None
-    name: str
-    version: int = Field(ge=1)
-    rollout_id: int | None = None
+    stream: str | None = Field(None, pattern=NAME_PATTERN)
+    name: str = Field(pattern=NAME_PATTERN)
+    version: int = Field(ge=1, le=INT64_MAX)
+    rollout_id: int | None = Field(None, ge=1, le=INT64_MAX)
     state: ModelState
-    reason: str | None = Field(None, max_length=2000)
-    details: dict[str, float | int | str | None] = Field(default_factory=dict)
-    at: float
+    reason: str | None = Field(None, max_length=2000, pattern=TEXT_PATTERN)
+    details: dict[DetailKey, DetailValue] = Field(default_factory=dict, max_length=MAX_DETAILS)
+    at: float = Field(ge=0, le=32503680000, description="Epoch seconds UTC.")
 
 
 class SampleBatch(_Wire):
@@ -366,9 +384,11 @@ class SampleBatch(_Wire):
 
     device_id: str = Field(pattern=NAME_PATTERN)
     stream: str = Field(pattern=NAME_PATTERN)
-    channels: list[str] = Field(min_length=1, max_length=256)
+    channels: list[Annotated[str, Field(min_length=1, max_length=128, pattern=TEXT_PATTERN)]] = (
+        Field(min_length=1, max_length=256)
+    )
     model: ModelRef | None = None
-    config_hash: str = Field(max_length=128)
-    sample_rate_hz: float | None = None
+    config_hash: str = Field(max_length=128, pattern=TEXT_PATTERN)
+    sample_rate_hz: float | None = Field(None, ge=0, le=1e9)
     kind: Literal["calibration", "reservoir"] = "reservoir"
     windows: list[list[list[float]]] = Field(max_length=10_000)

@@ -10,6 +10,7 @@ from sqlalchemy import Engine
 
 from fleet.api import devices, handlers, health, ingest, registry, rollouts, samples
 from fleet.api.deps import Services
+from fleet.api.json_body import install_openapi
 from fleet.db.devices import DeviceRegistry
 from fleet.db.engine import make_engine
 from fleet.db.records import RecordStore
@@ -61,6 +62,7 @@ def create_app(
     )
     app.state.model_loop = build_model_loop(settings, engine)
     handlers.install(app)
+    install_openapi(app)
     for module in (ingest, devices, health, samples, registry, rollouts):
         app.include_router(module.router)
     app.add_middleware(MetricsMiddleware, metrics=metrics)

@@ -3,6 +3,8 @@
 ::
 
     edge-fleet serve [--db URL] [--host 127.0.0.1] [--port 8700] [--admin-token-file F]
+                     [--tls-cert PEM --tls-key PEM] [--request-timeout 10]
+                     [--status-retention-days 90]
                      [--state-dir fleet-state] [--pool-size 10] [--workers 1]
                      [--trusted-keys DIR] [--signing-key FILE] [--rollback-key FILE]
                      [--halt-after N]
@@ -11,7 +13,9 @@
     edge-fleet retrain --device D --stream S --signing-key F --trusted-keys DIR
                                                (see fleet/training/cli.py)
     edge-fleet db upgrade [--db URL]
-    edge-fleet device add ID [--tag T ...]     prints the new token (shown once)
+    edge-fleet device add ID [--tag T ...] [--token-file F]
+                                               prints the new token (shown once), or writes
+                                               it to a NEW file F (mode 0600)
     edge-fleet device list [--all]
     edge-fleet device revoke ID
     edge-fleet keys|model|rollout ...          model rollout (see fleet/operator_cli.py)
@@ -22,12 +26,17 @@ before the server is up and need no admin token, which is the operator's file-sy
 ``sqlite:///<state dir>/fleet.db`` (WAL). Exit codes: 0 ok, 1 refused (unknown or already
 enrolled device), 69 database unreachable (EX_UNAVAILABLE), 70 migration failed
 (EX_SOFTWARE), 78 bad configuration (EX_CONFIG).
+
+What these commands write (database, state directory, token files) is owner-only (umask 077,
+:mod:`fleet.secret_files`). ``serve --workers N`` hands its worker processes the admin token as
+a file path (a 0600 file), never in their environment.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import ipaddress
 import logging
 import os
 import sys
@@ -40,6 +49,12 @@ from sqlalchemy import Engine
 from fleet.db.devices import Device, DeviceRegistry
 from fleet.db.engine import make_engine
 from fleet.errors import ApiError, ConfigError, MigrationError, StorageUnavailable
+from fleet.secret_files import (
+    create_secret_file,
+    private_copy,
+    private_umask,
+    remove_private_copy,
+)
 from fleet.settings import (
     ADMIN_TOKEN_ENV,
     DEFAULT_PORT,
@@ -58,6 +73,10 @@ _ENV_KEYS, _ENV_SIGNING = "EDGE_FLEET_TRUSTED_KEYS", "EDGE_FLEET_SIGNING_KEY"
 _ENV_ROLLBACK = "EDGE_FLEET_ROLLBACK_KEY"
 _ENV_HALT = "EDGE_FLEET_HALT_AFTER"
 _ENV_AUTH_TTL = "EDGE_FLEET_AUTH_CACHE_TTL"
+_ENV_TOKEN_FILE, _ENV_RETENTION = "EDGE_FLEET_ADMIN_TOKEN_FILE", "EDGE_FLEET_STATUS_RETENTION_DAYS"
+_ENV_REQUEST_TIMEOUT = "EDGE_FLEET_REQUEST_TIMEOUT"
+#: Commands that write the database, the state directory or a token.
+_PRIVATE_COMMANDS = ("serve", "db", "device", "retrain")
 #: Seconds uvicorn's supervisor waits for a worker's health answer (``--workers N``) before it
 #: kills and respawns the worker; uvicorn's default is 5. A worker answers only once it has
 #: imported the app (1.5-2.5 s of CPU here), so on a busy 2-core host a new worker missed 5 s,
@@ -98,6 +117,15 @@ def build_parser() -> argparse.ArgumentParser:
                        metavar="S",
                        help="seconds a worker reuses a device-token lookup; a revoked token "
                             "works in other workers for at most this long (0: off; default 30)")
+    serve.add_argument("--tls-cert", type=Path, metavar="PEM",
+                       help="serve HTTPS with this certificate chain (needs --tls-key)")
+    serve.add_argument("--tls-key", type=Path, metavar="PEM", help="private key of --tls-cert")
+    serve.add_argument("--request-timeout", type=float, default=Settings.request_timeout_s,
+                       metavar="S", help="close a connection that has not sent its request "
+                       "headers within S seconds (the body gets S + 1 s per 32 KiB; default 10)")
+    serve.add_argument("--status-retention-days", type=float,
+                       default=Settings.status_retention_days, metavar="D",
+                       help="delete model status reports older than D days (0: keep; default 90)")
     training_cli.add_arguments(serve, serve=True)
 
     retrain = sub.add_parser("retrain", parents=[common],
@@ -115,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     add = dev_sub.add_parser("add", parents=[common], help="enroll; prints the token once")
     add.add_argument("device_id")
     add.add_argument("--tag", action="append", default=[], dest="tags")
+    add.add_argument("--token-file", type=Path,
+                     help="write the token to this NEW file (mode 0600) instead of stdout")
     lst = dev_sub.add_parser("list", parents=[common], help="table of devices")
     lst.add_argument("--all", action="store_true", help="include revoked devices")
     rev = dev_sub.add_parser("revoke", parents=[common], help="invalidate a device token")
@@ -133,6 +163,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # alembic 1.16+ logs one INFO line per autogenerate plugin when it is first imported (7
     # lines before each `edge-fleet device add`): nothing an operator acts on
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
+    if args.command in _PRIVATE_COMMANDS:
+        private_umask()
     try:
         return _run(args)
     except ConfigError as exc:
@@ -175,7 +207,7 @@ def _run(args: argparse.Namespace) -> int:
                 EnrollRequest(device_id=args.device_id, tags=args.tags)
             except ValueError as exc:
                 raise ConfigError(f"invalid device id or tags: {exc}") from None
-            print(registry.enroll(args.device_id, args.tags))
+            _enroll(registry, args)
         elif args.device_command == "list":
             print(format_table(registry.list(include_revoked=args.all)))
         else:
@@ -198,7 +230,27 @@ def _settings(args: argparse.Namespace, admin_token: str = "") -> Settings:
         rollback_key_file=getattr(args, "rollback_key", None),
         rollout_halt_failures=getattr(args, "halt_after", 1),
         auth_cache_ttl_s=getattr(args, "auth_cache_ttl", Settings.auth_cache_ttl_s),
+        status_retention_days=getattr(
+            args, "status_retention_days", Settings.status_retention_days
+        ),
+        request_timeout_s=getattr(args, "request_timeout", Settings.request_timeout_s),
     )
+
+
+def _enroll(registry: DeviceRegistry, args: argparse.Namespace) -> None:
+    """Enroll; print the token, or write it to ``--token-file`` (created first: 0600, new)."""
+    if args.token_file is None:
+        print(registry.enroll(args.device_id, args.tags))
+        return
+    path: Path = args.token_file
+    with create_secret_file(path) as fh:
+        try:
+            token = registry.enroll(args.device_id, args.tags)
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+        fh.write(token + "\n")
+    print(f"enrolled {args.device_id}: token written to {path} (mode 0600)")
 
 
 def _engine(args: argparse.Namespace) -> Engine:
@@ -208,6 +260,7 @@ def _engine(args: argparse.Namespace) -> Engine:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn  # noqa: PLC0415 (only serve needs it)
 
+    from fleet import conn_guard  # noqa: PLC0415 (imports uvicorn)
     from fleet.app import create_app  # noqa: PLC0415
     from fleet.db import migrate  # noqa: PLC0415
     from fleet.training import cli as training_cli  # noqa: PLC0415
@@ -218,14 +271,22 @@ def _serve(args: argparse.Namespace) -> int:
         raise ConfigError("--workers must be 1..64 and --pool-size at least 1")
     if not 0 <= args.auth_cache_ttl <= 3600:
         raise ConfigError("--auth-cache-ttl must be 0..3600 seconds")
+    if not 0 < args.request_timeout <= 3600 or not 0 <= args.status_retention_days <= 36500:
+        raise ConfigError("--request-timeout must be 0..3600 s, --status-retention-days 0..36500")
+    from_env = args.admin_token_file is None and bool(os.environ.get(ADMIN_TOKEN_ENV, "").strip())
     token = resolve_admin_token(args.state_dir, args.admin_token_file)
+    os.environ.pop(ADMIN_TOKEN_ENV, None)  # no child process inherits it (module docstring)
     settings = _settings(args, token)
+    options = _server_options(args)
     engine = make_engine(settings)
     migrate.upgrade(engine)
-    _log.info("edge-fleet on http://%s:%d, database %s, %d worker(s)", args.host, args.port,
-              engine.url.render_as_string(hide_password=True), args.workers)
-    options: dict[str, Any] = {"host": args.host, "port": args.port, "log_level": args.log_level,
-                               "access_log": False, "server_header": False}
+    scheme = "https" if "ssl_certfile" in options else "http"
+    _log.info("edge-fleet on %s://%s:%d, database %s, %d worker(s)", scheme, args.host,
+              args.port, engine.url.render_as_string(hide_password=True), args.workers)
+    conn_guard.configure(settings.request_timeout_s)
+    if scheme == "http" and not _loopback(args.host):
+        _log.warning("serving plain HTTP on %s: tokens cross the network in clear; use "
+                     "--tls-cert/--tls-key or a TLS proxy", args.host)
     if args.workers <= 1:
         auto = None
         if args.auto_retrain:
@@ -242,11 +303,16 @@ def _serve(args: argparse.Namespace) -> int:
         return 0
     if args.auto_retrain:
         raise ConfigError("--auto-retrain runs in the serving process: use --workers 1")
-    # Worker processes import the app by name: hand them the resolved settings by environment.
+    # Worker processes import the app by name: hand them the resolved settings by environment,
+    # and the admin token as a file path (a private copy when it came in the environment).
     engine.dispose()
+    copy = private_copy(token, "admin.token") if from_env else None
+    token_file = copy or args.admin_token_file or args.state_dir / "admin.token"
     os.environ.update({
         _ENV_DB: settings.db_url,
-        ADMIN_TOKEN_ENV: settings.admin_token,
+        _ENV_TOKEN_FILE: str(Path(token_file).absolute()),
+        _ENV_RETENTION: str(settings.status_retention_days),
+        _ENV_REQUEST_TIMEOUT: str(settings.request_timeout_s),
         _ENV_POOL: str(settings.pool_size),
         _ENV_STATE: str(settings.state_dir),
         _ENV_KEYS: str(settings.trusted_keys_dir or ""),
@@ -255,19 +321,60 @@ def _serve(args: argparse.Namespace) -> int:
         _ENV_HALT: str(settings.rollout_halt_failures),
         _ENV_AUTH_TTL: str(settings.auth_cache_ttl_s),
     })
-    uvicorn.run("fleet.cli:worker_app", factory=True, workers=args.workers,
-                timeout_worker_healthcheck=WORKER_HEALTHCHECK_S, **options)
+    try:
+        uvicorn.run("fleet.cli:worker_app", factory=True, workers=args.workers,
+                    timeout_worker_healthcheck=WORKER_HEALTHCHECK_S, **options)
+    finally:
+        if copy is not None:
+            remove_private_copy(copy)
     return 0
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _server_options(args: argparse.Namespace) -> dict[str, Any]:
+    """uvicorn options: address, the slow-client guard (:mod:`fleet.conn_guard`), TLS.
+
+    Raises:
+        ConfigError: only one of ``--tls-cert``/``--tls-key``, or one is unreadable.
+    """
+    from fleet import conn_guard  # noqa: PLC0415 (imports uvicorn)
+
+    options: dict[str, Any] = {"host": args.host, "port": args.port, "log_level": args.log_level,
+                               "access_log": False, "server_header": False,
+                               "http": conn_guard.HTTP_PROTOCOL}
+    cert, key = args.tls_cert, args.tls_key
+    if (cert is None) != (key is None):
+        raise ConfigError("--tls-cert and --tls-key go together")
+    if cert is not None and key is not None:
+        for path in (cert, key):
+            if not os.access(path, os.R_OK):
+                raise ConfigError(f"cannot read {path}")
+        options.update(ssl_certfile=str(cert), ssl_keyfile=str(key))
+    return options
 
 
 def worker_app() -> FastAPI:
     """App factory for ``--workers N`` (settings from the environment ``serve`` prepared)."""
+    from fleet import conn_guard  # noqa: PLC0415
     from fleet.app import create_app  # noqa: PLC0415
 
+    state_dir = Path(os.environ[_ENV_STATE])
+    timeout = float(os.environ.get(_ENV_REQUEST_TIMEOUT, str(Settings.request_timeout_s)))
+    conn_guard.configure(timeout)
     app = create_app(Settings(
         db_url=os.environ[_ENV_DB],
-        admin_token=os.environ[ADMIN_TOKEN_ENV],
-        state_dir=Path(os.environ[_ENV_STATE]),
+        admin_token=resolve_admin_token(state_dir, Path(os.environ[_ENV_TOKEN_FILE])),
+        request_timeout_s=timeout,
+        status_retention_days=float(
+            os.environ.get(_ENV_RETENTION, str(Settings.status_retention_days))
+        ),
+        state_dir=state_dir,
         pool_size=int(os.environ[_ENV_POOL]),
         trusted_keys_dir=Path(os.environ[_ENV_KEYS]) if os.environ.get(_ENV_KEYS) else None,
         signing_key_file=(

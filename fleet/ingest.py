@@ -475,8 +475,9 @@ def unstorable(value: Any, path: str = "") -> str | None:
     """Why a JSON-shaped value cannot be stored as is, else ``None``.
 
     Catches what the schema lets through but a database refuses or mangles: NaN/Infinity (SQLite
-    stores NULL, JSON has no such literal), integers outside int64 (BIGINT) and NUL characters
-    (PostgreSQL text/jsonb reject them).
+    stores NULL, JSON has no such literal), integers outside int64 (BIGINT), NUL characters
+    (PostgreSQL text/jsonb reject them) and lone surrogates (``"\\ud800"``: no UTF-8 for them).
+    The answer never quotes a key that is itself unstorable.
     """
     where = path or "value"
     if isinstance(value, float):
@@ -486,10 +487,14 @@ def unstorable(value: Any, path: str = "") -> str | None:
     if isinstance(value, int):
         return None if _INT64_MIN <= value <= _INT64_MAX else f"{where}: integer out of range"
     if isinstance(value, str):
-        return f"{where}: NUL character" if "\x00" in value else None
+        if "\x00" in value:
+            return f"{where}: NUL character"
+        return None if value.isascii() or _utf8(value) else f"{where}: lone surrogate"
     if isinstance(value, dict):
         for key, item in value.items():
-            found = unstorable(key, where) or unstorable(item, f"{path}.{key}" if path else key)
+            found = unstorable(key, f"{where} (a key)")
+            if found is None:
+                found = unstorable(item, f"{path}.{key}" if path else key)
             if found is not None:
                 return found
     elif isinstance(value, list):
@@ -500,6 +505,14 @@ def unstorable(value: Any, path: str = "") -> str | None:
     return None
 
 
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _reason(exc: ValidationError) -> str:
     """A short one-line summary of a pydantic error (first three problems)."""
     parts = [
@@ -508,4 +521,4 @@ def _reason(exc: ValidationError) -> str:
     ]
     more = exc.error_count() - len(parts)
     text = "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")
-    return text[:_MAX_REASON]
+    return text[:_MAX_REASON].encode("utf-8", "backslashreplace").decode("utf-8")

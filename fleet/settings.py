@@ -56,6 +56,10 @@ class Settings:
         auth_cache_ttl_s: Seconds a worker reuses a successful device-token lookup (0: no
             cache). A revoked token keeps working in the other workers for at most this long;
             the worker that handles the revoke refuses it at once (:mod:`fleet.db.token_cache`).
+        status_retention_days: Model status reports older than this are deleted (checked at
+            most hourly per process, :mod:`fleet.db.retention`); 0 keeps them forever.
+        request_timeout_s: A connection that has not sent a whole request (headers and body)
+            this long after it opened or began the request is closed (:mod:`fleet.conn_guard`).
     """
 
     db_url: str
@@ -70,6 +74,8 @@ class Settings:
     rollback_key_file: Path | None = None
     rollout_halt_failures: int = 1
     auth_cache_ttl_s: float = 30.0
+    status_retention_days: float = 90.0
+    request_timeout_s: float = 10.0
 
 
 def default_db_url(state_dir: Path) -> str:

@@ -1,6 +1,7 @@
 """Operator and query routes: enroll, list, revoke devices; read a device's records.
 
-* ``POST /v1/devices`` (admin): enroll, 201 with the token (shown once); 409 if enrolled.
+* ``POST /v1/devices`` (admin): enroll, 201 with the token (shown once); 409 if enrolled. The
+  body is read only after the admin token is checked, at most 64 KiB (:mod:`fleet.api.json_body`).
 * ``GET /v1/devices`` (admin): list with last_seen, versions, backlog
   (``?include_revoked=true`` adds revoked ones).
 * ``DELETE /v1/devices/{device_id}`` (admin): revoke, 204; 404 if not active.
@@ -20,11 +21,12 @@ import math
 import re
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Response
-from pydantic import ValidationError
+from fastapi import APIRouter, Path, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
 
 from cloud_sync.protocol import NAME_PATTERN, EnrollRequest, EnrollResponse
 from fleet.api.deps import AdminDep, PrincipalDep, ServicesDep
+from fleet.api.json_body import ENROLL_MAX_BYTES, body_doc, read_model
 from fleet.api.models import AggregatePage, AlertPage, DeviceList, DeviceOut
 from fleet.db.records import TimeQuery
 from fleet.errors import NotFound, Unprocessable
@@ -33,14 +35,12 @@ router = APIRouter()
 _NAME = re.compile(NAME_PATTERN)
 
 
-@router.post("/v1/devices", status_code=201, response_model=EnrollResponse)
-def enroll(body: dict[str, Any], services: ServicesDep, _admin: AdminDep) -> EnrollResponse:
-    try:
-        request = EnrollRequest.model_validate(body)
-    except ValidationError as exc:
-        raise Unprocessable(_errors(exc)) from None
-    token = services.devices.enroll(request.device_id, request.tags)
-    return EnrollResponse(device_id=request.device_id, token=token)
+@router.post("/v1/devices", status_code=201, response_model=EnrollResponse,
+             openapi_extra=body_doc(EnrollRequest))
+async def enroll(request: Request, services: ServicesDep, _admin: AdminDep) -> EnrollResponse:
+    body = await read_model(request, EnrollRequest, ENROLL_MAX_BYTES)  # after the token check
+    token = await run_in_threadpool(services.devices.enroll, body.device_id, body.tags)
+    return EnrollResponse(device_id=body.device_id, token=token)
 
 
 @router.get("/v1/devices", response_model=DeviceList)
@@ -51,8 +51,11 @@ def list_devices(
     return DeviceList(devices=[DeviceOut.of(d) for d in found])
 
 
+DeviceId = Annotated[str, Path(pattern=NAME_PATTERN)]
+
+
 @router.delete("/v1/devices/{device_id}", status_code=204)
-def revoke(device_id: str, services: ServicesDep, _admin: AdminDep) -> Response:
+def revoke(device_id: DeviceId, services: ServicesDep, _admin: AdminDep) -> Response:
     services.devices.revoke(device_id)
     return Response(status_code=204)
 
@@ -142,8 +145,3 @@ def _time(text: str | None, name: str) -> dt.datetime | None:
         raise Unprocessable(f"{name}: not epoch seconds nor ISO 8601") from None
 
 
-def _errors(exc: ValidationError) -> list[dict[str, Any]]:
-    return [
-        {"loc": list(err["loc"]), "msg": err["msg"]}
-        for err in exc.errors(include_url=False, include_input=False)
-    ]

@@ -8,6 +8,7 @@ connections answers 503 with ``Retry-After`` so devices back off and keep their 
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -24,11 +25,18 @@ _log = logging.getLogger(__name__)
 RETRY_AFTER_S = 5
 
 
+class _AsciiJSON(JSONResponse):
+    """JSON escaped to ASCII: a detail quoting a lone surrogate a client sent still renders."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, separators=(",", ":"), allow_nan=False).encode("ascii")
+
+
 def error_response(
     status: int, code: str, detail: Any = None, headers: dict[str, str] | None = None
 ) -> JSONResponse:
     """The JSON error body every handler uses."""
-    return JSONResponse({"error": code, "detail": detail}, status_code=status, headers=headers)
+    return _AsciiJSON({"error": code, "detail": detail}, status_code=status, headers=headers)
 
 
 def install(app: FastAPI) -> None:

@@ -35,9 +35,10 @@ from pydantic import ValidationError
 from pydantic_core import to_json
 from starlette.concurrency import run_in_threadpool
 
-from cloud_sync.protocol import MAX_BATCH_RECORDS, MAX_BODY_BYTES, IngestResult
+from cloud_sync.protocol import MAX_BATCH_RECORDS, MAX_BODY_BYTES, IngestBatch, IngestResult
 from fleet.api.body import parse_json, read_body
 from fleet.api.deps import DeviceDep, Services, ServicesDep
+from fleet.api.json_body import body_doc
 from fleet.db.devices import utcnow
 from fleet.db.records import DeviceReport
 from fleet.errors import ApiError, Forbidden, PayloadTooLarge, Unprocessable
@@ -56,7 +57,7 @@ from fleet.ingest import (
 router = APIRouter()
 
 
-@router.post("/v1/ingest", response_model=IngestResult)
+@router.post("/v1/ingest", response_model=IngestResult, openapi_extra=body_doc(IngestBatch))
 async def ingest(request: Request, device_id: DeviceDep, services: ServicesDep) -> Response:
     ingesting = services.ingesting
     ingesting[device_id] += 1

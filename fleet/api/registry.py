@@ -18,11 +18,12 @@
 from __future__ import annotations
 
 import re
+from typing import Annotated
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from cloud_sync.protocol import NAME_PATTERN
+from cloud_sync.protocol import INT64_MAX, NAME_PATTERN
 from fleet.api.deps import AdminDep, PrincipalDep
 from fleet.api.handlers import error_response
 from fleet.api.model_loop import ModelLoopDep
@@ -43,7 +44,11 @@ def _out(rec: ModelRecord) -> ModelOut:
     )
 
 
-@router.post("/v1/models", status_code=201, response_model=ModelOut)
+_ARCHIVE_BODY = {"requestBody": {"required": True, "content": {
+    "application/gzip": {"schema": {"type": "string", "format": "binary"}}}}}
+
+
+@router.post("/v1/models", status_code=201, response_model=ModelOut, openapi_extra=_ARCHIVE_BODY)
 async def upload(request: Request, loop: ModelLoopDep, _admin: AdminDep) -> ModelOut:
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype not in _TYPES:
@@ -64,7 +69,10 @@ async def upload(request: Request, loop: ModelLoopDep, _admin: AdminDep) -> Mode
 
 
 @router.get("/v1/models", response_model=ModelList)
-def list_models(loop: ModelLoopDep, _admin: AdminDep, name: str | None = None) -> ModelList:
+def list_models(
+    loop: ModelLoopDep, _admin: AdminDep,
+    name: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
+) -> ModelList:
     return ModelList(models=[_out(r) for r in loop.registry.list(name)])
 
 
@@ -94,7 +102,8 @@ def parse_range(header: str, size: int) -> tuple[int, int] | None:
 
 @router.get("/v1/models/{name}/{version}/package")
 def download(
-    name: str, version: int, request: Request, loop: ModelLoopDep, who: PrincipalDep
+    name: str, version: Annotated[int, Path(ge=1, le=INT64_MAX)], request: Request,
+    loop: ModelLoopDep, who: PrincipalDep,
 ) -> Response:
     if not re.fullmatch(NAME_PATTERN, name):
         return error_response(404, "not_found", f"model {name}@{version} is not in the registry")

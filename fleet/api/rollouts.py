@@ -15,37 +15,40 @@ Device (device token):
   or 204 (keep the installed model).
 * ``POST /v1/models/status`` (:class:`~cloud_sync.protocol.ModelStatusReport`) → 204; 403 when
   it names another device or a rollout the device is not in; 404 unknown rollout.
+
+Both bodies are read only after the token is checked, within 1 MiB (rollouts) and 64 KiB
+(status reports): :mod:`fleet.api.json_body`.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Response
-from pydantic import ValidationError
+from fastapi import APIRouter, Path, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
 
-from cloud_sync.protocol import STREAM_PATTERN, ModelAssignment, ModelStatusReport
+from cloud_sync.protocol import (
+    INT64_MAX,
+    STREAM_PATTERN,
+    ModelAssignment,
+    ModelStatusReport,
+)
 from fleet.api.deps import AdminDep, DeviceDep
+from fleet.api.json_body import ROLLOUT_MAX_BYTES, STATUS_MAX_BYTES, body_doc, read_model
 from fleet.api.model_loop import ModelLoopDep
-from fleet.errors import Unprocessable
 from fleet.registry.views import RolloutCreate, RolloutList, RolloutOut
 
 router = APIRouter()
 
 
-def _parse(model: Any, body: dict[str, Any]) -> Any:
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        raise Unprocessable(
-            [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()]
-        ) from None
+RolloutId = Annotated[int, Path(ge=1, le=INT64_MAX)]
 
 
-@router.post("/v1/rollouts", status_code=201, response_model=RolloutOut)
-def create(body: dict[str, Any], loop: ModelLoopDep, _admin: AdminDep) -> RolloutOut:
-    req: RolloutCreate = _parse(RolloutCreate, body)
-    return loop.rollouts.create(req)
+@router.post("/v1/rollouts", status_code=201, response_model=RolloutOut,
+             openapi_extra=body_doc(RolloutCreate))
+async def create(request: Request, loop: ModelLoopDep, _admin: AdminDep) -> RolloutOut:
+    req = await read_model(request, RolloutCreate, ROLLOUT_MAX_BYTES)  # after the token check
+    return await run_in_threadpool(loop.rollouts.create, req)
 
 
 @router.get("/v1/rollouts", response_model=RolloutList)
@@ -54,13 +57,13 @@ def list_rollouts(loop: ModelLoopDep, _admin: AdminDep) -> RolloutList:
 
 
 @router.get("/v1/rollouts/{rollout_id}", response_model=RolloutOut)
-def show(rollout_id: int, loop: ModelLoopDep, _admin: AdminDep) -> RolloutOut:
+def show(rollout_id: RolloutId, loop: ModelLoopDep, _admin: AdminDep) -> RolloutOut:
     return loop.rollouts.get(rollout_id)
 
 
 @router.post("/v1/rollouts/{rollout_id}/{action}", response_model=RolloutOut)
 def act(
-    rollout_id: int,
+    rollout_id: RolloutId,
     action: Literal["promote", "pause", "resume", "abort"],
     loop: ModelLoopDep,
     _admin: AdminDep,
@@ -80,8 +83,8 @@ def assignment(
     return found
 
 
-@router.post("/v1/models/status", status_code=204)
-def status(body: dict[str, Any], loop: ModelLoopDep, device_id: DeviceDep) -> Response:
-    rep: ModelStatusReport = _parse(ModelStatusReport, body)
-    loop.rollouts.report(device_id, rep)
+@router.post("/v1/models/status", status_code=204, openapi_extra=body_doc(ModelStatusReport))
+async def status(request: Request, loop: ModelLoopDep, device_id: DeviceDep) -> Response:
+    rep = await read_model(request, ModelStatusReport, STATUS_MAX_BYTES)  # after the token
+    await run_in_threadpool(loop.rollouts.report, device_id, rep)
     return Response(status_code=204)

@@ -17,12 +17,11 @@ from __future__ import annotations
 import math
 
 from fastapi import APIRouter, Request
-from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from cloud_sync.protocol import MAX_BODY_BYTES, SampleBatch
-from fleet.api.body import read_json
 from fleet.api.deps import DeviceDep, ServicesDep
+from fleet.api.json_body import body_doc, read_model
 from fleet.db.devices import utcnow
 from fleet.errors import Forbidden, PayloadTooLarge, Unprocessable
 
@@ -32,18 +31,11 @@ router = APIRouter()
 MAX_SAMPLE_VALUES = 1_000_000
 
 
-@router.post("/v1/samples")
+@router.post("/v1/samples", openapi_extra=body_doc(SampleBatch))
 async def post_samples(
     request: Request, device_id: DeviceDep, services: ServicesDep
 ) -> dict[str, int]:
-    data = await read_json(request, MAX_BODY_BYTES)
-    try:
-        batch = SampleBatch.model_validate(data)
-    except ValidationError as exc:
-        raise Unprocessable([
-            {"loc": list(err["loc"]), "msg": err["msg"]}
-            for err in exc.errors(include_url=False, include_input=False)[:20]
-        ]) from None
+    batch = await read_model(request, SampleBatch, MAX_BODY_BYTES)
     if batch.device_id != device_id:
         raise Forbidden(f"batch device_id {batch.device_id!r} is not the token's device")
     check_shape(batch)

@@ -34,6 +34,7 @@ from sqlalchemy import ColumnElement, Connection, Engine, and_, func, insert, or
 from cloud_sync.package import sign_rollback
 from cloud_sync.protocol import ModelAssignment, ModelStatusReport
 from fleet.db.model_tables import model_status_reports, rollout_devices, rollouts
+from fleet.db.retention import StatusRetention
 from fleet.db.schema import devices
 from fleet.errors import Conflict, Forbidden, NotFound, Unprocessable
 from fleet.registry.fallback import abort_outcome, fill_previous, may_run, previous_versions
@@ -69,6 +70,7 @@ class RolloutService:
         signer: ``(key_id, private key)`` to sign fallback rollbacks, or None.
         halt_after_failures: Default failed-device threshold of a new rollout.
         clock: Wall clock (aware UTC).
+        retention: Prunes old status reports after a report is stored (None: kept forever).
     """
 
     def __init__(
@@ -79,8 +81,10 @@ class RolloutService:
         *,
         halt_after_failures: int = 1,
         clock: Callable[[], dt.datetime] = _now,
+        retention: StatusRetention | None = None,
     ) -> None:
         self._engine = engine
+        self._retention = retention
         self._registry = registry
         self._signer = signer
         self._halt_after = halt_after_failures
@@ -273,6 +277,11 @@ class RolloutService:
         """
         if rep.device_id != device_id:
             raise Forbidden("a device can only report for itself")
+        self._store_report(device_id, rep)
+        if self._retention is not None:
+            self._retention.maybe_prune()
+
+    def _store_report(self, device_id: str, rep: ModelStatusReport) -> None:
         now = self._clock()
         with self._engine.begin() as conn:
             conn.execute(insert(model_status_reports).values(

@@ -21,8 +21,10 @@ from sqlalchemy import Engine, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from cloud_sync.package import PackageError, pack, read_manifest, unpack, verify_package_dir
+from cloud_sync.protocol import INT64_MAX
 from fleet.db.model_tables import models
 from fleet.errors import Conflict, NotFound, Unprocessable
+from fleet.ingest import unstorable
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,11 @@ class ModelRegistry:
             except PackageError as exc:
                 raise Unprocessable(f"{type(exc).__name__}: {exc}") from None
             data = canonical.read_bytes()
+        bad = unstorable(raw, "manifest")
+        if bad is None and not 1 <= manifest.version <= INT64_MAX:
+            bad = "manifest.version: out of range"
+        if bad is not None:
+            raise Unprocessable(f"PackageFormatError: {bad}")
         signature = manifest.signature or ""
         row = {
             "name": manifest.name, "version": manifest.version, "archive": data,

@@ -7,11 +7,11 @@ Times are ISO 8601 UTC.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from cloud_sync.protocol import STREAM_PATTERN
+from cloud_sync.protocol import INT64_MAX, NAME_PATTERN, STREAM_PATTERN, TEXT_PATTERN
 
 
 class _Body(BaseModel):
@@ -38,16 +38,22 @@ class ModelList(_Body):
 class RolloutCreate(_Body):
     """``POST /v1/rollouts``: exactly one of ``tag`` or ``devices``."""
 
-    name: str
-    version: int = Field(ge=1)
-    tag: str | None = Field(None, max_length=64, description="Every active device with it.")
-    devices: list[str] | None = Field(None, min_length=1, max_length=10_000)
+    name: str = Field(pattern=NAME_PATTERN)
+    version: int = Field(ge=1, le=INT64_MAX)
+    tag: str | None = Field(
+        None, min_length=1, max_length=64, pattern=TEXT_PATTERN,
+        description="Every active device with it.",
+    )
+    devices: list[Annotated[str, Field(pattern=NAME_PATTERN)]] | None = Field(
+        None, min_length=1, max_length=10_000
+    )
     stream: str | None = Field(None, pattern=STREAM_PATTERN, description="None: every stream.")
     canary_percent: float | None = Field(
         None, gt=0, le=100, description="None or 100: every device at once (promoted)."
     )
     halt_after_failures: int | None = Field(
-        None, ge=1, description="Failed devices that halt it (default: the server's, 1)."
+        None, ge=1, le=1_000_000,
+        description="Failed devices that halt it (default: the server's, 1).",
     )
 
     @model_validator(mode="after")

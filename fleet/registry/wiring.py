@@ -10,6 +10,7 @@ from sqlalchemy import Engine
 
 from cloud_sync.package import KeyFileError, key_id_of, load_private_key, load_public_keys
 from fleet.api.model_loop import ModelLoop
+from fleet.db.retention import StatusRetention
 from fleet.errors import ConfigError
 from fleet.registry.rollouts import RolloutService, Signer
 from fleet.registry.store import ModelRegistry
@@ -49,7 +50,10 @@ def build_model_loop(settings: Settings, engine: Engine) -> ModelLoop:
     except KeyFileError as exc:
         raise ConfigError(str(exc)) from None
     registry = ModelRegistry(engine, trusted)
+    days = settings.status_retention_days
+    retention = StatusRetention(engine, days * 86400) if days > 0 else None
     rollouts = RolloutService(
-        engine, registry, signer, halt_after_failures=settings.rollout_halt_failures
+        engine, registry, signer, halt_after_failures=settings.rollout_halt_failures,
+        retention=retention,
     )
     return ModelLoop(registry=registry, rollouts=rollouts)

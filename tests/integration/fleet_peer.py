@@ -11,6 +11,7 @@ an operator command (``model push``, ``rollout create``...) against the server.
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -41,15 +42,19 @@ class FleetProcess:
     def __init__(
         self, workdir: Path, device_id: str = "gw1", db_url: str | None = None, workers: int = 1,
         serve_args: Sequence[str] = (),
+        *, extra_args: tuple[str, ...] = (), nofile: int | None = None, scheme: str = "http",
     ) -> None:
+        """``extra_args`` go to ``serve``; ``nofile`` caps its descriptors (``LimitNOFILE``)."""
         workdir.mkdir(parents=True, exist_ok=True)
         self.workers = workers
         self.serve_args = list(serve_args)
+        self.extra_args = extra_args
+        self.nofile = nofile
         self.workdir = workdir
         self.db_path = workdir / "fleet.db"
         self.db_url = db_url or f"sqlite:///{self.db_path}"
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{scheme}://127.0.0.1:{self.port}"
         self.env = {**os.environ, "EDGE_FLEET_ADMIN_TOKEN": ADMIN_TOKEN}
         self.log_path = workdir / "fleet.log"
         out = subprocess.run(
@@ -65,9 +70,11 @@ class FleetProcess:
             self._proc = subprocess.Popen(
                 [*fleet_command(), "serve", "--db", self.db_url, "--port", str(self.port),
                  "--state-dir", str(self.workdir), "--log-level", "warning",
-                 "--workers", str(self.workers), *self.serve_args],
+                 "--workers", str(self.workers), *self.serve_args, *self.extra_args],
                 env=self.env, stdout=log, stderr=subprocess.STDOUT,
             )
+        if self.nofile is not None:  # before it imports anything: it listens seconds later
+            resource.prlimit(self._proc.pid, resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
@@ -79,6 +86,10 @@ class FleetProcess:
                 time.sleep(0.05)
         self.kill()
         raise RuntimeError(f"edge-fleet serve did not listen in {timeout_s} s")
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
 
     def stop(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
