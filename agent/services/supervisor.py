@@ -17,6 +17,9 @@ Sources stay simple (:mod:`agent.sources.base`); this wraps any of them:
 
 A source that reconnects by itself (:class:`agent.sources.base.ReportsStatus`, e.g. the serial
 port) reports its failed attempts and its recovery; they are counted and logged the same way.
+A source that waits by design (:class:`agent.sources.base.ReportsWaits`: a replay paced over a
+gap in its recording, a slow simulator) says until when; :attr:`SourceSupervisor.waiting_until_mono`
+holds it for the watchdog, which takes such a wait for no stall.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from agent.errors import AgentError, RecordError, SourceError, SourceExhausted
 from agent.metrics import Metrics
 from agent.records import Reading
 from agent.sources.backoff import Backoff
-from agent.sources.base import Emit, ReportsStatus, Source
+from agent.sources.base import Emit, ReportsStatus, ReportsWaits, Source
 
 
 class RateLimiter:
@@ -100,6 +103,8 @@ class SourceSupervisor:
         last_progress_mono: ``monotonic()`` of the last accepted reading, None before the first.
         started_mono: ``monotonic()`` of :meth:`start`, None before.
         error: The fatal error that ended the thread, if any.
+        waiting_until_mono: While the source waits by design, ``monotonic()`` when its next
+            reading is due; None otherwise.
     """
 
     def __init__(
@@ -142,6 +147,7 @@ class SourceSupervisor:
         self.last_progress_mono: float | None = None
         self.started_mono: float | None = None
         self.error: BaseException | None = None
+        self.waiting_until_mono: float | None = None
         self._outage_error = ""
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -156,6 +162,8 @@ class SourceSupervisor:
             raise RuntimeError(f"supervisor for stream {self.stream!r} already started")
         if isinstance(self.source, ReportsStatus):
             self.source.set_status_listener(self._on_status)
+        if isinstance(self.source, ReportsWaits):
+            self.source.set_wait_listener(self._on_wait)
         self.started_mono = self._monotonic()
         self._thread = threading.Thread(
             target=self._run, name=f"source-{self.stream}", daemon=True
@@ -254,6 +262,9 @@ class SourceSupervisor:
             self._log.warning(
                 "stream %s: record rejected (%s): %s", self.stream, error.reason, error
             )
+
+    def _on_wait(self, due_mono: float | None) -> None:
+        self.waiting_until_mono = due_mono
 
     def _on_status(self, error: SourceError | None) -> None:
         if error is None:
