@@ -58,7 +58,7 @@ from agent.inference.deadline import DeadlineGuard, DegradeParams
 from agent.inference.image_package import load_image_package
 from agent.inference.package import ModelPackage, load_package, saturation_fallback
 from agent.inference.select import record_selection, registry_opener, select_backend
-from agent.logs import ALWAYS, setup_logging
+from agent.logs import ALWAYS, reset_rate_limits, setup_logging
 from agent.metrics import Metrics
 from agent.monitor import Monitor, WatchedCamera, WatchedSource
 from agent.pipeline.detector import Calibration, FeatureDeviationDetector
@@ -327,6 +327,7 @@ class Agent:
             f"calibration from the package (threshold {preset.threshold:.3f})" if preset
             else "calibration restored" if restored
             else f"calibrating on the first {spec.calibration_samples} readings",
+            extra=ALWAYS,
         )
         policy = stall_policy(sc.source, package.manifest.input.sample_rate_hz, sc.stall_after_s)
         slot = None
@@ -429,7 +430,8 @@ class Agent:
         for c in self.cameras.values():
             c.start()
         self.notifier.ready(f"running {len(self.streams) + len(self.cameras)} stream(s)")
-        log.info("agent %s running as device %s", __version__, self.config.agent.device_id)
+        log.info("agent %s running as device %s", __version__, self.config.agent.device_id,
+                 extra=ALWAYS)
         # Tick at least twice per watchdog interval, so pings are never more than 1.5 apart.
         period = min(HEARTBEAT_S, self.monitor.watchdog_interval_s / 2)
         last_heartbeat = -period
@@ -453,12 +455,13 @@ class Agent:
                     if failed:
                         code = EX_UNAVAILABLE
                         log.error("every source has ended, %d failed for good: %s; shutting "
-                                  "down with exit code %d", len(failed), "; ".join(failed), code)
+                                  "down with exit code %d", len(failed), "; ".join(failed), code,
+                                  extra=ALWAYS)
                     else:
-                        log.info("every source is exhausted; shutting down")
+                        log.info("every source is exhausted; shutting down", extra=ALWAYS)
                     break
             else:  # stopped on request (a camera thread ends on stop too: not an exhaustion)
-                log.info("%s; shutting down", self.stop_reason)
+                log.info("%s; shutting down", self.stop_reason, extra=ALWAYS)
         finally:
             self.shutdown(final=self.next_config is None)
         return code
@@ -672,7 +675,7 @@ class Agent:
             "%d lost), %d aggregate(s) written, %d aggregate(s) not stored, %d alert(s) still "
             "in the outbox", self.alerts_raised, k.not_stored, k.delivered_from_memory,
             k.lost_total, self.aggregates_written, self.aggregates_dropped,
-            depth if self.publisher is not None else 0,
+            depth if self.publisher is not None else 0, extra=ALWAYS,
         )
         self.store.close()
         if final:
@@ -908,7 +911,7 @@ def run(config: AgentConfig, config_dir: Path, config_file: Path | None = None) 
 
     def _stop(signum: int, _frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
-        log.info("signal %s received; stopping", name)
+        log.info("signal %s received; stopping", name, extra=ALWAYS)
         stopping.set()
         if current:
             current[-1].request_stop(f"stopping on {name}")
@@ -945,6 +948,7 @@ def run(config: AgentConfig, config_dir: Path, config_file: Path | None = None) 
                     notifier.stopping()
                 return code
             notifier.watchdog()  # the old agent stopped in time: progress
+            reset_rate_limits()  # the restarted components' start lines are new events
             try:
                 current.append(Agent(new, metrics, notifier=notifier, reload=reload))
                 config = new

@@ -54,11 +54,11 @@ from agent.errors import (
 )
 from agent.health import SourceView
 from agent.inference.image_package import ImagePackage, load_image_package, open_image_backend
+from agent.logs import RateLimiter
 from agent.pipeline.image import ImagePipeline, ImageSpec
 from agent.pipeline.stream import AlertEvent
 from agent.records import Aggregate, Frame
 from agent.services.camera_rules import camera_rule_params
-from agent.services.supervisor import RateLimiter
 from agent.sources.backoff import Backoff
 from agent.sources.camera import CameraConfig, CameraSource
 from agent.sources.camera_watch import FolderCheckpoint, ScoredFile

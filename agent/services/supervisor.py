@@ -6,12 +6,14 @@ Sources stay simple (:mod:`agent.sources.base`); this wraps any of them:
   ``source_errors_total``, sets ``source_up`` to 0 and is retried after an exponential backoff
   with jitter (:class:`agent.sources.backoff.Backoff`). An outage is logged once at WARNING when
   it starts and once at INFO when it ends (the first reading after it, or the source reporting
-  recovery), never per retry;
+  recovery), never per retry; these lines are state changes, never rate-limited
+  (:data:`agent.logs.ALWAYS`), so five outages give five "down" and five "recovered" lines;
 * :class:`agent.errors.SourceExhausted` (a finite replay ended) is logged at INFO and ends the
   thread with :attr:`SourceSupervisor.done` set; any other non-retryable
   :class:`agent.errors.AgentError` is logged at ERROR and ends it with ``error`` set;
 * every rejected record counts ``records_rejected_total{stream, reason}`` and is logged at most
-  once per reason per ``reject_log_interval_s`` (the next line says how many were suppressed);
+  once per reason per ``reject_log_interval_s`` (the next line says how many were suppressed;
+  :class:`agent.logs.RateLimiter`, the agent's one rate limiter);
 * every accepted reading counts ``readings_total``, refreshes :attr:`last_progress_mono` (for a
   watchdog) and is handed to ``emit``.
 
@@ -31,52 +33,11 @@ import time
 from collections.abc import Callable
 
 from agent.errors import AgentError, RecordError, SourceError, SourceExhausted
+from agent.logs import ALWAYS, RateLimiter
 from agent.metrics import Metrics
 from agent.records import Reading
 from agent.sources.backoff import Backoff
 from agent.sources.base import Emit, ReportsStatus, ReportsWaits, Source
-
-
-class RateLimiter:
-    """Allows one event per key per interval and counts the ones it suppresses.
-
-    Args:
-        interval_s: Seconds between two allowed events of the same key.
-        monotonic: Monotonic clock in seconds.
-
-    >>> now = [0.0]
-    >>> rl = RateLimiter(60.0, lambda: now[0])
-    >>> rl.hit("x"), rl.hit("x"), rl.hit("x")
-    (0, None, None)
-    >>> now[0] = 61.0; rl.hit("x")
-    2
-    """
-
-    def __init__(self, interval_s: float, monotonic: Callable[[], float] = time.monotonic) -> None:
-        self.interval_s = interval_s
-        self._monotonic = monotonic
-        self._last: dict[str, float] = {}
-        self._suppressed: dict[str, int] = {}
-
-    def hit(self, key: str) -> int | None:
-        """Record one event.
-
-        Returns:
-            None when the event should be suppressed; otherwise the number of events of this key
-            suppressed since the last allowed one.
-        """
-        now = self._monotonic()
-        last = self._last.get(key)
-        if last is not None and now - last < self.interval_s:
-            self._suppressed[key] = self._suppressed.get(key, 0) + 1
-            return None
-        self._last[key] = now
-        return self._suppressed.pop(key, 0)
-
-    def drain(self) -> dict[str, int]:
-        """Return and clear the counts of suppressed events not yet reported, by key."""
-        pending, self._suppressed = self._suppressed, {}
-        return pending
 
 
 class SourceSupervisor:
@@ -213,12 +174,13 @@ class SourceSupervisor:
             try:
                 self.source.run(self._emit, self._reject, self._stop)
             except SourceExhausted as exc:
-                self._log.info("stream %s: source finished: %s", self.stream, exc)
+                self._log.info("stream %s: source finished: %s", self.stream, exc, extra=ALWAYS)
                 self._done = True
                 return
             except AgentError as exc:
                 if not exc.retryable:
-                    self._log.error("stream %s: source failed for good: %s", self.stream, exc)
+                    self._log.error("stream %s: source failed for good: %s", self.stream, exc,
+                                    extra=ALWAYS)
                     self.error = exc
                     return
                 self._on_failure(exc)
@@ -228,7 +190,7 @@ class SourceSupervisor:
                 if not self._stop.is_set():
                     self._log.warning(
                         "stream %s: source returned without being stopped; not restarting",
-                        self.stream,
+                        self.stream, extra=ALWAYS,
                     )
                     self._done = True
                 return
@@ -286,7 +248,7 @@ class SourceSupervisor:
             "stream %s: source down: %s; retrying with backoff (logged again on recovery)",
             self.stream,
             error,
-            exc_info=None if isinstance(error, AgentError) else error,
+            exc_info=None if isinstance(error, AgentError) else error, extra=ALWAYS,
         )
 
     def _on_recovery(self) -> None:
@@ -300,4 +262,5 @@ class SourceSupervisor:
             self.stream,
             self._monotonic() - self._outage_since,
             self._outage_failures,
+            extra=ALWAYS,
         )
