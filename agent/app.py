@@ -82,6 +82,7 @@ from agent.sources.camera_watch import ScoredFile
 from agent.sources.registry import build_source
 from agent.sources.replay import ReplayConfig
 from agent.sources.simulator import SimulatorConfig
+from agent.sources.valid_range import ValidRange
 from agent.store.parts import RepeatPolicy
 from agent.store.sqlite import Store
 from agent.systemd import Notifier, watchdog_interval_s
@@ -312,7 +313,14 @@ class Agent:
         if restored is not None:  # a model update calibrates its candidate on these readings
             pipeline.calibration_samples = restored.readings
         guard.on_stride = lambda k: setattr(pipeline.windower, "hop", spec.hop * k)
-        supervisor = SourceSupervisor(source, self._enqueue, self.metrics, self.stop_event)
+        try:
+            valid = ValidRange(source.channels,
+                               {r.channel: (r.low, r.high) for r in sc.valid_range})
+        except ValueError as exc:
+            msg = f"streams.{sc.name}.valid_range: {exc}"
+            raise ConfigError(msg, problems=[msg]) from None
+        supervisor = SourceSupervisor(source, self._enqueue, self.metrics, self.stop_event,
+                                      valid_range=valid)
         self.metrics.model_info.labels(stream=sc.name).info(
             {"name": package.manifest.name, "version": str(package.manifest.version),
              "backend": backend.name, "precision": backend.precision}
@@ -515,8 +523,15 @@ class Agent:
         if was_calibrating and out.calibrated is not None:
             self.metrics.calibrating.labels(stream=name).set(0)
             self.metrics.threshold.labels(stream=name).set(out.calibrated.threshold)
+            fitted = s.pipeline.calibration_samples
             log.info("stream %s: calibrated on %d readings, threshold %.3f", name,
-                     s.pipeline.spec.calibration_samples, out.calibrated.threshold)
+                     s.pipeline.spec.calibration_samples if fitted is None else len(fitted),
+                     out.calibrated.threshold)
+            if out.calibration_outliers:
+                self.metrics.calibration_outliers_total.labels(stream=name).inc(
+                    out.calibration_outliers)
+                log.warning("stream %s: %d far-out reading(s) left out of the calibration",
+                            name, out.calibration_outliers, extra=ALWAYS)
             self._save_calibration(s, s.package)
         collector = self.collectors.get(name)
         if collector is not None:  # retraining samples: calibration block, normal windows
@@ -525,6 +540,10 @@ class Agent:
                 if self.samples is not None:
                     self.samples.notify()
             collector.observe(values, out.end_index, out.scores, out.threshold)
+        if out.nonfinite_scores:
+            self.metrics.nonfinite_scores_total.labels(stream=name).inc(out.nonfinite_scores)
+            log.warning("stream %s: %d window(s) scored non-finite (a reading the model cannot "
+                        "represent); scored off-scale", name, out.nonfinite_scores)
         n_scored = int(np.count_nonzero(~np.isnan(out.scores)))
         if n_scored:
             self.metrics.windows_total.labels(stream=name).inc(n_scored)

@@ -12,6 +12,12 @@ which takes over again, and :attr:`~StreamPipeline.fallback_error` says why.
 :attr:`~StreamPipeline.observer` sees every scored batch (shadow scoring, post-swap watch).
 The calibration samples are kept (:attr:`~StreamPipeline.calibration_samples`) so a candidate
 model calibrates on the same readings.
+
+Outliers and non-finite scores (nothing vanishes silently): far-out readings of the
+calibration period (:func:`agent.pipeline.calibration.far_out_rows`) are left out of the fit and
+counted (:attr:`StreamOutput.calibration_outliers`); a window whose score is not finite (a
+reading the model cannot represent) scores :data:`OFF_SCALE`, so it counts as above any
+threshold and can alert, and is counted (:attr:`StreamOutput.nonfinite_scores`).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import numpy.typing as npt
 
 from agent.errors import ModelError
 from agent.pipeline.aggregates import IntervalAggregator
+from agent.pipeline.calibration import far_out_rows
 from agent.pipeline.detector import (
     Calibration,
     DetectorSpec,
@@ -34,6 +41,9 @@ from agent.pipeline.detector import (
 from agent.pipeline.rules import AlertRules, RuleParams
 from agent.pipeline.windowing import SlidingWindower, WindowBatch
 from agent.records import Aggregate, Float32Array, FloatArray, FrameOrigin, TopChannel
+
+#: The score of a window whose computed score is not finite: above any threshold.
+OFF_SCALE = float(np.finfo(np.float64).max)
 
 
 class BatchObserver(Protocol):
@@ -81,6 +91,8 @@ class StreamOutput:
         alerts: Alerts raised.
         aggregates: Intervals closed.
         calibrated: A calibration finished during this block.
+        calibration_outliers: Far-out readings left out of that calibration.
+        nonfinite_scores: Windows whose score was not finite (scored :data:`OFF_SCALE`).
     """
 
     end_index: npt.NDArray[np.int64]
@@ -89,6 +101,8 @@ class StreamOutput:
     alerts: list[AlertEvent] = field(default_factory=list)
     aggregates: list[Aggregate] = field(default_factory=list)
     calibrated: Calibration | None = None
+    calibration_outliers: int = 0
+    nonfinite_scores: int = 0
 
 
 class StreamPipeline:
@@ -201,8 +215,13 @@ class StreamPipeline:
         batch = self.windower.push_block(values, ts)
         scores = np.full(len(batch), math.nan)
         if self.calibration is None and self._cal_count >= self.spec.calibration_samples:
-            self.calibration_samples = np.concatenate(self._cal_buf)
-            self.calibration = self.detector.calibrate(self.calibration_samples)
+            samples = np.concatenate(self._cal_buf)
+            far = far_out_rows(samples, self.spec.scale_floor)
+            if far.any() and int((~far).sum()) > self.spec.window:
+                samples = samples[~far]
+                out.calibration_outliers = int(far.sum())
+            self.calibration_samples = samples
+            self.calibration = self.detector.calibrate(samples)
             self._cal_buf = []
             out.calibrated = self.calibration
         if self.calibration is None or len(batch) == 0:
@@ -217,7 +236,9 @@ class StreamPipeline:
             # > 1 while the latency budget skips windows; read before scoring, which may change
             # the hop for the next block (DeadlineGuard.on_stride)
             stride = max(1, self.windower.hop // self.spec.hop)
-            scored = self._score(windows)
+            with np.errstate(over="ignore", invalid="ignore"):  # non-finite: handled below
+                raw = self._score(windows)
+            scored = self._finite(raw, windows, out)
             scores[live] = scored.scores
             thr = self.threshold
             if self.observer is not None:
@@ -230,6 +251,26 @@ class StreamPipeline:
                     alerts += 1
         self.aggregator.add_scores(scores, alerts)
         return batch.end_index, scores
+
+    def _finite(self, scored: ScoredBatch, windows: Float32Array, out: StreamOutput) -> ScoredBatch:
+        """Non-finite scores become OFF_SCALE (counted); such a window's contributions are each
+        channel's share of its largest scaled deviation (float64, where the model's float32
+        overflowed), or equal shares when even that is not finite."""
+        bad = ~np.isfinite(scored.scores)
+        if not bad.any():
+            return scored
+        assert self.calibration is not None
+        out.nonfinite_scores += int(bad.sum())
+        scaler = self.calibration.scaler
+        with np.errstate(all="ignore"):
+            dev = np.abs((windows[bad].astype(np.float64) - scaler.mean) / scaler.scale).max(axis=1)
+            dev = np.where(np.isfinite(dev), dev, 0.0)
+            total = dev.sum(axis=1, keepdims=True)
+            share = np.divide(dev, total, out=np.full_like(dev, 1.0 / dev.shape[1]),
+                              where=(total > 0) & np.isfinite(total))
+        contrib = scored.contributions.copy()
+        contrib[bad] = share
+        return ScoredBatch(np.where(bad, OFF_SCALE, scored.scores), contrib)
 
     def _score(self, windows: Float32Array) -> ScoredBatch:
         assert self.calibration is not None

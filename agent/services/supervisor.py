@@ -14,6 +14,8 @@ Sources stay simple (:mod:`agent.sources.base`); this wraps any of them:
 * every rejected record counts ``records_rejected_total{stream, reason}`` and is logged at most
   once per reason per ``reject_log_interval_s`` (the next line says how many were suppressed;
   :class:`agent.logs.RateLimiter`, the agent's one rate limiter);
+* a reading outside the stream's valid range (:class:`agent.sources.valid_range.ValidRange`) is
+  rejected like any bad record (``reason = "out_of_range"``);
 * every accepted reading counts ``readings_total``, refreshes :attr:`last_progress_mono` (for a
   watchdog) and is handed to ``emit``.
 
@@ -38,6 +40,7 @@ from agent.metrics import Metrics
 from agent.records import Reading
 from agent.sources.backoff import Backoff
 from agent.sources.base import Emit, ReportsStatus, ReportsWaits, Source
+from agent.sources.valid_range import ValidRange
 
 
 class SourceSupervisor:
@@ -58,6 +61,7 @@ class SourceSupervisor:
         sleep: ``sleep(seconds)`` between retries; default ``stop.wait`` (wakes on stop).
         monotonic: Monotonic clock in seconds.
         rng: Random source for the jitter.
+        valid_range: Bounds a reading must respect; default: finite float32 values only.
 
     Attributes:
         stream: The source's stream name.
@@ -84,8 +88,10 @@ class SourceSupervisor:
         sleep: Callable[[float], object] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        valid_range: ValidRange | None = None,
     ) -> None:
         self.source = source
+        self._valid = valid_range if valid_range is not None else ValidRange(source.channels)
         self.stream = source.stream
         self._emit_downstream = emit
         self._metrics = metrics
@@ -199,6 +205,10 @@ class SourceSupervisor:
     # -- callbacks (all called in the supervisor's thread) -----------------------------------
 
     def _emit(self, reading: Reading) -> None:
+        invalid = self._valid.check(reading.values)
+        if invalid is not None:
+            self._reject(invalid)
+            return
         self._readings.inc()
         self.last_progress_mono = self._monotonic()
         if self._in_outage:

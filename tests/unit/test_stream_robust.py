@@ -1,0 +1,99 @@
+"""StreamPipeline against bad data: far-out readings in the calibration period, windows whose
+score is not finite, readings outside a valid range (NumPy fake backend; no I/O)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry
+
+from agent.config.loader import dump_config, parse_config
+from agent.config.schema import AgentConfig, StreamConfig
+from agent.errors import ConfigError
+from agent.metrics import Metrics
+from agent.pipeline.stream import OFF_SCALE
+from agent.records import Reading
+from agent.services.supervisor import SourceSupervisor
+from agent.sources.base import Emit, Reject
+from agent.sources.serial import SerialConfig
+from agent.sources.valid_range import ValidRange, ValidRangeConfig
+from tests.unit.test_detector import noise
+from tests.unit.test_stream import T0, N, make_pipeline
+
+
+def test_a_far_out_reading_is_left_out_of_the_calibration() -> None:
+    x = noise(N, 3)
+    clean = make_pipeline(calibration_samples=N - 1)
+    clean_out = clean.process_block(np.delete(x, 123, axis=0), T0 + np.arange(N - 1.0))
+    x[123, 1] = 1e20  # a broken transmitter, once
+    p = make_pipeline()
+    out = p.process_block(x, T0 + np.arange(float(N)))
+    assert out.calibration_outliers == 1
+    assert p.calibration_samples is not None and p.calibration_samples.shape[0] == N - 1
+    # fitted on the same readings as a stream that never sent it
+    assert clean.calibration_samples is not None
+    np.testing.assert_array_equal(p.calibration_samples, clean.calibration_samples)
+    assert p.threshold == clean.threshold and np.isfinite(p.threshold)
+    assert clean_out.calibration_outliers == 0
+
+
+def test_a_window_scoring_non_finite_is_counted_and_alerts() -> None:
+    p = make_pipeline()
+    x = noise(N + 200, 4)
+    x[N + 100, 0] = 3e38  # a float32 holds it; the scaled value does not
+    out = p.process_block(x, T0 + np.arange(float(N + 200)))
+    assert out.nonfinite_scores > 0
+    live = out.scores[~np.isnan(out.scores)]
+    assert np.isfinite(live).all() and (live == OFF_SCALE).sum() == out.nonfinite_scores
+    assert len(out.alerts) == 1
+    alert = out.alerts[0]
+    assert alert.score == OFF_SCALE and alert.window_start <= T0 + N + 100 <= alert.window_end
+    assert alert.top_channels[0].channel == "voltage"
+    assert alert.top_channels[0].contribution == 1.0
+
+
+class _Emits:
+    stream = "s"
+    channels = ("a", "b")
+
+    def run(self, emit: Emit, reject: Reject, stop: threading.Event) -> None:
+        for v in ([1.0, 2.0], [1.0, 60.0], [1e39, 2.0], [3.0, 4.0]):
+            emit(Reading("s", 0.0, np.array(v)))
+        stop.wait()
+
+
+def test_readings_outside_the_valid_range_are_rejected_at_the_source() -> None:
+    metrics = Metrics(CollectorRegistry())
+    stop = threading.Event()
+    out: list[Reading] = []
+    sup = SourceSupervisor(_Emits(), out.append, metrics, stop, logging.getLogger("t"),
+                           valid_range=ValidRange(("a", "b"), {"b": (0.0, 50.0)}))
+    sup.start()
+    try:
+        for _ in range(200):
+            if len(out) == 2:
+                break
+            stop.wait(0.01)
+    finally:
+        stop.set()
+        sup.join(2.0)
+    assert [r.values.tolist() for r in out] == [[1.0, 2.0], [3.0, 4.0]]
+    rejected = metrics.registry.get_sample_value(
+        "edge_agent_records_rejected_total", {"stream": "s", "reason": "out_of_range"})
+    assert rejected == 2
+
+
+def test_valid_range_config_round_trips_and_names_bad_bounds() -> None:
+    cfg = AgentConfig(streams=[StreamConfig(
+        name="a", source=SerialConfig(port="/dev/ttyUSB0", channels=["x", "y"]),
+        valid_range=[ValidRangeConfig(channel="y", low=0.0, high=50.0)])])
+    assert parse_config(dump_config(cfg), env={}) == cfg
+    text = ('[[streams]]\nname = "a"\n[[streams.valid_range]]\nchannel = "y"\nlow = 5.0\n'
+            'high = 1.0\n[streams.source]\nkind = "simulator"\n')
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, env={})
+    problems = info.value.problems or []
+    assert any("streams[0].valid_range[0]" in p and "must not exceed" in p for p in problems)
