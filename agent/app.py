@@ -513,13 +513,22 @@ class Agent:
         values = np.stack([r.values for r in readings])[:, s.order]
         ts = np.fromiter((r.ts for r in readings), dtype=np.float64, count=len(readings))
         mono = readings[-1].received_mono
+        received = np.fromiter((r.received_mono for r in readings), dtype=np.float64,
+                               count=len(readings))
         was_calibrating = s.pipeline.calibrating
         if s.slot is not None:  # model updates happen here, between two blocks
             s.package = s.slot.sync(s.pipeline)
-        out = s.pipeline.process_block(values, ts, mono)
+        out = s.pipeline.process_block(values, ts, mono, received)
         if s.slot is not None:  # a new model that failed at run time was swapped back
             s.package = s.slot.sync(s.pipeline)
         name = s.config.name
+        for step in out.clock_steps:
+            self.metrics.clock_steps_total.labels(stream=name, direction=step.direction).inc()
+            log.warning("stream %s: timestamps stepped %s by %.1f s at %s (wall clock set by NTP "
+                        "or a missing RTC, or a gap in the input); the open aggregate interval "
+                        "was closed and alert cooldowns count monotonic time across the step",
+                        name, step.direction, abs(step.size_s), iso_utc(step.at_ts),
+                        extra=ALWAYS)
         if was_calibrating and out.calibrated is not None:
             self.metrics.calibrating.labels(stream=name).set(0)
             self.metrics.threshold.labels(stream=name).set(out.calibrated.threshold)

@@ -18,6 +18,10 @@ calibration period (:func:`agent.pipeline.calibration.far_out_rows`) are left ou
 counted (:attr:`StreamOutput.calibration_outliers`); a window whose score is not finite (a
 reading the model cannot represent) scores :data:`OFF_SCALE`, so it counts as above any
 threshold and can alert, and is counted (:attr:`StreamOutput.nonfinite_scores`).
+
+Clock steps (:mod:`agent.pipeline.timeline`): at a step in the timestamps the open aggregate
+interval is closed, and the alert rules' cooldown keeps counting monotonic seconds across it
+(:attr:`StreamOutput.clock_steps` reports each step once).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from agent.pipeline.detector import (
     ScoredBatch,
 )
 from agent.pipeline.rules import AlertRules, RuleParams
+from agent.pipeline.timeline import ClockStep, StepDetector
 from agent.pipeline.windowing import SlidingWindower, WindowBatch
 from agent.records import Aggregate, Float32Array, FloatArray, FrameOrigin, TopChannel
 
@@ -93,6 +98,8 @@ class StreamOutput:
         calibrated: A calibration finished during this block.
         calibration_outliers: Far-out readings left out of that calibration.
         nonfinite_scores: Windows whose score was not finite (scored :data:`OFF_SCALE`).
+        clock_steps: Clock steps found in this block's timestamps; the aggregate interval
+            open at each was closed (it is in ``aggregates``).
     """
 
     end_index: npt.NDArray[np.int64]
@@ -103,6 +110,7 @@ class StreamOutput:
     calibrated: Calibration | None = None
     calibration_outliers: int = 0
     nonfinite_scores: int = 0
+    clock_steps: list[ClockStep] = field(default_factory=list)
 
 
 class StreamPipeline:
@@ -158,6 +166,10 @@ class StreamPipeline:
         # windows whose last sample index is below this are calibration windows (unscored); a
         # restored calibration scores from the first window
         self._score_from = 0 if calibration is not None else spec.calibration_samples
+        #: Finds clock steps in the stream's timestamps (:mod:`agent.pipeline.timeline`).
+        self.clock = StepDetector()
+        # added to window end times for the alert rules: minus the sum of the steps so far
+        self._rule_offset = 0.0
 
     @property
     def calibrating(self) -> bool:
@@ -170,14 +182,18 @@ class StreamPipeline:
         return self.calibration.threshold if self.calibration is not None else math.nan
 
     def process_block(
-        self, values: FloatArray, ts: FloatArray, received_mono: float = 0.0
+        self, values: FloatArray, ts: FloatArray, received_mono: float = 0.0,
+        mono: FloatArray | None = None,
     ) -> StreamOutput:
         """Feed readings.
 
         Args:
             values: Shape ``(N, C)``, float64, in channel order.
-            ts: Shape ``(N,)``, epoch seconds UTC, non-decreasing.
+            ts: Shape ``(N,)``, epoch seconds UTC, non-decreasing (a clock step excepted:
+                :mod:`agent.pipeline.timeline`).
             received_mono: Monotonic receive time of the newest reading.
+            mono: Shape ``(N,)``, each reading's monotonic receive time (0 = unknown); lets a
+                forward clock step be told from a fast replay.
 
         Raises:
             ValueError: shape mismatch.
@@ -187,21 +203,35 @@ class StreamPipeline:
         out = StreamOutput(np.zeros(0, np.int64), np.zeros(0), math.nan)
         if n == 0:
             return out
-        # split the block where the aggregate interval changes, so scores and alerts land in the
-        # interval of their window's last sample
-        slots = np.floor(ts / self.aggregator.interval_s)
-        cuts = (np.flatnonzero(np.diff(slots)) + 1).tolist()
-        ends: list[npt.NDArray[np.int64]] = []
-        scores: list[FloatArray] = []
-        for a, b in zip([0, *cuts], [*cuts, n], strict=True):
-            out.aggregates += self.aggregator.add_readings(values[a:b], ts[a:b])
-            e, s = self._process(values[a:b], ts[a:b], received_mono, out)
-            ends.append(e + a)
-            scores.append(s)
+        out.clock_steps = self.clock.find(ts, mono)
+        ends: list[npt.NDArray[np.int64]] = [np.zeros(0, np.int64)]
+        scores: list[FloatArray] = [np.zeros(0)]
+        starts = [0, *(step.index for step in out.clock_steps)]
+        for k, (a, b) in enumerate(zip(starts, [*starts[1:], n], strict=True)):
+            if k:  # a clock step: close the open interval; rule time goes on monotonically
+                out.aggregates += self.aggregator.flush()
+                self._rule_offset -= out.clock_steps[k - 1].size_s
+            if b > a:
+                self._process_span(values[a:b], ts[a:b], received_mono, out, ends, scores, a)
         out.end_index = np.concatenate(ends)
         out.scores = np.concatenate(scores)
         out.threshold = self.threshold
         return out
+
+    def _process_span(
+        self, values: FloatArray, ts: FloatArray, received_mono: float, out: StreamOutput,
+        ends: list[npt.NDArray[np.int64]], scores: list[FloatArray], offset: int,
+    ) -> None:
+        # split the span where the aggregate interval changes, so scores and alerts land in
+        # the interval of their window's last sample
+        n = values.shape[0]
+        slots = np.floor(ts / self.aggregator.interval_s)
+        cuts = (np.flatnonzero(np.diff(slots)) + 1).tolist()
+        for a, b in zip([0, *cuts], [*cuts, n], strict=True):
+            out.aggregates += self.aggregator.add_readings(values[a:b], ts[a:b])
+            e, sc = self._process(values[a:b], ts[a:b], received_mono, out)
+            ends.append(e + a + offset)
+            scores.append(sc)
 
     def _process(
         self, values: FloatArray, ts: FloatArray, received_mono: float, out: StreamOutput
@@ -244,8 +274,8 @@ class StreamPipeline:
             if self.observer is not None:
                 self.observer.observe(windows, scored.scores, thr)
             for j, i in enumerate(np.flatnonzero(live)):
-                if self.rules.update(float(scored.scores[j]), thr, float(batch.end_ts[i]),
-                                     stride):
+                rule_ts = float(batch.end_ts[i]) + self._rule_offset
+                if self.rules.update(float(scored.scores[j]), thr, rule_ts, stride):
                     out.alerts.append(self._event(batch, int(i), scored.scores[j],
                                                   scored.contributions[j], received_mono))
                     alerts += 1

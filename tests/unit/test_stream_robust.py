@@ -97,3 +97,35 @@ def test_valid_range_config_round_trips_and_names_bad_bounds() -> None:
         parse_config(text, env={})
     problems = info.value.problems or []
     assert any("streams[0].valid_range[0]" in p and "must not exceed" in p for p in problems)
+
+
+def _live(n: int, step_at: int, step_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A live stream at 1 Hz: two offset faults 200 s apart; the wall clock (the readings'
+    timestamps) steps by ``step_s`` at reading ``step_at``, the monotonic clock runs on."""
+    x = noise(n, 5)
+    for start in (N + 100, N + 300):
+        x[start:start + 30, 1] += 8 * 0.1
+    mono = 1000.0 + np.arange(float(n))
+    ts = T0 + np.arange(float(n))
+    ts[step_at:] += step_s
+    return x, ts, mono
+
+
+@pytest.mark.parametrize("step_s", [-3600.0, 3600.0])
+def test_a_wall_clock_step_keeps_cooldowns_and_closes_the_interval(step_s: float) -> None:
+    n = N + 400
+    x, ts, mono = _live(n, N + 230, step_s)
+    want = make_pipeline().process_block(*_live(n, n, 0.0)[:2])  # the same, no step
+    p = make_pipeline()
+    outs = [p.process_block(x[a:a + 50], ts[a:a + 50], float(mono[a + 49]), mono[a:a + 50])
+            for a in range(0, n, 50)]
+    steps = [s for o in outs for s in o.clock_steps]
+    assert [(s.direction, s.size_s, s.at_ts) for s in steps] == [
+        ("back" if step_s < 0 else "forward", step_s, ts[N + 230])]
+    alerts = [a for o in outs for a in o.alerts]
+    assert len(alerts) == len(want.alerts) == 2  # the cooldown counts monotonic seconds
+    aggs = [g for o in outs for g in o.aggregates] + p.flush()
+    assert max(g.count for g in aggs) <= 60
+    assert sum(g.count for g in aggs) == n
+    closed = [g for g in aggs if g.interval_start <= ts[N + 229] < g.interval_start + 60]
+    assert len(closed) == 1 and closed[0].count < 60  # closed at the step, not at its end
