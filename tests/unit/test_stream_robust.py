@@ -14,8 +14,10 @@ from agent.config.loader import dump_config, parse_config
 from agent.config.schema import AgentConfig, StreamConfig
 from agent.errors import ConfigError
 from agent.metrics import Metrics
+from agent.pipeline.image import ImagePipeline, ImageSpec
+from agent.pipeline.rules import RuleParams
 from agent.pipeline.stream import OFF_SCALE
-from agent.records import Reading
+from agent.records import Frame, Reading
 from agent.services.supervisor import SourceSupervisor
 from agent.sources.base import Emit, Reject
 from agent.sources.serial import SerialConfig
@@ -129,3 +131,31 @@ def test_a_wall_clock_step_keeps_cooldowns_and_closes_the_interval(step_s: float
     assert sum(g.count for g in aggs) == n
     closed = [g for g in aggs if g.interval_start <= ts[N + 229] < g.interval_start + 60]
     assert len(closed) == 1 and closed[0].count < 60  # closed at the step, not at its end
+
+
+class _Scores:
+    """An image backend returning scripted scores."""
+
+    name, precision = "fake", "fp32"
+
+    def __init__(self, scores: list[float]) -> None:
+        self.scores = scores
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        return np.array([self.scores.pop(0)], np.float32)
+
+
+def test_a_camera_clock_step_keeps_its_cooldown_and_closes_the_interval() -> None:
+    scores = [9.0] + [0.0] * 79 + [9.0]  # two defects 80 s apart (monotonic)
+    rules = RuleParams(k=1, n=1, clear_ratio=1.0, clear_windows=1, cooldown_s=60.0)
+    p = ImagePipeline("cam", "gw1", ImageSpec(4, 4, 1, (0.0,), (1.0,)), _Scores(scores),  # type: ignore[arg-type]
+                      threshold=1.0, rules=rules)
+    image = np.zeros((4, 4), np.uint8)
+    outs = []
+    for i in range(81):
+        ts = T0 + i - (3600.0 if i >= 30 else 0.0)  # the wall clock set back an hour
+        outs.append(p.process(Frame("cam", ts, image, received_mono=500.0 + i)))
+    assert [o.clock_step.direction for o in outs if o.clock_step is not None] == ["back"]
+    assert sum(len(o.alerts) for o in outs) == 2
+    closed = outs[30].aggregates
+    assert len(closed) == 1 and closed[0].count == 30  # T0 opens an interval: frames 0-29
