@@ -370,9 +370,11 @@ class Agent:
         cal, det = s.pipeline.calibration, s.pipeline.detector
         if cal is None:
             return
+        readings = s.pipeline.calibration_samples  # far-out readings left out: may be < N
         rec = StoredCalibration(
             s.config.name, calibration_key(package.manifest, det.spec, det.backend.precision),
-            cal, self.clock(), det.spec.calibration_samples, s.pipeline.calibration_samples,
+            cal, self.clock(),
+            det.spec.calibration_samples if readings is None else len(readings), readings,
         )
         try:
             self.store.save_calibration(rec)

@@ -90,6 +90,11 @@ def test_one_huge_reading_in_the_calibration_period(
     db = tmp_path / "run" / "state" / "agent.db"
     assert stored_calibration(db)[4] == pytest.approx(fitted, abs=1e-3)  # what the next start uses
     assert len(stored_alerts(db)) == n_alerts
+    # the next start restores it (the readings it was fitted on are stored with it)
+    again = run_agent(["run", "--config", str(tmp_path / "run" / "agent.toml")], tmp_path / "run")
+    assert again.wait(60) == 0, again.stderr()[-3000:]
+    assert "calibration restored (fitted " in again.stderr() and f"threshold {fitted:.3f})" in (
+        again.stderr()), again.stderr()[-3000:]
 
 
 def test_a_reading_the_model_cannot_represent_after_calibration_alerts(

@@ -3,6 +3,7 @@ score is not finite, readings outside a valid range (NumPy fake backend; no I/O)
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 
@@ -15,6 +16,7 @@ from agent.config.schema import AgentConfig, StreamConfig
 from agent.errors import ConfigError
 from agent.metrics import Metrics
 from agent.pipeline.image import ImagePipeline, ImageSpec
+from agent.pipeline.restore import refusal
 from agent.pipeline.rules import RuleParams
 from agent.pipeline.stream import OFF_SCALE
 from agent.records import Frame, Reading
@@ -22,6 +24,7 @@ from agent.services.supervisor import SourceSupervisor
 from agent.sources.base import Emit, Reject
 from agent.sources.serial import SerialConfig
 from agent.sources.valid_range import ValidRange, ValidRangeConfig
+from tests.unit.test_calibration_restore import NOW, _stored
 from tests.unit.test_detector import noise
 from tests.unit.test_stream import T0, N, make_pipeline
 
@@ -159,3 +162,14 @@ def test_a_camera_clock_step_keeps_its_cooldown_and_closes_the_interval() -> Non
     assert sum(len(o.alerts) for o in outs) == 2
     closed = outs[30].aggregates
     assert len(closed) == 1 and closed[0].count == 30  # T0 opens an interval: frames 0-29
+
+
+def test_a_stored_calibration_fitted_on_a_far_out_reading_is_not_restored() -> None:
+    """One stored before far-out readings were left out (its threshold inflated) calibrates
+    afresh at the next start instead of being reused."""
+    rec = _stored()
+    assert rec.readings is not None and refusal(rec, rec.key, NOW, None) is None
+    bad = rec.readings.copy()
+    bad[100, 2] = 1e20
+    why = refusal(dataclasses.replace(rec, readings=bad), rec.key, NOW, None)
+    assert why == "it was fitted on 1 far-out reading(s)"
