@@ -222,6 +222,8 @@ class SourceView:
             due time of the next reading when the source waits by design and that is later.
         waiting_s: Seconds until the next reading is due while the source waits by design
             (0 when it does not).
+        silence_s: Since the last reading (or the start), whatever the source waits for;
+            None = ``progress_age_s``.
     """
 
     started: bool
@@ -232,6 +234,7 @@ class SourceView:
     outage_age_s: float
     progress_age_s: float
     waiting_s: float = 0.0
+    silence_s: float | None = None
 
     @classmethod
     def observe(cls, now: float, *, started_mono: float | None, last_progress_mono: float | None,
@@ -245,12 +248,11 @@ class SourceView:
 
         >>> v = SourceView.observe(100.0, started_mono=0.0, last_progress_mono=10.0, alive=True,
         ...                        done=False, error=None, outage=None, waiting_until_mono=120.0)
-        >>> v.progress_age_s, v.waiting_s
-        (0.0, 20.0)
+        >>> v.progress_age_s, v.waiting_s, v.silence_s
+        (0.0, 20.0, 90.0)
         """
-        since = last_progress_mono or started_mono or now
-        if waiting_until_mono is not None:
-            since = max(since, waiting_until_mono)
+        last = last_progress_mono or started_mono or now
+        since = last if waiting_until_mono is None else max(last, waiting_until_mono)
         return cls(
             started=started_mono is not None,
             alive=alive,
@@ -260,6 +262,7 @@ class SourceView:
             outage_age_s=0.0 if outage is None else max(0.0, now - outage[1]),
             progress_age_s=max(0.0, now - since),
             waiting_s=0.0 if waiting_until_mono is None else max(0.0, waiting_until_mono - now),
+            silence_s=max(0.0, now - last),
         )
 
 
@@ -275,7 +278,8 @@ def source_health(stream: str, view: SourceView, policy: StallPolicy) -> tuple[C
     """
     name = f"source:{stream}"
     details: dict[str, object] = {
-        "last_reading_age_s": round(view.progress_age_s, 1),
+        "last_reading_age_s": round(
+            view.progress_age_s if view.silence_s is None else view.silence_s, 1),
         "stall_limit_s": policy.limit_s,
     }
     if view.waiting_s > 0:
