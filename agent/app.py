@@ -58,7 +58,7 @@ from agent.inference.deadline import DeadlineGuard, DegradeParams
 from agent.inference.image_package import load_image_package
 from agent.inference.package import ModelPackage, load_package, saturation_fallback
 from agent.inference.select import record_selection, registry_opener, select_backend
-from agent.logs import ALWAYS, setup_logging
+from agent.logs import ALWAYS, reset_rate_limits, setup_logging
 from agent.metrics import Metrics
 from agent.monitor import Monitor, WatchedCamera, WatchedSource
 from agent.pipeline.detector import Calibration, FeatureDeviationDetector
@@ -91,6 +91,7 @@ from agent.sources.camera_watch import ScoredFile
 from agent.sources.registry import build_source
 from agent.sources.replay import ReplayConfig
 from agent.sources.simulator import SimulatorConfig
+from agent.sources.valid_range import ValidRange
 from agent.store.parts import RepeatPolicy
 from agent.store.sqlite import Store
 from agent.systemd import Notifier, watchdog_interval_s
@@ -321,7 +322,14 @@ class Agent:
         if restored is not None:  # a model update calibrates its candidate on these readings
             pipeline.calibration_samples = restored.readings
         guard.on_stride = lambda k: setattr(pipeline.windower, "hop", spec.hop * k)
-        supervisor = SourceSupervisor(source, self._enqueue, self.metrics, self.stop_event)
+        try:
+            valid = ValidRange(source.channels,
+                               {r.channel: (r.low, r.high) for r in sc.valid_range})
+        except ValueError as exc:
+            msg = f"streams.{sc.name}.valid_range: {exc}"
+            raise ConfigError(msg, problems=[msg]) from None
+        supervisor = SourceSupervisor(source, self._enqueue, self.metrics, self.stop_event,
+                                      valid_range=valid)
         self.metrics.model_info.labels(stream=sc.name).info(
             {"name": package.manifest.name, "version": str(package.manifest.version),
              "backend": backend.name, "precision": backend.precision}
@@ -336,6 +344,7 @@ class Agent:
             f"calibration from the package (threshold {preset.threshold:.3f})" if preset
             else "calibration restored" if restored
             else f"calibrating on the first {spec.calibration_samples} readings",
+            extra=ALWAYS,
         )
         policy = stall_policy(sc.source, package.manifest.input.sample_rate_hz, sc.stall_after_s)
         slot = None
@@ -370,9 +379,11 @@ class Agent:
         cal, det = s.pipeline.calibration, s.pipeline.detector
         if cal is None:
             return
+        readings = s.pipeline.calibration_samples  # far-out readings left out: may be < N
         rec = StoredCalibration(
             s.config.name, calibration_key(package.manifest, det.spec, det.backend.precision),
-            cal, self.clock(), det.spec.calibration_samples, s.pipeline.calibration_samples,
+            cal, self.clock(),
+            det.spec.calibration_samples if readings is None else len(readings), readings,
         )
         try:
             self.store.save_calibration(rec)
@@ -438,7 +449,8 @@ class Agent:
         for c in self.cameras.values():
             c.start()
         self.notifier.ready(f"running {len(self.streams) + len(self.cameras)} stream(s)")
-        log.info("agent %s running as device %s", __version__, self.config.agent.device_id)
+        log.info("agent %s running as device %s", __version__, self.config.agent.device_id,
+                 extra=ALWAYS)
         # Tick at least twice per watchdog interval, so pings are never more than 1.5 apart.
         period = min(HEARTBEAT_S, self.monitor.watchdog_interval_s / 2)
         last_heartbeat = -period
@@ -462,12 +474,13 @@ class Agent:
                     if failed:
                         code = EX_UNAVAILABLE
                         log.error("every source has ended, %d failed for good: %s; shutting "
-                                  "down with exit code %d", len(failed), "; ".join(failed), code)
+                                  "down with exit code %d", len(failed), "; ".join(failed), code,
+                                  extra=ALWAYS)
                     else:
-                        log.info("every source is exhausted; shutting down")
+                        log.info("every source is exhausted; shutting down", extra=ALWAYS)
                     break
             else:  # stopped on request (a camera thread ends on stop too: not an exhaustion)
-                log.info("%s; shutting down", self.stop_reason)
+                log.info("%s; shutting down", self.stop_reason, extra=ALWAYS)
         finally:
             self.shutdown(final=self.next_config is None)
         return code
@@ -511,18 +524,34 @@ class Agent:
         values = np.stack([r.values for r in readings])[:, s.order]
         ts = np.fromiter((r.ts for r in readings), dtype=np.float64, count=len(readings))
         mono = readings[-1].received_mono
+        received = np.fromiter((r.received_mono for r in readings), dtype=np.float64,
+                               count=len(readings))
         was_calibrating = s.pipeline.calibrating
         if s.slot is not None:  # model updates happen here, between two blocks
             s.package = s.slot.sync(s.pipeline)
-        out = s.pipeline.process_block(values, ts, mono)
+        out = s.pipeline.process_block(values, ts, mono, received)
         if s.slot is not None:  # a new model that failed at run time was swapped back
             s.package = s.slot.sync(s.pipeline)
         name = s.config.name
+        for step in out.clock_steps:
+            self.metrics.clock_steps_total.labels(stream=name, direction=step.direction).inc()
+            log.warning("stream %s: timestamps stepped %s by %.1f s at %s (wall clock set by NTP "
+                        "or a missing RTC, or a gap in the input); the open aggregate interval "
+                        "was closed and alert cooldowns count monotonic time across the step",
+                        name, step.direction, abs(step.size_s), iso_utc(step.at_ts),
+                        extra=ALWAYS)
         if was_calibrating and out.calibrated is not None:
             self.metrics.calibrating.labels(stream=name).set(0)
             self.metrics.threshold.labels(stream=name).set(out.calibrated.threshold)
+            fitted = s.pipeline.calibration_samples
             log.info("stream %s: calibrated on %d readings, threshold %.3f", name,
-                     s.pipeline.spec.calibration_samples, out.calibrated.threshold)
+                     s.pipeline.spec.calibration_samples if fitted is None else len(fitted),
+                     out.calibrated.threshold)
+            if out.calibration_outliers:
+                self.metrics.calibration_outliers_total.labels(stream=name).inc(
+                    out.calibration_outliers)
+                log.warning("stream %s: %d far-out reading(s) left out of the calibration",
+                            name, out.calibration_outliers, extra=ALWAYS)
             self._save_calibration(s, s.package)
         collector = self.collectors.get(name)
         if collector is not None:  # retraining samples: calibration block, normal windows
@@ -531,6 +560,10 @@ class Agent:
                 if self.samples is not None:
                     self.samples.notify()
             collector.observe(values, out.end_index, out.scores, out.threshold)
+        if out.nonfinite_scores:
+            self.metrics.nonfinite_scores_total.labels(stream=name).inc(out.nonfinite_scores)
+            log.warning("stream %s: %d window(s) scored non-finite (a reading the model cannot "
+                        "represent); scored off-scale", name, out.nonfinite_scores)
         n_scored = int(np.count_nonzero(~np.isnan(out.scores)))
         if n_scored:
             self.metrics.windows_total.labels(stream=name).inc(n_scored)
@@ -681,7 +714,7 @@ class Agent:
             "%d lost), %d aggregate(s) written, %d aggregate(s) not stored, %d alert(s) still "
             "in the outbox", self.alerts_raised, k.not_stored, k.delivered_from_memory,
             k.lost_total, self.aggregates_written, self.aggregates_dropped,
-            depth if self.publisher is not None else 0,
+            depth if self.publisher is not None else 0, extra=ALWAYS,
         )
         self.store.close()
         if final:
@@ -919,7 +952,7 @@ def run(config: AgentConfig, config_dir: Path, config_file: Path | None = None) 
 
     def _stop(signum: int, _frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
-        log.info("signal %s received; stopping", name)
+        log.info("signal %s received; stopping", name, extra=ALWAYS)
         stopping.set()
         if current:
             current[-1].request_stop(f"stopping on {name}")
@@ -958,6 +991,7 @@ def run(config: AgentConfig, config_dir: Path, config_file: Path | None = None) 
                     notifier.stopping()
                 return code
             notifier.watchdog()  # the old agent stopped in time: progress
+            reset_rate_limits()  # the restarted components' start lines are new events
             try:
                 current.append(Agent(new, metrics, notifier=notifier, reload=reload))
                 config = new

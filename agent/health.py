@@ -18,6 +18,10 @@ Stall policy (which silence counts as "stuck", :func:`stall_policy`):
   change): silence past the same limit (period from the model's ``sample_rate_hz``) only makes it
   yellow ("quiet") and never stops the watchdog; a lost port is reported by the source itself
   (an outage, red);
+* a source waiting by design (:class:`agent.sources.base.ReportsWaits`: a replay paced over a
+  gap in its recording, a simulator at a slow rate) is no stall while it waits: its silence
+  counts from the time its next reading is due, so a 65 s gap in a recording keeps the
+  watchdog fed, and a reader still silent ``limit`` seconds after that is stuck as any other;
 * ``streams.stall_after_s`` overrides the limit for any kind, and makes silence past it stop the
   watchdog even for serial (use it when the device is known to talk continuously);
 * a source in a reported outage (port gone, file missing) is red but does not stop the watchdog:
@@ -216,7 +220,12 @@ class SourceView:
         error: The fatal error that ended the thread, if any.
         outage: The retryable failure in progress, if any.
         outage_age_s: How long the outage has lasted.
-        progress_age_s: Since the last reading (or since start when none yet).
+        progress_age_s: Since the last reading (or since start when none yet), or since the
+            due time of the next reading when the source waits by design and that is later.
+        waiting_s: Seconds until the next reading is due while the source waits by design
+            (0 when it does not).
+        silence_s: Since the last reading (or the start), whatever the source waits for;
+            None = ``progress_age_s``.
     """
 
     started: bool
@@ -226,15 +235,26 @@ class SourceView:
     outage: str | None
     outage_age_s: float
     progress_age_s: float
+    waiting_s: float = 0.0
+    silence_s: float | None = None
 
     @classmethod
     def observe(cls, now: float, *, started_mono: float | None, last_progress_mono: float | None,
                 alive: bool, done: bool, error: str | None,
-                outage: tuple[str, float] | None) -> SourceView:
+                outage: tuple[str, float] | None,
+                waiting_until_mono: float | None = None) -> SourceView:
         """The view at ``now`` (monotonic seconds) of a source thread: ``outage`` is its
         ``(error text, monotonic start)`` in progress; ages count from the last progress, else
-        from the start."""
-        since = last_progress_mono or started_mono or now
+        from the start, or from ``waiting_until_mono`` (the next reading's due time while the
+        source waits by design) when that is later.
+
+        >>> v = SourceView.observe(100.0, started_mono=0.0, last_progress_mono=10.0, alive=True,
+        ...                        done=False, error=None, outage=None, waiting_until_mono=120.0)
+        >>> v.progress_age_s, v.waiting_s, v.silence_s
+        (0.0, 20.0, 90.0)
+        """
+        last = last_progress_mono or started_mono or now
+        since = last if waiting_until_mono is None else max(last, waiting_until_mono)
         return cls(
             started=started_mono is not None,
             alive=alive,
@@ -243,6 +263,8 @@ class SourceView:
             outage=None if outage is None else outage[0],
             outage_age_s=0.0 if outage is None else max(0.0, now - outage[1]),
             progress_age_s=max(0.0, now - since),
+            waiting_s=0.0 if waiting_until_mono is None else max(0.0, waiting_until_mono - now),
+            silence_s=max(0.0, now - last),
         )
 
 
@@ -258,9 +280,12 @@ def source_health(stream: str, view: SourceView, policy: StallPolicy) -> tuple[C
     """
     name = f"source:{stream}"
     details: dict[str, object] = {
-        "last_reading_age_s": round(view.progress_age_s, 1),
+        "last_reading_age_s": round(
+            view.progress_age_s if view.silence_s is None else view.silence_s, 1),
         "stall_limit_s": policy.limit_s,
     }
+    if view.waiting_s > 0:
+        details["next_reading_due_in_s"] = round(view.waiting_s, 1)
     age = view.progress_age_s
     if not view.started:
         return Component(name, GREEN, None, details), False

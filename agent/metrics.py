@@ -126,6 +126,20 @@ class Metrics:
         self.alerts_total = Counter(
             "edge_agent_alerts_total", "Alerts raised.", ["stream"], registry=r
         )
+        self.calibration_outliers_total = Counter(
+            "edge_agent_calibration_outliers_total",
+            "Far-out readings left out of a calibration fit.", ["stream"], registry=r,
+        )
+        self.nonfinite_scores_total = Counter(
+            "edge_agent_nonfinite_scores_total",
+            "Windows whose score was not finite (scored off-scale, so they can alert).",
+            ["stream"], registry=r,
+        )
+        self.clock_steps_total = Counter(
+            "edge_agent_clock_steps_total",
+            "Steps of a stream's timestamps against the monotonic clock, by direction.",
+            ["stream", "direction"], registry=r,
+        )
         self.inference_seconds = Histogram(
             "edge_agent_inference_seconds",
             "Model inference time per window.",

@@ -225,7 +225,8 @@ class Monitor:
         return SourceView.observe(
             now, started_mono=sup.started_mono, last_progress_mono=sup.last_progress_mono,
             alive=sup.is_alive(), done=sup.done,
-            error=None if sup.error is None else str(sup.error), outage=sup.outage)
+            error=None if sup.error is None else str(sup.error), outage=sup.outage,
+            waiting_until_mono=sup.waiting_until_mono)
 
     def _pipeline(self, age: float) -> Component:
         depth, capacity = self._queue_depth()

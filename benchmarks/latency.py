@@ -284,8 +284,9 @@ class PacedSource:
         publisher.notify = stored  # type: ignore[method-assign]
         inner = pipeline.process_block
 
-        def timed(values: FloatArray, ts: FloatArray, received_mono: float = 0.0) -> StreamOutput:
-            out = inner(values, ts, received_mono)
+        def timed(values: FloatArray, ts: FloatArray, received_mono: float = 0.0,
+                  mono: FloatArray | None = None) -> StreamOutput:
+            out = inner(values, ts, received_mono, mono)
             t = time.monotonic()
             if out.scores.size and not np.isnan(out.scores).all():
                 self.scored.append((received_mono, t))

@@ -54,6 +54,7 @@ from agent.sources.registry import path_fields, source_config_union, source_kind
 from agent.sources.replay import ReplayConfig
 from agent.sources.serial import SerialConfig
 from agent.sources.simulator import FaultConfig, SimulatorConfig
+from agent.sources.valid_range import ValidRangeConfig
 
 #: Names that end up in MQTT topics, metric labels and file names.
 NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
@@ -181,7 +182,7 @@ class RulesConfig(StrictModel):
 
 #: Stream keys that mean nothing to a camera stream (a config problem when given on one).
 SENSOR_ONLY_KEYS = ("window", "hop", "calibration_samples", "recalibrate_on_start",
-                    "calibration_max_age_s", "threshold_quantile")
+                    "calibration_max_age_s", "threshold_quantile", "valid_range")
 #: ``[streams.rules]`` keys that mean nothing to a camera stream (its alerts name no channels).
 SENSOR_ONLY_RULES = ("top_channels",)
 
@@ -266,6 +267,13 @@ class StreamConfig(StrictModel):
         "frame outside an outage for camera, and never for serial (a quiet device only shows "
         "yellow in /healthz).",
     )
+    valid_range: list[ValidRangeConfig] = Field(
+        default_factory=list,
+        description="Per channel, the inclusive range a reading can physically have "
+        "([[streams.valid_range]] tables: channel, low, high); a reading outside is rejected "
+        "at the source and counted (reason out_of_range). Channels not named: any value a "
+        "float32 model input holds.",
+    )
     rules: RulesConfig = Field(
         default_factory=RulesConfig, description="Alert rules of this stream. A camera stream "
         "whose table gives no key has defaults of its own (agent/services/camera_rules.py): "
@@ -278,6 +286,15 @@ class StreamConfig(StrictModel):
     def _builtin_name(cls, value: str) -> str:
         if value.startswith(BUILTIN_PREFIX):
             resolve_model_path(value, Path())  # raises ValueError for a bad builtin name
+        return value
+
+    @field_validator("valid_range")
+    @classmethod
+    def _one_range_per_channel(cls, value: list[ValidRangeConfig]) -> list[ValidRangeConfig]:
+        names = [r.channel for r in value]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"one valid_range per channel; given twice: {twice}")
         return value
 
     @model_validator(mode="after")

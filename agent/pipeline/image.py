@@ -25,6 +25,7 @@ from agent.inference.base import Backend
 from agent.pipeline.aggregates import IntervalAggregator
 from agent.pipeline.rules import AlertRules, RuleParams
 from agent.pipeline.stream import AlertEvent
+from agent.pipeline.timeline import ClockStep, StepDetector
 from agent.records import Aggregate, Float32Array, Frame
 
 
@@ -75,6 +76,9 @@ class ImageOutput:
     threshold: float
     alerts: list[AlertEvent] = field(default_factory=list)
     aggregates: list[Aggregate] = field(default_factory=list)
+    #: A clock step found at this frame (:mod:`agent.pipeline.timeline`): the interval open
+    #: before it is in ``aggregates``, and the rules' cooldown counts monotonic time across it.
+    clock_step: ClockStep | None = None
 
 
 class ImagePipeline:
@@ -98,6 +102,8 @@ class ImagePipeline:
         self.threshold = threshold
         self.rules = AlertRules(rules)
         self.aggregator = IntervalAggregator(device_id, stream, (), aggregate_interval_s)
+        self.clock = StepDetector()
+        self._rule_offset = 0.0  # minus the clock steps so far (rule time stays monotonic)
 
     def score(self, image: np.ndarray) -> float:
         """The model's score of one model-sized uint8 image (see :func:`normalise`).
@@ -117,8 +123,13 @@ class ImagePipeline:
         score = self.score(frame.image)
         ts = np.array([frame.ts])
         out = ImageOutput(score, self.threshold)
-        out.aggregates = self.aggregator.add_readings(np.zeros((1, 0)), ts)
-        alert = self.rules.update(score, self.threshold, frame.ts)
+        steps = self.clock.find(ts, np.array([frame.received_mono]))
+        if steps:
+            out.clock_step = steps[0]
+            out.aggregates = self.aggregator.flush()
+            self._rule_offset -= steps[0].size_s
+        out.aggregates += self.aggregator.add_readings(np.zeros((1, 0)), ts)
+        alert = self.rules.update(score, self.threshold, frame.ts + self._rule_offset)
         if alert:
             out.alerts.append(AlertEvent(self.stream, score, self.threshold, frame.ts, frame.ts,
                                          (), frame.received_mono, frame.origin))

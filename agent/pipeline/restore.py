@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from agent.pipeline.calibration import far_out_rows
 from agent.pipeline.detector import Calibration, DetectorSpec
 from agent.records import FloatArray
 from cloud_sync.calibration import FeatureStats, Scaler
@@ -238,7 +239,8 @@ def refusal(
     Returns:
         None when it may be restored, else the reason (one phrase for a log line): ``model
         changed (a@1 → a@2)``, ``model package changed (...)``, ``window changed (10 → 12)`` ...,
-        ``calibration expired (...)``, ``calibration stamped in the future (...)``.
+        ``calibration expired (...)``, ``calibration stamped in the future (...)``, ``it was
+        fitted on 1 far-out reading(s)`` (:func:`agent.pipeline.calibration.far_out_rows`).
     """
     old = stored.key
     if old.model_label != key.model_label:
@@ -247,6 +249,13 @@ def refusal(
         return f"model package changed ({key.model_label} with other contents)"
     if old.spec_sha256 != key.spec_sha256:
         return ", ".join(spec_changes(old.spec, key.spec)) or "detector settings changed"
+    if not math.isfinite(stored.calibration.threshold):
+        return "its threshold is not finite"
+    if stored.readings is not None and stored.readings.shape[1:] == (len(key.spec["channels"]),):
+        floor = np.asarray(key.spec["scale_floor"], dtype=np.float64)
+        far = int(far_out_rows(stored.readings, floor).sum())
+        if far:  # fitted before far-out readings were left out of calibrations
+            return f"it was fitted on {far} far-out reading(s)"
     if max_age_s is None or math.isinf(max_age_s):
         return None
     age = now - stored.fitted_at

@@ -9,7 +9,9 @@ One alert per anomaly episode:
 * **hysteresis**: the episode ends only after ``clear_windows`` consecutive windows score below
   ``clear_ratio × threshold`` (a deadband, so a score hovering at the threshold raises one alert);
 * **cooldown**: a new episode raises an alert only if ``cooldown_s`` seconds (stream time) passed
-  since the previous alert.
+  since the previous alert; the pipeline passes stream time corrected for clock steps
+  (:mod:`agent.pipeline.timeline`), so a wall clock set back an hour does not mute a stream for
+  an hour.
 
 ``clear_windows = 0`` means no episodes: every window that meets k of n raises an alert (subject
 to the cooldown), e.g. an image folder where each image is a different part.

@@ -12,6 +12,16 @@ which takes over again, and :attr:`~StreamPipeline.fallback_error` says why.
 :attr:`~StreamPipeline.observer` sees every scored batch (shadow scoring, post-swap watch).
 The calibration samples are kept (:attr:`~StreamPipeline.calibration_samples`) so a candidate
 model calibrates on the same readings.
+
+Outliers and non-finite scores (nothing vanishes silently): far-out readings of the
+calibration period (:func:`agent.pipeline.calibration.far_out_rows`) are left out of the fit and
+counted (:attr:`StreamOutput.calibration_outliers`); a window whose score is not finite (a
+reading the model cannot represent) scores :data:`OFF_SCALE`, so it counts as above any
+threshold and can alert, and is counted (:attr:`StreamOutput.nonfinite_scores`).
+
+Clock steps (:mod:`agent.pipeline.timeline`): at a step in the timestamps the open aggregate
+interval is closed, and the alert rules' cooldown keeps counting monotonic seconds across it
+(:attr:`StreamOutput.clock_steps` reports each step once).
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ import numpy.typing as npt
 
 from agent.errors import ModelError
 from agent.pipeline.aggregates import IntervalAggregator
+from agent.pipeline.calibration import far_out_rows
 from agent.pipeline.detector import (
     Calibration,
     DetectorSpec,
@@ -32,8 +43,12 @@ from agent.pipeline.detector import (
     ScoredBatch,
 )
 from agent.pipeline.rules import AlertRules, RuleParams
+from agent.pipeline.timeline import ClockStep, StepDetector
 from agent.pipeline.windowing import SlidingWindower, WindowBatch
 from agent.records import Aggregate, Float32Array, FloatArray, FrameOrigin, TopChannel
+
+#: The score of a window whose computed score is not finite: above any threshold.
+OFF_SCALE = float(np.finfo(np.float64).max)
 
 
 class BatchObserver(Protocol):
@@ -81,6 +96,10 @@ class StreamOutput:
         alerts: Alerts raised.
         aggregates: Intervals closed.
         calibrated: A calibration finished during this block.
+        calibration_outliers: Far-out readings left out of that calibration.
+        nonfinite_scores: Windows whose score was not finite (scored :data:`OFF_SCALE`).
+        clock_steps: Clock steps found in this block's timestamps; the aggregate interval
+            open at each was closed (it is in ``aggregates``).
     """
 
     end_index: npt.NDArray[np.int64]
@@ -89,6 +108,9 @@ class StreamOutput:
     alerts: list[AlertEvent] = field(default_factory=list)
     aggregates: list[Aggregate] = field(default_factory=list)
     calibrated: Calibration | None = None
+    calibration_outliers: int = 0
+    nonfinite_scores: int = 0
+    clock_steps: list[ClockStep] = field(default_factory=list)
 
 
 class StreamPipeline:
@@ -144,6 +166,10 @@ class StreamPipeline:
         # windows whose last sample index is below this are calibration windows (unscored); a
         # restored calibration scores from the first window
         self._score_from = 0 if calibration is not None else spec.calibration_samples
+        #: Finds clock steps in the stream's timestamps (:mod:`agent.pipeline.timeline`).
+        self.clock = StepDetector()
+        # added to window end times for the alert rules: minus the sum of the steps so far
+        self._rule_offset = 0.0
 
     @property
     def calibrating(self) -> bool:
@@ -156,14 +182,18 @@ class StreamPipeline:
         return self.calibration.threshold if self.calibration is not None else math.nan
 
     def process_block(
-        self, values: FloatArray, ts: FloatArray, received_mono: float = 0.0
+        self, values: FloatArray, ts: FloatArray, received_mono: float = 0.0,
+        mono: FloatArray | None = None,
     ) -> StreamOutput:
         """Feed readings.
 
         Args:
             values: Shape ``(N, C)``, float64, in channel order.
-            ts: Shape ``(N,)``, epoch seconds UTC, non-decreasing.
+            ts: Shape ``(N,)``, epoch seconds UTC, non-decreasing (a clock step excepted:
+                :mod:`agent.pipeline.timeline`).
             received_mono: Monotonic receive time of the newest reading.
+            mono: Shape ``(N,)``, each reading's monotonic receive time (0 = unknown); lets a
+                forward clock step be told from a fast replay.
 
         Raises:
             ValueError: shape mismatch.
@@ -173,21 +203,35 @@ class StreamPipeline:
         out = StreamOutput(np.zeros(0, np.int64), np.zeros(0), math.nan)
         if n == 0:
             return out
-        # split the block where the aggregate interval changes, so scores and alerts land in the
-        # interval of their window's last sample
-        slots = np.floor(ts / self.aggregator.interval_s)
-        cuts = (np.flatnonzero(np.diff(slots)) + 1).tolist()
-        ends: list[npt.NDArray[np.int64]] = []
-        scores: list[FloatArray] = []
-        for a, b in zip([0, *cuts], [*cuts, n], strict=True):
-            out.aggregates += self.aggregator.add_readings(values[a:b], ts[a:b])
-            e, s = self._process(values[a:b], ts[a:b], received_mono, out)
-            ends.append(e + a)
-            scores.append(s)
+        out.clock_steps = self.clock.find(ts, mono)
+        ends: list[npt.NDArray[np.int64]] = [np.zeros(0, np.int64)]
+        scores: list[FloatArray] = [np.zeros(0)]
+        starts = [0, *(step.index for step in out.clock_steps)]
+        for k, (a, b) in enumerate(zip(starts, [*starts[1:], n], strict=True)):
+            if k:  # a clock step: close the open interval; rule time goes on monotonically
+                out.aggregates += self.aggregator.flush()
+                self._rule_offset -= out.clock_steps[k - 1].size_s
+            if b > a:
+                self._process_span(values[a:b], ts[a:b], received_mono, out, ends, scores, a)
         out.end_index = np.concatenate(ends)
         out.scores = np.concatenate(scores)
         out.threshold = self.threshold
         return out
+
+    def _process_span(
+        self, values: FloatArray, ts: FloatArray, received_mono: float, out: StreamOutput,
+        ends: list[npt.NDArray[np.int64]], scores: list[FloatArray], offset: int,
+    ) -> None:
+        # split the span where the aggregate interval changes, so scores and alerts land in
+        # the interval of their window's last sample
+        n = values.shape[0]
+        slots = np.floor(ts / self.aggregator.interval_s)
+        cuts = (np.flatnonzero(np.diff(slots)) + 1).tolist()
+        for a, b in zip([0, *cuts], [*cuts, n], strict=True):
+            out.aggregates += self.aggregator.add_readings(values[a:b], ts[a:b])
+            e, sc = self._process(values[a:b], ts[a:b], received_mono, out)
+            ends.append(e + a + offset)
+            scores.append(sc)
 
     def _process(
         self, values: FloatArray, ts: FloatArray, received_mono: float, out: StreamOutput
@@ -201,8 +245,13 @@ class StreamPipeline:
         batch = self.windower.push_block(values, ts)
         scores = np.full(len(batch), math.nan)
         if self.calibration is None and self._cal_count >= self.spec.calibration_samples:
-            self.calibration_samples = np.concatenate(self._cal_buf)
-            self.calibration = self.detector.calibrate(self.calibration_samples)
+            samples = np.concatenate(self._cal_buf)
+            far = far_out_rows(samples, self.spec.scale_floor)
+            if far.any() and int((~far).sum()) > self.spec.window:
+                samples = samples[~far]
+                out.calibration_outliers = int(far.sum())
+            self.calibration_samples = samples
+            self.calibration = self.detector.calibrate(samples)
             self._cal_buf = []
             out.calibrated = self.calibration
         if self.calibration is None or len(batch) == 0:
@@ -217,19 +266,41 @@ class StreamPipeline:
             # > 1 while the latency budget skips windows; read before scoring, which may change
             # the hop for the next block (DeadlineGuard.on_stride)
             stride = max(1, self.windower.hop // self.spec.hop)
-            scored = self._score(windows)
+            with np.errstate(over="ignore", invalid="ignore"):  # non-finite: handled below
+                raw = self._score(windows)
+            scored = self._finite(raw, windows, out)
             scores[live] = scored.scores
             thr = self.threshold
             if self.observer is not None:
                 self.observer.observe(windows, scored.scores, thr)
             for j, i in enumerate(np.flatnonzero(live)):
-                if self.rules.update(float(scored.scores[j]), thr, float(batch.end_ts[i]),
-                                     stride):
+                rule_ts = float(batch.end_ts[i]) + self._rule_offset
+                if self.rules.update(float(scored.scores[j]), thr, rule_ts, stride):
                     out.alerts.append(self._event(batch, int(i), scored.scores[j],
                                                   scored.contributions[j], received_mono))
                     alerts += 1
         self.aggregator.add_scores(scores, alerts)
         return batch.end_index, scores
+
+    def _finite(self, scored: ScoredBatch, windows: Float32Array, out: StreamOutput) -> ScoredBatch:
+        """Non-finite scores become OFF_SCALE (counted); such a window's contributions are each
+        channel's share of its largest scaled deviation (float64, where the model's float32
+        overflowed), or equal shares when even that is not finite."""
+        bad = ~np.isfinite(scored.scores)
+        if not bad.any():
+            return scored
+        assert self.calibration is not None
+        out.nonfinite_scores += int(bad.sum())
+        scaler = self.calibration.scaler
+        with np.errstate(all="ignore"):
+            dev = np.abs((windows[bad].astype(np.float64) - scaler.mean) / scaler.scale).max(axis=1)
+            dev = np.where(np.isfinite(dev), dev, 0.0)
+            total = dev.sum(axis=1, keepdims=True)
+            share = np.divide(dev, total, out=np.full_like(dev, 1.0 / dev.shape[1]),
+                              where=(total > 0) & np.isfinite(total))
+        contrib = scored.contributions.copy()
+        contrib[bad] = share
+        return ScoredBatch(np.where(bad, OFF_SCALE, scored.scores), contrib)
 
     def _score(self, windows: Float32Array) -> ScoredBatch:
         assert self.calibration is not None

@@ -54,11 +54,11 @@ from agent.errors import (
 )
 from agent.health import SourceView
 from agent.inference.image_package import ImagePackage, load_image_package, open_image_backend
+from agent.logs import ALWAYS, RateLimiter
 from agent.pipeline.image import ImagePipeline, ImageSpec
 from agent.pipeline.stream import AlertEvent
 from agent.records import Aggregate, Frame
 from agent.services.camera_rules import camera_rule_params
-from agent.services.supervisor import RateLimiter
 from agent.sources.backoff import Backoff
 from agent.sources.camera import CameraConfig, CameraSource
 from agent.sources.camera_watch import FolderCheckpoint, ScoredFile
@@ -225,6 +225,15 @@ class CameraStream:
             self._metrics.camera_frames_scored_total.labels(stream=self.name).inc()
         if self._on_score is not None:
             self._on_score(frame, out.score, now - frame.received_mono)
+        step = out.clock_step
+        if step is not None:
+            log.warning("camera %s: timestamps stepped %s by %.1f s (wall clock set by NTP or a "
+                        "missing RTC); the open aggregate interval was closed and alert "
+                        "cooldowns count monotonic time across the step", self.name,
+                        step.direction, abs(step.size_s), extra=ALWAYS)
+            if self._metrics is not None:
+                self._metrics.clock_steps_total.labels(stream=self.name,
+                                                       direction=step.direction).inc()
         for alert in out.alerts:
             self._deliver(alert)
         for agg in out.aggregates:

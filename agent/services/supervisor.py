@@ -6,17 +6,24 @@ Sources stay simple (:mod:`agent.sources.base`); this wraps any of them:
   ``source_errors_total``, sets ``source_up`` to 0 and is retried after an exponential backoff
   with jitter (:class:`agent.sources.backoff.Backoff`). An outage is logged once at WARNING when
   it starts and once at INFO when it ends (the first reading after it, or the source reporting
-  recovery), never per retry;
+  recovery), never per retry; these lines are state changes, never rate-limited
+  (:data:`agent.logs.ALWAYS`), so five outages give five "down" and five "recovered" lines;
 * :class:`agent.errors.SourceExhausted` (a finite replay ended) is logged at INFO and ends the
   thread with :attr:`SourceSupervisor.done` set; any other non-retryable
   :class:`agent.errors.AgentError` is logged at ERROR and ends it with ``error`` set;
 * every rejected record counts ``records_rejected_total{stream, reason}`` and is logged at most
-  once per reason per ``reject_log_interval_s`` (the next line says how many were suppressed);
+  once per reason per ``reject_log_interval_s`` (the next line says how many were suppressed;
+  :class:`agent.logs.RateLimiter`, the agent's one rate limiter);
+* a reading outside the stream's valid range (:class:`agent.sources.valid_range.ValidRange`) is
+  rejected like any bad record (``reason = "out_of_range"``);
 * every accepted reading counts ``readings_total``, refreshes :attr:`last_progress_mono` (for a
   watchdog) and is handed to ``emit``.
 
 A source that reconnects by itself (:class:`agent.sources.base.ReportsStatus`, e.g. the serial
 port) reports its failed attempts and its recovery; they are counted and logged the same way.
+A source that waits by design (:class:`agent.sources.base.ReportsWaits`: a replay paced over a
+gap in its recording, a slow simulator) says until when; :attr:`SourceSupervisor.waiting_until_mono`
+holds it for the watchdog, which takes such a wait for no stall.
 """
 
 from __future__ import annotations
@@ -28,52 +35,12 @@ import time
 from collections.abc import Callable
 
 from agent.errors import AgentError, RecordError, SourceError, SourceExhausted
+from agent.logs import ALWAYS, RateLimiter
 from agent.metrics import Metrics
 from agent.records import Reading
 from agent.sources.backoff import Backoff
-from agent.sources.base import Emit, ReportsStatus, Source, UsesMetrics
-
-
-class RateLimiter:
-    """Allows one event per key per interval and counts the ones it suppresses.
-
-    Args:
-        interval_s: Seconds between two allowed events of the same key.
-        monotonic: Monotonic clock in seconds.
-
-    >>> now = [0.0]
-    >>> rl = RateLimiter(60.0, lambda: now[0])
-    >>> rl.hit("x"), rl.hit("x"), rl.hit("x")
-    (0, None, None)
-    >>> now[0] = 61.0; rl.hit("x")
-    2
-    """
-
-    def __init__(self, interval_s: float, monotonic: Callable[[], float] = time.monotonic) -> None:
-        self.interval_s = interval_s
-        self._monotonic = monotonic
-        self._last: dict[str, float] = {}
-        self._suppressed: dict[str, int] = {}
-
-    def hit(self, key: str) -> int | None:
-        """Record one event.
-
-        Returns:
-            None when the event should be suppressed; otherwise the number of events of this key
-            suppressed since the last allowed one.
-        """
-        now = self._monotonic()
-        last = self._last.get(key)
-        if last is not None and now - last < self.interval_s:
-            self._suppressed[key] = self._suppressed.get(key, 0) + 1
-            return None
-        self._last[key] = now
-        return self._suppressed.pop(key, 0)
-
-    def drain(self) -> dict[str, int]:
-        """Return and clear the counts of suppressed events not yet reported, by key."""
-        pending, self._suppressed = self._suppressed, {}
-        return pending
+from agent.sources.base import Emit, ReportsStatus, ReportsWaits, Source, UsesMetrics
+from agent.sources.valid_range import ValidRange
 
 
 class SourceSupervisor:
@@ -94,12 +61,15 @@ class SourceSupervisor:
         sleep: ``sleep(seconds)`` between retries; default ``stop.wait`` (wakes on stop).
         monotonic: Monotonic clock in seconds.
         rng: Random source for the jitter.
+        valid_range: Bounds a reading must respect; default: finite float32 values only.
 
     Attributes:
         stream: The source's stream name.
         last_progress_mono: ``monotonic()`` of the last accepted reading, None before the first.
         started_mono: ``monotonic()`` of :meth:`start`, None before.
         error: The fatal error that ended the thread, if any.
+        waiting_until_mono: While the source waits by design, ``monotonic()`` when its next
+            reading is due; None otherwise.
     """
 
     def __init__(
@@ -118,8 +88,10 @@ class SourceSupervisor:
         sleep: Callable[[float], object] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        valid_range: ValidRange | None = None,
     ) -> None:
         self.source = source
+        self._valid = valid_range if valid_range is not None else ValidRange(source.channels)
         self.stream = source.stream
         self._emit_downstream = emit
         self._metrics = metrics
@@ -142,6 +114,7 @@ class SourceSupervisor:
         self.last_progress_mono: float | None = None
         self.started_mono: float | None = None
         self.error: BaseException | None = None
+        self.waiting_until_mono: float | None = None
         self._outage_error = ""
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -158,6 +131,8 @@ class SourceSupervisor:
             self.source.set_status_listener(self._on_status)
         if isinstance(self.source, UsesMetrics):
             self.source.set_metrics(self._metrics)
+        if isinstance(self.source, ReportsWaits):
+            self.source.set_wait_listener(self._on_wait)
         self.started_mono = self._monotonic()
         self._thread = threading.Thread(
             target=self._run, name=f"source-{self.stream}", daemon=True
@@ -207,12 +182,13 @@ class SourceSupervisor:
             try:
                 self.source.run(self._emit, self._reject, self._stop)
             except SourceExhausted as exc:
-                self._log.info("stream %s: source finished: %s", self.stream, exc)
+                self._log.info("stream %s: source finished: %s", self.stream, exc, extra=ALWAYS)
                 self._done = True
                 return
             except AgentError as exc:
                 if not exc.retryable:
-                    self._log.error("stream %s: source failed for good: %s", self.stream, exc)
+                    self._log.error("stream %s: source failed for good: %s", self.stream, exc,
+                                    extra=ALWAYS)
                     self.error = exc
                     return
                 self._on_failure(exc)
@@ -222,7 +198,7 @@ class SourceSupervisor:
                 if not self._stop.is_set():
                     self._log.warning(
                         "stream %s: source returned without being stopped; not restarting",
-                        self.stream,
+                        self.stream, extra=ALWAYS,
                     )
                     self._done = True
                 return
@@ -231,6 +207,10 @@ class SourceSupervisor:
     # -- callbacks (all called in the supervisor's thread) -----------------------------------
 
     def _emit(self, reading: Reading) -> None:
+        invalid = self._valid.check(reading.values)
+        if invalid is not None:
+            self._reject(invalid)
+            return
         self._readings.inc()
         self.last_progress_mono = self._monotonic()
         if self._in_outage:
@@ -257,6 +237,9 @@ class SourceSupervisor:
                 "stream %s: record rejected (%s): %s", self.stream, error.reason, error
             )
 
+    def _on_wait(self, due_mono: float | None) -> None:
+        self.waiting_until_mono = due_mono
+
     def _on_status(self, error: SourceError | None) -> None:
         if error is None:
             self._on_recovery()
@@ -277,7 +260,7 @@ class SourceSupervisor:
             "stream %s: source down: %s; retrying with backoff (logged again on recovery)",
             self.stream,
             error,
-            exc_info=None if isinstance(error, AgentError) else error,
+            exc_info=None if isinstance(error, AgentError) else error, extra=ALWAYS,
         )
 
     def _on_recovery(self) -> None:
@@ -291,4 +274,5 @@ class SourceSupervisor:
             self.stream,
             self._monotonic() - self._outage_since,
             self._outage_failures,
+            extra=ALWAYS,
         )

@@ -10,6 +10,10 @@ A source that heals its own input inside ``run`` (the serial port reconnects by 
 implements :class:`ReportsStatus`, so the supervisor can still count, log and expose its outages:
 it calls the listener with a :class:`agent.errors.SourceError` for every failed attempt and with
 ``None`` once the input works again.
+
+A source that waits by design (pacing a recording or a simulation in real time, a gap in a
+recording, a slow poll interval) implements :class:`ReportsWaits`: it says until when it waits,
+so the watchdog does not take the silence for a stuck reader (:mod:`agent.health`).
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ if TYPE_CHECKING:
 Emit = Callable[[Reading], None]
 Reject = Callable[[RecordError], None]
 StatusListener = Callable[[SourceError | None], None]
+#: Called with the monotonic time (seconds) the next reading is due before a wait by design,
+#: and with None when the wait is over.
+WaitListener = Callable[[float | None], None]
 
 
 class Source(Protocol):
@@ -54,6 +61,29 @@ class ReportsStatus(Protocol):
     def set_status_listener(self, listener: StatusListener | None) -> None:
         """Call ``listener(error)`` per failed attempt and ``listener(None)`` on recovery."""
         ...
+
+
+@runtime_checkable
+class ReportsWaits(Protocol):
+    """Optional: a source that waits by design says so (gaps, pacing, poll intervals)."""
+
+    def set_wait_listener(self, listener: WaitListener | None) -> None:
+        """Call ``listener(due_mono)`` before each wait by design and ``listener(None)`` after."""
+        ...
+
+
+def paced_wait(
+    wait: Callable[[float], object], delay: float, now_mono: float,
+    listener: WaitListener | None,
+) -> None:
+    """``wait(delay)``, announced to ``listener`` as due at ``now_mono + delay`` (monotonic s)."""
+    if listener is not None:
+        listener(now_mono + delay)
+    try:
+        wait(delay)
+    finally:
+        if listener is not None:
+            listener(None)
 
 
 @runtime_checkable

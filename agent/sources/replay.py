@@ -35,7 +35,7 @@ from pydantic import Field
 from agent.config.base import StrictModel
 from agent.errors import RecordError, SourceError, SourceExhausted, SourceFailed
 from agent.records import FloatArray, Reading
-from agent.sources.base import Emit, Reject, SourcePlugin
+from agent.sources.base import Emit, Reject, SourcePlugin, WaitListener, paced_wait
 
 KIND = "replay"
 
@@ -188,6 +188,7 @@ class ReplaySource:
         self._clock = clock
         self._sleep = sleep
         self._monotonic = monotonic
+        self._wait_listener: WaitListener | None = None
         header_line = self._read_header_line()
         self._delimiter = (
             sniff_delimiter(header_line) if config.delimiter == "auto" else config.delimiter
@@ -227,6 +228,11 @@ class ReplaySource:
         self._pick: Callable[[list[str]], tuple[str, ...]] = (
             getter if len(indices) > 1 else (lambda row: (getter(row),))
         )
+
+    def set_wait_listener(self, listener: WaitListener | None) -> None:
+        """Announce each pacing wait (a gap in the recording is no stall):
+        :class:`agent.sources.base.ReportsWaits`."""
+        self._wait_listener = listener
 
     def _open(self) -> TextIO:
         try:
@@ -289,9 +295,10 @@ class ReplaySource:
                 pass_count += 1
                 elapsed = ts - first_ts + pass_offset
                 if speed > 0.0:
-                    delay = start_mono + elapsed / speed - self._monotonic()
+                    now = self._monotonic()
+                    delay = start_mono + elapsed / speed - now
                     if delay > 0.0:
-                        wait(delay)
+                        paced_wait(wait, delay, now, self._wait_listener)
                         if stop.is_set():
                             return
                 out_ts = start_wall + elapsed if self.config.restamp else ts + pass_offset

@@ -11,7 +11,10 @@ reassembled. Rejected lines become :class:`agent.errors.RecordError` with ``reas
 * ``non_finite``: NaN or infinity, including overflow such as ``1e999``;
 * ``field_count``: csv with the wrong number of fields;
 * ``missing_channel``: kv without one of the channels (unknown keys are ignored);
-* ``bad_timestamp``: the timestamp field is missing, not a number or not finite.
+* ``bad_timestamp``: the timestamp field is missing, not a number or not finite;
+* ``stale_partial``: a partial line whose last byte came more than ``inter_byte_timeout_s``
+  ago (the device paused or restarted mid-line): it is discarded rather than joined to bytes
+  that arrive much later, which would make one reading of two unrelated halves.
 
 Blank lines are skipped silently. :class:`SerialSource` survives the port vanishing (USB adapter
 unplugged): it closes, waits with :class:`agent.sources.backoff.Backoff` and reopens, reporting
@@ -21,25 +24,24 @@ each failed attempt and the recovery through :class:`agent.sources.base.ReportsS
 from __future__ import annotations
 
 import contextlib
-import math
 import random
-import re
 import termios
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-import numpy as np
 from pydantic import Field, field_validator
 
 from agent.config.base import StrictModel
 from agent.errors import ConfigError, RecordError, SourceError
-from agent.records import FloatArray, Reading
+from agent.records import Reading
 from agent.sources.backoff import Backoff
 from agent.sources.base import Emit, Reject, SourcePlugin, StatusListener
+from agent.sources.lines import LineParser, ParsedLine
 from agent.sources.serial_line import STOPBITS, RS485Config, apply_rs485, line_settings
+
+__all__ = ["KIND", "LineParser", "ParsedLine", "SerialConfig", "SerialSource"]
 
 KIND = "serial"
 
@@ -77,6 +79,12 @@ class SerialConfig(StrictModel):
         "table; unset = RS-232). Needs a port whose driver supports it (TIOCSRS485)."
     )
     read_timeout_s: float = Field(1.0, gt=0, description="pyserial read timeout in seconds.")
+    inter_byte_timeout_s: float = Field(
+        3.0,
+        gt=0,
+        description="A partial line whose last byte is older than this (seconds) is discarded "
+        "and counted (reason stale_partial) instead of being joined to later bytes.",
+    )
     reconnect_initial_s: float = Field(
         0.5, gt=0, description="First reconnect delay after the port vanishes (seconds)."
     )
@@ -92,183 +100,6 @@ class SerialConfig(StrictModel):
 
 #: The ``serial`` kind, as the ``edge_agent.sources`` entry point names it.
 PLUGIN = SourcePlugin(KIND, SerialConfig, "agent.sources.serial:SerialSource")
-
-
-_KV_SPLIT = re.compile(r"[,\s]+")
-
-
-@dataclass(frozen=True, slots=True)
-class ParsedLine:
-    """One accepted line.
-
-    Attributes:
-        ts: Epoch seconds from the line's timestamp field, or None (use the receive time).
-        values: Shape ``(C,)``, float64, finite, in channel order.
-    """
-
-    ts: float | None
-    values: FloatArray
-
-
-class LineParser:
-    """Splits a byte stream into lines and parses each into channel values (no I/O).
-
-    Args:
-        channels: Channel names, in order (C of them).
-        fmt: ``csv`` (values in channel order) or ``kv`` (``key=value`` separated by ``,`` or
-            whitespace).
-        delimiter: csv field separator.
-        timestamp_field: csv: the first field is epoch seconds; kv: the ``ts`` key is.
-        max_line_bytes: Longest accepted line, excluding its terminator.
-
-    >>> p = LineParser(["a", "b"])
-    >>> p.feed(b"1.5,2")
-    []
-    >>> [r.values.tolist() for r in p.feed(b"\\r\\n3,4\\n")]
-    [[1.5, 2.0], [3.0, 4.0]]
-    >>> [e.reason for e in p.feed(b"1,x\\n1,nan\\n1\\n\\xff,1\\n")]
-    ['non_numeric', 'non_finite', 'field_count', 'not_utf8']
-    >>> kv = LineParser(["a", "b"], fmt="kv", timestamp_field=True)
-    >>> r = kv.parse_line(b"ts=100.5 b=2 a=1 extra=9")
-    >>> r.ts, r.values.tolist()
-    (100.5, [1.0, 2.0])
-    """
-
-    def __init__(
-        self,
-        channels: list[str] | tuple[str, ...],
-        fmt: Literal["csv", "kv"] = "csv",
-        delimiter: str = ",",
-        timestamp_field: bool = False,
-        max_line_bytes: int = 1024,
-    ) -> None:
-        if not channels:
-            raise ValueError("LineParser needs at least one channel")
-        self.channels = tuple(channels)
-        self.fmt = fmt
-        self.delimiter = delimiter
-        self.timestamp_field = timestamp_field
-        self.max_line_bytes = max_line_bytes
-        self._buffer = bytearray()
-        self._discarding = False
-
-    def reset(self) -> None:
-        """Drop any partial line (after a reconnect, the rest of it is gone)."""
-        self._buffer.clear()
-        self._discarding = False
-
-    def feed(self, data: bytes) -> list[ParsedLine | RecordError]:
-        """Add bytes from the port; return the lines they complete, parsed or rejected, in order.
-
-        The buffer never holds more than ``max_line_bytes + 1`` bytes between calls.
-        """
-        out: list[ParsedLine | RecordError] = []
-        buf = self._buffer
-        buf += data
-        start = 0
-        while True:
-            end = buf.find(b"\n", start)
-            if end < 0:
-                break
-            if self._discarding:
-                self._discarding = False  # the tail of a line already rejected as too long
-            else:
-                line = bytes(buf[start:end])
-                if line.endswith(b"\r"):
-                    line = line[:-1]
-                if len(line) > self.max_line_bytes:
-                    out.append(self._too_long(len(line)))
-                else:
-                    try:
-                        parsed = self.parse_line(line)
-                    except RecordError as exc:
-                        out.append(exc)
-                    else:
-                        if parsed is not None:
-                            out.append(parsed)
-            start = end + 1
-        del buf[:start]
-        # +1: a line of exactly max_line_bytes may still be waiting for the \n of its \r\n.
-        if len(buf) > self.max_line_bytes + 1:
-            if not self._discarding:
-                out.append(self._too_long(len(buf)))
-                self._discarding = True
-            buf.clear()
-        return out
-
-    def _too_long(self, size: int) -> RecordError:
-        return RecordError(
-            f"line longer than {self.max_line_bytes} bytes ({size} so far)", reason="too_long"
-        )
-
-    def parse_line(self, line: bytes) -> ParsedLine | None:
-        """Parse one line without its terminator.
-
-        Returns:
-            The parsed line, or None for a blank line.
-
-        Raises:
-            RecordError: With a ``reason`` from the module docstring.
-        """
-        try:
-            text = line.decode("utf-8").strip()
-        except UnicodeDecodeError as exc:
-            raise RecordError(f"line is not UTF-8: {line[:32]!r}", reason="not_utf8") from exc
-        if not text:
-            return None
-        if self.fmt == "kv":
-            return self._parse_kv(text)
-        return self._parse_csv(text)
-
-    def _parse_csv(self, text: str) -> ParsedLine:
-        fields = text.split(self.delimiter)
-        expected = len(self.channels) + (1 if self.timestamp_field else 0)
-        if len(fields) != expected:
-            raise RecordError(
-                f"line has {len(fields)} fields, expected {expected}: {text[:64]!r}",
-                reason="field_count",
-            )
-        ts = _timestamp(fields[0]) if self.timestamp_field else None
-        return ParsedLine(ts, _values(fields[-len(self.channels) :], text))
-
-    def _parse_kv(self, text: str) -> ParsedLine:
-        pairs: dict[str, str] = {}
-        for token in _KV_SPLIT.split(text):
-            if not token:
-                continue
-            key, sep, value = token.partition("=")
-            if not sep:
-                raise RecordError(f"token {token[:32]!r} is not key=value", reason="non_numeric")
-            pairs[key] = value
-        missing = [c for c in self.channels if c not in pairs]
-        if missing:
-            raise RecordError(f"line lacks channel(s) {missing}", reason="missing_channel")
-        ts: float | None = None
-        if self.timestamp_field:
-            if "ts" not in pairs:
-                raise RecordError("line lacks the 'ts' key", reason="bad_timestamp")
-            ts = _timestamp(pairs["ts"])
-        return ParsedLine(ts, _values([pairs[c] for c in self.channels], text))
-
-
-def _timestamp(field: str) -> float:
-    try:
-        ts = float(field)
-    except ValueError:
-        raise RecordError(f"bad timestamp {field[:32]!r}", reason="bad_timestamp") from None
-    if not math.isfinite(ts):
-        raise RecordError(f"non-finite timestamp {field[:32]!r}", reason="bad_timestamp")
-    return ts
-
-
-def _values(fields: list[str], text: str) -> FloatArray:
-    try:
-        values = np.array([float(f) for f in fields], dtype=np.float64)
-    except ValueError:
-        raise RecordError(f"non-numeric value in {text[:64]!r}", reason="non_numeric") from None
-    if not np.isfinite(values).all():
-        raise RecordError(f"non-finite value in {text[:64]!r}", reason="non_finite")
-    return values
 
 
 class SerialPort(Protocol):
@@ -348,6 +179,7 @@ class SerialSource:
             delimiter=config.delimiter,
             timestamp_field=config.timestamp_field,
             max_line_bytes=config.max_line_bytes,
+            inter_byte_timeout_s=config.inter_byte_timeout_s,
         )
         self._listener: StatusListener | None = None
 
@@ -412,11 +244,14 @@ class SerialSource:
                 healthy = True
                 self._backoff.reset()
                 self._report(None)
-            if not data:
-                continue  # read timeout: check stop and read again
+            if not data:  # read timeout: drop a stale partial line, check stop, read again
+                stale = self._parser.expire(self._monotonic())
+                if stale is not None:
+                    reject(stale)
+                continue
             received_mono = self._monotonic()
             now: float | None = None
-            for item in self._parser.feed(data):
+            for item in self._parser.feed(data, received_mono):
                 if isinstance(item, RecordError):
                     reject(item)
                     continue

@@ -34,7 +34,7 @@ from pydantic import Field
 from agent.config.base import StrictModel
 from agent.errors import ConfigError, SourceExhausted
 from agent.records import FloatArray, Reading
-from agent.sources.base import Emit, Reject, SourcePlugin
+from agent.sources.base import Emit, Reject, SourcePlugin, WaitListener, paced_wait
 
 KIND = "simulator"
 
@@ -180,6 +180,7 @@ class SimulatorSource:
         self._clock = clock
         self._sleep = sleep
         self._monotonic = monotonic
+        self._wait_listener: WaitListener | None = None
         models = [PUMP_CHANNELS.get(name, DEFAULT_CHANNEL) for name in self.channels]
         self._level = np.array([m.level for m in models])
         self.noise_std: FloatArray = np.array([m.noise_std for m in models])
@@ -190,6 +191,11 @@ class SimulatorSource:
         self._rho = rho
         self._own = np.sqrt(1.0 - rho**2)
         self._fault_index = [self.channels.index(f.channel) for f in config.faults]
+
+    def set_wait_listener(self, listener: WaitListener | None) -> None:
+        """Announce each pacing wait (a slow sample rate is no stall):
+        :class:`agent.sources.base.ReportsWaits`."""
+        self._wait_listener = listener
 
     def run(self, emit: Emit, reject: Reject, stop: threading.Event) -> None:
         """Generate readings until ``stop`` is set or ``duration_s`` of simulated time has passed.
@@ -231,9 +237,10 @@ class SimulatorSource:
                 else:
                     stuck.pop(n, None)
             if cfg.speed > 0.0:
-                delay = start_mono + t / cfg.speed - self._monotonic()
+                now = self._monotonic()
+                delay = start_mono + t / cfg.speed - now
                 if delay > 0.0:
-                    wait(delay)
+                    paced_wait(wait, delay, now, self._wait_listener)
                     if stop.is_set():
                         return
             emit(Reading(self.stream, start_wall + t, values, received_mono=self._monotonic()))

@@ -150,6 +150,27 @@ def test_kv_with_timestamps_over_a_pty(pty_pair: tuple[int, str]) -> None:
         run.close()
 
 
+def test_stale_partial_line_is_discarded_not_joined(pty_pair: tuple[int, str]) -> None:
+    """A line's first half, then a pause longer than the inter-byte timeout, then its second
+    half: the halves are not joined into one reading; the stale half is counted."""
+    master, path = pty_pair
+    run = Running(path, inter_byte_timeout_s=0.5)
+    try:
+        run.sync(lambda b: os.write(master, b))
+        os.write(master, b"1.0,2.0,")
+        assert wait_for(lambda: run.rejected("stale_partial") == 1, timeout=10.0), (
+            "the stale half line was not discarded on a quiet port"
+        )
+        os.write(master, b"3.0\n4,5,")
+        time.sleep(1.5)  # longer than the timeout: this half goes stale too
+        os.write(master, b"6\n7,8,9\n")
+        assert wait_for(lambda: len(run.readings) >= 1 and run.rejected("stale_partial") == 2)
+        assert run.values() == [[7.0, 8.0, 9.0]]
+        assert run.rejected("field_count") == 2  # "3.0" and "6": tails on their own
+    finally:
+        run.close()
+
+
 def test_pty_closing_is_survived_and_counted(pty_pair: tuple[int, str]) -> None:
     master, path = pty_pair
     run = Running(path)

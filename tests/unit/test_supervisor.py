@@ -12,9 +12,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from agent.errors import ConfigError, RecordError, SourceError, SourceExhausted
+from agent.logs import RateLimiter, RateLimitFilter
 from agent.metrics import Metrics
 from agent.records import Reading
-from agent.services.supervisor import RateLimiter, SourceSupervisor
+from agent.services.supervisor import SourceSupervisor
 from agent.sources.base import Emit, Reject, StatusListener
 
 Step = Callable[[Emit, Reject, threading.Event], None]
@@ -57,7 +58,9 @@ def value(metrics: Metrics, name: str, **labels: str) -> float:
 
 
 class Harness:
-    def __init__(self, source: object, **kwargs: object) -> None:
+    def __init__(
+        self, source: object, logger: logging.Logger | None = None, **kwargs: object
+    ) -> None:
         self.metrics = Metrics(CollectorRegistry())
         self.stop = threading.Event()
         self.sleeps: list[float] = []
@@ -67,7 +70,7 @@ class Harness:
             self.out.append,
             self.metrics,
             self.stop,
-            logging.getLogger("test.supervisor"),
+            logger or logging.getLogger("test.supervisor"),
             backoff_initial_s=1.0,
             backoff_max_s=8.0,
             backoff_jitter=0.0,
@@ -304,3 +307,32 @@ def test_jitter_shortens_delays_within_bounds() -> None:
     bases = [1.0, 2.0, 4.0, 4.0, 4.0, 4.0]
     assert all(b / 2 <= s <= b for s, b in zip(sleeps, bases, strict=True))
     assert len(set(sleeps)) == len(sleeps)
+
+
+class _Lines(logging.Handler):
+    """A handler with the agent's RateLimitFilter, keeping the lines it emits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_every_outage_and_recovery_passes_the_log_rate_limit() -> None:
+    """Five outages in well under 30 s: five "source down" and five "recovered" lines through
+    the same 30 s de-duplication the CLI installs (state changes are never de-duplicated)."""
+    handler = _Lines()
+    handler.addFilter(RateLimitFilter(30.0))
+    logger = logging.getLogger("test.supervisor.dedup")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        Harness(ScriptedSource([emit_two_then_fail] * 5), logger).run()
+    finally:
+        logger.removeHandler(handler)
+    assert sum("source down" in m for m in handler.lines) == 5, handler.lines
+    assert sum("source recovered" in m for m in handler.lines) == 4, handler.lines
+    assert sum("source finished" in m for m in handler.lines) == 1
