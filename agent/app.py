@@ -247,6 +247,7 @@ class Agent:
             self.notifier,
             publisher=self.publisher,
             has_uploader=self.uploader is not None,
+            uploader_trouble=None if self.uploader is None else self.uploader.trouble,
             cameras={n: WatchedCamera(c, _camera_policy(config, n))
                      for n, c in self.cameras.items()},
             watchdog_interval_s=watchdog_interval_s(),
@@ -738,7 +739,7 @@ def _build_updater(agent: Agent, store: ModelStore, keys: TrustedKeys) -> Update
         return _TimedBackend(backend, hist.observe)
 
     return Updater(config.updater, client, store, handles, config.agent.device_id, keys,
-                   agent.metrics, wrap_backend=wrap, clock=agent.clock)
+                   agent.metrics, wrap_backend=wrap, clock=agent.clock, abort=client.abort)
 
 
 def _build_samples(agent: Agent) -> SampleUploader:
@@ -786,7 +787,7 @@ def _build_uploader(
         store, client, config.agent.device_id, metrics, batch_records=fc.batch_records,
         interval_s=fc.interval_s, backoff_max_s=fc.backoff_max_s,
         max_bytes_per_s=fc.max_bytes_per_s, max_in_flight=fc.max_in_flight, clock=clock,
-        refresh_token=refresh_token,
+        refresh_token=refresh_token, abort=client.abort, slow_request_s=fc.read_timeout_s,
     )
 
 

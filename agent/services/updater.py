@@ -171,6 +171,7 @@ class Updater:
         wrap_backend: Wraps a candidate's backend for a stream (inference timing).
         clock: Wall clock, epoch seconds UTC (report stamps).
         rng: Random source of the poll jitter.
+        abort: Cuts the client's requests in progress short (at stop); None = never.
     """
 
     def __init__(
@@ -186,8 +187,10 @@ class Updater:
         wrap_backend: Callable[[str, Backend], Backend] | None = None,
         clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
+        abort: Callable[[], object] | None = None,
     ) -> None:
         self.config = config
+        self._abort = abort
         self.client = client
         self.store = store
         self.streams = streams
@@ -221,12 +224,16 @@ class Updater:
         self._wake.set()
 
     def stop(self, timeout: float = 5.0) -> bool:
-        """Stop the loop (an update in progress is abandoned); True when it ended in time."""
+        """Stop the loop (an update in progress is abandoned: after ``timeout`` seconds its
+        request is cut short, a download keeps its part file); True when it ended in time."""
         self.stop_event.set()
         self._wake.set()
         if self._thread is None:
             return True
         self._thread.join(timeout)
+        if self._thread.is_alive() and self._abort is not None:
+            self._abort()
+            self._thread.join(2.0)
         return not self._thread.is_alive()
 
     def _run(self) -> None:

@@ -1,0 +1,126 @@
+"""A real HTTP peer on loopback that answers one byte per second (a hung or trickling fleet).
+
+:class:`TricklePeer` reads each request (headers and its ``Content-Length`` body), then sends a
+valid-looking ``200`` answer with a pause between bytes: in ``headers`` mode the status line and
+headers trickle, in ``body`` mode the headers come at once and the body trickles. Each byte
+resets a client's per-read timeout, so only a total deadline ends such a call. After
+``max_bytes`` bytes the peer closes the connection by itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from typing import Literal
+
+Mode = Literal["headers", "body"]
+
+
+class TricklePeer:
+    """A socket server on 127.0.0.1 (a free port) that trickles every answer.
+
+    Args:
+        mode: ``headers`` or ``body`` (module docstring).
+        interval_s: Seconds between two bytes.
+        max_bytes: Bytes sent before the peer closes the connection itself.
+
+    Attributes:
+        requests: Requests read so far (request line of each).
+        open: Connections open now.
+    """
+
+    def __init__(self, mode: Mode, interval_s: float = 1.0, max_bytes: int = 300) -> None:
+        self.mode = mode
+        self.interval_s = interval_s
+        self.max_bytes = max_bytes
+        self.requests: list[str] = []
+        self.open = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self._sock.settimeout(0.2)
+        self.port: int = self._sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._conns: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, name="trickle-peer", daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with self._lock:
+                self._conns.append(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _read_request(self, conn: socket.socket) -> bool:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = conn.recv(65536)
+            if not chunk:
+                return False
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value.strip())
+        while len(body) < length:
+            chunk = conn.recv(65536)
+            if not chunk:
+                return False
+            body += chunk
+        with self._lock:
+            self.requests.append(head.split(b"\r\n", 1)[0].decode("latin-1"))
+        return True
+
+    def _serve(self, conn: socket.socket) -> None:
+        with self._lock:
+            self.open += 1
+        try:
+            conn.settimeout(5.0)
+            if not self._read_request(conn):
+                return
+            body = b'{"results": []}' + b" " * 4096
+            head = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    + f"Content-Length: {len(body)}\r\n\r\n".encode())
+            if self.mode == "body":
+                conn.sendall(head)
+                slow = body
+            else:
+                slow = head + body
+            for i in range(min(len(slow), self.max_bytes)):
+                if self._stop.wait(self.interval_s):
+                    return
+                conn.sendall(slow[i:i + 1])
+        except OSError:
+            return  # the client closed its end
+        finally:
+            with self._lock:
+                self.open -= 1
+            conn.close()
+
+    def wait_for_request(self, timeout_s: float = 30.0) -> None:
+        """Wait until the peer has read a request (AssertionError on timeout)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.requests:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no request reached the peer in {timeout_s} s")
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        """Stop serving and close every connection."""
+        self._stop.set()
+        self._sock.close()
+        with self._lock:
+            for c in self._conns:
+                with contextlib.suppress(OSError):
+                    c.shutdown(socket.SHUT_RDWR)
+        self._thread.join(5.0)
