@@ -36,14 +36,15 @@ class FleetProcess:
     """One fleet server process with its SQLite database in ``workdir``."""
 
     def __init__(
-        self, workdir: Path, device_id: str = "gw1", db_url: str | None = None, workers: int = 1
+        self, workdir: Path, device_id: str = "gw1", db_url: str | None = None, workers: int = 1,
+        port: int | None = None,
     ) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         self.workers = workers
         self.workdir = workdir
         self.db_path = workdir / "fleet.db"
         self.db_url = db_url or f"sqlite:///{self.db_path}"
-        self.port = free_port()
+        self.port = free_port() if port is None else port
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {**os.environ, "EDGE_FLEET_ADMIN_TOKEN": ADMIN_TOKEN}
         self.log_path = workdir / "fleet.log"
