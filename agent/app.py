@@ -581,14 +581,7 @@ class Agent:
         if self.uploader is not None and stored:
             self.uploader.notify()
         if self.console is not None:
-            top = ", ".join(f"{t.channel} {t.contribution:.0%}" for t in alert.top_channels)
-            print(
-                f"ALERT {alert.alert_id} score {alert.score:.2f} > threshold "
-                f"{alert.threshold:.2f} window {iso_utc(alert.window_start)} .. "
-                f"{iso_utc(alert.window_end)} top: {top}",
-                file=self.console,
-                flush=True,
-            )
+            print(alert.console_line(), file=self.console, flush=True)
 
     def _write_aggregate(self, agg: Aggregate) -> None:
         try:
