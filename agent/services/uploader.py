@@ -763,6 +763,13 @@ class Uploader:
                 self._failing = True
                 self._refresh_gauges()
                 return self._backoff.initial_s
+        if not o.auth_logged and exc.status == 403 and "device_id" in exc.detail:
+            o.auth_logged = True  # the token is valid; the config's device_id is not its device
+            log.error(
+                "fleet refused batches of device_id %r (HTTP 403): %s; re-enrolling does not "
+                "help; retrying every %.0f s (the config is read again on SIGHUP)",
+                self.device_id, exc.detail, self._backoff.max_s,
+            )
         if not o.auth_logged:
             o.auth_logged = True
             log.error(

@@ -4,6 +4,9 @@
 * ``GET /v1/devices`` (admin): list with last_seen, versions, backlog
   (``?include_revoked=true`` adds revoked ones).
 * ``DELETE /v1/devices/{device_id}`` (admin): revoke, 204; 404 if not active.
+* ``PATCH /v1/devices/{device_id}/tags`` (admin): ``{"add": [tag...], "remove": [tag...]}``
+  (:func:`fleet.db.devices.change_tags`), 200 with the device; 404 if not active, 422 for a bad
+  tag. Rollouts created afterwards target the new tags.
 * ``GET /v1/devices/{device_id}/aggregates`` and ``/alerts`` (admin, or that device's token):
   ``stream``, ``since`` (inclusive), ``until`` (exclusive) as epoch seconds or ISO 8601 with a
   timezone, ``limit`` (1..settings.query_limit_max, default 1000). Aggregates are timed by
@@ -25,7 +28,7 @@ from pydantic import ValidationError
 
 from cloud_sync.protocol import NAME_PATTERN, EnrollRequest, EnrollResponse
 from fleet.api.deps import AdminDep, PrincipalDep, ServicesDep
-from fleet.api.models import AggregatePage, AlertPage, DeviceList, DeviceOut
+from fleet.api.models import AggregatePage, AlertPage, DeviceList, DeviceOut, TagsChange
 from fleet.db.records import TimeQuery
 from fleet.errors import NotFound, Unprocessable
 
@@ -55,6 +58,17 @@ def list_devices(
 def revoke(device_id: str, services: ServicesDep, _admin: AdminDep) -> Response:
     services.devices.revoke(device_id)
     return Response(status_code=204)
+
+
+@router.patch("/v1/devices/{device_id}/tags", response_model=DeviceOut)
+def change_tags(
+    device_id: str, body: dict[str, Any], services: ServicesDep, _admin: AdminDep
+) -> DeviceOut:
+    try:
+        change = TagsChange.model_validate(body)
+    except ValidationError as exc:
+        raise Unprocessable(_errors(exc)) from None
+    return DeviceOut.of(services.devices.set_tags(device_id, change.add, change.remove))
 
 
 Since = Annotated[str | None, Query(max_length=40, description="Epoch s or ISO 8601.")]

@@ -50,6 +50,15 @@ class DeviceOut(_Out):
         )
 
 
+class TagsChange(BaseModel):
+    """``PATCH /v1/devices/{device_id}/tags``: tags to add and to remove."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    add: list[str] = Field(default_factory=list, max_length=32)
+    remove: list[str] = Field(default_factory=list, max_length=32)
+
+
 class DeviceList(_Out):
     devices: list[DeviceOut]
 
