@@ -205,14 +205,26 @@ class _WatchedHTTPSPool(HTTPSConnectionPool):
     ConnectionCls = _WatchedHTTPSConnection
 
 
+#: The pool classes :class:`DeadlineAdapter` puts in its pool managers, by URL scheme.
+WATCHED_POOLS: dict[str, type[HTTPConnectionPool]] = {
+    "http": _WatchedHTTPPool, "https": _WatchedHTTPSPool,
+}
+
+
 class DeadlineAdapter(HTTPAdapter):
     """``requests`` adapter whose connections register their sockets with the current watch."""
 
     def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
         super().init_poolmanager(*args, **kwargs)
-        self.poolmanager.pool_classes_by_scheme = {
-            "http": _WatchedHTTPPool, "https": _WatchedHTTPSPool,
-        }
+        self.poolmanager.pool_classes_by_scheme = dict(WATCHED_POOLS)
+
+    def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> Any:
+        """An HTTP(S) proxy's manager with watched connections too (a SOCKS proxy's keeps its
+        own connection classes: its calls get only the between-chunks checks)."""
+        manager = super().proxy_manager_for(proxy, **proxy_kwargs)
+        if not proxy.lower().startswith("socks"):
+            manager.pool_classes_by_scheme = dict(WATCHED_POOLS)
+        return manager
 
 
 def install(session: requests.Session) -> bool:

@@ -115,6 +115,14 @@ class TricklePeer:
                 raise AssertionError(f"no request reached the peer in {timeout_s} s")
             time.sleep(0.05)
 
+    def wait_for_open(self, timeout_s: float = 30.0) -> None:
+        """Wait until a connection is open (a request is being answered right now)."""
+        deadline = time.monotonic() + timeout_s
+        while self.open == 0:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no connection open at the peer in {timeout_s} s")
+            time.sleep(0.02)
+
     def close(self) -> None:
         """Stop serving and close every connection."""
         self._stop.set()

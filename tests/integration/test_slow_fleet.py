@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import requests
 
 from cloud_sync.client import FleetClient
 from cloud_sync.errors import FleetDeadlineExceeded, FleetUnavailable
@@ -134,8 +135,7 @@ def test_a_hung_fleet_turns_healthz_yellow_and_sigterm_does_not_wait_for_it(
         assert "in flight" in reason or "total deadline" in reason, reason
         assert proc.poll() is None
 
-        peer.requests.clear()
-        peer.wait_for_request()  # a request is hanging right now
+        peer.wait_for_open()  # a request is hanging right now
         proc.send_signal(signal.SIGTERM)
         # bounded by the stop timeouts (a few seconds), not by the peer (300 s)
         assert proc.wait(timeout=40) == 0
@@ -147,3 +147,19 @@ def test_a_hung_fleet_turns_healthz_yellow_and_sigterm_does_not_wait_for_it(
         peer.close()
     log = (tmp_path / "stderr.log").read_text()
     assert "total deadline" in log
+
+
+def test_a_hung_http_proxy_is_cut_at_the_deadline_too() -> None:
+    proxy = TricklePeer("headers", interval_s=1.0, max_bytes=120)  # answers as a proxy would
+    session = requests.Session()
+    session.trust_env = False
+    session.proxies = {"http": proxy.url}
+    client = FleetClient("http://fleet.invalid:8700", "tok", session=session,
+                         connect_timeout_s=1.0, read_timeout_s=2.0)
+    try:
+        with pytest.raises(FleetDeadlineExceeded):
+            client.ingest(batch(1))
+        assert proxy.requests and "http://fleet.invalid:8700/v1/ingest" in proxy.requests[0]
+    finally:
+        proxy.close()
+        session.close()
