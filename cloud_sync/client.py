@@ -9,10 +9,11 @@ also decides what a failure means for the stored records.
 Timeouts: ``(connect_timeout_s, read_timeout_s)`` go to ``requests``; the read timeout bounds
 each wait for the server's bytes, so a server that accepts the connection and never answers
 fails after ``read_timeout_s``. Every call also has a TOTAL deadline,
-``total_timeout_s = connect_timeout_s + 2 * read_timeout_s`` (a download adds its size over
-``min_download_bytes_per_s``): when it passes, the call's sockets are shut down
-(:mod:`cloud_sync.deadline`) and it raises :class:`FleetDeadlineExceeded`, so a server that
-trickles its headers or body one byte per second cannot hold it longer. :meth:`FleetClient.abort`
+``total_timeout_s = connect_timeout_s + 2 * read_timeout_s``, plus the bytes sent or downloaded
+over ``min_bytes_per_s`` (a large batch on a slow link still fits): when it passes, the
+call's sockets are shut down (:mod:`cloud_sync.deadline`) and it raises
+:class:`FleetDeadlineExceeded`, so a server that trickles its headers or body one byte per
+second cannot hold it longer. :meth:`FleetClient.abort`
 cuts every call in progress short the same way (the agent is stopping).
 
 Errors (tree in :mod:`cloud_sync.errors`): connection errors, timeouts, 429, 503 and any other
@@ -214,8 +215,8 @@ class FleetClient:
         clock: Wall clock, epoch seconds UTC (``sent_at`` stamps, HTTP-date Retry-After).
         gzip_level: zlib compression level 1 (fast) .. 9 (small).
         monotonic: Monotonic clock for the response deadline.
-        min_download_bytes_per_s: Slowest download rate the total deadline of
-            :meth:`download` allows for (bytes per second, added to ``total_timeout_s``).
+        min_bytes_per_s: Slowest transfer rate the total deadline allows for: an upload body's
+            or a download's size over it is added to ``total_timeout_s`` (bytes per second).
     """
 
     def __init__(
@@ -229,7 +230,7 @@ class FleetClient:
         *,
         gzip_level: int = 6,
         monotonic: Callable[[], float] = time.monotonic,
-        min_download_bytes_per_s: float = 64 * 1024,
+        min_bytes_per_s: float = 64 * 1024,
     ) -> None:
         if not 1 <= gzip_level <= 9:
             raise ValueError(f"gzip_level must be 1..9, got {gzip_level}")
@@ -242,7 +243,7 @@ class FleetClient:
         self._owns_session = session is None
         install(self._session)
         self._deadlines = Deadlines()
-        self.min_download_bytes_per_s = min_download_bytes_per_s
+        self.min_bytes_per_s = min_bytes_per_s
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         self.clock = clock
@@ -300,8 +301,9 @@ class FleetClient:
             "Content-Encoding": "gzip",
             "Accept": "application/json",
         }
-        with bounded(self._deadlines, "upload", self.total_timeout_s):
-            status, content, retry = self._post_ingest(body, headers)
+        total = self.total_timeout_s + len(body) / self.min_bytes_per_s
+        with bounded(self._deadlines, "upload", total):
+            status, content, retry = self._post_ingest(body, headers, total)
         if status == 200:
             return self._parse_result(content, n_records)
         detail = _detail(content)
@@ -317,10 +319,10 @@ class FleetClient:
         raise FleetProtocolError(f"unexpected HTTP {status} from the ingest endpoint: {detail}")
 
     def _post_ingest(
-        self, body: bytes, headers: dict[str, str]
+        self, body: bytes, headers: dict[str, str], total_s: float
     ) -> tuple[int, bytes, str | None]:
-        """(status, body, Retry-After) of one ingest POST."""
-        deadline = self._monotonic() + self.total_timeout_s
+        """(status, body, Retry-After) of one ingest POST within ``total_s``."""
+        deadline = self._monotonic() + total_s
         try:
             resp = self._session.post(
                 self.url,
@@ -518,7 +520,7 @@ class FleetClient:
         Raises:
             FleetUnavailable: connection failed or broke (the part file is kept), or HTTP
                 429/5xx; :class:`FleetDeadlineExceeded` past ``total_timeout_s`` plus
-                ``expected_size / min_download_bytes_per_s`` (the part file is kept).
+                ``expected_size / min_bytes_per_s`` (the part file is kept).
             FleetAuthError, FleetRejected: HTTP 401/403, other 4xx.
             FleetProtocolError: a bad ``Content-Range``, more bytes than expected, or a size
                 or sha256 mismatch at the end (the part file is deleted: the next call starts
@@ -526,7 +528,7 @@ class FleetClient:
         """
         part = dest.with_suffix(".part")
         path = url_path if url_path.startswith("/") else "/" + url_path
-        total = self.total_timeout_s + expected_size / self.min_download_bytes_per_s
+        total = self.total_timeout_s + expected_size / self.min_bytes_per_s
         with bounded(self._deadlines, "the package download", total):
             self._fetch(path, part, expected_size, progress)
         return self._finish(part, dest, expected_size, expected_sha256)

@@ -62,6 +62,8 @@ Slow peers: every request has a total deadline in the client
 (:class:`~cloud_sync.errors.FleetDeadlineExceeded`). :meth:`Uploader.trouble` names what needs a
 look (``/healthz`` shows the uploader yellow with it): a request in flight for longer than
 ``slow_request_s``, or the last failure being such a deadline, until an upload succeeds again.
+A batch cut off at its deadline is retried in halves (a slow link), doubled back after each
+success.
 """
 
 from __future__ import annotations
@@ -156,8 +158,8 @@ class FleetConfig(StrictModel):
     connect_timeout_s: float = Field(5.0, gt=0.0, description="TCP/TLS connect timeout, seconds.")
     read_timeout_s: float = Field(
         30.0, gt=0.0, description="Seconds to wait for each read of the fleet's response. A "
-        "whole request is cut off after connect_timeout_s + 2 x read_timeout_s (a model "
-        "download: plus its size at 64 KiB/s) however the fleet trickles its answer.",
+        "whole request is cut off after connect_timeout_s + 2 x read_timeout_s, plus its "
+        "body or download size at 64 KiB/s, however the fleet trickles its answer.",
     )
     max_bytes_per_s: int | None = Field(
         None, ge=1024, examples=[65536],
@@ -670,6 +672,7 @@ class Uploader:
             return self._rejected_batch(batch, exc)
         if isinstance(exc, FleetDeadlineExceeded):
             self._deadline_failure = f"the last upload was cut off: {exc}; retrying with backoff"
+            self._limit = max(1, len(batch) // 2)  # a slow link: smaller batches (doubled back)
         if isinstance(exc, FleetUnavailable):
             return self._failed("unavailable", str(exc), exc.retry_after_s)
         return self._failed("protocol", str(exc), None)

@@ -50,7 +50,7 @@ def test_an_assignment_poll_and_a_download_end_at_their_total_deadline(
     peer: TricklePeer, tmp_path: Path,
 ) -> None:
     client = FleetClient(peer.url, "tok", connect_timeout_s=1.0, read_timeout_s=1.5,
-                         min_download_bytes_per_s=1000.0)
+                         min_bytes_per_s=1000.0)
     with pytest.raises(FleetDeadlineExceeded):
         client.assignment("pump1")
     with pytest.raises(FleetDeadlineExceeded, match="package download"):
