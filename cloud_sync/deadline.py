@@ -169,7 +169,7 @@ def bounded(deadlines: Deadlines, what: str, seconds: float) -> Iterator[CallWat
 
 class _WatchedHTTPConnection(HTTPConnection):
     def _new_conn(self) -> socket.socket:
-        sock = super()._new_conn()
+        sock = super()._new_conn()  # the raw socket (under TLS: before the handshake)
         watch = _current()
         if watch is not None:
             watch.attach(sock)
@@ -182,19 +182,8 @@ class _WatchedHTTPConnection(HTTPConnection):
         super().request(*args, **kwargs)
 
 
-class _WatchedHTTPSConnection(HTTPSConnection):
-    def _new_conn(self) -> socket.socket:
-        sock = super()._new_conn()  # the raw socket, before the TLS handshake
-        watch = _current()
-        if watch is not None:
-            watch.attach(sock)
-        return sock
-
-    def request(self, *args: Any, **kwargs: Any) -> None:
-        watch = _current()
-        if watch is not None:
-            watch.attach(self.sock)
-        super().request(*args, **kwargs)
+class _WatchedHTTPSConnection(_WatchedHTTPConnection, HTTPSConnection):
+    pass
 
 
 class _WatchedHTTPPool(HTTPConnectionPool):

@@ -10,12 +10,43 @@ resets a client's per-read timeout, so only a total deadline ends such a call. A
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
+import ipaddress
 import socket
+import ssl
 import threading
 import time
+from pathlib import Path
 from typing import Literal
 
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
 Mode = Literal["headers", "body"]
+
+
+def self_signed(folder: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and its key: ``(cert.pem, key.pem)`` in
+    ``folder`` (the certificate is also the CA a client trusts)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
 
 
 class TricklePeer:
@@ -25,24 +56,33 @@ class TricklePeer:
         mode: ``headers`` or ``body`` (module docstring).
         interval_s: Seconds between two bytes.
         max_bytes: Bytes sent before the peer closes the connection itself.
+        tls: Serve HTTPS with this ``(cert.pem, key.pem)`` (:func:`self_signed`); None = HTTP.
 
     Attributes:
         requests: Requests read so far (request line of each).
         open: Connections open now.
+        cut_by_client: Answers the client broke off (its end closed) before the peer had sent
+            ``max_bytes``: a client that gave up, not one the peer outlasted.
     """
 
-    def __init__(self, mode: Mode, interval_s: float = 1.0, max_bytes: int = 300) -> None:
+    def __init__(self, mode: Mode, interval_s: float = 1.0, max_bytes: int = 300,
+                 tls: tuple[Path, Path] | None = None) -> None:
         self.mode = mode
         self.interval_s = interval_s
         self.max_bytes = max_bytes
         self.requests: list[str] = []
         self.open = 0
+        self.cut_by_client = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._sock = socket.create_server(("127.0.0.1", 0))
         self._sock.settimeout(0.2)
         self.port: int = self._sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self._tls: ssl.SSLContext | None = None
+        if tls is not None:
+            self._tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            self._tls.load_cert_chain(str(tls[0]), str(tls[1]))
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         self._conns: list[socket.socket] = []
         self._thread = threading.Thread(target=self._accept, name="trickle-peer", daemon=True)
         self._thread.start()
@@ -86,6 +126,8 @@ class TricklePeer:
             self.open += 1
         try:
             conn.settimeout(5.0)
+            if self._tls is not None:
+                conn = self._tls.wrap_socket(conn, server_side=True)
             if not self._read_request(conn):
                 return
             body = b'{"results": []}' + b" " * 4096
@@ -99,7 +141,12 @@ class TricklePeer:
             for i in range(min(len(slow), self.max_bytes)):
                 if self._stop.wait(self.interval_s):
                     return
-                conn.sendall(slow[i:i + 1])
+                try:
+                    conn.sendall(slow[i:i + 1])
+                except OSError:
+                    with self._lock:
+                        self.cut_by_client += 1
+                    return
         except OSError:
             return  # the client closed its end
         finally:
@@ -113,6 +160,14 @@ class TricklePeer:
         while not self.requests:
             if time.monotonic() > deadline:
                 raise AssertionError(f"no request reached the peer in {timeout_s} s")
+            time.sleep(0.05)
+
+    def wait_for_cut(self, timeout_s: float = 15.0) -> None:
+        """Wait until the client broke off an answer (the peer notices at its next byte)."""
+        deadline = time.monotonic() + timeout_s
+        while self.cut_by_client == 0:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the client did not break off in {timeout_s} s")
             time.sleep(0.05)
 
     def wait_for_open(self, timeout_s: float = 30.0) -> None:

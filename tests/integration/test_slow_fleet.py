@@ -24,7 +24,7 @@ import requests
 from cloud_sync.client import FleetClient
 from cloud_sync.errors import FleetDeadlineExceeded, FleetUnavailable
 from tests.integration.fleet_peer import free_port
-from tests.integration.slow_peer import Mode, TricklePeer
+from tests.integration.slow_peer import Mode, TricklePeer, self_signed
 from tests.unit.test_fleet_client import batch
 
 pytestmark = pytest.mark.integration
@@ -43,6 +43,7 @@ def test_an_upload_to_a_trickling_fleet_ends_at_its_total_deadline(peer: Trickle
     assert client.total_timeout_s == 5.0
     with pytest.raises(FleetDeadlineExceeded, match="total deadline of 5 s"):
         client.ingest(batch(3))
+    peer.wait_for_cut()  # the client closed the connection; the peer did not outlast it
     client.close()
 
 
@@ -160,6 +161,25 @@ def test_a_hung_http_proxy_is_cut_at_the_deadline_too() -> None:
         with pytest.raises(FleetDeadlineExceeded):
             client.ingest(batch(1))
         assert proxy.requests and "http://fleet.invalid:8700/v1/ingest" in proxy.requests[0]
+        proxy.wait_for_cut()
     finally:
         proxy.close()
+        session.close()
+
+
+def test_an_https_upload_to_a_trickling_fleet_ends_at_its_total_deadline(tmp_path: Path) -> None:
+    cert, key = self_signed(tmp_path)
+    peer = TricklePeer("body", interval_s=1.0, max_bytes=120, tls=(cert, key))
+    session = requests.Session()
+    session.trust_env = False  # REQUESTS_CA_BUNDLE would win over session.verify
+    session.verify = str(cert)
+    client = FleetClient(peer.url, "tok", session=session, connect_timeout_s=1.0,
+                         read_timeout_s=2.0)
+    try:
+        with pytest.raises(FleetDeadlineExceeded):
+            client.ingest(batch(1))
+        assert peer.requests  # the TLS handshake and the request went through
+        peer.wait_for_cut()
+    finally:
+        peer.close()
         session.close()
