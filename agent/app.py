@@ -257,6 +257,7 @@ class Agent:
             self.notifier,
             publisher=self.publisher,
             has_uploader=self.uploader is not None,
+            uploader_trouble=None if self.uploader is None else self.uploader.trouble,
             cameras={n: WatchedCamera(c, _camera_policy(config, n))
                      for n, c in self.cameras.items()},
             watchdog_interval_s=watchdog_interval_s(),
@@ -622,14 +623,7 @@ class Agent:
         if self.uploader is not None and stored:
             self.uploader.notify()
         if self.console is not None:
-            top = ", ".join(f"{t.channel} {t.contribution:.0%}" for t in alert.top_channels)
-            print(
-                f"ALERT {alert.alert_id} score {alert.score:.2f} > threshold "
-                f"{alert.threshold:.2f} window {iso_utc(alert.window_start)} .. "
-                f"{iso_utc(alert.window_end)} top: {top}",
-                file=self.console,
-                flush=True,
-            )
+            print(alert.console_line(), file=self.console, flush=True)
 
     def _write_aggregate(self, agg: Aggregate) -> None:
         try:
@@ -780,7 +774,8 @@ def _build_updater(agent: Agent, store: ModelStore, keys: TrustedKeys) -> Update
         config.agent.device_id, uc.max_archive_bytes, agent.clock,
     )
     return Updater(uc, client, store, handles, config.agent.device_id, keys,
-                   agent.metrics, wrap_backend=wrap, clock=agent.clock, guard=guard)
+                   agent.metrics, wrap_backend=wrap, clock=agent.clock, guard=guard,
+                   abort=client.abort)
 
 
 def _build_samples(agent: Agent) -> SampleUploader:
@@ -829,7 +824,7 @@ def _build_uploader(
         store, client, config.agent.device_id, metrics, batch_records=fc.batch_records,
         interval_s=fc.interval_s, backoff_max_s=fc.backoff_max_s,
         max_bytes_per_s=fc.max_bytes_per_s, max_in_flight=fc.max_in_flight, clock=clock,
-        refresh_token=refresh_token,
+        refresh_token=refresh_token, abort=client.abort, slow_request_s=fc.read_timeout_s,
     )
 
 

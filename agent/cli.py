@@ -228,14 +228,17 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def format_health(url: str, body: dict[str, object]) -> str:
-    """The ``/healthz`` body as lines: overall first, then one line per component.
+    """The ``/healthz`` body as lines: overall first, then one line per component; a component
+    disabled in the config (``"enabled": false``, e.g. MQTT) shows as ``off``, not green.
 
     >>> print(format_health("http://h:1", {"status": "yellow", "components": {
     ...     "pipeline": {"state": "green", "reason": None},
-    ...     "calibration": {"state": "yellow", "reason": "calibrating: a"}}}))
+    ...     "calibration": {"state": "yellow", "reason": "calibrating: a"},
+    ...     "mqtt": {"state": "green", "reason": None, "enabled": False}}}))
     edge-agent at http://h:1: YELLOW
       green   pipeline
       yellow  calibration      calibrating: a
+      off     mqtt             disabled in the config
     """
     lines = [f"edge-agent at {url}: {str(body.get('status')).upper()}"]
     comps = body.get("components")
@@ -243,6 +246,8 @@ def format_health(url: str, body: dict[str, object]) -> str:
         for name, comp in comps.items():
             state = comp.get("state", "?") if isinstance(comp, dict) else "?"
             reason = comp.get("reason") if isinstance(comp, dict) else None
+            if isinstance(comp, dict) and comp.get("enabled") is False:
+                state, reason = "off", reason or "disabled in the config"
             line = f"  {state:<7} {name}"
             if reason:
                 line = f"{line:<26} {reason}"

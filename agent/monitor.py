@@ -98,6 +98,8 @@ class Monitor:
         notifier: Receives WATCHDOG=1 and STATUS=.
         publisher: The MQTT publisher, None when MQTT is disabled.
         has_uploader: The fleet uploader runs (its sync lag is read from ``metrics``).
+        uploader_trouble: Why the uploader needs a look (a hung request), or None
+            (:meth:`agent.services.uploader.Uploader.trouble`): yellow with that reason.
         cameras: Camera streams by name (``source:<stream>`` components like the sources).
         watchdog_interval_s: Least seconds between two WATCHDOG=1 pings.
         monotonic: Monotonic clock, seconds.
@@ -115,6 +117,7 @@ class Monitor:
         *,
         publisher: MqttPublisher | None = None,
         has_uploader: bool = False,
+        uploader_trouble: Callable[[], str | None] | None = None,
         cameras: Mapping[str, WatchedCamera] | None = None,
         watchdog_interval_s: float = 5.0,
         monotonic: Callable[[], float] = time.monotonic,
@@ -129,6 +132,7 @@ class Monitor:
         self._notifier = notifier
         self._publisher = publisher
         self._has_uploader = has_uploader
+        self._uploader_trouble = uploader_trouble
         self.watchdog_interval_s = watchdog_interval_s
         self._monotonic = monotonic
         self._clock = clock
@@ -328,6 +332,9 @@ class Monitor:
     def _uploader(self) -> Component:
         lag = self._metrics.registry.get_sample_value("edge_agent_sync_lag_seconds") or 0.0
         details: dict[str, object] = {"sync_lag_s": round(lag, 1)}
+        trouble = None if self._uploader_trouble is None else self._uploader_trouble()
+        if trouble is not None:
+            return Component("uploader", YELLOW, trouble, details)
         if lag > SYNC_LAG_WARN_S:
             reason = f"the oldest record not yet accepted by the fleet is {lag:.0f} s old"
             return Component("uploader", YELLOW, reason, details)

@@ -234,6 +234,32 @@ class Alert:
             payload["source"] = self.origin.to_payload()
         return payload
 
+    def console_line(self) -> str:
+        """The alert's line on the console (``console_alerts``): id, score and threshold, the
+        window (an instant for a single frame), then the file (and video frame) of a recorded
+        camera input and the top channels when there are any (no empty ``top:``).
+
+        >>> a = Alert("gw:cam:1", "gw", "cam", 1, "m", 1, 0.91, 0.5, 0.0, 0.0, 0.0,
+        ...           origin=FrameOrigin("exp1_num_4.jpg"))
+        >>> a.console_line()
+        'ALERT gw:cam:1 score 0.91 > threshold 0.50 at 1970-01-01T00:00:00.000Z file exp1_num_4.jpg'
+        """
+        parts = [f"ALERT {self.alert_id} score {self.score:.2f} > threshold "
+                 f"{self.threshold:.2f}"]
+        if self.window_start == self.window_end:
+            parts.append(f"at {iso_utc(self.window_end)}")
+        else:
+            parts.append(f"window {iso_utc(self.window_start)} .. {iso_utc(self.window_end)}")
+        if self.origin is not None:
+            where = self.origin.to_payload()
+            parts.append(f"file {where['file']}")
+            if self.origin.frame is not None:
+                parts.append(f"frame {self.origin.frame}")
+        if self.top_channels:
+            parts.append("top: " + ", ".join(
+                f"{t.channel} {t.contribution:.0%}" for t in self.top_channels))
+        return " ".join(parts)
+
 
 @dataclass(frozen=True, slots=True)
 class ChannelStats:

@@ -26,7 +26,10 @@ Usage::
 
     python3 benchmarks/fleet_ingest.py [--devices 200] [--batches 20] [--records 50]
         [--interval 2.0] [--workers 2] [--pool-size 10]
-        [--pg "host=127.0.0.1 user=postgres dbname=test"]
+        [--pg "host=127.0.0.1 user=postgres dbname=test"] [--port N] [--workdir DIR]
+
+The server's state folder is ``--workdir`` (kept) or a temporary folder removed at the end; the
+database is dropped at the end, also after an error.
 
 This is a benchmark, not a test: it needs PostgreSQL and takes ~60 s.
 """
@@ -41,25 +44,19 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import requests
+from workspace import add_arguments, pick_port, workspace
 
 T0 = 1_700_000_000.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def body(device: str, batch_no: int, n: int) -> bytes:
@@ -161,7 +158,7 @@ async def run_load(port: int, reqs: dict[str, list[bytes]], interval: float) -> 
     return tally, time.perf_counter() - t0
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--devices", type=int, default=200)
     ap.add_argument("--batches", type=int, default=20)
@@ -170,15 +167,27 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
     ap.add_argument("--pool-size", type=int, default=10)
     ap.add_argument("--pg", default="host=127.0.0.1 port=5432 user=postgres dbname=test")
-    args = ap.parse_args()
+    add_arguments(ap, port_help="port of the edge-fleet serve peer (default: a free one)")
+    args = ap.parse_args(argv)
 
     dbname = f"fleet_bench_{secrets.token_hex(4)}"
     admin_conn = psycopg.connect(args.pg, autocommit=True)
     admin_conn.execute(f'CREATE DATABASE "{dbname}"')
+    try:
+        with workspace(args.workdir, "fleet-bench-") as state:
+            return serve_and_load(args, admin_conn, dbname, state)
+    finally:
+        admin_conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+        admin_conn.close()
+
+
+def serve_and_load(
+    args: argparse.Namespace, admin_conn: psycopg.Connection[Any], dbname: str, state: Path
+) -> int:
+    """Start the server on database ``dbname`` with state in ``state``, enroll, load, count."""
     info = admin_conn.info
     url = f"postgresql+psycopg://{info.user}@{info.host}:{info.port}/{dbname}"
-    state = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
-    port = free_port()
+    port = pick_port(args.port)
     base = f"http://127.0.0.1:{port}"
     exe = shutil.which("edge-fleet")
     cmd = [exe] if exe else [sys.executable, "-m", "fleet.cli"]
@@ -253,9 +262,6 @@ def main() -> int:
             server.kill()
             server.wait()
         log.close()
-        admin_conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
-        admin_conn.close()
-        shutil.rmtree(state, ignore_errors=True)
 
 
 if __name__ == "__main__":

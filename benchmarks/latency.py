@@ -1,9 +1,11 @@
 """Latency and throughput of the whole agent against a real local Mosquitto.
 
     python benchmarks/latency.py [--windows 10000] [--readings 200000] [--channels 8]
+        [--port N] [--workdir DIR | --state-dir DIR [--keep]]
 
 A benchmark, not a test: it prints figures and never asserts them. It starts a private mosquitto
-(``/usr/sbin/mosquitto``, or ``$MOSQUITTO_BIN``) on a free port with its config in a temp dir,
+(``/usr/sbin/mosquitto``, or ``$MOSQUITTO_BIN``) on ``--port`` or a free port with its config in
+a temp dir (removed at the end, also after an error; ``--workdir`` or ``--keep`` keep it),
 and a subscriber in a separate process (paho, QoS 1), then runs the real
 :class:`agent.app.Agent` (store, outbox, MQTT publisher, shipped model ``skab-wstat``) twice:
 
@@ -65,6 +67,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from workspace import add_arguments, pick_port, workspace  # noqa: E402
+
 from agent.app import Agent  # noqa: E402
 from agent.config.schema import (  # noqa: E402
     AgentConfig,
@@ -100,18 +104,12 @@ log = logging.getLogger("bench")
 # --- the broker -----------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Broker:
     """A private mosquitto on 127.0.0.1:<free port>; config and log in ``workdir``."""
 
-    def __init__(self, binary: str, workdir: Path) -> None:
+    def __init__(self, binary: str, workdir: Path, port: int | None = None) -> None:
         self.host = "127.0.0.1"
-        self.port = _free_port()
+        self.port = pick_port(port)
         self.log_path = workdir / "mosquitto.log"
         config = workdir / "mosquitto.conf"
         lines = [f"listener {self.port} {self.host}", "allow_anonymous true",
@@ -550,6 +548,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="make the temp dir (SQLite stores, broker config) inside DIR, e.g. "
                    "/dev/shm to take the disk's fsync out of the alert latency")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (stores, broker log)")
+    add_arguments(p, port_help="port of the private mosquitto (default: a free one)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     _channels(args.channels)
@@ -557,26 +556,29 @@ def main(argv: list[str] | None = None) -> int:
     if binary is None:
         print(f"mosquitto not found at {MOSQUITTO_BIN} nor on PATH", file=sys.stderr)
         return 1
-    workdir = Path(tempfile.mkdtemp(prefix="edge-bench-", dir=args.state_dir))
-    broker = Broker(binary, workdir)
+    kept = args.workdir
+    if kept is None and args.keep:
+        kept = Path(tempfile.mkdtemp(prefix="edge-bench-", dir=args.state_dir))
     lat: dict[str, Any] | None = None
     tput: dict[str, Any] | None = None
-    try:
-        if args.skip != "latency":
-            lat = run_latency(args, broker, workdir)
-        if args.skip != "throughput":
-            tput = run_throughput(args, broker, workdir)
-    finally:
-        broker.stop()
-        if args.keep:
-            print(f"kept {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
+    parent = Path(args.state_dir) if args.state_dir else None
+    with workspace(kept, "edge-bench-", parent) as workdir:
+        broker = Broker(binary, workdir, args.port)
+        try:
+            if args.skip != "latency":
+                lat = run_latency(args, broker, workdir)
+            if args.skip != "throughput":
+                tput = run_throughput(args, broker, workdir)
+        finally:
+            broker.stop()
+            if kept is not None:
+                print(f"kept {workdir}")
+        fs_type = _fs_type(workdir)
 
     print()
     print(f"edge agent benchmark: model {MODEL} (window 10, hop 1), mosquitto {binary} on "
           f"127.0.0.1:{broker.port}, {os.cpu_count()} CPU(s), Python {sys.version.split()[0]}")
-    print(f"stores in {workdir} ({_fs_type(workdir)}); load average at the end "
+    print(f"stores in {workdir} ({fs_type}); load average at the end "
           f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}")
     p50 = p99 = float("nan")
     if lat is not None:

@@ -1,6 +1,10 @@
 """SKAB through the closed model loop: device calibration → fleet retraining → device update.
 
     python benchmarks/skab_loop.py --data ../shared/datasets/skab [--limit N] [--keep DIR]
+        [--port N] [--workdir DIR]
+
+``--keep``/``--workdir`` (the same) keep the fleet's and agents' state there; without them it is
+a temporary folder removed at the end, also after an error.
 
 What runs (all real code, real processes where the product has them):
 
@@ -34,10 +38,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -53,6 +55,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from skab import confusion, rates, read_file  # noqa: E402
 from skab_data import labelled_files  # noqa: E402
+from workspace import add_arguments, pick_port, workspace  # noqa: E402
 
 from agent.app import Agent  # noqa: E402
 from agent.config.loader import parse_config  # noqa: E402
@@ -94,12 +97,6 @@ class GatedReplay:
             self.emitted += 1
 
         self._inner.run(gated, reject, stop)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _device_state(url: str, admin: str, device: str) -> tuple[int | None, str | None]:
@@ -180,20 +177,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, help="only the first N labelled files")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per device update")
     ap.add_argument("--keep", type=Path, help="keep the fleet/agent state here")
+    add_arguments(ap, port_help="port of the edge-fleet serve peer (default: a free one)")
     args = ap.parse_args(argv)
     files = labelled_files(args.data)[: args.limit]
     if not files:
         raise SystemExit(f"no labelled SKAB files under {args.data}")
-    ctx = (contextlib.nullcontext(str(args.keep)) if args.keep
-           else tempfile.TemporaryDirectory(prefix="skab-loop-"))
-    with ctx as tmp_name:
-        tmp = Path(tmp_name)
-        tmp.mkdir(parents=True, exist_ok=True)
+    with workspace(args.keep or args.workdir, "skab-loop-") as tmp:
         keys = tmp / "keys"
         signing, _ = generate_keypair(keys, "fleet")
         admin = "admin-" + os.urandom(16).hex()
         (tmp / "admin.token").write_text(admin + "\n")
-        port = _free_port()
+        port = pick_port(args.port)
         url = f"http://127.0.0.1:{port}"
         log = (tmp / "fleet.log").open("w")
         fleet = subprocess.Popen(

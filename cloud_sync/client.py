@@ -8,9 +8,13 @@ also decides what a failure means for the stored records.
 
 Timeouts: ``(connect_timeout_s, read_timeout_s)`` go to ``requests``; the read timeout bounds
 each wait for the server's bytes, so a server that accepts the connection and never answers
-fails after ``read_timeout_s``. The response body is read in chunks against an overall deadline
-of ``connect_timeout_s + 2 * read_timeout_s``, so a server trickling its body byte by byte
-cannot hold the call much longer either.
+fails after ``read_timeout_s``. Every call also has a TOTAL deadline,
+``total_timeout_s = connect_timeout_s + 2 * read_timeout_s``, plus the bytes sent or downloaded
+over ``min_bytes_per_s`` (a large batch on a slow link still fits): when it passes, the
+call's sockets are shut down (:mod:`cloud_sync.deadline`) and it raises
+:class:`FleetDeadlineExceeded`, so a server that trickles its headers or body one byte per
+second cannot hold it longer. :meth:`FleetClient.abort`
+cuts every call in progress short the same way (the agent is stopping).
 
 Errors (tree in :mod:`cloud_sync.errors`): connection errors, timeouts, 429, 503 and any other
 5xx raise :class:`FleetUnavailable` (with ``retry_after_s`` from ``Retry-After``, given as
@@ -45,9 +49,11 @@ import requests
 import urllib3
 from pydantic import ValidationError
 
+from cloud_sync.deadline import Deadlines, bounded, install
 from cloud_sync.errors import (
     AssignmentInvalid,
     FleetAuthError,
+    FleetDeadlineExceeded,
     FleetProtocolError,
     FleetRejected,
     FleetUnavailable,
@@ -210,6 +216,8 @@ class FleetClient:
         clock: Wall clock, epoch seconds UTC (``sent_at`` stamps, HTTP-date Retry-After).
         gzip_level: zlib compression level 1 (fast) .. 9 (small).
         monotonic: Monotonic clock for the response deadline.
+        min_bytes_per_s: Slowest transfer rate the total deadline allows for: an upload body's
+            or a download's size over it is added to ``total_timeout_s`` (bytes per second).
     """
 
     def __init__(
@@ -223,6 +231,7 @@ class FleetClient:
         *,
         gzip_level: int = 6,
         monotonic: Callable[[], float] = time.monotonic,
+        min_bytes_per_s: float = 64 * 1024,
     ) -> None:
         if not 1 <= gzip_level <= 9:
             raise ValueError(f"gzip_level must be 1..9, got {gzip_level}")
@@ -233,11 +242,27 @@ class FleetClient:
         self._token = token
         self._session = session if session is not None else requests.Session()
         self._owns_session = session is None
+        install(self._session)
+        self._deadlines = Deadlines()
+        self.min_bytes_per_s = min_bytes_per_s
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         self.clock = clock
         self.gzip_level = gzip_level
         self._monotonic = monotonic
+
+    @property
+    def total_timeout_s(self) -> float:
+        """The total deadline of one call (a download adds its size's share), seconds."""
+        return self.connect_timeout_s + 2 * self.read_timeout_s
+
+    def abort(self) -> int:
+        """Cut every call in progress short, and every later one (the agent is stopping).
+
+        Returns:
+            How many calls were in progress.
+        """
+        return self._deadlines.abort_all()
 
     def encode(self, batch: IngestBatch) -> bytes:
         """Return the gzip-compressed JSON body of ``batch`` (what :meth:`send` posts)."""
@@ -255,7 +280,8 @@ class FleetClient:
             The fleet's verdict, one result per record index (checked).
 
         Raises:
-            FleetUnavailable: Connection failed, timed out, or HTTP 429/5xx.
+            FleetUnavailable: Connection failed, timed out, or HTTP 429/5xx;
+                :class:`FleetDeadlineExceeded` when the total deadline passed.
             FleetAuthError: HTTP 401/403.
             FleetRejected: Any other 4xx.
             FleetProtocolError: A 200 whose body breaks the contract.
@@ -276,7 +302,28 @@ class FleetClient:
             "Content-Encoding": "gzip",
             "Accept": "application/json",
         }
-        deadline = self._monotonic() + self.connect_timeout_s + 2 * self.read_timeout_s
+        total = self.total_timeout_s + len(body) / self.min_bytes_per_s
+        with bounded(self._deadlines, "upload", total):
+            status, content, retry = self._post_ingest(body, headers, total)
+        if status == 200:
+            return self._parse_result(content, n_records)
+        detail = _detail(content)
+        if status in (429, 503) or status >= 500:
+            retry_after = parse_retry_after(retry, self.clock())
+            raise FleetUnavailable(
+                f"fleet answered HTTP {status}: {detail}", retry_after_s=retry_after, status=status
+            )
+        if status in (401, 403):
+            raise FleetAuthError(status, detail)
+        if 400 <= status < 500:
+            raise FleetRejected(status, detail)
+        raise FleetProtocolError(f"unexpected HTTP {status} from the ingest endpoint: {detail}")
+
+    def _post_ingest(
+        self, body: bytes, headers: dict[str, str], total_s: float
+    ) -> tuple[int, bytes, str | None]:
+        """(status, body, Retry-After) of one ingest POST within ``total_s``."""
+        deadline = self._monotonic() + total_s
         try:
             resp = self._session.post(
                 self.url,
@@ -294,20 +341,7 @@ class FleetClient:
             content = self._read_body(resp, deadline)
         finally:
             resp.close()
-        status = resp.status_code
-        if status == 200:
-            return self._parse_result(content, n_records)
-        detail = _detail(content)
-        if status in (429, 503) or status >= 500:
-            retry_after = parse_retry_after(resp.headers.get("Retry-After"), self.clock())
-            raise FleetUnavailable(
-                f"fleet answered HTTP {status}: {detail}", retry_after_s=retry_after, status=status
-            )
-        if status in (401, 403):
-            raise FleetAuthError(status, detail)
-        if 400 <= status < 500:
-            raise FleetRejected(status, detail)
-        raise FleetProtocolError(f"unexpected HTTP {status} from the ingest endpoint: {detail}")
+        return resp.status_code, content, resp.headers.get("Retry-After")
 
     def _read_body(self, resp: requests.Response, deadline: float) -> bytes:
         chunks: list[bytes] = []
@@ -319,7 +353,10 @@ class FleetClient:
                 if size > MAX_RESPONSE_BYTES:
                     raise FleetProtocolError(f"response larger than {MAX_RESPONSE_BYTES} bytes")
                 if self._monotonic() > deadline:
-                    raise FleetUnavailable("fleet response too slow (deadline passed)")
+                    raise FleetDeadlineExceeded(
+                        f"fleet response too slow (total deadline of {self.total_timeout_s:.0f} "
+                        "s passed)", deadline_s=self.total_timeout_s,
+                    )
         except requests.Timeout as exc:
             raise FleetUnavailable(f"fleet timed out reading the response: {exc!r}") from exc
         except requests.RequestException as exc:
@@ -356,6 +393,20 @@ class FleetClient:
         except requests.RequestException as exc:
             raise FleetUnavailable(f"fleet unreachable: {_short(exc)}") from exc
 
+    def _exchange(
+        self, what: str, method: str, path: str, **kwargs: object
+    ) -> tuple[requests.Response, bytes]:
+        """One request and its whole (bounded) body under the total deadline; the response
+        is closed (its status and headers stay readable)."""
+        with bounded(self._deadlines, what, self.total_timeout_s):
+            deadline = self._monotonic() + self.total_timeout_s
+            resp = self._request(method, path, **kwargs)
+            try:
+                content = self._read_body(resp, deadline)
+            finally:
+                resp.close()
+        return resp, content
+
     def _raise_for(self, resp: requests.Response, content: bytes, what: str) -> None:
         """Raise the typed error of a non-2xx answer (same mapping as :meth:`send`)."""
         status = resp.status_code
@@ -383,15 +434,10 @@ class FleetClient:
             AssignmentInvalid: a 200 whose body is not a :class:`ModelAssignment` (names and
                 paths are checked here, before anything is written).
         """
-        deadline = self._monotonic() + self.connect_timeout_s + 2 * self.read_timeout_s
-        resp = self._request(
-            "GET", ASSIGNMENT_PATH, params={"stream": stream},
+        resp, content = self._exchange(
+            "the assignment request", "GET", ASSIGNMENT_PATH, params={"stream": stream},
             headers=self._headers(Accept="application/json"),
         )
-        try:
-            content = self._read_body(resp, deadline)
-        finally:
-            resp.close()
         if resp.status_code == 204:
             return None
         if resp.status_code != 200:
@@ -415,15 +461,11 @@ class FleetClient:
             FleetUnavailable, FleetAuthError, FleetRejected, FleetProtocolError: as for
             :meth:`send`.
         """
-        deadline = self._monotonic() + self.connect_timeout_s + 2 * self.read_timeout_s
-        resp = self._request(
-            "POST", STATUS_PATH, data=report.model_dump_json().encode("utf-8"),
+        resp, content = self._exchange(
+            "the status report", "POST", STATUS_PATH,
+            data=report.model_dump_json().encode("utf-8"),
             headers=self._headers(**{"Content-Type": "application/json"}),
         )
-        try:
-            content = self._read_body(resp, deadline)
-        finally:
-            resp.close()
         if resp.status_code not in (200, 204):
             self._raise_for(resp, content, "the status report")
 
@@ -440,16 +482,11 @@ class FleetClient:
         """
         body = gzip.compress(batch.model_dump_json().encode("utf-8"),
                              compresslevel=self.gzip_level, mtime=0)
-        deadline = self._monotonic() + self.connect_timeout_s + 2 * self.read_timeout_s
-        resp = self._request(
-            "POST", SAMPLES_PATH, data=body,
+        resp, content = self._exchange(
+            "the samples upload", "POST", SAMPLES_PATH, data=body,
             headers=self._headers(**{"Content-Type": "application/json",
                                      "Content-Encoding": "gzip", "Accept": "application/json"}),
         )
-        try:
-            content = self._read_body(resp, deadline)
-        finally:
-            resp.close()
         if resp.status_code != 200:
             self._raise_for(resp, content, "the samples upload")
         try:
@@ -489,7 +526,8 @@ class FleetClient:
 
         Raises:
             FleetUnavailable: connection failed or broke (the part file is kept), or HTTP
-                429/5xx.
+                429/5xx; :class:`FleetDeadlineExceeded` past ``total_timeout_s`` plus
+                ``expected_size / min_bytes_per_s`` (the part file is kept).
             FleetAuthError, FleetRejected: HTTP 401/403, other 4xx.
             FleetProtocolError: a bad ``Content-Range``, more bytes than expected, or a size
                 or sha256 mismatch at the end (the part file is deleted: the next call starts
@@ -499,6 +537,15 @@ class FleetClient:
         """
         part = dest.with_suffix(".part")
         path = url_path if url_path.startswith("/") else "/" + url_path
+        total = self.total_timeout_s + expected_size / self.min_bytes_per_s
+        with bounded(self._deadlines, "the package download", total):
+            self._fetch(path, part, expected_size, progress)
+        return self._finish(part, dest, expected_size, expected_sha256)
+
+    def _fetch(
+        self, path: str, part: Path, expected_size: int, progress: Progress | None
+    ) -> None:
+        """The download's request(s) into ``part`` (see :meth:`download`)."""
         for _attempt in range(2):  # the second only after a 200/416 reset
             have = part.stat().st_size if part.exists() else 0
             if have > expected_size:
@@ -522,7 +569,6 @@ class FleetClient:
             finally:
                 resp.close()
             break
-        return self._finish(part, dest, expected_size, expected_sha256)
 
     @staticmethod
     def _range_start(resp: requests.Response, have: int, expected_size: int) -> int:

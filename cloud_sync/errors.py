@@ -4,7 +4,9 @@ Whether a failure is worth retrying is a property of the class (``retryable``)::
 
     FleetError                      base of every error the client raises on purpose
     ├── FleetUnavailable            (retryable) connection refused/reset, timeout, 429, 503,
-    │                                          any other 5xx; ``retry_after_s`` from Retry-After
+    │   │                                      any other 5xx; ``retry_after_s`` from Retry-After
+    │   └── FleetDeadlineExceeded   (retryable) the call's total deadline passed (a peer that
+    │                                          trickles its answer); ``deadline_s``
     ├── FleetRejected               (fatal for the batch) a 4xx: the fleet refuses this request;
     │   │                                      ``status`` and ``detail`` say why
     │   └── FleetAuthError          (retryable, slowly) 401/403: token unknown or revoked; an
@@ -58,6 +60,20 @@ class FleetUnavailable(FleetError):
     ) -> None:
         self.retry_after_s = retry_after_s
         self.status = status
+        super().__init__(message)
+
+
+class FleetDeadlineExceeded(FleetUnavailable):
+    """A call did not complete within its total (wall-clock) deadline; its connection was
+    closed (:mod:`cloud_sync.deadline`).
+
+    Args:
+        message: What was cut short.
+        deadline_s: The total deadline, seconds.
+    """
+
+    def __init__(self, message: str, deadline_s: float) -> None:
+        self.deadline_s = deadline_s
         super().__init__(message)
 
 

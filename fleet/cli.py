@@ -18,6 +18,7 @@
                                                it to a NEW file F (mode 0600)
     edge-fleet device list [--all]
     edge-fleet device revoke ID
+    edge-fleet device tag ID [--add T ...] [--remove T ...]   change an enrolled device's tags
     edge-fleet keys|model|rollout ...          model rollout (see fleet/operator_cli.py)
 
 The ``device`` commands talk to the database directly (same ``--db``), not over HTTP: they work
@@ -138,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     db_sub = db.add_subparsers(dest="db_command", required=True)
     db_sub.add_parser("upgrade", parents=[common], help="migrate to the newest schema")
 
-    device = sub.add_parser("device", help="enroll, list, revoke devices")
+    device = sub.add_parser("device", help="enroll, list, tag, revoke devices")
     dev_sub = device.add_subparsers(dest="device_command", required=True)
     add = dev_sub.add_parser("add", parents=[common], help="enroll; prints the token once")
     add.add_argument("device_id")
@@ -149,6 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
     lst.add_argument("--all", action="store_true", help="include revoked devices")
     rev = dev_sub.add_parser("revoke", parents=[common], help="invalidate a device token")
     rev.add_argument("device_id")
+    tag = dev_sub.add_parser("tag", parents=[common],
+                             help="add or remove an enrolled device's tags (the token stays)")
+    tag.add_argument("device_id")
+    tag.add_argument("--add", action="append", default=[], metavar="TAG",
+                     help="add a tag (k=v replaces the device's other k=... tag)")
+    tag.add_argument("--remove", action="append", default=[], metavar="TAG",
+                     help="remove a tag (a bare key k also removes k=...)")
     operator_cli.add_commands(sub)
     return parser
 
@@ -210,6 +218,11 @@ def _run(args: argparse.Namespace) -> int:
             _enroll(registry, args)
         elif args.device_command == "list":
             print(format_table(registry.list(include_revoked=args.all)))
+        elif args.device_command == "tag":
+            if not args.add and not args.remove:
+                raise ConfigError("device tag: give --add TAG and/or --remove TAG")
+            changed = registry.set_tags(args.device_id, args.add, args.remove)
+            print(f"{changed.device_id}: tags {' '.join(changed.tags) or '(none)'}")
         else:
             registry.revoke(args.device_id)
             print(f"revoked {args.device_id}")

@@ -210,6 +210,7 @@ class Updater:
         rng: Random source of the poll jitter.
         guard: Size and anti-rollback checks (default: marks in ``<store>/high_water.json``,
             no rollback keys: every rollback refused).
+        abort: Cuts the client's requests in progress short (at stop); None = never.
     """
 
     def __init__(
@@ -226,8 +227,10 @@ class Updater:
         clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
         guard: PackageGuard | None = None,
+        abort: Callable[[], object] | None = None,
     ) -> None:
         self.config = config
+        self._abort = abort
         self.client = client
         self.store = store
         self.streams = streams
@@ -274,12 +277,16 @@ class Updater:
         self._wake.set()
 
     def stop(self, timeout: float = 5.0) -> bool:
-        """Stop the loop (an update in progress is abandoned); True when it ended in time."""
+        """Stop the loop (an update in progress is abandoned: after ``timeout`` seconds its
+        request is cut short, a download keeps its part file); True when it ended in time."""
         self.stop_event.set()
         self._wake.set()
         if self._thread is None:
             return True
         self._thread.join(timeout)
+        if self._thread.is_alive() and self._abort is not None:
+            self._abort()
+            self._thread.join(2.0)
         return not self._thread.is_alive()
 
     def _run(self) -> None:

@@ -54,7 +54,16 @@ until the budget allows it (bursts up to one second's worth, a single larger bod
 
 Wake-up: :meth:`Uploader.notify` (a new alert) ends the idle wait early, never a backoff wait.
 :meth:`Uploader.stop` ends the loop; records that arrived during the last idle wait get one
-final attempt, bounded by ``stop``'s timeout (rows not acknowledged by then stay in the store).
+final attempt, bounded by ``stop``'s timeout; then the requests still in flight are cut short
+(the ``abort`` callable, :meth:`cloud_sync.client.FleetClient.abort`), so stopping never waits
+on a hung fleet (rows not acknowledged stay in the store).
+
+Slow peers: every request has a total deadline in the client
+(:class:`~cloud_sync.errors.FleetDeadlineExceeded`). :meth:`Uploader.trouble` names what needs a
+look (``/healthz`` shows the uploader yellow with it): a request in flight for longer than
+``slow_request_s``, or the last failure being such a deadline, until an upload succeeds again.
+A batch cut off at its deadline is retried in halves (a slow link), doubled back after each
+success.
 """
 
 from __future__ import annotations
@@ -85,6 +94,7 @@ from agent.store.wire import AggregateColumnsText, WireRow
 from cloud_sync.client import batch_json, columns_batch_json
 from cloud_sync.errors import (
     FleetAuthError,
+    FleetDeadlineExceeded,
     FleetProtocolError,
     FleetRejected,
     FleetUnavailable,
@@ -103,6 +113,8 @@ REASONS_REMEMBERED = 256
 DEFAULT_MAX_IN_FLIGHT = 2
 #: Largest ``max_in_flight`` accepted.
 MAX_IN_FLIGHT = 8
+#: Seconds :meth:`Uploader.stop` waits for the loop after cutting its requests short.
+ABORT_JOIN_S = 2.0
 _SPLIT_STATUSES = (400, 413, 422)
 
 
@@ -160,7 +172,9 @@ class FleetConfig(StrictModel):
     )
     connect_timeout_s: float = Field(5.0, gt=0.0, description="TCP/TLS connect timeout, seconds.")
     read_timeout_s: float = Field(
-        30.0, gt=0.0, description="Seconds to wait for the fleet's response to one request."
+        30.0, gt=0.0, description="Seconds to wait for each read of the fleet's response. A "
+        "whole request is cut off after connect_timeout_s + 2 x read_timeout_s, plus its "
+        "body or download size at 64 KiB/s, however the fleet trickles its answer.",
     )
     max_bytes_per_s: int | None = Field(
         None, ge=1024, examples=[65536],
@@ -357,6 +371,9 @@ class Uploader:
         refresh_token: Called after a 401/403: reads the token again and gives it to the client,
             True when it changed (the retry then comes at once, not after ``backoff_max_s``);
             may raise ConfigError (file gone or empty: the old token stays).
+        abort: Cuts the client's requests in progress short (at stop); None = never.
+        slow_request_s: A request in flight longer than this is reported by :meth:`trouble`
+            (seconds; None = never).
 
     Raises:
         ValueError: ``batch_records`` outside 1..MAX_BATCH_RECORDS, ``max_in_flight`` outside
@@ -382,6 +399,8 @@ class Uploader:
         stop_event: threading.Event | None = None,
         rng: random.Random | None = None,
         refresh_token: Callable[[], bool] | None = None,
+        abort: Callable[[], object] | None = None,
+        slow_request_s: float | None = None,
     ) -> None:
         if not 1 <= batch_records <= MAX_BATCH_RECORDS:
             raise ValueError(f"batch_records must be 1..{MAX_BATCH_RECORDS}, got {batch_records}")
@@ -415,6 +434,12 @@ class Uploader:
         self._ready: _Batch | None = None
         self._at_end = False  # a short read: read no more until the pipeline is empty
         self._schema = SCHEMA_VERSION  # 1 after a schema-1 fleet refused schema 2
+        self._abort = abort
+        self._slow_request_s = slow_request_s
+        self._started_lock = threading.Lock()
+        self._started: dict[int, float] = {}  # request number -> monotonic start
+        self._requests = 0
+        self._deadline_failure: str | None = None
 
     # -- thread ---------------------------------------------------------------------------------
 
@@ -431,6 +456,9 @@ class Uploader:
     def stop(self, timeout: float = 5.0) -> bool:
         """Stop the loop after one final attempt; wait up to ``timeout`` seconds.
 
+        Requests still in flight then are cut short (``abort``) and the loop gets another
+        ``ABORT_JOIN_S`` to end.
+
         Returns:
             True when the thread ended in time (rows not acknowledged stay in the store).
         """
@@ -440,7 +468,24 @@ class Uploader:
             self.close()
             return True
         self._thread.join(timeout)
+        if self._thread.is_alive() and self._abort is not None:
+            log.warning("stopping: cutting the fleet request(s) still in flight short after "
+                        "%g s", timeout)
+            self._abort()
+            self._thread.join(ABORT_JOIN_S)
         return not self._thread.is_alive()
+
+    def trouble(self) -> str | None:
+        """Why the uploader needs a look, or None (module docstring, "Slow peers")."""
+        now = self.monotonic()
+        with self._started_lock:
+            oldest = min(self._started.values(), default=None)
+        if (oldest is not None and self._slow_request_s is not None
+                and now - oldest > self._slow_request_s):
+            return (f"an upload request has been in flight for {now - oldest:.0f} s (slower "
+                    f"than {self._slow_request_s:g} s): the fleet answers slowly or hangs; "
+                    "the request is cut off at its total deadline")
+        return self._deadline_failure
 
     def close(self) -> None:
         """Forget batches in flight and prepared, end the sender threads (the loop does this on
@@ -559,9 +604,15 @@ class Uploader:
     def _send(self, batch: _Batch) -> IngestResult:
         """One request (a sender thread); its duration goes to ``upload_seconds``."""
         t0 = self.monotonic()
+        with self._started_lock:
+            self._requests += 1
+            number = self._requests
+            self._started[number] = t0
         try:
             return self.client.send(batch.body, len(batch))
         finally:
+            with self._started_lock:
+                del self._started[number]
             self.metrics.upload_seconds.observe(self.monotonic() - t0)
 
     def _settle(self) -> None:
@@ -637,6 +688,9 @@ class Uploader:
             return self._auth_failed(exc)
         if isinstance(exc, FleetRejected):
             return self._rejected_batch(batch, exc)
+        if isinstance(exc, FleetDeadlineExceeded):
+            self._deadline_failure = f"the last upload was cut off: {exc}; retrying with backoff"
+            self._limit = max(1, len(batch) // 2)  # a slow link: smaller batches (doubled back)
         if isinstance(exc, FleetUnavailable):
             return self._failed("unavailable", str(exc), exc.retry_after_s)
         return self._failed("protocol", str(exc), None)
@@ -730,6 +784,13 @@ class Uploader:
                 self._failing = True
                 self._refresh_gauges()
                 return self._backoff.initial_s
+        if not o.auth_logged and exc.status == 403 and "device_id" in exc.detail:
+            o.auth_logged = True  # the token is valid; the config's device_id is not its device
+            log.error(
+                "fleet refused batches of device_id %r (HTTP 403): %s; re-enrolling does not "
+                "help; retrying every %.0f s (the config is read again on SIGHUP)",
+                self.device_id, exc.detail, self._backoff.max_s,
+            )
         if not o.auth_logged:
             o.auth_logged = True
             log.error(
@@ -772,6 +833,7 @@ class Uploader:
                 self.clock() - o.since, o.attempts,
             )
         self._outage = _Outage(reasons=o.reasons)
+        self._deadline_failure = None
         self._failing = False
         self._backoff.reset()
 

@@ -82,7 +82,7 @@ from agent.errors import RecordError, SourceError, SourceExhausted, SourceFailed
 from agent.records import Frame, FrameOrigin
 from agent.sources.backoff import Backoff
 from agent.sources.base import SourcePlugin, StatusListener
-from agent.sources.camera_files import FolderCapture, VideoFileCapture
+from agent.sources.camera_files import FolderCapture, ImageNames, VideoFileCapture
 from agent.sources.camera_watch import IDLE, FolderCheckpoint, ScoredFile, WatchFolderCapture
 
 KIND = "camera"
@@ -120,6 +120,14 @@ class CameraConfig(StrictModel):
                         "store); never ends. A file is taken once its size and mtime stayed the "
                         "same over one poll (not while it is being written).")
     # le: inf or 1e300 passed and then killed the grabber thread (Event.wait overflows time_t)
+    include: list[str] = Field(
+        default_factory=list, examples=[["*.jpg"]], description="Folders only: score only "
+        "the images whose file name matches one of these shell globs (e.g. [\"*.jpg\"] for "
+        "a folder that also holds the mask PNGs); empty = every image (png, jpg, bmp, tif). "
+        "Case-sensitive.")
+    exclude: list[str] = Field(
+        default_factory=list, examples=[["*_mask.png"]], description="Folders only: never "
+        "score the images whose file name matches one of these shell globs. Case-sensitive.")
     poll_s: float = Field(1.0, gt=0.0, le=86400.0, description="Watched folder: seconds "
                           "between two listings of the folder (only with watch = true; at most "
                           "a day).")
@@ -137,9 +145,13 @@ class CameraConfig(StrictModel):
                 f"set exactly one of device, url, path, folder (got {given or 'none'})"
             )
         problems: list[tuple[str, str]] = []
-        for key in ("watch", "poll_s"):
+        for key in ("watch", "poll_s", "include", "exclude"):
             if key in self.model_fields_set and self.folder is None:
                 problems.append((key, "applies only to an image folder (folder = ...)"))
+        for key in ("include", "exclude"):
+            if any(not g or "/" in g for g in getattr(self, key)):
+                problems.append((key, "each pattern is a non-empty file-name glob without '/' "
+                                 "(folders are not recursive)"))
         if self.watch and self.loop:
             problems.append(("loop", "a watched folder never ends: remove loop"))
         if self.watch and self.fps > 0:
@@ -151,6 +163,11 @@ class CameraConfig(StrictModel):
                                  input=getattr(self, key))
                 for key, msg in problems])
         return self
+
+    @property
+    def names(self) -> ImageNames:
+        """Which files of ``folder`` are scored (``include``/``exclude``)."""
+        return ImageNames.of(self.include, self.exclude)
 
     @property
     def finite(self) -> bool:
@@ -241,9 +258,9 @@ def open_capture(config: CameraConfig, checkpoint: FolderCheckpoint | None = Non
     if config.folder is not None and config.watch:
         if checkpoint is None:
             checkpoint = FolderCheckpoint("")
-        return WatchFolderCapture(Path(config.folder), checkpoint)
+        return WatchFolderCapture(Path(config.folder), checkpoint, config.names)
     if config.folder is not None:
-        return FolderCapture(Path(config.folder), config.loop)
+        return FolderCapture(Path(config.folder), config.loop, config.names)
     import cv2  # noqa: PLC0415 - lazy: only with a camera stream
 
     target: int | str = (config.device if config.device is not None

@@ -11,7 +11,10 @@ handed on as a :class:`agent.errors.RecordError`). :class:`VideoFileCapture` wra
 
 from __future__ import annotations
 
+import fnmatch
 import os
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,24 +26,70 @@ from agent.sources.image_file import read_image_file
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
 
 
+@dataclass(frozen=True)
+class ImageNames:
+    """Which file names of a camera folder are scored (``include`` / ``exclude`` of the config).
+
+    A name is scored when its suffix is one of :data:`IMAGE_SUFFIXES` (any case), it matches
+    one of ``include`` (when any is given) and none of ``exclude``. Patterns are shell globs
+    (``*``, ``?``, ``[seq]``; :func:`fnmatch.fnmatchcase`, case-sensitive as Linux file names
+    are) matched against the name relative to the folder (folders are not recursive).
+
+    >>> masks_out = ImageNames(exclude=("*_mask.png",))
+    >>> masks_out("exp1_num_4.png"), masks_out("exp1_num_4_mask.png"), masks_out("notes.txt")
+    (True, False, False)
+    >>> ImageNames(include=("*.jpg",))("exp1_num_4.png")
+    False
+    """
+
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, include: Sequence[str] = (), exclude: Sequence[str] = ()) -> ImageNames:
+        """From the config's lists."""
+        return cls(tuple(include), tuple(exclude))
+
+    def __call__(self, name: str) -> bool:
+        if os.path.splitext(name)[1].lower() not in IMAGE_SUFFIXES:
+            return False
+        if self.include and not any(fnmatch.fnmatchcase(name, p) for p in self.include):
+            return False
+        return not any(fnmatch.fnmatchcase(name, p) for p in self.exclude)
+
+    def describe(self) -> str:
+        """`` (include [...], exclude [...])`` for messages; empty without patterns."""
+        parts = [f"{k} {list(v)}" for k, v in (("include", self.include),
+                                                ("exclude", self.exclude)) if v]
+        return f" ({', '.join(parts)})" if parts else ""
+
+
 class FolderCapture:
     """A folder of images as a capture: one image per :meth:`read`, in name order.
+
+    Args:
+        folder: The folder.
+        loop: Start again at the end.
+        names: Which files are scored (default: every image suffix).
 
     Raises:
         SourceError: From the constructor when the folder is missing or holds no image, or
             Pillow (which verifies each image whole) is not installed.
     """
 
-    def __init__(self, folder: Path, loop: bool = False) -> None:
+    def __init__(self, folder: Path, loop: bool = False,
+                 names: ImageNames | None = None) -> None:
         try:
             import PIL  # noqa: F401, PLC0415 - checked here, used by read_image_file
         except ImportError as exc:
             raise SourceError("Pillow is not installed: pip install -e '.[camera]'") from exc
         if not folder.is_dir():
             raise SourceError("camera folder does not exist", path=str(folder))
-        self._files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        names = names if names is not None else ImageNames()
+        self._files = sorted(p for p in folder.iterdir() if names(os.fsdecode(p.name)))
         if not self._files:
-            raise SourceError("camera folder holds no image", path=str(folder))
+            raise SourceError(f"camera folder holds no image{names.describe()}",
+                              path=str(folder))
         self._folder = folder
         self._loop = loop
         self.origin: FrameOrigin | None = None  # the file read last

@@ -5,6 +5,10 @@
 * ``GET /v1/devices`` (admin): list with last_seen, versions, backlog
   (``?include_revoked=true`` adds revoked ones).
 * ``DELETE /v1/devices/{device_id}`` (admin): revoke, 204; 404 if not active.
+* ``PATCH /v1/devices/{device_id}/tags`` (admin): ``{"add": [tag...], "remove": [tag...]}``,
+  read after the admin token is checked, at most 64 KiB
+  (:func:`fleet.db.devices.change_tags`), 200 with the device; 404 if not active, 422 for a bad
+  tag. Rollouts created afterwards target the new tags.
 * ``GET /v1/devices/{device_id}/aggregates`` and ``/alerts`` (admin, or that device's token):
   ``stream``, ``since`` (inclusive), ``until`` (exclusive) as epoch seconds or ISO 8601 with a
   timezone, ``limit`` (1..settings.query_limit_max, default 1000). Aggregates are timed by
@@ -27,7 +31,7 @@ from starlette.concurrency import run_in_threadpool
 from cloud_sync.protocol import NAME_PATTERN, EnrollRequest, EnrollResponse
 from fleet.api.deps import AdminDep, PrincipalDep, ServicesDep
 from fleet.api.json_body import ENROLL_MAX_BYTES, body_doc, read_model
-from fleet.api.models import AggregatePage, AlertPage, DeviceList, DeviceOut
+from fleet.api.models import AggregatePage, AlertPage, DeviceList, DeviceOut, TagsChange
 from fleet.db.records import TimeQuery
 from fleet.errors import NotFound, Unprocessable
 
@@ -58,6 +62,17 @@ DeviceId = Annotated[str, Path(pattern=NAME_PATTERN)]
 def revoke(device_id: DeviceId, services: ServicesDep, _admin: AdminDep) -> Response:
     services.devices.revoke(device_id)
     return Response(status_code=204)
+
+
+@router.patch("/v1/devices/{device_id}/tags", response_model=DeviceOut,
+              openapi_extra=body_doc(TagsChange))
+async def change_tags(
+    device_id: DeviceId, request: Request, services: ServicesDep, _admin: AdminDep
+) -> DeviceOut:
+    change = await read_model(request, TagsChange, ENROLL_MAX_BYTES)  # after the token check
+    device = await run_in_threadpool(services.devices.set_tags, device_id, change.add,
+                                     change.remove)
+    return DeviceOut.of(device)
 
 
 Since = Annotated[str | None, Query(max_length=40, description="Epoch s or ISO 8601.")]

@@ -103,7 +103,7 @@ def _envelope(data: Any, device_id: str) -> tuple[Envelope, list[Any]]:
     if bad is not None:
         raise Unprocessable(bad)
     if envelope.device_id != device_id:
-        raise Forbidden(f"batch device_id {envelope.device_id!r} is not the token's device")
+        raise wrong_device(envelope.device_id, device_id)
     raw = envelope.aggregates
     try:
         check_columns(
@@ -117,13 +117,23 @@ def _envelope(data: Any, device_id: str) -> tuple[Envelope, list[Any]]:
     return envelope, envelope.records + extra
 
 
+def wrong_device(sent: str, enrolled: str) -> Forbidden:
+    """The 403 of a batch whose ``device_id`` is not the token's device: names both ids and
+    says which to change (re-enrolling does not help: the token is valid)."""
+    return Forbidden(
+        f"batch device_id {sent[:64]!r} is not this token's device {enrolled!r}: the agent's "
+        f"[agent] device_id must be the enrolled device name; set device_id = {enrolled!r} in "
+        f"the agent's config (or enroll a device named {sent[:64]!r} and use its token)"
+    )
+
+
 def _store(services: Services, device_id: str, data: bytes) -> list[dict[str, Any]]:
     """Validate and store a batch; return its :class:`IngestResult` ``results`` as dicts."""
     now = utcnow()
     checked = check_batch(data)
     if checked is not None:
         if checked["device_id"] != device_id:
-            raise Forbidden(f"batch device_id {checked['device_id']!r} is not the token's device")
+            raise wrong_device(str(checked["device_id"]), device_id)
         records: list[Any] = checked["records"]
         prepared = prepare_checked(device_id, records, now)
         columns = checked["aggregates"]

@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from cloud_sync.protocol import TEXT_PATTERN
 from fleet.db.devices import Device
 
 
@@ -48,6 +49,19 @@ class DeviceOut(_Out):
                 alerts=device.backlog_alerts, aggregates=device.backlog_aggregates
             ),
         )
+
+
+#: One device tag, bounded like the enrollment's (:class:`cloud_sync.protocol.EnrollRequest`).
+Tag = Annotated[str, Field(min_length=1, max_length=64, pattern=TEXT_PATTERN)]
+
+
+class TagsChange(BaseModel):
+    """``PATCH /v1/devices/{device_id}/tags``: tags to add and to remove."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    add: list[Tag] = Field(default_factory=list, max_length=32)
+    remove: list[Tag] = Field(default_factory=list, max_length=32)
 
 
 class DeviceList(_Out):

@@ -1,4 +1,4 @@
-"""Device registry: enroll, authenticate, list, revoke.
+"""Device registry: enroll, authenticate, list, revoke, change tags.
 
 A device token is ``secrets.token_urlsafe(32)`` (256 random bits) shown once at enrollment; only
 ``sha256(token)`` hex is stored. A fast unsalted hash is the right tool for high-entropy random
@@ -19,7 +19,7 @@ import hashlib
 import hmac
 import re
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,29 @@ from fleet.errors import Conflict, NotFound, Unprocessable
 Clock = Callable[[], dt.datetime]
 #: What a device tag may look like (``line=3``, ``site/plant-a``).
 TAG_PATTERN = re.compile(r"^[A-Za-z0-9_.:=/-]{1,64}$")
+#: Most tags one device may carry (as ``EnrollRequest.tags``).
+MAX_TAGS = 32
+
+
+def change_tags(tags: Sequence[str], add: Sequence[str], remove: Sequence[str]) -> list[str]:
+    """``tags`` with ``remove`` taken out, then ``add`` put in (sorted, no repeats).
+
+    A removed ``k`` also takes out every ``k=...`` tag; an added ``k=v`` replaces the device's
+    other ``k=...`` tags (a key holds one value).
+
+    >>> change_tags(["line=3", "site/a", "pump"], add=["line=4"], remove=["pump"])
+    ['line=4', 'site/a']
+    >>> change_tags(["line=3", "site/a"], add=[], remove=["line"])
+    ['site/a']
+    """
+    keep = [t for t in tags
+            if not any(t == r or t.startswith(r + "=") for r in remove)]
+    for tag in add:
+        if "=" in tag:
+            key = tag.split("=", 1)[0] + "="
+            keep = [t for t in keep if not t.startswith(key)]
+        keep.append(tag)
+    return sorted(set(keep))
 
 
 def utcnow() -> dt.datetime:
@@ -168,6 +191,38 @@ class DeviceRegistry:
             query = query.where(devices.c.revoked_at.is_(None))
         with self._engine.connect() as conn:
             return [Device.from_row(row) for row in conn.execute(query)]
+
+    def set_tags(self, device_id: str, add: Sequence[str], remove: Sequence[str]) -> Device:
+        """Change an active device's tags (:func:`change_tags`); the token stays valid.
+
+        Returns:
+            The device afterwards.
+
+        Raises:
+            NotFound: No active device with this id.
+            Unprocessable: A tag does not match :data:`TAG_PATTERN`, or more than
+                :data:`MAX_TAGS` tags would result.
+        """
+        bad = [t for t in [*add, *remove] if not TAG_PATTERN.match(t)]
+        if bad:
+            raise Unprocessable(f"tags must match {TAG_PATTERN.pattern}: {bad[:5]!r}")
+        with self._engine.begin() as conn:
+            row = conn.execute(
+                select(devices.c.tags).where(devices.c.device_id == device_id,
+                                             devices.c.revoked_at.is_(None))
+                .with_for_update()
+            ).first()
+            if row is None:
+                raise NotFound(f"no active device {device_id!r}")
+            tags = change_tags(list(row.tags or []), add, remove)
+            if len(tags) > MAX_TAGS:
+                raise Unprocessable(f"a device carries at most {MAX_TAGS} tags "
+                                    f"({len(tags)} asked)")
+            conn.execute(update(devices).where(devices.c.device_id == device_id)
+                         .values(tags=tags))
+        found = self.get(device_id)
+        assert found is not None
+        return found
 
     def revoke(self, device_id: str) -> None:
         """Invalidate the device's token; its records stay.

@@ -43,6 +43,7 @@ class FleetProcess:
         self, workdir: Path, device_id: str = "gw1", db_url: str | None = None, workers: int = 1,
         serve_args: Sequence[str] = (),
         *, extra_args: tuple[str, ...] = (), nofile: int | None = None, scheme: str = "http",
+        port: int | None = None,
     ) -> None:
         """``extra_args`` go to ``serve``; ``nofile`` caps its descriptors (``LimitNOFILE``)."""
         workdir.mkdir(parents=True, exist_ok=True)
@@ -53,7 +54,7 @@ class FleetProcess:
         self.workdir = workdir
         self.db_path = workdir / "fleet.db"
         self.db_url = db_url or f"sqlite:///{self.db_path}"
-        self.port = free_port()
+        self.port = free_port() if port is None else port
         self.url = f"{scheme}://127.0.0.1:{self.port}"
         self.env = {**os.environ, "EDGE_FLEET_ADMIN_TOKEN": ADMIN_TOKEN}
         self.log_path = workdir / "fleet.log"

@@ -13,7 +13,13 @@ from agent.errors import ConfigError
 from agent.metrics import Metrics
 from agent.services.uploader import FleetConfig, TokenBucket, Uploader, read_token
 from agent.store.sqlite import Store
-from cloud_sync.errors import FleetAuthError, FleetProtocolError, FleetRejected, FleetUnavailable
+from cloud_sync.errors import (
+    FleetAuthError,
+    FleetDeadlineExceeded,
+    FleetProtocolError,
+    FleetRejected,
+    FleetUnavailable,
+)
 from cloud_sync.protocol import IngestBatch, IngestResult, RecordResult
 from tests.unit.test_store import make_aggregate, make_alert
 
@@ -244,3 +250,23 @@ def test_schema_2_batches_carry_alerts_as_records_and_aggregates_as_columns(
     assert sent.aggregates is not None and len(sent.aggregates.ids) == 3
     assert store.upload_backlog() == (0, 0)
     assert [d["record_id"] for d in store.dead_letters()] == ["gw1:pump1:120000"]
+
+
+def test_a_batch_cut_off_at_its_deadline_is_retried_in_halves_and_reported(
+    tmp_path: Path,
+) -> None:
+    store, client, up, _m = setup(tmp_path, batch_records=8, max_in_flight=1,
+                                  slow_request_s=10.0)
+    for i in range(8):
+        store.add_aggregate(make_aggregate(60.0 * i))
+    assert up.trouble() is None
+    client.fail = [FleetDeadlineExceeded("upload: cut off at 25 s", deadline_s=25.0)]
+    assert up.run_once() > 0  # backoff
+    trouble = up.trouble()
+    assert trouble is not None and "cut off" in trouble
+    up.run_once()
+    assert [len(b.all_records()) for b in client.batches] == [8, 4]
+    assert up.trouble() is None  # an upload succeeded
+    while up.run_once() == 0.0:
+        pass
+    assert store.upload_backlog() == (0, 0)
