@@ -48,7 +48,7 @@ import numpy as np
 from agent.errors import RecordError, SourceError
 from agent.records import Reading
 from agent.sources.backoff import Backoff
-from agent.sources.base import Emit, Reject, StatusListener
+from agent.sources.base import Emit, Reject, StatusListener, WaitListener, paced_wait
 from agent.sources.modbus_config import ModbusConfig
 from agent.sources.modbus_map import ReadBlock, decode, plan_reads
 
@@ -129,6 +129,7 @@ class ModbusSource:
         self._backoff = Backoff(config.reconnect_initial_s,
                                 max(config.reconnect_max_s, config.reconnect_initial_s), rng=rng)
         self._listener: StatusListener | None = None
+        self._wait_listener: WaitListener | None = None
         self._metrics: Metrics | None = None
         self._client: Any = None
         self._healthy = False
@@ -143,6 +144,10 @@ class ModbusSource:
     def set_status_listener(self, listener: StatusListener | None) -> None:
         """Receive a SourceError per failed connect / lost connection, None once polls work."""
         self._listener = listener
+
+    def set_wait_listener(self, listener: WaitListener | None) -> None:
+        """Announce each wait for the next poll's due time (a slow poll interval is no stall)."""
+        self._wait_listener = listener
 
     def set_metrics(self, metrics: Metrics) -> None:
         """Export poll jitter, duration, overruns and missed polls on ``metrics``."""
@@ -173,7 +178,7 @@ class ModbusSource:
                     down_since, due = None, now
                 now = self._monotonic()
                 if now < due:
-                    stop.wait(due - now)
+                    paced_wait(stop.wait, due - now, now, self._wait_listener)
                     continue
                 self._observe_jitter(now - due)
                 try:
