@@ -150,7 +150,8 @@ def _check_agent_after(agent: Agent, source: FlowingSource, tmp_path: Path,
     assert state["active"]["version"] == active
     assert (state["previous"] or {}).get("version") == previous
     kept = sorted(p.name for p in models.iterdir() if p.name != "incoming")
-    assert kept == sorted(["active.json", *(f"skab-wstat-{v}" for v in (active, previous) if v)])
+    assert kept == sorted(["active.json", "high_water.json",
+                           *(f"skab-wstat-{v}" for v in (active, previous) if v)])
 
 
 def test_abort_of_the_first_rollout_goes_back_to_the_builtin_version(
