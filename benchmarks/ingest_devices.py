@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 import paho.mqtt.client as mqtt
-from latency import SKAB_CHANNELS, SPIKE_STD, _free_port
+from latency import SKAB_CHANNELS, SPIKE_STD
+from workspace import free_port
 from paho.mqtt.enums import CallbackAPIVersion
 
 from agent.sources.mqtt_in_config import MqttInConfig
@@ -127,7 +128,7 @@ class DeviceProcess:
 
 def opcua_device(period_s: float) -> tuple[DeviceProcess, OpcuaConfig]:
     """An OPC UA pump and the agent's source config subscribing to it every ``period_s``."""
-    port = _free_port()
+    port = free_port()
     device = DeviceProcess(_opcua_main, (port,), period_s)
     ms = period_s * 1000
     config = OpcuaConfig.model_validate({
