@@ -168,6 +168,10 @@ class ModbusConfig(StrictModel):
         min_length=1, description="The register map: one table per channel, in channel order."
     )
 
+    def channel_names(self) -> list[str]:
+        """The channel names of the map, in order."""
+        return [ch.name for ch in self.channels]
+
     @model_validator(mode="after")
     def _possible_map(self) -> ModbusConfig:
         problems = map_problems(self.channels)

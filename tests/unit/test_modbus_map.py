@@ -98,6 +98,17 @@ def test_check_config_exits_78_with_the_key_path(tmp_path: Path,
         capsys.readouterr().err)
 
 
+def test_check_config_names_model_channels_missing_from_the_map(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = tmp_path / "agent.toml"
+    path.write_text(HEAD + channel(name="Pressure", address=0, type="float32"))
+    assert main(["check-config", str(path)]) == EX_CONFIG
+    err = capsys.readouterr().err
+    assert "streams[0].source.channels: the model's channel(s) ['Accelerometer1RMS'," in err
+    assert "are not in the source's map (it has ['Pressure'])" in err
+
+
 def _map(*channels: dict[str, Any]) -> list[ChannelMap]:
     return [ChannelMap.model_validate(c, strict=False) for c in channels]
 
