@@ -24,7 +24,9 @@ import argparse
 import importlib
 import json
 import os
+import signal
 import sys
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -289,8 +291,11 @@ def _cmd_sim_modbus(args: argparse.Namespace) -> int:
     for i, name in enumerate(channels):
         print(f'    {{ name = "{name}", address = {2 * i}, type = "float32" }},')
     print("]", flush=True)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda _signum, _frame: stop.set())
     try:
-        serve_csv(server, args.csv, speed=args.speed, loop=not args.once)
+        serve_csv(server, args.csv, speed=args.speed, loop=not args.once, stop=stop)
     finally:
         server.stop()
     return EX_OK
