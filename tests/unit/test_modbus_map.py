@@ -153,6 +153,12 @@ def test_decoding_types_orders_scale_and_range() -> None:
     assert info.value.reason == "non_finite"
 
 
+def test_a_coil_without_a_type_is_a_bool() -> None:
+    config = parse_config(HEAD + channel(name="door", table="coil", address=3), env={})
+    source = config.streams[0].source
+    assert isinstance(source, ModbusConfig) and source.channels[0].type == "bool"
+
+
 def test_config_defaults_are_the_protocol_limits() -> None:
     cfg = ModbusConfig.model_validate({"channels": [{"name": "a", "address": 0}]}, strict=False)
     assert (cfg.max_registers_per_read, cfg.max_bits_per_read) == (125, 2000)
