@@ -137,13 +137,21 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _load(config_file: Path | None) -> tuple[AgentConfig, Path]:
+    """The config (the embedded defaults without a file) and its directory.
+
+    Raises:
+        ConfigError: The file does not load.
+    """
+    if config_file is None:
+        return default_config(), Path.cwd()
+    return load_config(config_file), config_file.resolve().parent
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     config_file: Path | None = args.config
     try:
-        if config_file is None:
-            config, config_dir = default_config(), Path.cwd()
-        else:
-            config, config_dir = load_config(config_file), config_file.resolve().parent
+        config, config_dir = _load(config_file)
     except ConfigError as exc:
         return _report_config_error(exc, config_file, sys.stderr)
     try:
@@ -264,10 +272,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 
     config_file: Path | None = args.config
     try:
-        if config_file is None:
-            config, config_dir = default_config(), Path.cwd()
-        else:
-            config, config_dir = load_config(config_file), config_file.resolve().parent
+        config, config_dir = _load(config_file)
         return probe(config.resolved(config_dir), sys.stdout, stream=args.stream,
                      seconds=args.seconds, as_json=args.json)
     except ConfigError as exc:
