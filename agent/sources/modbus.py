@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from agent.errors import RecordError, SourceError
+from agent.errors import ConfigError, RecordError, SourceError
 from agent.records import Reading
 from agent.sources.backoff import Backoff
 from agent.sources.base import Emit, Reject, StatusListener
@@ -118,6 +118,16 @@ class ModbusSource:
         monotonic: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
     ) -> None:
+        try:
+            from pymodbus.exceptions import (  # noqa: PLC0415 - lazy: only for modbus streams
+                ConnectionException,
+                ModbusIOException,
+            )
+        except ImportError as exc:
+            raise ConfigError("source kind 'modbus' needs pymodbus: pip install "
+                              "'edge-anomaly-agent[modbus]'", stream=stream) from exc
+        self._lost_errors: tuple[type[BaseException], ...] = (ConnectionException, OSError)
+        self._no_answer: type[BaseException] = ModbusIOException
         self.config = config
         self.stream = stream
         self.channels: tuple[str, ...] = tuple(ch.name for ch in config.channels)
@@ -260,22 +270,18 @@ class ModbusSource:
             RecordError: timeout, exception_*, short_read, bad_response.
             _ConnectionLost: the connection broke.
         """
-        from pymodbus.exceptions import ConnectionException, ModbusIOException  # noqa: PLC0415
-
         method, function = READS[block.table]
         try:
             response = getattr(self._client, method)(
                 block.address, count=block.count, device_id=block.unit)
-        except ConnectionException as exc:
-            raise _ConnectionLost(str(exc) or "connection closed") from exc
-        except ModbusIOException as exc:
+        except self._no_answer as exc:
             self._no_response += 1
             self._forget_late_answers()
             raise RecordError(f"no response from unit {block.unit} to {block.table} "
                               f"{block.address}+{block.count} within "
                               f"{self.config.timeout_s} s", reason="timeout") from exc
-        except OSError as exc:
-            raise _ConnectionLost(f"{type(exc).__name__}: {exc}") from exc
+        except self._lost_errors as exc:  # pymodbus ConnectionException, socket errors
+            raise _ConnectionLost(str(exc) or type(exc).__name__) from exc
         self._answered()
         where = f"unit {block.unit} {block.table} {block.address}+{block.count}"
         if response.isError():

@@ -163,3 +163,17 @@ def test_config_defaults_are_the_protocol_limits() -> None:
     cfg = ModbusConfig.model_validate({"channels": [{"name": "a", "address": 0}]}, strict=False)
     assert (cfg.max_registers_per_read, cfg.max_bits_per_read) == (125, 2000)
     assert cfg.parity == "E"
+
+
+def test_without_pymodbus_the_stream_is_a_config_problem_naming_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sys  # noqa: PLC0415
+
+    from agent.sources.registry import build_source  # noqa: PLC0415
+
+    monkeypatch.setitem(sys.modules, "pymodbus.exceptions", None)  # import fails
+    cfg = ModbusConfig.model_validate({"channels": [{"name": "a", "address": 0}]}, strict=False)
+    with pytest.raises(ConfigError, match=r"needs pymodbus: pip install "
+                                          r"'edge-anomaly-agent\[modbus\]'"):
+        build_source(cfg, "plc")
