@@ -364,3 +364,26 @@ def test_slow_polls_are_overruns_and_skipped_due_times_are_counted(server: SimSe
         assert run.rejected("timeout") == 0
     finally:
         run.close()
+
+
+def test_rtu_answer_to_a_resent_request_is_never_taken_for_the_next_poll(
+    rtu: tuple[Socat, SimServer],
+) -> None:
+    pair, server = rtu
+    server.stamp_register = 10
+    run = Running(**_rtu(pair), channels=[{"name": "request", "address": 10}], timeout_s=0.4,
+                  retries=1, reconnect_after_timeouts=5)
+    try:
+        assert wait_for(lambda: len(run.readings) >= 3, timeout=10.0)
+        for _ in range(2):
+            first = server.requests + 1
+            server.delay_s, server.delay_count = 0.6, 2  # the request and its resend are late
+            assert wait_for(lambda f=first: server.requests >= f + 4, timeout=15.0)
+            count = len(run.readings)
+            assert wait_for(lambda c=count: len(run.readings) >= c + 3, timeout=10.0)
+        accepted = [int(r.values[0]) for r in run.readings]
+        resends = set(server.delayed[1::2])
+        assert not resends & set(accepted), (accepted, server.delayed)
+        assert accepted == sorted(set(accepted))  # every reading newer than the one before
+    finally:
+        run.close()
