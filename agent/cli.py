@@ -24,7 +24,9 @@ import argparse
 import importlib
 import json
 import os
+import signal
 import sys
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -135,13 +137,21 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _load(config_file: Path | None) -> tuple[AgentConfig, Path]:
+    """The config (the embedded defaults without a file) and its directory.
+
+    Raises:
+        ConfigError: The file does not load.
+    """
+    if config_file is None:
+        return default_config(), Path.cwd()
+    return load_config(config_file), config_file.resolve().parent
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     config_file: Path | None = args.config
     try:
-        if config_file is None:
-            config, config_dir = default_config(), Path.cwd()
-        else:
-            config, config_dir = load_config(config_file), config_file.resolve().parent
+        config, config_dir = _load(config_file)
     except ConfigError as exc:
         return _report_config_error(exc, config_file, sys.stderr)
     try:
@@ -267,10 +277,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 
     config_file: Path | None = args.config
     try:
-        if config_file is None:
-            config, config_dir = default_config(), Path.cwd()
-        else:
-            config, config_dir = load_config(config_file), config_file.resolve().parent
+        config, config_dir = _load(config_file)
         return probe(config.resolved(config_dir), sys.stdout, stream=args.stream,
                      seconds=args.seconds, as_json=args.json)
     except ConfigError as exc:
@@ -294,8 +301,11 @@ def _cmd_sim_modbus(args: argparse.Namespace) -> int:
     for i, name in enumerate(channels):
         print(f'    {{ name = "{name}", address = {2 * i}, type = "float32" }},')
     print("]", flush=True)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda _signum, _frame: stop.set())
     try:
-        serve_csv(server, args.csv, speed=args.speed, loop=not args.once)
+        serve_csv(server, args.csv, speed=args.speed, loop=not args.once, stop=stop)
     finally:
         server.stop()
     return EX_OK

@@ -63,6 +63,12 @@ def preflight(config: AgentConfig) -> list[str]:
         if isinstance(source, ReplayConfig) and Path(source.path).is_file():
             problems.extend(_replay_columns(key, stream.name, source,
                                             tuple(package.manifest.input.channels)))
+        names = getattr(source, "channel_names", None)  # a source whose map names them
+        if callable(names):
+            missing = [c for c in package.manifest.input.channels if c not in names()]
+            if missing:
+                problems.append(f"{key}.source.channels: the model's channel(s) {missing} are "
+                                f"not in the source's map (it has {list(names())})")
     mqtt_keys = ("password_file", "ca_file", "cert_file", "key_file", "key_password_file")
     files = [(f"mqtt.{k}", getattr(config.mqtt, k) if config.mqtt.enabled else None)
              for k in mqtt_keys]

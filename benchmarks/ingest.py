@@ -36,7 +36,6 @@ import math
 import multiprocessing as mp
 import os
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -55,8 +54,8 @@ from latency import (  # noqa: E402
     SKAB_CHANNELS,
     Broker,
     Subscriber,
-    _free_port,
 )
+from workspace import add_arguments, free_port, workspace  # noqa: E402
 
 from agent.app import Agent  # noqa: E402
 from agent.config.schema import (  # noqa: E402
@@ -109,7 +108,7 @@ class ServerProcess:
 
     def __init__(self) -> None:
         ctx = mp.get_context("spawn")
-        self.port = _free_port()
+        self.port = free_port()
         self.spike = ctx.Value("b", 0)
         self._stop, ready = ctx.Event(), ctx.Event()
         self._proc = ctx.Process(target=_server_main, args=(self.port, self.spike, ready,
@@ -283,12 +282,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--alerts", type=int, default=200, help="spikes per latency run")
     parser.add_argument("--seconds", type=float, default=10.0, help="CPU and rate runs")
+    add_arguments(parser, port_help="port of the private mosquitto (default: a free one)")
     args = parser.parse_args()
     server = ServerProcess()
     try:
-        with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
-            workdir = Path(tmp)
-            broker = Broker(MOSQUITTO_BIN, workdir)
+        with workspace(args.workdir, "bench-ingest-") as workdir:
+            broker = Broker(MOSQUITTO_BIN, workdir, args.port)
             try:
                 lat = {kind: run_latency(kind, args.alerts, broker, server, workdir)
                        for kind in ("direct", "modbus")}

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import paho.mqtt.client as mqtt
 from latency import SKAB_CHANNELS, SPIKE_STD
-from workspace import free_port
 from paho.mqtt.enums import CallbackAPIVersion
+from workspace import free_port
 
 from agent.sources.mqtt_in_config import MqttInConfig
 from agent.sources.opcua_config import OpcuaConfig

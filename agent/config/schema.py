@@ -4,7 +4,8 @@ TOML shape::
 
     [agent]          AgentSection   device identity, state directory, logging, metrics port
     [[streams]]      StreamConfig   one per input stream (at least one)
-      [streams.source]              Replay-, Serial-, Simulator- or CameraConfig, chosen by ``kind``
+      [streams.source]              the config of one installed source kind, chosen by ``kind``
+                                    (agent.sources.registry: Replay-, Serial-, Modbus- ...)
       [streams.rules]  RulesConfig  k-of-n alerting, hysteresis, cooldown
     [store]          StoreSection   SQLite store and aggregation interval
     [mqtt]           MqttConfig     alert publisher (off by default; agent.publish.mqtt)

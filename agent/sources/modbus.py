@@ -27,7 +27,8 @@ frames whose id differs (MBAP header, Modbus Messaging on TCP/IP Implementation 
 in flight (pymodbus 3.16's own server does), so after a timeout the connection is closed and
 the next poll opens a new one. RTU frames carry no id: after a timeout the line is drained
 (read and dropped until it has been silent for ``timeout_s``), and pymodbus also drops unread
-bytes before each send.
+bytes before each send. A poll in which a request had to be sent again (``retries``) ends the
+same way, since the answer to the other copy may still be on its way.
 ``reconnect_after_timeouts`` polls in a row without any response count as a lost connection:
 closed, reported (:class:`agent.sources.base.ReportsStatus`) and reopened with
 :class:`agent.sources.backoff.Backoff`, like a refused or broken connection.
@@ -45,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from agent.errors import RecordError, SourceError
+from agent.errors import ConfigError, RecordError, SourceError
 from agent.records import Reading
 from agent.sources.backoff import Backoff
 from agent.sources.base import Emit, Reject, StatusListener, WaitListener, paced_wait
@@ -118,6 +119,16 @@ class ModbusSource:
         monotonic: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
     ) -> None:
+        try:
+            from pymodbus.exceptions import (  # noqa: PLC0415 - lazy: only for modbus streams
+                ConnectionException,
+                ModbusIOException,
+            )
+        except ImportError as exc:
+            raise ConfigError("source kind 'modbus' needs pymodbus: pip install "
+                              "'edge-anomaly-agent[modbus]'", stream=stream) from exc
+        self._lost_errors: tuple[type[BaseException], ...] = (ConnectionException, OSError)
+        self._no_answer: type[BaseException] = ModbusIOException
         self.config = config
         self.stream = stream
         self.channels: tuple[str, ...] = tuple(ch.name for ch in config.channels)
@@ -133,6 +144,7 @@ class ModbusSource:
         self._metrics: Metrics | None = None
         self._client: Any = None
         self._healthy = False
+        self._resent = False
         self._no_response = 0
         self.polls = 0
         self.overruns = 0
@@ -235,6 +247,7 @@ class ModbusSource:
             _ConnectionLost: the connection broke, or too many polls went unanswered.
         """
         self.polls += 1
+        self._resent = False
         values = np.empty(len(self.channels), dtype=np.float64)
         try:
             for block in self.blocks:
@@ -247,6 +260,10 @@ class ModbusSource:
                 raise _ConnectionLost(f"{self._no_response} polls in a row without a "
                                       "response") from None
             return
+        finally:
+            if self._resent and self._client is not None:
+                # a request was sent again: the other answer may still come
+                self._forget_late_answers()
         received_mono, ts = self._monotonic(), self._clock()
         emit(Reading(self.stream, ts, values, received_mono=received_mono))
 
@@ -265,23 +282,20 @@ class ModbusSource:
             RecordError: timeout, exception_*, short_read, bad_response.
             _ConnectionLost: the connection broke.
         """
-        from pymodbus.exceptions import ConnectionException, ModbusIOException  # noqa: PLC0415
-
         method, function = READS[block.table]
         try:
             response = getattr(self._client, method)(
                 block.address, count=block.count, device_id=block.unit)
-        except ConnectionException as exc:
-            raise _ConnectionLost(str(exc) or "connection closed") from exc
-        except ModbusIOException as exc:
+        except self._no_answer as exc:
             self._no_response += 1
             self._forget_late_answers()
             raise RecordError(f"no response from unit {block.unit} to {block.table} "
                               f"{block.address}+{block.count} within "
                               f"{self.config.timeout_s} s", reason="timeout") from exc
-        except OSError as exc:
-            raise _ConnectionLost(f"{type(exc).__name__}: {exc}") from exc
+        except self._lost_errors as exc:  # pymodbus ConnectionException, socket errors
+            raise _ConnectionLost(str(exc) or type(exc).__name__) from exc
         self._answered()
+        self._resent = self._resent or bool(getattr(response, "retries", 0))
         where = f"unit {block.unit} {block.table} {block.address}+{block.count}"
         if response.isError():
             code = int(getattr(response, "exception_code", 0))

@@ -69,7 +69,8 @@ class ChannelMap(StrictModel):
     type: ValueType = Field(
         "uint16",
         description="int16, uint16, int32, uint32, float32, float64 (IEEE 754), bool, or bits "
-        "(a bit field of one register: bit, bits). coil and discrete_input are always bool.",
+        "(a bit field of one register: bit, bits). coil and discrete_input are always bool "
+        "(the default there).",
     )
     word_order: Literal["big", "little"] | None = Field(
         None,
@@ -94,6 +95,14 @@ class ChannelMap(StrictModel):
     max: float | None = Field(
         None, examples=[100.0], description="Largest valid value (after scale and offset)."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bits_are_bool(cls, data: object) -> object:
+        """A coil or discrete input without a ``type`` is a bool (not the registers' uint16)."""
+        if isinstance(data, dict) and data.get("table") in BIT_TABLES and "type" not in data:
+            return {**data, "type": "bool"}
+        return data
 
     @property
     def count(self) -> int:
@@ -167,6 +176,10 @@ class ModbusConfig(StrictModel):
     channels: list[ChannelMap] = Field(
         min_length=1, description="The register map: one table per channel, in channel order."
     )
+
+    def channel_names(self) -> list[str]:
+        """The channel names of the map, in order."""
+        return [ch.name for ch in self.channels]
 
     @model_validator(mode="after")
     def _possible_map(self) -> ModbusConfig:

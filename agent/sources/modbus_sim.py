@@ -173,8 +173,8 @@ class SimServer:
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop serving and close every connection (a device switched off)."""
         loop, server = self._loop, self._server
-        if loop is not None and server is not None and not loop.is_closed():
-            # RuntimeError etc.: the loop is already gone
+        if loop is not None and server is not None and loop.is_running():
+            # RuntimeError etc.: the loop ended meanwhile
             with contextlib.suppress(RuntimeError, TimeoutError, asyncio.CancelledError):
                 asyncio.run_coroutine_threadsafe(server.shutdown(), loop).result(timeout_s)
         if self._thread is not None:

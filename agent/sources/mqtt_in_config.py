@@ -106,6 +106,10 @@ class MqttInConfig(StrictModel):
                  "sparkplug_b": self.metrics}[self.format]
         return tuple(table)
 
+    def channel_names(self) -> list[str]:
+        """The channel names of the format's map, in order."""
+        return list(self.channels)
+
     @model_validator(mode="after")
     def _consistent(self) -> MqttInConfig:
         need = {"json": ("topics", "fields"), "number": ("channel_topics",),

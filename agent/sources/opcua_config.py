@@ -111,6 +111,10 @@ class OpcuaConfig(StrictModel):
     reconnect_max_s: float = Field(30.0, gt=0, le=3600.0,
                                    description="Longest reconnect delay, seconds.")
 
+    def channel_names(self) -> list[str]:
+        """The channel names of the monitored nodes, in order."""
+        return [n.channel for n in self.nodes]
+
     @model_validator(mode="after")
     def _consistent(self) -> OpcuaConfig:
         names = [n.channel for n in self.nodes]

@@ -282,3 +282,108 @@ def test_rtu_late_response_is_never_taken_for_a_later_request(
 ) -> None:
     pair, server = rtu
     _late_response_is_never_a_later_answer(server, **_rtu(pair), reconnect_after_timeouts=5)
+
+
+# --- a hand-made server for malformed answers ------------------------------------------------
+
+
+class Crafted:
+    """A Modbus TCP server that answers each read request with a frame built by ``mode``:
+    ``short`` (one register fewer than asked), ``function`` (an answer to function 4) or
+    ``garbage`` (bytes that are no Modbus frame)."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.1)
+        self.port = self.sock.getsockname()[1]
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _answer(self, request: bytes) -> bytes:
+        tid, unit, function = request[0:2], request[6], request[7]
+        count = int.from_bytes(request[10:12], "big")
+        if self.mode == "garbage":
+            return b"\xff" * 12
+        if self.mode == "function":
+            function = 4
+        n = count - 1 if self.mode == "short" else count
+        pdu = bytes([function, 2 * n]) + b"\x00\x07" * n
+        return tid + b"\x00\x00" + (len(pdu) + 1).to_bytes(2, "big") + bytes([unit]) + pdu
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(0.1)
+                while not self.stop.is_set():
+                    try:
+                        request = conn.recv(12)
+                    except TimeoutError:
+                        continue
+                    except OSError:
+                        break
+                    if len(request) < 12:
+                        break
+                    conn.sendall(self._answer(request))
+        self.sock.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5.0)
+
+
+@pytest.mark.parametrize(("mode", "reason"), [
+    ("short", "short_read"), ("function", "bad_response"), ("garbage", "timeout"),
+])
+def test_malformed_answers_are_rejected_by_reason(mode: str, reason: str) -> None:
+    crafted = Crafted(mode)
+    run = Running(port=crafted.port, timeout_s=0.2,
+                  channels=[{"name": "a", "address": 0}, {"name": "b", "address": 1}])
+    try:
+        assert wait_for(lambda: run.rejected(reason) >= 3, timeout=10.0)
+        assert run.readings == []
+        assert run.sup.is_alive()
+    finally:
+        run.close()
+        crafted.close()
+
+
+def test_slow_polls_are_overruns_and_skipped_due_times_are_counted(server: SimServer) -> None:
+    server.delay_s, server.delay_count = 0.12, 10_000
+    run = Running(port=server.port, poll_interval_s=0.05, timeout_s=1.0,
+                  channels=[{"name": "a", "address": 0}])
+    try:
+        assert wait_for(lambda: run.metric("edge_agent_poll_overruns_total") >= 3)
+        assert run.metric("edge_agent_polls_missed_total", reason="overrun") >= 3
+        assert run.readings  # slow, but every poll is answered and accepted
+        assert run.rejected("timeout") == 0
+    finally:
+        run.close()
+
+
+def test_rtu_answer_to_a_resent_request_is_never_taken_for_the_next_poll(
+    rtu: tuple[Socat, SimServer],
+) -> None:
+    pair, server = rtu
+    server.stamp_register = 10
+    run = Running(**_rtu(pair), channels=[{"name": "request", "address": 10}], timeout_s=0.4,
+                  retries=1, reconnect_after_timeouts=5)
+    try:
+        assert wait_for(lambda: len(run.readings) >= 3, timeout=10.0)
+        for _ in range(2):
+            first = server.requests + 1
+            server.delay_s, server.delay_count = 0.6, 2  # the request and its resend are late
+            assert wait_for(lambda f=first: server.requests >= f + 4, timeout=15.0)
+            count = len(run.readings)
+            assert wait_for(lambda c=count: len(run.readings) >= c + 3, timeout=10.0)
+        accepted = [int(r.values[0]) for r in run.readings]
+        resends = set(server.delayed[1::2])
+        assert not resends & set(accepted), (accepted, server.delayed)
+        assert accepted == sorted(set(accepted))  # every reading newer than the one before
+    finally:
+        run.close()

@@ -58,7 +58,7 @@ def test_a_given_workdir_is_created_and_kept(tmp_path: Path) -> None:
     assert 0 < ws.pick_port(None) < 65536
 
 
-@pytest.mark.parametrize("script", ["backlog.py", "fleet_ingest.py", "latency.py",
+@pytest.mark.parametrize("script", ["backlog.py", "fleet_ingest.py", "ingest.py", "latency.py",
                                     "skab_loop.py"])
 def test_every_benchmark_that_starts_a_peer_takes_port_and_workdir(script: str) -> None:
     out = subprocess.run([sys.executable, str(BENCH / script), "--help"], capture_output=True,

@@ -98,6 +98,17 @@ def test_check_config_exits_78_with_the_key_path(tmp_path: Path,
         capsys.readouterr().err)
 
 
+def test_check_config_names_model_channels_missing_from_the_map(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = tmp_path / "agent.toml"
+    path.write_text(HEAD + channel(name="Pressure", address=0, type="float32"))
+    assert main(["check-config", str(path)]) == EX_CONFIG
+    err = capsys.readouterr().err
+    assert "streams[0].source.channels: the model's channel(s) ['Accelerometer1RMS'," in err
+    assert "are not in the source's map (it has ['Pressure'])" in err
+
+
 def _map(*channels: dict[str, Any]) -> list[ChannelMap]:
     return [ChannelMap.model_validate(c, strict=False) for c in channels]
 
@@ -142,7 +153,27 @@ def test_decoding_types_orders_scale_and_range() -> None:
     assert info.value.reason == "non_finite"
 
 
+def test_a_coil_without_a_type_is_a_bool() -> None:
+    config = parse_config(HEAD + channel(name="door", table="coil", address=3), env={})
+    source = config.streams[0].source
+    assert isinstance(source, ModbusConfig) and source.channels[0].type == "bool"
+
+
 def test_config_defaults_are_the_protocol_limits() -> None:
     cfg = ModbusConfig.model_validate({"channels": [{"name": "a", "address": 0}]}, strict=False)
     assert (cfg.max_registers_per_read, cfg.max_bits_per_read) == (125, 2000)
     assert cfg.parity == "E"
+
+
+def test_without_pymodbus_the_stream_is_a_config_problem_naming_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sys  # noqa: PLC0415
+
+    from agent.sources.registry import build_source  # noqa: PLC0415
+
+    monkeypatch.setitem(sys.modules, "pymodbus.exceptions", None)  # import fails
+    cfg = ModbusConfig.model_validate({"channels": [{"name": "a", "address": 0}]}, strict=False)
+    with pytest.raises(ConfigError, match=r"needs pymodbus: pip install "
+                                          r"'edge-anomaly-agent\[modbus\]'"):
+        build_source(cfg, "plc")
