@@ -4,7 +4,8 @@
 # optional extras), run `edge-agent run` on its embedded defaults from an empty directory outside
 # the checkout, and pass on its first ALERT line.
 #
-# Usage: bash tests/packaging/wheel_check.sh [WORK_DIR]
+# Usage: bash tests/packaging/wheel_check.sh [--build-only] [WORK_DIR]
+#   --build-only only step 1: build the wheel into WORK_DIR/dist (tests/packaging/test_wheel.py)
 #   WORK_DIR     scratch directory (default: a new mktemp -d, removed at the end); the built
 #                wheel is left in WORK_DIR/dist when WORK_DIR is given.
 #   PYTHON       interpreter for the build and the venv (default python3)
@@ -18,6 +19,11 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 python=${PYTHON:-python3}
 wait_s=${ALERT_WAIT_S:-180}
 
+build_only=0
+if [[ "${1:-}" == "--build-only" ]]; then
+    build_only=1
+    shift
+fi
 if [[ $# -ge 1 ]]; then
     work=$(mkdir -p "$1" && cd "$1" && pwd)
     keep=1
@@ -55,9 +61,11 @@ if git -C "${repo}" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
 else
     cp -a "${repo}/." "${src}/"
 fi
-"${python}" -m pip wheel --quiet --no-deps --no-build-isolation -w "${work}/dist" "${src}"
+"${python}" -m pip wheel --quiet --no-deps -w "${work}/dist" "${src}"
 wheel=$(ls "${work}"/dist/*.whl)
 echo "built $(basename "${wheel}") ($(du -k "${wheel}" | cut -f1) KiB)"
+rm -rf "${src}"
+if [[ ${build_only} -eq 1 ]]; then exit 0; fi
 
 # 2. A clean virtualenv outside the checkout, the wheel and its install_requires only.
 venv="${work}/venv"

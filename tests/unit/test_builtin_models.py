@@ -1,0 +1,79 @@
+"""Lookup order of ``builtin:<name>`` model packages (agent.config.builtin_models)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent.config import builtin_models
+from agent.config.builtin_models import (
+    MODELS_DIR_ENV,
+    available_builtins,
+    builtin_candidates,
+    find_builtin,
+)
+from agent.config.schema import resolve_model_path
+
+
+def _package(root: Path, name: str) -> Path:
+    (root / name).mkdir(parents=True)
+    (root / name / "manifest.json").write_text("{}")
+    return root / name
+
+
+@pytest.fixture
+def roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """A fake checkout ``models/`` and a fake wheel ``agent/builtin_models``, both empty."""
+    checkout, wheel = tmp_path / "checkout" / "models", tmp_path / "site" / "builtin_models"
+    checkout.mkdir(parents=True)
+    wheel.mkdir(parents=True)
+    monkeypatch.delenv(MODELS_DIR_ENV, raising=False)
+    monkeypatch.setattr(builtin_models, "CHECKOUT_MODELS_DIR", checkout)
+    monkeypatch.setattr(builtin_models, "package_models_dir", lambda: wheel)
+    return checkout, wheel
+
+
+def test_checkout_wins_over_the_wheel(roots: tuple[Path, Path]) -> None:
+    checkout, wheel = roots
+    _package(wheel, "m")
+    assert find_builtin("m") == wheel / "m"
+    assert find_builtin("m") == resolve_model_path("builtin:m", Path("/etc"))
+    _package(checkout, "m")
+    assert find_builtin("m") == checkout / "m"
+
+
+def test_installed_without_checkout(roots: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+                                    ) -> None:
+    checkout, wheel = roots
+    checkout.rmdir()
+    _package(wheel, "m")
+    assert builtin_candidates("m") == [wheel / "m"]
+    assert find_builtin("m") == wheel / "m"
+    assert find_builtin("absent") == wheel / "absent"
+    monkeypatch.setattr(builtin_models, "package_models_dir", lambda: None)
+    assert find_builtin("m") == checkout / "m"  # nowhere: the loader reports this path
+
+
+def test_env_dir_is_the_only_place(roots: tuple[Path, Path], tmp_path: Path,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    checkout, _ = roots
+    _package(checkout, "m")
+    monkeypatch.setenv(MODELS_DIR_ENV, str(tmp_path / "opt"))
+    assert find_builtin("m") == tmp_path / "opt" / "m"
+    assert available_builtins() == {}
+
+
+def test_available_builtins_lists_both(roots: tuple[Path, Path]) -> None:
+    checkout, wheel = roots
+    _package(checkout, "a")
+    _package(wheel, "a")
+    _package(wheel, "b")
+    (wheel / "not-a-package").mkdir()
+    assert available_builtins() == {"a": checkout / "a", "b": wheel / "b"}
+
+
+def test_checkout_has_no_package_data() -> None:
+    """In a checkout the packages are read from models/, never from agent/builtin_models."""
+    assert builtin_models.package_models_dir() is None
+    assert find_builtin("skab-wstat") == builtin_models.CHECKOUT_MODELS_DIR / "skab-wstat"
