@@ -6,6 +6,7 @@ Commands::
     edge-agent check-config FILE          validate a config; print every problem
     edge-agent print-default-config       the default config as commented TOML
     edge-agent status [--url URL | --config FILE]   a running agent's /healthz, readably
+    edge-agent models                     the builtin model packages and where they resolve
     edge-agent version                    print the version
 
 Exit codes (:mod:`agent.exitcodes`): 0 success, 78 (``EX_CONFIG``) invalid configuration,
@@ -104,6 +105,11 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--timeout", type=float, default=5.0, metavar="S", help="seconds")
     status.add_argument("--json", action="store_true", help="print the raw JSON")
     status.set_defaults(func=_cmd_status)
+
+    models = sub.add_parser(
+        "models", help="list the builtin: model packages and the directory each resolves to"
+    )
+    models.set_defaults(func=_cmd_models)
 
     version = sub.add_parser("version", help="print the version")
     version.set_defaults(func=_cmd_version)
@@ -223,6 +229,25 @@ def format_health(url: str, body: dict[str, object]) -> str:
                 line = f"{line:<26} {reason}"
             lines.append(line)
     return "\n".join(lines)
+
+
+def _cmd_models(args: argparse.Namespace) -> int:
+    """One line per builtin package: ``builtin:NAME  version V  KIND  DIRECTORY``."""
+    from agent.config.builtin_models import available_builtins  # noqa: PLC0415 - this command only
+
+    found = available_builtins()
+    if not found:
+        print("no builtin model packages found (docs/install.md: where they come from)",
+              file=sys.stderr)
+        return EX_FAILURE
+    for name, path in found.items():
+        try:
+            manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+            about = f"version {manifest.get('version', '?')}  {manifest.get('kind', '?')}"
+        except (OSError, ValueError, AttributeError) as exc:
+            about = f"unreadable manifest ({exc})"
+        print(f"builtin:{name}  {about}  {path}")
+    return EX_OK
 
 
 def _cmd_version(args: argparse.Namespace) -> int:

@@ -3,7 +3,7 @@
 Lookup order for ``builtin:<name>`` (first match wins):
 
 1. ``$EDGE_AGENT_MODELS_DIR/<name>`` when that variable is set and not empty (the systemd unit
-   sets ``/opt/edge-agent/models``): the only place looked at then.
+   sets ``/opt/edge-agent/models``).
 2. ``<checkout>/models/<name>``: the ``models/`` directory next to the ``agent`` package, so a
    development checkout (editable install or ``PYTHONPATH``) uses the packages it builds.
 3. ``agent/builtin_models/<name>`` inside the installed package (found with
@@ -55,21 +55,25 @@ def builtin_candidates(name: str) -> list[Path]:
         name: A builtin package name, already checked to be one path component.
 
     Returns:
-        ``[$EDGE_AGENT_MODELS_DIR/name]`` when the variable is set and not empty; otherwise
-        the checkout's ``models/name`` (when a checkout is there) then the wheel's
-        ``agent/builtin_models/name`` (when installed from a wheel). Never empty: with
-        neither, the checkout path.
+        ``$EDGE_AGENT_MODELS_DIR/name`` when the variable is set and not empty, then the
+        checkout's ``models/name`` (when a checkout is there), then the wheel's
+        ``agent/builtin_models/name`` (when installed from a wheel). Never empty: with none
+        of them, the checkout path.
     """
+    found = [root / name for root in _roots()]
+    return found or [CHECKOUT_MODELS_DIR / name]
+
+
+def _roots() -> list[Path]:
+    """The directories looked in, in order: the variable's, the checkout's, the wheel's."""
     env_dir = os.environ.get(MODELS_DIR_ENV, "")
-    if env_dir:
-        return [Path(env_dir) / name]
-    found: list[Path] = []
+    roots = [Path(env_dir)] if env_dir else []
     if CHECKOUT_MODELS_DIR.is_dir():
-        found.append(CHECKOUT_MODELS_DIR / name)
+        roots.append(CHECKOUT_MODELS_DIR)
     shipped = package_models_dir()
     if shipped is not None:
-        found.append(shipped / name)
-    return found or [CHECKOUT_MODELS_DIR / name]
+        roots.append(shipped)
+    return roots
 
 
 def find_builtin(name: str) -> Path:
@@ -96,11 +100,9 @@ def available_builtins() -> dict[str, Path]:
         ``{name: directory}`` over the directories of :func:`builtin_candidates`, sorted by
         name; a directory counts when it holds ``manifest.json``.
     """
-    env_dir = os.environ.get(MODELS_DIR_ENV, "")
-    roots = [Path(env_dir)] if env_dir else [CHECKOUT_MODELS_DIR, package_models_dir()]
     names = {
         child.name
-        for root in roots if root is not None and root.is_dir()
+        for root in _roots() if root.is_dir()
         for child in root.iterdir() if (child / "manifest.json").is_file()
     }
     return {name: find_builtin(name) for name in sorted(names)}

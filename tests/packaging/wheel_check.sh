@@ -86,6 +86,8 @@ if where.is_relative_to(repo) or model.is_relative_to(repo):
     sys.exit(f"the installed agent reads the checkout {repo}")
 EOF
 
+(cd "${work}" && "${venv}/bin/edge-agent" models)
+
 # 3. `edge-agent run` on the embedded defaults, from an empty directory outside the checkout.
 run_dir="${work}/run"
 mkdir -p "${run_dir}"

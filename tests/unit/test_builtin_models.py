@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from agent import cli
 from agent.config import builtin_models
 from agent.config.builtin_models import (
     MODELS_DIR_ENV,
@@ -55,13 +56,31 @@ def test_installed_without_checkout(roots: tuple[Path, Path], monkeypatch: pytes
     assert find_builtin("m") == checkout / "m"  # nowhere: the loader reports this path
 
 
-def test_env_dir_is_the_only_place(roots: tuple[Path, Path], tmp_path: Path,
-                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    checkout, _ = roots
+def test_env_dir_comes_first(roots: tuple[Path, Path], tmp_path: Path,
+                             monkeypatch: pytest.MonkeyPatch) -> None:
+    checkout, wheel = roots
     _package(checkout, "m")
-    monkeypatch.setenv(MODELS_DIR_ENV, str(tmp_path / "opt"))
-    assert find_builtin("m") == tmp_path / "opt" / "m"
-    assert available_builtins() == {}
+    _package(wheel, "w")
+    opt = tmp_path / "opt"
+    monkeypatch.setenv(MODELS_DIR_ENV, str(opt))
+    assert find_builtin("m") == checkout / "m"  # not in the variable's directory: next one
+    assert find_builtin("absent") == opt / "absent"
+    _package(opt, "m")
+    assert find_builtin("m") == opt / "m"
+    assert available_builtins() == {"m": opt / "m", "w": wheel / "w"}
+
+
+def test_models_command(roots: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    checkout, wheel = roots
+    assert cli.main(["models"]) == 1
+    assert "no builtin model packages" in capsys.readouterr().err
+    (_package(wheel, "m") / "manifest.json").write_text('{"version": 3, "kind": "sensor"}')
+    (_package(checkout, "bad") / "manifest.json").write_text("[")
+    assert cli.main(["models"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("builtin:bad  unreadable manifest (")
+    assert lines[0].endswith(str(checkout / "bad"))
+    assert lines[1] == f"builtin:m  version 3  sensor  {wheel / 'm'}"
 
 
 def test_available_builtins_lists_both(roots: tuple[Path, Path]) -> None:
