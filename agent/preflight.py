@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agent.config.builtin_models import not_found_problem
 from agent.config.schema import AgentConfig, resolve_model_path
 from agent.errors import ConfigError, ModelError, SourceError
 
@@ -50,6 +51,9 @@ def preflight(config: AgentConfig) -> list[str]:
             path = resolve_model_path(stream.model, Path.cwd())
         except ValueError as exc:
             problems.append(f"{key}.model: {exc}")
+            continue
+        if missing := not_found_problem(path):
+            problems.append(f"{key}.model: {missing}")
             continue
         try:
             if isinstance(source, CameraConfig):

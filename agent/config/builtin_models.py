@@ -93,6 +93,24 @@ def find_builtin(name: str) -> Path:
     return candidates[0]
 
 
+def not_found_problem(path: Path) -> str | None:
+    """Why the resolved builtin package ``path`` cannot be loaded; None when it is not a builtin.
+
+    Args:
+        path: A resolved stream model (``AgentConfig.resolved``).
+
+    Returns:
+        None when ``path`` holds ``manifest.json`` or is not in a directory ``builtin:`` names
+        are looked up in; else e.g. ``"no model package at /a/mtd-patchcore (builtin packages
+        found: builtin:skab-wstat; ...)"``, naming where to read more.
+    """
+    if (path / "manifest.json").is_file() or path.parent not in _roots():
+        return None
+    there = ", ".join(f"builtin:{n}" for n in available_builtins()) or "none"
+    return (f"no model package at {path} (builtin packages found: {there}; `edge-agent "
+            "models` lists them; docs/install.md says where the others come from)")
+
+
 def available_builtins() -> dict[str, Path]:
     """Every builtin package name found, mapped to the directory it resolves to.
 

@@ -13,8 +13,10 @@ from agent.config.builtin_models import (
     available_builtins,
     builtin_candidates,
     find_builtin,
+    not_found_problem,
 )
-from agent.config.schema import resolve_model_path
+from agent.config.schema import AgentConfig, resolve_model_path
+from agent.preflight import preflight
 
 
 def _package(root: Path, name: str) -> Path:
@@ -96,3 +98,21 @@ def test_checkout_has_no_package_data() -> None:
     """In a checkout the packages are read from models/, never from agent/builtin_models."""
     assert builtin_models.package_models_dir() is None
     assert find_builtin("skab-wstat") == builtin_models.CHECKOUT_MODELS_DIR / "skab-wstat"
+
+
+def test_missing_builtin_names_the_packages_there(roots: tuple[Path, Path], tmp_path: Path
+                                                  ) -> None:
+    """check-config (preflight) on a builtin the install lacks: where it looked, what there is."""
+    checkout, wheel = roots
+    checkout.rmdir()
+    _package(wheel, "skab-wstat")
+    config = AgentConfig.model_validate({"streams": [{
+        "name": "tiles", "model": "builtin:mtd-patchcore",
+        "source": {"kind": "camera", "folder": str(tmp_path)}}]}).resolved(tmp_path)
+    assert preflight(config) == [
+        f"streams[0].model: no model package at {wheel / 'mtd-patchcore'} (builtin packages "
+        "found: builtin:skab-wstat; `edge-agent models` lists them; docs/install.md says where "
+        "the others come from)"
+    ]
+    assert not_found_problem(wheel / "skab-wstat") is None
+    assert not_found_problem(tmp_path / "elsewhere") is None  # a path model: the loader's error
