@@ -9,6 +9,7 @@ Commands::
     edge-agent probe [--config FILE] [--stream NAME] [--seconds N] [--json]
                                           read the sources only: readings, rejections, outages
     edge-agent sim-modbus --csv FILE [--port N]   serve a recorded CSV as Modbus registers
+    edge-agent models                     the builtin model packages and where they resolve
     edge-agent version                    print the version
 
 Exit codes (:mod:`agent.exitcodes`): 0 success, 78 (``EX_CONFIG``) invalid configuration,
@@ -131,6 +132,11 @@ def _parser() -> argparse.ArgumentParser:
                      help="1 = the file's own pace, N = N times faster (default 1)")
     sim.add_argument("--once", action="store_true", help="stop at the end of the file")
     sim.set_defaults(func=_cmd_sim_modbus)
+
+    models = sub.add_parser(
+        "models", help="list the builtin: model packages and the directory each resolves to"
+    )
+    models.set_defaults(func=_cmd_models)
 
     version = sub.add_parser("version", help="print the version")
     version.set_defaults(func=_cmd_version)
@@ -308,6 +314,25 @@ def _cmd_sim_modbus(args: argparse.Namespace) -> int:
         serve_csv(server, args.csv, speed=args.speed, loop=not args.once, stop=stop)
     finally:
         server.stop()
+    return EX_OK
+
+
+def _cmd_models(args: argparse.Namespace) -> int:
+    """One line per builtin package: ``builtin:NAME  version V  KIND  DIRECTORY``."""
+    from agent.config.builtin_models import available_builtins  # noqa: PLC0415 - this command only
+
+    found = available_builtins()
+    if not found:
+        print("no builtin model packages found (docs/install.md: where they come from)",
+              file=sys.stderr)
+        return EX_FAILURE
+    for name, path in found.items():
+        try:
+            manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+            about = f"version {manifest.get('version', '?')}  {manifest.get('kind', '?')}"
+        except (OSError, ValueError, AttributeError) as exc:
+            about = f"unreadable manifest ({exc})"
+        print(f"builtin:{name}  {about}  {path}")
     return EX_OK
 
 

@@ -12,6 +12,7 @@ import ssl
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agent.config.builtin_models import not_found_problem
 from agent.config.schema import AgentConfig, resolve_model_path
 from agent.errors import ConfigError, ModelError, SourceError
 
@@ -52,6 +53,9 @@ def preflight(config: AgentConfig) -> list[str]:
         except ValueError as exc:
             problems.append(f"{key}.model: {exc}")
             continue
+        if missing := not_found_problem(path):
+            problems.append(f"{key}.model: {missing}")
+            continue
         try:
             if isinstance(source, CameraConfig):
                 load_image_package(path)
@@ -65,9 +69,9 @@ def preflight(config: AgentConfig) -> list[str]:
                                             tuple(package.manifest.input.channels)))
         names = getattr(source, "channel_names", None)  # a source whose map names them
         if callable(names):
-            missing = [c for c in package.manifest.input.channels if c not in names()]
-            if missing:
-                problems.append(f"{key}.source.channels: the model's channel(s) {missing} are "
+            absent = [c for c in package.manifest.input.channels if c not in names()]
+            if absent:
+                problems.append(f"{key}.source.channels: the model's channel(s) {absent} are "
                                 f"not in the source's map (it has {list(names())})")
     mqtt_keys = ("password_file", "ca_file", "cert_file", "key_file", "key_password_file")
     files = [(f"mqtt.{k}", getattr(config.mqtt, k) if config.mqtt.enabled else None)

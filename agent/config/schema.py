@@ -19,8 +19,8 @@ Relative paths:
     ``mqtt.key_password_file``, ``fleet.token_file``, ``fleet.ca_file``,
     ``updater.trusted_keys_dir``, ``updater.rollback_keys_dir``)
     are relative to the directory of the config file; ``store.path`` is relative to
-    ``agent.state_dir``. A model value ``builtin:<name>`` names a package shipped in the
-    repository's ``models/`` directory.
+    ``agent.state_dir``. A model value ``builtin:<name>`` names a package shipped with the agent
+    (the checkout's ``models/`` or the wheel's package data: agent.config.builtin_models).
     :meth:`AgentConfig.resolved` returns a copy with every path absolute; the composition root
     calls it once.
 
@@ -32,7 +32,6 @@ at that key's path.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -46,6 +45,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from agent.config.base import StrictModel
+from agent.config.builtin_models import CHECKOUT_MODELS_DIR, find_builtin
 from agent.publish.mqtt import MqttConfig
 from agent.services.samples import SamplesConfig
 from agent.services.updater import UpdaterConfig
@@ -63,12 +63,8 @@ NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
 #: Prefix of a model value naming a package shipped in the repository's ``models/`` directory.
 BUILTIN_PREFIX = "builtin:"
 
-#: Where ``builtin:<name>`` models live: ``<repo>/models`` (next to the ``agent`` package).
-BUILTIN_MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
-
-#: Environment variable naming another directory for ``builtin:`` models (an installed agent:
-#: ``/opt/edge-agent/models``, set by the systemd unit).
-MODELS_DIR_ENV = "EDGE_AGENT_MODELS_DIR"
+#: ``<checkout>/models``; the lookup order of ``builtin:`` names: agent.config.builtin_models.
+BUILTIN_MODELS_DIR = CHECKOUT_MODELS_DIR
 
 if TYPE_CHECKING:  # the core's view: the kinds it special-cases, and any plugin's kind
     from agent.sources.registry import PluginSourceConfig
@@ -204,7 +200,7 @@ class StreamConfig(StrictModel):
         "builtin:skab-wstat",
         min_length=1,
         description="Model package directory, relative to the config file's directory; "
-        "'builtin:<name>' = the package shipped in the repository's models/ directory.",
+        "'builtin:<name>' = a package shipped with the agent (docs/install.md).",
     )
     window: int | None = Field(
         None,
@@ -518,7 +514,8 @@ def resolve_model_path(
             directory, or a path (relative paths are relative to ``config_dir``).
         config_dir: Directory of the config file.
         builtin_dir: Where builtin packages live; None = ``$EDGE_AGENT_MODELS_DIR`` when set
-            and not empty, else :data:`BUILTIN_MODELS_DIR` (tests pass their own).
+            and not empty, else the checkout's ``models/`` or the wheel's package data
+            (:func:`agent.config.builtin_models.find_builtin`; tests pass their own).
 
     Returns:
         The absolute package directory; whether it exists is checked by the package loader.
@@ -530,10 +527,7 @@ def resolve_model_path(
         name = value.removeprefix(BUILTIN_PREFIX)
         if not name or "/" in name or "\\" in name or name in {".", ".."}:
             raise ValueError(f"invalid builtin model name {name!r}")
-        if builtin_dir is None:
-            env_dir = os.environ.get(MODELS_DIR_ENV, "")
-            builtin_dir = Path(env_dir) if env_dir else BUILTIN_MODELS_DIR
-        return builtin_dir / name
+        return find_builtin(name) if builtin_dir is None else builtin_dir / name
     return resolve_path(value, config_dir)
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from agent import cli
-from agent.config.schema import MODELS_DIR_ENV, resolve_model_path
+from agent.config.builtin_models import MODELS_DIR_ENV
+from agent.config.schema import resolve_model_path
 from agent.health import (
     Component,
     Report,
