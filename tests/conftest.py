@@ -40,9 +40,11 @@ class MosquittoBroker:
         workdir: Holds the generated config, the log and (with persistence) the database.
         persistence: Keep sessions and queued QoS 1 messages across ``stop``/``start``
             (mosquitto saves them on SIGTERM).
+        extra: More lines of mosquitto.conf.
     """
 
-    def __init__(self, binary: str, workdir: Path, *, persistence: bool = False) -> None:
+    def __init__(self, binary: str, workdir: Path, *, persistence: bool = False,
+                 extra: tuple[str, ...] = ()) -> None:
         self.binary = binary
         self.host = "127.0.0.1"
         self.port = _free_port()
@@ -59,6 +61,7 @@ class MosquittoBroker:
         ]
         if persistence:
             lines += [f"persistence_location {workdir}/", "persistence_file mosquitto.db"]
+        lines += extra  # e.g. "max_packet_size 600"
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             lines.append("user root")  # otherwise it drops to 'mosquitto' and cannot write here
         self.config_path.write_text("\n".join(lines) + "\n")

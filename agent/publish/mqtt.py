@@ -36,9 +36,18 @@ Delivery guarantee (what consumers may rely on):
     * at least once: an alert is marked published in the store only when the broker's PUBACK
       for its message id arrives; until then it stays in the outbox, across broker outages and
       agent restarts;
-    * in order: first deliveries arrive in outbox order (order of raising). After a reconnect
-      the drain restarts from the oldest unacknowledged alert, so up to ``max_inflight`` alerts
-      may arrive twice: consumers deduplicate by ``alert_id``;
+    * in order: first deliveries arrive in outbox order (order of raising). An alert in
+      flight when a connection ends is re-sent once on the next one (by paho, DUP flag set;
+      the drain does not send it again), so up to ``max_inflight`` alerts arrive twice per
+      lost connection: consumers deduplicate by ``alert_id``;
+    * progress: with alerts in flight, the connection up and no PUBACK for
+      ``progress_timeout_s`` (3 keepalives), the connection is dropped and rebuilt (one
+      WARNING line, ``mqtt_stalls_total``);
+    * size: an alert over ``max_message_bytes`` or the broker's Maximum Packet Size (MQTT 5
+      CONNACK) goes out in its reduced form (:mod:`agent.publish.limits`) or, too large even
+      then, is dead-lettered in the store with the reason (still uploaded to the fleet); a
+      PUBACK with a failure reason code (MQTT 5) dead-letters the alert too, except Quota
+      exceeded, which is retried on the next connection. Neither blocks the alerts behind it;
     * only QoS 1 is accepted: QoS 0 would lose alerts, QoS 2 costs a round trip for nothing
       that ``alert_id`` deduplication does not already give;
     * an alert the store refused (disk full) is handed over with :meth:`MqttPublisher.
@@ -53,7 +62,10 @@ only one that reads the outbox, publishes, and marks rows published (in batches)
 store refuses that write (disk full) the acknowledgements wait in memory, the save is tried again
 once a second and publishing goes on (the alerts the store refused depend on it). Nothing is
 published while disconnected (paho would queue it a second time); paho itself re-sends the
-messages it holds unacknowledged, which only adds duplicates.
+messages it holds unacknowledged after a reconnect, and the drain skips those.
+
+Protocol: MQTT 5 by default (clean start, session expiry 0, the broker's Maximum Packet Size
+and PUBACK reason codes); ``protocol = "3.1.1"`` keeps the old protocol (clean session).
 
 Subscriptions (:meth:`MqttPublisher.subscribe`): topics the agent listens on (QoS 1), e.g. the
 model updater's ``<prefix>/<device_id>/models/notify``; subscribed again on every connect (the
@@ -63,7 +75,8 @@ only set a flag).
 Start-up policy: ``connect_async`` + ``loop_start``, so a broker that is down at boot neither
 blocks nor crashes the agent; alerts accumulate in the outbox and paho retries with
 ``reconnect_delay_set(reconnect_min_s, reconnect_max_s)`` (exponential, whole seconds). A loss
-and the recovery are logged once each, not per retry.
+and the recovery are logged once each, not per retry; so is a broker that accepts TCP but sends
+no CONNACK within the keepalive. User documentation: ``docs/mqtt.md``.
 """
 
 from __future__ import annotations
@@ -75,119 +88,36 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any, Literal
 
 import paho.mqtt.client as paho
-from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
-from pydantic import Field, model_validator
 
-from agent.config.base import StrictModel
 from agent.errors import ConfigError, StoreError
 from agent.metrics import Metrics
-from agent.publish.volatile import VolatileAlert, VolatileQueue, merge
+from agent.publish.drain import OutboxDrain
+from agent.publish.limits import ProgressGuard, SizeLimit
+from agent.publish.mqtt_config import (
+    _WILDCARDS,
+    MqttConfig,
+    default_client_factory,
+    read_password,
+)
+from agent.publish.volatile import VolatileAlert, VolatileQueue
 from agent.store.sqlite import OutboxRow, Store
+
+__all__ = ["KIND", "MqttConfig", "MqttPublisher", "default_client_factory", "read_password"]
 
 KIND = "mqtt"
 
 #: How many alert ids ``track`` remembers for the latency histogram (oldest forgotten first).
 TRACK_LIMIT = 10_000
 
-_WILDCARDS = ("+", "#", "\x00")
 
 
-class MqttConfig(StrictModel):
-    """Config of the MQTT alert publisher (``[mqtt]``)."""
-
-    enabled: bool = Field(False, description="Publish alerts to an MQTT broker.")
-    host: str = Field("127.0.0.1", min_length=1, description="Broker host name or address.")
-    port: int = Field(1883, ge=1, le=65535, description="Broker TCP port (8883 is usual for TLS).")
-    client_id: str | None = Field(
-        None,
-        examples=["edge-agent-line1"],
-        description="MQTT client id; unset = 'edge-agent-<device_id>'.",
-    )
-    topic_prefix: str = Field(
-        "edge",
-        min_length=1,
-        description="First topic level(s); alerts go to <topic_prefix>/<device_id>/alerts.",
-    )
-    qos: Literal[1] = Field(
-        1, description="Publish QoS; only 1 (at least once) is accepted: QoS 0 would lose alerts."
-    )
-    keepalive_s: int = Field(30, ge=1, le=65535, description="MQTT keepalive in seconds.")
-    username: str | None = Field(
-        None, examples=["edge-line1"], description="User name; unset = anonymous."
-    )
-    password_file: str | None = Field(
-        None,
-        examples=["/etc/edge-agent/mqtt.password"],
-        description="File holding the password (first line); the password is never inline. "
-        "Unset = no password.",
-    )
-    tls: bool = Field(False, description="Connect with TLS.")
-    ca_file: str | None = Field(
-        None,
-        examples=["/etc/edge-agent/ca.pem"],
-        description="CA bundle for TLS; unset = the system's trust store. Needs tls = true.",
-    )
-    max_inflight: int = Field(
-        20, ge=1, le=65535, description="Alerts published but not yet acknowledged, at most."
-    )
-    reconnect_min_s: float = Field(
-        1.0, gt=0.0, description="First reconnect delay in seconds (rounded up to whole seconds)."
-    )
-    reconnect_max_s: float = Field(
-        30.0, gt=0.0, description="Largest reconnect delay in seconds (rounded up)."
-    )
-
-    @model_validator(mode="after")
-    def _consistent(self) -> MqttConfig:
-        if self.reconnect_max_s < self.reconnect_min_s:
-            raise ValueError(
-                f"reconnect_max_s ({self.reconnect_max_s}) must not be smaller than "
-                f"reconnect_min_s ({self.reconnect_min_s})"
-            )
-        levels = self.topic_prefix.split("/")
-        if any(w in self.topic_prefix for w in _WILDCARDS) or "" in levels:
-            raise ValueError(
-                f"topic_prefix {self.topic_prefix!r} must not contain '+', '#' or empty levels"
-            )
-        if self.ca_file is not None and not self.tls:
-            raise ValueError("ca_file is set but tls is false")
-        if self.password_file is not None and self.username is None:
-            raise ValueError("password_file is set but username is not")
-        return self
-
-
-def read_password(path: str) -> str:
-    """The MQTT password: the first line of ``path`` (``edge-agent check-config`` reads it too).
-
-    Raises:
-        ConfigError: the file is unreadable, not UTF-8, or its first line is empty.
-    """
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(
-            f"mqtt.password_file: cannot read {path!r}: {exc}",
-            problems=[f"mqtt.password_file: cannot read {path!r}: {exc}"],
-        ) from exc
-    lines = text.splitlines()
-    password = lines[0] if lines else ""
-    if not password:
-        msg = f"mqtt.password_file: {path!r} is empty (the password is its first line)"
-        raise ConfigError(msg, problems=[msg])
-    return password
-
-
-def default_client_factory(**kwargs: Any) -> paho.Client:
-    """Build the real paho client (the publisher passes every argument by keyword)."""
-    return paho.Client(**kwargs)
-
-
-class MqttPublisher:
+class MqttPublisher(OutboxDrain):
     """Publishes the store's outbox to an MQTT broker; see the module docstring for the contract.
 
     Args:
@@ -235,12 +165,20 @@ class MqttPublisher:
         self.client_id = config.client_id or f"edge-agent-{device_id}"
         password = read_password(config.password_file) if config.password_file else None
 
-        client = client_factory(
-            callback_api_version=CallbackAPIVersion.VERSION2,
-            client_id=self.client_id,
-            protocol=paho.MQTTv311,
-            clean_session=True,
-        )
+        self._v5 = config.protocol == "5"
+        if self._v5:  # a clean start on every connect (start()) and no session expiry
+            client = client_factory(
+                callback_api_version=CallbackAPIVersion.VERSION2,
+                client_id=self.client_id,
+                protocol=paho.MQTTv5,
+            )
+        else:
+            client = client_factory(
+                callback_api_version=CallbackAPIVersion.VERSION2,
+                client_id=self.client_id,
+                protocol=paho.MQTTv311,
+                clean_session=True,
+            )
         if config.username is not None:
             client.username_pw_set(config.username, password)
         if config.tls:
@@ -267,13 +205,22 @@ class MqttPublisher:
         self._connected = False
         self._generation = 0  # incremented on every successful connect
         self._outage_since: float | None = None  # monotonic; set while a loss is logged
-        # PUBACKs: (mid, accepted, wall time, monotonic time); appended by paho's thread.
-        self._acks: collections.deque[tuple[int, bool, float, float]] = collections.deque()
+        # PUBACKs: (mid, reason code, wall time, monotonic time); appended by paho's thread.
+        self._acks: collections.deque[tuple[int, ReasonCode, float, float]] = collections.deque()
+        #: The size limits each alert must fit (the broker's part is set on every CONNACK).
+        self.limit = SizeLimit(self.alerts_topic, config.max_message_bytes)
+        self.limit.v5 = self._v5
+        self._guard = ProgressGuard(
+            config.progress_timeout_s if config.progress_timeout_s is not None
+            else 3.0 * config.keepalive_s
+        )
         self._tracked: collections.OrderedDict[str, float] = collections.OrderedDict()
         self._track_lock = threading.Lock()
         # Owned by the drain thread (and by stop() once that thread has ended).
         self._mids: dict[int, OutboxRow | VolatileAlert] = {}
         self._unsaved: list[tuple[OutboxRow, float, float]] = []
+        #: Rows to dead-letter (too large, or rejected by the broker) with the reason.
+        self._rejected: list[tuple[OutboxRow, str]] = []
         #: Alerts the store refused, held in memory until acknowledged.
         self.volatile = VolatileQueue()
         self._store_failing = False
@@ -316,7 +263,15 @@ class MqttPublisher:
             self._log.info("MQTT publishing is disabled; alerts stay in the outbox")
             return
         self._metrics.mqtt_connected.set(0)
-        self._client.connect_async(self.config.host, self.config.port, self.config.keepalive_s)
+        if self._v5:
+            props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+            props.SessionExpiryInterval = 0  # the session ends with the connection
+            self._client.connect_async(self.config.host, self.config.port,
+                                       self.config.keepalive_s, clean_start=True,
+                                       properties=props)
+        else:
+            self._client.connect_async(self.config.host, self.config.port,
+                                       self.config.keepalive_s)
         self._client.loop_start()
         self._thread = threading.Thread(target=self._run, name="mqtt-outbox", daemon=True)
         self._thread.start()
@@ -450,6 +405,8 @@ class MqttPublisher:
                     self.config.host, self.config.port, reason_code,
                 )
             return
+        broker_max = getattr(properties, "MaximumPacketSize", None)
+        self.limit.broker_max_packet = broker_max if isinstance(broker_max, int) else None
         client.publish(self.availability_topic, "online", qos=1, retain=True)
         with self._state_lock:
             topics = list(self._subscriptions)
@@ -496,9 +453,20 @@ class MqttPublisher:
         with self._state_lock:
             was_connected, self._connected = self._connected, False
             lost = was_connected and not self._stopping.is_set()
-            if lost and self._outage_since is None:
+            # The TCP connection was made but no CONNACK came (paho gives up after the
+            # keepalive): logged once, like a refused connection.
+            no_connack = (not was_connected and not self._stopping.is_set()
+                          and self._outage_since is None)
+            if (lost or no_connack) and self._outage_since is None:
                 self._outage_since = self._monotonic()
         self._metrics.mqtt_connected.set(0)
+        if no_connack:
+            self._log.warning(
+                "MQTT broker %s:%d accepted the TCP connection but sent no CONNACK (%s); "
+                "alerts stay in the outbox, retrying in the background every %g-%g s",
+                self.config.host, self.config.port, reason_code,
+                self.config.reconnect_min_s, self.config.reconnect_max_s,
+            )
         if lost:
             self._metrics.mqtt_disconnects_total.inc()
             self._log.warning(
@@ -517,155 +485,5 @@ class MqttPublisher:
         properties: object,
     ) -> None:
         # Runs with paho's outgoing-message lock held: no I/O, no locks a publisher may hold.
-        self._acks.append((mid, not reason_code.is_failure, self._clock(), self._monotonic()))
+        self._acks.append((mid, reason_code, self._clock(), self._monotonic()))
         self._wake.set()
-
-    # -- drain thread ---------------------------------------------------------------------------
-
-    def _run(self) -> None:
-        generation = -1
-        cursor = (0, 0)  # last row id and volatile n handed to paho in this connection
-        window: set[int] = set()  # mids of this connection not yet acknowledged
-        save_from = -math.inf  # monotonic; after a failed save, the next try waits a second
-        while not self._stopping.is_set():
-            self._wake.wait(1.0)
-            self._wake.clear()
-            try:
-                self._take_acks(window)
-                if self._unsaved and self._monotonic() >= save_from:
-                    # A store that refuses writes (disk full) must not stop the delivery, least
-                    # of all of the alerts it refused (volatile): the acknowledgements stay in
-                    # memory and are saved by a later pass; publishing goes on below.
-                    try:
-                        self._save_unsaved()
-                    except StoreError as exc:
-                        self._store_trouble(exc, pause=False)
-                        save_from = self._monotonic() + 1.0
-                with self._state_lock:
-                    connected, current = self._connected, self._generation
-                if current != generation:
-                    # New connection: restart from the oldest unacknowledged alert.
-                    generation, cursor = current, (0, 0)
-                    window.clear()
-                if connected and not self._stopping.is_set():
-                    cursor = self._fill(window, cursor, generation)
-                self._update_stats()
-            except StoreError as exc:
-                self._store_trouble(exc)
-            except Exception:  # the drain must survive anything; the row stays in the outbox
-                self._log.exception("MQTT outbox drain failed; retrying")
-                self._stopping.wait(1.0)
-            self.last_loop_mono = self._monotonic()
-            with self._progress:
-                self._progress.notify_all()
-
-    def _fill(
-        self, window: set[int], cursor: tuple[int, int], generation: int
-    ) -> tuple[int, int]:
-        """Publish pending rows (and volatile alerts) after ``cursor`` until ``max_inflight``
-        are unacknowledged; returns the new cursor ``(row id, volatile n)``."""
-        # Rows the broker acknowledged whose save the store refused (disk full) are still
-        # pending in the outbox: after a reconnect they are skipped, not sent again (each
-        # reconnect would otherwise re-send every one, not only the ``max_inflight`` in flight).
-        acked = {row.id for row, _, _ in self._unsaved}
-        while len(window) < self.config.max_inflight:
-            room = self.config.max_inflight - len(window)
-            rows = self._store.pending_alerts(room, after_id=cursor[0])
-            batch = merge(rows, self.volatile.after(cursor[1]), len(rows) < room, room)
-            if not batch:
-                break
-            for item in batch:
-                if not isinstance(item, VolatileAlert) and item.id in acked:
-                    cursor = (item.id, cursor[1])
-                    continue
-                with self._state_lock:
-                    if not self._connected or self._generation != generation:
-                        return cursor
-                info = self._client.publish(
-                    self.alerts_topic, item.payload.encode("utf-8"), qos=1, retain=False
-                )
-                if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
-                    self._log.warning("paho refused to publish %s: %s", item.alert_id, info.rc)
-                    return cursor
-                # paho holds the message even on NO_CONN and re-sends it after reconnecting.
-                self._mids[info.mid] = item
-                window.add(info.mid)
-                cursor = ((cursor[0], item.n) if isinstance(item, VolatileAlert)
-                          else (item.id, cursor[1]))
-                if info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN:
-                    return cursor
-        return cursor
-
-    def _save_acks(self, window: set[int]) -> None:
-        """Turn queued PUBACKs into ``published_at`` rows (one transaction per batch)."""
-        self._take_acks(window)
-        self._save_unsaved()
-
-    def _take_acks(self, window: set[int]) -> None:
-        """Apply queued PUBACKs in memory: free their ``window`` slots, forget acknowledged
-        volatile alerts, queue stored rows in ``_unsaved`` for :meth:`_save_unsaved`."""
-        while self._acks:
-            mid, accepted, at, at_mono = self._acks.popleft()
-            window.discard(mid)
-            row = self._mids.pop(mid, None)
-            if row is None:
-                continue  # availability message, or a duplicate of a row already acknowledged
-            if not accepted:
-                self._log.warning("broker rejected alert %s; it stays in the outbox", row.alert_id)
-                continue
-            if isinstance(row, VolatileAlert):
-                if self.volatile.ack(row.n):
-                    self._metrics.mqtt_published_total.inc()
-                    self._observe_latency(row.alert_id, row.stream, at_mono)
-                continue
-            self._unsaved.append((row, at, at_mono))
-
-    def _save_unsaved(self) -> None:
-        """Write the acknowledged rows of ``_unsaved`` as published (one transaction).
-
-        Raises:
-            StoreError: The write failed; the rows stay in ``_unsaved``.
-        """
-        if not self._unsaved:
-            return
-        batch, self._unsaved = self._unsaved, []
-        try:
-            changed = self._store.mark_published([r.id for r, _, _ in batch], batch[-1][1])
-        except StoreError:
-            self._unsaved = batch + self._unsaved
-            raise
-        if self._store_failing:
-            self._store_failing = False
-            self._log.info("store writable again; outbox acknowledgements saved")
-        self._metrics.mqtt_published_total.inc(changed)
-        with self._track_lock:
-            received = [self._tracked.pop(r.alert_id, None) for r, _, _ in batch]
-        for (row, _, at_mono), mono in zip(batch, received, strict=True):
-            if mono is not None:
-                self._metrics.read_to_alert_seconds.labels(stream=row.stream).observe(
-                    max(0.0, at_mono - mono)
-                )
-
-    def _observe_latency(self, alert_id: str, stream: str, at_mono: float) -> None:
-        with self._track_lock:
-            mono = self._tracked.pop(alert_id, None)
-        if mono is not None:
-            self._metrics.read_to_alert_seconds.labels(stream=stream).observe(
-                max(0.0, at_mono - mono))
-
-    def _update_stats(self, *, force: bool = False) -> None:
-        now = self._monotonic()
-        if not force and now - self._last_stats < 0.5:
-            return
-        self._last_stats = now
-        depth, oldest = self._store.outbox_stats()
-        self._metrics.outbox_depth.set(depth)
-        age = 0.0 if oldest is None else max(0.0, self._clock() - oldest)
-        self._metrics.outbox_oldest_age_seconds.set(age)
-
-    def _store_trouble(self, exc: StoreError, *, pause: bool = True) -> None:
-        if not self._store_failing:
-            self._store_failing = True
-            self._log.error("MQTT outbox: %s; retrying every second", exc)
-        if pause:
-            self._stopping.wait(1.0)

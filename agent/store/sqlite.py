@@ -609,6 +609,33 @@ class Store:
             )
             return conn.total_changes - before
 
+    def mqtt_dead_letter(self, row_id: int, reason: str, at: float) -> bool:
+        """Take an alert the broker cannot take (too large, rejected) out of the MQTT outbox.
+
+        One transaction: a ``dead_letter`` row of kind ``"mqtt"`` (the stored payload and
+        ``reason``) and ``published_at = at`` on the alert, so the drain passes it; the alert
+        is still uploaded to the fleet like any other.
+
+        Returns:
+            True when the alert was still pending (False: gone or already published).
+
+        Raises:
+            StoreError: The write failed; nothing changed.
+        """
+        with self._use("mqtt_dead_letter", transaction=True) as conn:
+            cur = conn.execute(
+                "UPDATE alerts SET published_at = ? WHERE id = ? AND published_at IS NULL",
+                (at, int(row_id)),
+            )
+            if cur.rowcount != 1:
+                return False
+            conn.execute(
+                "INSERT INTO dead_letter (kind, record_id, payload, reason, failed_at) "
+                "SELECT 'mqtt', alert_id, payload, ?, ? FROM alerts WHERE id = ?",
+                (reason, at, int(row_id)),
+            )
+        return True
+
     def outbox_stats(self) -> tuple[int, float | None]:
         """Return ``(depth, oldest created_at or None)`` of the unpublished alerts.
 

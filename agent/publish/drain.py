@@ -1,0 +1,292 @@
+"""The drain thread of :class:`agent.publish.mqtt.MqttPublisher` (``mqtt-outbox``).
+
+The only thread that reads the outbox, publishes, marks rows published (in batches) and
+dead-letters what the broker cannot take; see :mod:`agent.publish.mqtt` for the contract.
+:class:`OutboxDrain` is the publisher's base class: it holds the drain-thread half, the
+publisher the public API and paho's callbacks, which only queue PUBACKs and wake this thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import socket
+import threading
+from collections.abc import Callable
+
+import paho.mqtt.client as paho
+from paho.mqtt.enums import MQTTErrorCode
+from paho.mqtt.reasoncodes import ReasonCode
+
+from agent.errors import StoreError
+from agent.metrics import Metrics
+from agent.publish.limits import ProgressGuard, SizeLimit
+from agent.publish.mqtt_config import MqttConfig
+from agent.publish.volatile import VolatileAlert, VolatileQueue, merge
+from agent.store.sqlite import OutboxRow, Store
+
+#: PUBACK reason codes (MQTT 5.0 section 3.4.2.1) after which the alert is sent again on the
+#: next connection instead of being dead-lettered: Quota exceeded (0x97) passes.
+RETRY_REASONS = frozenset({0x97})
+
+
+class OutboxDrain:
+    """The drain-thread half of the publisher (attributes set by its ``__init__``)."""
+
+    config: MqttConfig
+    alerts_topic: str
+    limit: SizeLimit
+    volatile: VolatileQueue
+    last_loop_mono: float | None
+    _store: Store
+    _metrics: Metrics
+    _client: paho.Client
+    _clock: Callable[[], float]
+    _monotonic: Callable[[], float]
+    _log: logging.Logger
+    _state_lock: threading.Lock
+    _connected: bool
+    _generation: int
+    _acks: collections.deque[tuple[int, ReasonCode, float, float]]
+    _tracked: collections.OrderedDict[str, float]
+    _track_lock: threading.Lock
+    _mids: dict[int, OutboxRow | VolatileAlert]
+    _unsaved: list[tuple[OutboxRow, float, float]]
+    _rejected: list[tuple[OutboxRow, str]]
+    _guard: ProgressGuard
+    _store_failing: bool
+    _last_stats: float
+    _wake: threading.Event
+    _stopping: threading.Event
+    _progress: threading.Condition
+
+    def _run(self) -> None:
+        generation = -1
+        cursor = (0, 0)  # last row id and volatile n handed to paho in this connection
+        # Mids handed to paho and not yet acknowledged. Kept across reconnects: paho holds
+        # those messages and re-sends them itself (same mid, DUP set) on the new connection.
+        window: set[int] = set()
+        save_from = -math.inf  # monotonic; after a failed save, the next try waits a second
+        while not self._stopping.is_set():
+            self._wake.wait(1.0)
+            self._wake.clear()
+            try:
+                if self._take_acks(window):
+                    self._guard.progress(self._monotonic())
+                if (self._unsaved or self._rejected) and self._monotonic() >= save_from:
+                    # A store that refuses writes (disk full) must not stop the delivery, least
+                    # of all of the alerts it refused (volatile): the acknowledgements stay in
+                    # memory and are saved by a later pass; publishing goes on below.
+                    try:
+                        self._save_unsaved()
+                    except StoreError as exc:
+                        self._store_trouble(exc, pause=False)
+                        save_from = self._monotonic() + 1.0
+                with self._state_lock:
+                    connected, current = self._connected, self._generation
+                if current != generation:
+                    # New connection: restart from the oldest unacknowledged alert, skipping
+                    # the ones paho re-sends itself.
+                    generation, cursor = current, (0, 0)
+                    self._guard.progress(self._monotonic())
+                if connected and not self._stopping.is_set():
+                    cursor = self._fill(window, cursor, generation)
+                    self._check_progress(len(window))
+                self._update_stats()
+            except StoreError as exc:
+                self._store_trouble(exc)
+            except Exception:  # the drain must survive anything; the row stays in the outbox
+                self._log.exception("MQTT outbox drain failed; retrying")
+                self._stopping.wait(1.0)
+            self.last_loop_mono = self._monotonic()
+            with self._progress:
+                self._progress.notify_all()
+
+    def _check_progress(self, in_flight: int) -> None:
+        """Drop a connection that is up but has acknowledged nothing for the guard's timeout
+        (PUBACKs lost on a link that still answers PINGs); paho then reconnects."""
+        with self._state_lock:
+            connected = self._connected
+        if not self._guard.observe(self._monotonic(), in_flight=in_flight, connected=connected):
+            return
+        self._metrics.mqtt_stalls_total.inc()
+        self._log.warning(
+            "MQTT broker %s:%d acknowledged none of %d alert(s) in flight for %.0f s although "
+            "the connection is up; dropping the connection to rebuild it",
+            self.config.host, self.config.port, in_flight, self._guard.timeout_s,
+        )
+        sock = self._client.socket()
+        if isinstance(sock, socket.socket):  # also an ssl.SSLSocket
+            try:  # paho's network thread sees the connection end and reconnects
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError as exc:
+                self._log.warning("could not drop the MQTT connection: %s", exc)
+
+    def _fill(
+        self, window: set[int], cursor: tuple[int, int], generation: int
+    ) -> tuple[int, int]:
+        """Publish pending rows (and volatile alerts) after ``cursor`` until ``max_inflight``
+        are unacknowledged; returns the new cursor ``(row id, volatile n)``."""
+        # Rows the broker acknowledged whose save the store refused (disk full) are still
+        # pending in the outbox: after a reconnect they are skipped, not sent again (each
+        # reconnect would otherwise re-send every one, not only the ``max_inflight`` in flight).
+        # Messages paho still holds (in ``window``) are re-sent by paho, not by the drain.
+        acked = {row.id for row, _, _ in self._unsaved}
+        acked.update(row.id for row, _ in self._rejected)
+        held_rows = {m.id for m in self._mids.values() if not isinstance(m, VolatileAlert)}
+        held_vol = {m.n for m in self._mids.values() if isinstance(m, VolatileAlert)}
+        while len(window) < self.config.max_inflight:
+            room = self.config.max_inflight - len(window)
+            rows = self._store.pending_alerts(room, after_id=cursor[0])
+            batch = merge(rows, self.volatile.after(cursor[1]), len(rows) < room, room)
+            if not batch:
+                break
+            for item in batch:
+                if isinstance(item, VolatileAlert):
+                    if item.n in held_vol:
+                        cursor = (cursor[0], item.n)
+                        continue
+                elif item.id in acked or item.id in held_rows:
+                    cursor = (item.id, cursor[1])
+                    continue
+                with self._state_lock:
+                    if not self._connected or self._generation != generation:
+                        return cursor
+                verdict = self.limit.check(item.payload)
+                if verdict.payload is None:
+                    self._oversized(item, verdict.reason or "too large")
+                    cursor = ((cursor[0], item.n) if isinstance(item, VolatileAlert)
+                              else (item.id, cursor[1]))
+                    continue
+                if verdict.reduced:
+                    self._metrics.mqtt_oversize_total.labels(action="reduced").inc()
+                    self._log.warning("alert %s: %s; sent in its reduced form",
+                                      item.alert_id, verdict.reason)
+                info = self._client.publish(self.alerts_topic, verdict.payload, qos=1,
+                                            retain=False)
+                if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
+                    self._log.warning("paho refused to publish %s: %s", item.alert_id, info.rc)
+                    return cursor
+                # paho holds the message even on NO_CONN and re-sends it after reconnecting.
+                self._mids[info.mid] = item
+                window.add(info.mid)
+                cursor = ((cursor[0], item.n) if isinstance(item, VolatileAlert)
+                          else (item.id, cursor[1]))
+                if info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN:
+                    return cursor
+        return cursor
+
+    def _oversized(self, item: OutboxRow | VolatileAlert, reason: str) -> None:
+        """An alert that fits no limit even reduced: dead-lettered (a stored row) or lost
+        (a volatile one); counted and logged, never sent, so it blocks nothing."""
+        self._metrics.mqtt_oversize_total.labels(action="dead_letter").inc()
+        if isinstance(item, VolatileAlert):
+            self.volatile.ack(item.n)
+            self._metrics.dropped_total.labels(kind="alert", reason="too_large").inc()
+            self._log.error("alert %s: %s, even reduced; not stored either: lost",
+                            item.alert_id, reason)
+            return
+        self._log.error("alert %s: %s, even reduced; dead-lettered in the store (still "
+                        "uploaded to the fleet)", item.alert_id, reason)
+        self._rejected.append((item, f"mqtt: {reason}"))
+
+    def _save_acks(self, window: set[int]) -> None:
+        """Turn queued PUBACKs into ``published_at`` rows (one transaction per batch)."""
+        self._take_acks(window)
+        self._save_unsaved()
+
+    def _take_acks(self, window: set[int]) -> int:
+        """Apply queued PUBACKs in memory: free their ``window`` slots, forget acknowledged
+        volatile alerts, queue stored rows in ``_unsaved`` for :meth:`_save_unsaved` (and
+        rows the broker rejected in ``_rejected``); returns how many PUBACKs were taken."""
+        taken = 0
+        while self._acks:
+            mid, reason, at, at_mono = self._acks.popleft()
+            taken += 1
+            window.discard(mid)
+            row = self._mids.pop(mid, None)
+            if row is None:
+                continue  # availability message, or a duplicate of a row already acknowledged
+            if reason.is_failure:
+                self._broker_rejected(row, reason)
+                continue
+            if isinstance(row, VolatileAlert):
+                if self.volatile.ack(row.n):
+                    self._metrics.mqtt_published_total.inc()
+                    self._observe_latency(row.alert_id, row.stream, at_mono)
+                continue
+            self._unsaved.append((row, at, at_mono))
+        return taken
+
+    def _broker_rejected(self, row: OutboxRow | VolatileAlert, reason: ReasonCode) -> None:
+        """A PUBACK with a failure reason code (MQTT 5): sent again on the next connection for
+        a passing reason (quota), else dead-lettered with the reason (a volatile one is lost)."""
+        if reason.value in RETRY_REASONS:
+            self._log.warning("broker rejected alert %s (%s); it stays in the outbox",
+                              row.alert_id, reason)
+            return
+        if isinstance(row, VolatileAlert):
+            self.volatile.ack(row.n)
+            self._metrics.dropped_total.labels(kind="alert", reason="rejected").inc()
+            self._log.error("broker rejected alert %s (%s); not stored either: lost",
+                            row.alert_id, reason)
+            return
+        self._log.error("broker rejected alert %s (%s); dead-lettered in the store",
+                        row.alert_id, reason)
+        self._rejected.append((row, f"mqtt: broker rejected it ({reason})"))
+
+    def _save_unsaved(self) -> None:
+        """Write the acknowledged rows of ``_unsaved`` as published (one transaction) and the
+        rows of ``_rejected`` as dead letters.
+
+        Raises:
+            StoreError: A write failed; the rows not written stay queued.
+        """
+        while self._rejected:
+            row, why = self._rejected[0]
+            self._store.mqtt_dead_letter(row.id, why, self._clock())
+            self._rejected.pop(0)
+        if not self._unsaved:
+            return
+        batch, self._unsaved = self._unsaved, []
+        try:
+            changed = self._store.mark_published([r.id for r, _, _ in batch], batch[-1][1])
+        except StoreError:
+            self._unsaved = batch + self._unsaved
+            raise
+        if self._store_failing:
+            self._store_failing = False
+            self._log.info("store writable again; outbox acknowledgements saved")
+        self._metrics.mqtt_published_total.inc(changed)
+        with self._track_lock:
+            received = [self._tracked.pop(r.alert_id, None) for r, _, _ in batch]
+        for (row, _, at_mono), mono in zip(batch, received, strict=True):
+            if mono is not None:
+                self._metrics.read_to_alert_seconds.labels(stream=row.stream).observe(
+                    max(0.0, at_mono - mono)
+                )
+
+    def _observe_latency(self, alert_id: str, stream: str, at_mono: float) -> None:
+        with self._track_lock:
+            mono = self._tracked.pop(alert_id, None)
+        if mono is not None:
+            self._metrics.read_to_alert_seconds.labels(stream=stream).observe(
+                max(0.0, at_mono - mono))
+
+    def _update_stats(self, *, force: bool = False) -> None:
+        now = self._monotonic()
+        if not force and now - self._last_stats < 0.5:
+            return
+        self._last_stats = now
+        depth, oldest = self._store.outbox_stats()
+        self._metrics.outbox_depth.set(depth)
+        age = 0.0 if oldest is None else max(0.0, self._clock() - oldest)
+        self._metrics.outbox_oldest_age_seconds.set(age)
+
+    def _store_trouble(self, exc: StoreError, *, pause: bool = True) -> None:
+        if not self._store_failing:
+            self._store_failing = True
+            self._log.error("MQTT outbox: %s; retrying every second", exc)
+        if pause:
+            self._stopping.wait(1.0)
