@@ -255,6 +255,14 @@ class Monitor:
         self._metrics.outbox_oldest_age_seconds.set(age)
         budget = self._store.budget_bytes
         details: dict[str, object] = {"bytes": used, "budget_bytes": budget}
+        quarantined = getattr(self._store, "quarantined", None)
+        if quarantined is not None:  # yellow until the next start: an operator looks at it
+            details["quarantined"] = quarantined
+            self._store_component = Component(
+                "store", YELLOW, f"the store was corrupt at start: moved to {quarantined}; "
+                "running on a fresh store (unsent alerts of the old one are in that file)",
+                details)
+            return
         if budget:
             share = used / budget
             details["budget_used_pct"] = round(100 * share, 1)

@@ -138,7 +138,15 @@ class OutboxDrain:
         held_vol = {m.n for m in self._mids.values() if isinstance(m, VolatileAlert)}
         while len(window) < self.config.max_inflight:
             room = self.config.max_inflight - len(window)
-            rows = self._store.pending_alerts(room, after_id=cursor[0])
+            try:
+                rows = self._store.pending_alerts(room, after_id=cursor[0])
+            except StoreError as exc:
+                if not len(self.volatile):
+                    raise
+                # The outbox cannot be read (a store not open on a full disk): nothing
+                # stored can go out anyway, the alerts held in memory still do.
+                self._store_trouble(exc, pause=False)
+                rows = []
             batch = merge(rows, self.volatile.after(cursor[1]), len(rows) < room, room)
             if not batch:
                 break
