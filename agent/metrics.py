@@ -190,6 +190,12 @@ class Metrics:
             "Connections dropped and rebuilt because no PUBACK came for alerts in flight.",
             registry=r,
         )
+        self.mqtt_rejected_total = Counter(
+            "edge_agent_mqtt_rejected_total",
+            "PUBACKs with a failure reason code (MQTT 5), by reason.",
+            ["reason"],
+            registry=r,
+        )
         self.mqtt_oversize_total = Counter(
             "edge_agent_mqtt_oversize_total",
             "Alerts over the broker's size limit: sent reduced or dead-lettered.",

@@ -26,9 +26,12 @@ from agent.publish.mqtt_config import MqttConfig
 from agent.publish.volatile import VolatileAlert, VolatileQueue, merge
 from agent.store.sqlite import OutboxRow, Store
 
-#: PUBACK reason codes (MQTT 5.0 section 3.4.2.1) after which the alert is sent again on the
-#: next connection instead of being dead-lettered: Quota exceeded (0x97) passes.
-RETRY_REASONS = frozenset({0x97})
+#: PUBACK reason codes (MQTT 5.0 section 3.4.2.1) that reject the message itself: the alert
+#: is dead-lettered (Payload format invalid 0x99; Packet too large 0x95, which brokers send
+#: although the specification does not list it for PUBACK). Any other failure (Not authorized,
+#: Topic Name invalid, Quota exceeded, Unspecified, ...) is about the broker's configuration or
+#: state: the alert stays in the outbox and is sent again on the next connection.
+DEAD_LETTER_REASONS = frozenset({0x95, 0x99})
 
 
 class OutboxDrain:
@@ -55,6 +58,7 @@ class OutboxDrain:
     _unsaved: list[tuple[OutboxRow, float, float]]
     _rejected: list[tuple[OutboxRow, str]]
     _guard: ProgressGuard
+    _rejections_logged: set[int]
     _store_failing: bool
     _last_stats: float
     _wake: threading.Event
@@ -228,11 +232,17 @@ class OutboxDrain:
         return taken
 
     def _broker_rejected(self, row: OutboxRow | VolatileAlert, reason: ReasonCode) -> None:
-        """A PUBACK with a failure reason code (MQTT 5): sent again on the next connection for
-        a passing reason (quota), else dead-lettered with the reason (a volatile one is lost)."""
-        if reason.value in RETRY_REASONS:
-            self._log.warning("broker rejected alert %s (%s); it stays in the outbox",
-                              row.alert_id, reason)
+        """A PUBACK with a failure reason code (MQTT 5): dead-lettered with the reason when the
+        message itself is refused (a volatile one is lost), else sent again on the next
+        connection (see :data:`DEAD_LETTER_REASONS`)."""
+        self._metrics.mqtt_rejected_total.labels(reason=str(reason)).inc()
+        if reason.value not in DEAD_LETTER_REASONS:
+            if reason.value not in self._rejections_logged:  # once per reason code
+                self._rejections_logged.add(reason.value)
+                self._log.error(
+                    "broker rejected alert %s (%s): it stays in the outbox and is sent again "
+                    "on the next connection; further rejections for this reason are only "
+                    "counted (edge_agent_mqtt_rejected_total)", row.alert_id, reason)
             return
         if isinstance(row, VolatileAlert):
             self.volatile.ack(row.n)

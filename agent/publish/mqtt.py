@@ -46,8 +46,10 @@ Delivery guarantee (what consumers may rely on):
     * size: an alert over ``max_message_bytes`` or the broker's Maximum Packet Size (MQTT 5
       CONNACK) goes out in its reduced form (:mod:`agent.publish.limits`) or, too large even
       then, is dead-lettered in the store with the reason (still uploaded to the fleet); a
-      PUBACK with a failure reason code (MQTT 5) dead-letters the alert too, except Quota
-      exceeded, which is retried on the next connection. Neither blocks the alerts behind it;
+      PUBACK refusing the message itself (MQTT 5: Payload format invalid, Packet too large)
+      dead-letters the alert too; any other failure code (Not authorized, Quota exceeded...)
+      leaves it in the outbox for the next connection (logged once per code, counted in
+      ``mqtt_rejected_total{reason}``). None of these blocks the alerts behind it;
     * only QoS 1 is accepted: QoS 0 would lose alerts, QoS 2 costs a round trip for nothing
       that ``alert_id`` deduplication does not already give;
     * an alert the store refused (disk full) is handed over with :meth:`MqttPublisher.
@@ -210,6 +212,7 @@ class MqttPublisher(OutboxDrain):
         #: The size limits each alert must fit (the broker's part is set on every CONNACK).
         self.limit = SizeLimit(self.alerts_topic, config.max_message_bytes)
         self.limit.v5 = self._v5
+        self._rejections_logged: set[int] = set()
         self._guard = ProgressGuard(
             config.progress_timeout_s if config.progress_timeout_s is not None
             else 3.0 * config.keepalive_s

@@ -217,3 +217,31 @@ def test_mqtt311_message_size_limit_needs_the_configured_maximum(
     wait_until(lambda: store.outbox_stats()[0] == 0, 20, "the outbox to empty")
     wait_until(lambda: big.alert_id in sub.alert_ids(), 10, "the reduced alert")
     assert sub.alerts()[0]["reduced"] is True
+
+
+def test_alerts_the_broker_refuses_stay_in_the_outbox_logged_once(
+    tmp_path: Path, store: Store, cleanup: list[Callable[[], None]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An ACL that denies the alerts topic: a 3.1.1 broker acknowledges and drops each alert
+    (the agent marked them published). With MQTT 5 the PUBACK says Not authorized: the alerts
+    stay in the outbox for a later connection, one ERROR line, counted."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    acl = tmp_path / "acl"
+    acl.write_text("topic read #\ntopic write edge/+/availability\n")
+    broker = MosquittoBroker(_require_mosquitto(), tmp_path / "acl-broker",
+                             extra=(f"acl_file {acl}",))
+    broker.start()
+    cleanup.append(broker.kill)
+    registry = CollectorRegistry()
+    pub = publisher(broker.host, broker.port, store, registry, cleanup, keepalive_s=5)
+    pub.start()
+    for _ in range(3):
+        raise_alert(store, pub)
+    label = {"reason": "Not authorized"}
+    wait_until(lambda: sample(registry, "edge_agent_mqtt_rejected_total", label) == 3, 10,
+               "three rejections")
+    assert store.outbox_stats()[0] == 3
+    assert sample(registry, "edge_agent_mqtt_published_total") == 0
+    assert store.dead_letters() == []
+    assert len(messages(caplog, "broker rejected alert")) == 1
