@@ -33,6 +33,9 @@ from agent.store.sqlite import OutboxRow, Store
 #: state: the alert stays in the outbox and is sent again on the next connection.
 DEAD_LETTER_REASONS = frozenset({0x95, 0x99})
 
+#: Least seconds between two log lines about oversized or refused alerts of one kind.
+LOG_EVERY_S = 60.0
+
 
 class OutboxDrain:
     """The drain-thread half of the publisher (attributes set by its ``__init__``)."""
@@ -59,6 +62,7 @@ class OutboxDrain:
     _rejected: list[tuple[OutboxRow, str]]
     _guard: ProgressGuard
     _rejections_logged: set[int]
+    _log_limits: dict[str, tuple[float, int]]
     _store_failing: bool
     _last_stats: float
     _wake: threading.Event
@@ -173,8 +177,8 @@ class OutboxDrain:
                     continue
                 if verdict.reduced:
                     self._metrics.mqtt_oversize_total.labels(action="reduced").inc()
-                    self._log.warning("alert %s: %s; sent in its reduced form",
-                                      item.alert_id, verdict.reason)
+                    self._limited(logging.WARNING, "reduced", "alert %s: %s; sent in its "
+                                  "reduced form", item.alert_id, verdict.reason)
                 info = self._client.publish(self.alerts_topic, verdict.payload, qos=1,
                                             retain=False)
                 if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
@@ -196,11 +200,11 @@ class OutboxDrain:
         if isinstance(item, VolatileAlert):
             self.volatile.ack(item.n)
             self._metrics.dropped_total.labels(kind="alert", reason="too_large").inc()
-            self._log.error("alert %s: %s, even reduced; not stored either: lost",
-                            item.alert_id, reason)
+            self._limited(logging.ERROR, "too_large", "alert %s: %s, even reduced; not "
+                          "stored either: lost", item.alert_id, reason)
             return
-        self._log.error("alert %s: %s, even reduced; dead-lettered in the store (still "
-                        "uploaded to the fleet)", item.alert_id, reason)
+        self._limited(logging.ERROR, "too_large", "alert %s: %s, even reduced; dead-lettered "
+                      "in the store (still uploaded to the fleet)", item.alert_id, reason)
         self._rejected.append((item, f"mqtt: {reason}"))
 
     def _save_acks(self, window: set[int]) -> None:
@@ -247,12 +251,25 @@ class OutboxDrain:
         if isinstance(row, VolatileAlert):
             self.volatile.ack(row.n)
             self._metrics.dropped_total.labels(kind="alert", reason="rejected").inc()
-            self._log.error("broker rejected alert %s (%s); not stored either: lost",
-                            row.alert_id, reason)
+            self._limited(logging.ERROR, "rejected", "broker rejected alert %s (%s); not "
+                          "stored either: lost", row.alert_id, reason)
             return
-        self._log.error("broker rejected alert %s (%s); dead-lettered in the store",
-                        row.alert_id, reason)
+        self._limited(logging.ERROR, "rejected", "broker rejected alert %s (%s); "
+                      "dead-lettered in the store", row.alert_id, reason)
         self._rejected.append((row, f"mqtt: broker rejected it ({reason})"))
+
+    def _limited(self, level: int, key: str, msg: str, *args: object) -> None:
+        """Log at most one line per ``key`` every :data:`LOG_EVERY_S` seconds; the next one
+        says how many were left out (each alert is in the metrics and the dead-letter table)."""
+        now = self._monotonic()
+        last, skipped = self._log_limits.get(key, (-math.inf, 0))
+        if now - last < LOG_EVERY_S:
+            self._log_limits[key] = (last, skipped + 1)
+            return
+        self._log_limits[key] = (now, 0)
+        if skipped:
+            msg += f" ({skipped} more like it in the last {now - last:.0f} s)"
+        self._log.log(level, msg, *args)
 
     def _save_unsaved(self) -> None:
         """Write the acknowledged rows of ``_unsaved`` as published (one transaction) and the

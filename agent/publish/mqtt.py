@@ -99,6 +99,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from agent.errors import ConfigError, StoreError
 from agent.metrics import Metrics
+from agent.publish.callbacks import PahoCallbacks
 from agent.publish.drain import OutboxDrain
 from agent.publish.limits import ProgressGuard, SizeLimit
 from agent.publish.mqtt_config import (
@@ -119,7 +120,7 @@ TRACK_LIMIT = 10_000
 
 
 
-class MqttPublisher(OutboxDrain):
+class MqttPublisher(PahoCallbacks, OutboxDrain):
     """Publishes the store's outbox to an MQTT broker; see the module docstring for the contract.
 
     Args:
@@ -213,6 +214,7 @@ class MqttPublisher(OutboxDrain):
         self.limit = SizeLimit(self.alerts_topic, config.max_message_bytes)
         self.limit.v5 = self._v5
         self._rejections_logged: set[int] = set()
+        self._log_limits: dict[str, tuple[float, int]] = {}
         self._guard = ProgressGuard(
             config.progress_timeout_s if config.progress_timeout_s is not None
             else 3.0 * config.keepalive_s
@@ -379,114 +381,3 @@ class MqttPublisher(OutboxDrain):
             connected = self._connected
         if connected:
             self._client.subscribe(topic, qos=1)
-
-    def _on_message(self, client: paho.Client, userdata: object, msg: paho.MQTTMessage) -> None:
-        with self._state_lock:
-            callback = self._subscriptions.get(msg.topic)
-        if callback is not None:
-            callback(bytes(msg.payload))
-
-    # -- paho callbacks (paho's network thread) -------------------------------------------------
-
-    def _on_connect(
-        self,
-        client: paho.Client,
-        userdata: object,
-        flags: paho.ConnectFlags,
-        reason_code: ReasonCode,
-        properties: object,
-    ) -> None:
-        if reason_code.is_failure:
-            with self._state_lock:
-                first = self._outage_since is None
-                if first:
-                    self._outage_since = self._monotonic()
-            if first:
-                self._log.warning(
-                    "MQTT broker %s:%d refused the connection (%s); alerts stay in the outbox, "
-                    "retrying in the background",
-                    self.config.host, self.config.port, reason_code,
-                )
-            return
-        broker_max = getattr(properties, "MaximumPacketSize", None)
-        self.limit.broker_max_packet = broker_max if isinstance(broker_max, int) else None
-        client.publish(self.availability_topic, "online", qos=1, retain=True)
-        with self._state_lock:
-            topics = list(self._subscriptions)
-        for topic in topics:
-            client.subscribe(topic, qos=1)
-        with self._state_lock:
-            self._connected = True
-            self._generation += 1
-            since, self._outage_since = self._outage_since, None
-        self._metrics.mqtt_connected.set(1)
-        if since is None:
-            self._log.info(
-                "connected to MQTT broker %s:%d as %s",
-                self.config.host, self.config.port, self.client_id,
-            )
-        else:
-            self._log.info(
-                "MQTT broker %s:%d reachable again after %.1f s; draining the outbox",
-                self.config.host, self.config.port, self._monotonic() - since,
-            )
-        self._wake.set()
-
-    def _on_connect_fail(self, client: paho.Client, userdata: object) -> None:
-        with self._state_lock:
-            first = self._outage_since is None
-            if first:
-                self._outage_since = self._monotonic()
-        if first:
-            self._log.warning(
-                "MQTT broker %s:%d unreachable; alerts stay in the outbox, retrying in the "
-                "background every %g-%g s",
-                self.config.host, self.config.port,
-                self.config.reconnect_min_s, self.config.reconnect_max_s,
-            )
-
-    def _on_disconnect(
-        self,
-        client: paho.Client,
-        userdata: object,
-        flags: paho.DisconnectFlags,
-        reason_code: ReasonCode,
-        properties: object,
-    ) -> None:
-        with self._state_lock:
-            was_connected, self._connected = self._connected, False
-            lost = was_connected and not self._stopping.is_set()
-            # The TCP connection was made but no CONNACK came (paho gives up after the
-            # keepalive): logged once, like a refused connection.
-            no_connack = (not was_connected and not self._stopping.is_set()
-                          and self._outage_since is None)
-            if (lost or no_connack) and self._outage_since is None:
-                self._outage_since = self._monotonic()
-        self._metrics.mqtt_connected.set(0)
-        if no_connack:
-            self._log.warning(
-                "MQTT broker %s:%d accepted the TCP connection but sent no CONNACK (%s); "
-                "alerts stay in the outbox, retrying in the background every %g-%g s",
-                self.config.host, self.config.port, reason_code,
-                self.config.reconnect_min_s, self.config.reconnect_max_s,
-            )
-        if lost:
-            self._metrics.mqtt_disconnects_total.inc()
-            self._log.warning(
-                "lost the MQTT broker %s:%d (%s); alerts stay in the outbox, reconnecting in "
-                "the background",
-                self.config.host, self.config.port, reason_code,
-            )
-        self._wake.set()
-
-    def _on_publish(
-        self,
-        client: paho.Client,
-        userdata: object,
-        mid: int,
-        reason_code: ReasonCode,
-        properties: object,
-    ) -> None:
-        # Runs with paho's outgoing-message lock held: no I/O, no locks a publisher may hold.
-        self._acks.append((mid, reason_code, self._clock(), self._monotonic()))
-        self._wake.set()
