@@ -318,15 +318,18 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
     def flush(self, timeout_s: float) -> bool:
         """Wait until the outbox is empty (every alert acknowledged) or ``timeout_s`` passes.
 
+        An outbox that cannot be read (a store not open on a full disk) counts as empty: the
+        wait is then for the alerts held in memory, the ones a stop would lose.
+
         Returns:
             True when the outbox is empty; False on timeout (the rest stays in the store).
-
-        Raises:
-            StoreError: The outbox cannot be read.
         """
         deadline = self._monotonic() + timeout_s
         while True:
-            depth, _ = self._store.outbox_stats()
+            try:
+                depth, _ = self._store.outbox_stats()
+            except StoreError:
+                depth = 0
             if depth == 0 and not len(self.volatile):
                 return True
             remaining = deadline - self._monotonic()

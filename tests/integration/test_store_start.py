@@ -151,3 +151,28 @@ def test_quarantined_store_turns_healthz_yellow(tmp_path: Path) -> None:
         assert "corrupt" in str(store_component().get("reason"))
     finally:
         agent.kill()
+
+
+def test_stop_while_the_store_is_still_unopened(
+    tmp_path: Path, tiny_state: Path, mosquitto: MosquittoBroker,  # noqa: F811
+) -> None:
+    """SIGTERM while the disk is still full and the store was never opened: a clean stop
+    (exit 0) whose last line says what was delivered from memory."""
+    sub = Subscriber(mosquitto, [ALERTS])
+    config = write_config(tmp_path, mosquitto.port, _free_port())
+    fill(tiny_state / "ballast")
+    agent = AgentProcess(["run", "--config", str(config)], tmp_path)
+    try:
+        wait_until(lambda: len(sub.alert_ids()) >= 2 or agent.proc.poll() is not None, 90,
+                   "alerts on a full disk", agent.stderr)
+        assert agent.proc.poll() is None, agent.stderr()[-3000:]
+        agent.terminate()
+        assert agent.wait(30) == 0, agent.stderr()[-3000:]
+    finally:
+        agent.kill()
+    last = [line for line in agent.stderr().splitlines() if "stopped:" in line]
+    m = re.search(r"\((\d+) not stored: (\d+) delivered over MQTT from memory, (\d+) lost\)",
+                  last[-1] if last else "")
+    assert m is not None, agent.stderr()[-3000:]
+    assert int(m[2]) >= 2 and int(m[2]) + int(m[3]) == int(m[1]), last[-1]
+    assert "Traceback" not in agent.stderr(), agent.stderr()[-3000:]
