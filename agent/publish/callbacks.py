@@ -39,8 +39,13 @@ class PahoCallbacks:
     _acks: collections.deque[tuple[int, ReasonCode, float, float]]
     _wake: threading.Event
     _stopping: threading.Event
+    _client: paho.Client
+    _connected_mono: float
+    _losses: collections.deque[float]
 
     def _on_message(self, client: paho.Client, userdata: object, msg: paho.MQTTMessage) -> None:
+        if client is not self._client:
+            return  # a client replaced by a new one (agent.publish.drain: _poisoned)
         with self._state_lock:
             callback = self._subscriptions.get(msg.topic)
         if callback is not None:
@@ -56,6 +61,8 @@ class PahoCallbacks:
         reason_code: ReasonCode,
         properties: object,
     ) -> None:
+        if client is not self._client:
+            return
         if reason_code.is_failure:
             with self._state_lock:
                 first = self._outage_since is None
@@ -78,6 +85,7 @@ class PahoCallbacks:
         with self._state_lock:
             self._connected = True
             self._generation += 1
+            self._connected_mono = self._monotonic()
             since, self._outage_since = self._outage_since, None
         self._metrics.mqtt_connected.set(1)
         if since is None:
@@ -93,6 +101,8 @@ class PahoCallbacks:
         self._wake.set()
 
     def _on_connect_fail(self, client: paho.Client, userdata: object) -> None:
+        if client is not self._client:
+            return
         with self._state_lock:
             first = self._outage_since is None
             if first:
@@ -113,9 +123,13 @@ class PahoCallbacks:
         reason_code: ReasonCode,
         properties: object,
     ) -> None:
+        if client is not self._client:
+            return
         with self._state_lock:
             was_connected, self._connected = self._connected, False
             lost = was_connected and not self._stopping.is_set()
+            if lost:
+                self._losses.append(self._monotonic() - self._connected_mono)
             # The TCP connection was made but no CONNACK came (paho gives up after the
             # keepalive): logged once, like a refused connection.
             no_connack = (not was_connected and not self._stopping.is_set()
@@ -148,5 +162,7 @@ class PahoCallbacks:
         properties: object,
     ) -> None:
         # Runs with paho's outgoing-message lock held: no I/O, no locks a publisher may hold.
+        if client is not self._client:
+            return
         self._acks.append((mid, reason_code, self._clock(), self._monotonic()))
         self._wake.set()

@@ -21,7 +21,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from agent.errors import StoreError
 from agent.metrics import Metrics
-from agent.publish.limits import ProgressGuard, SizeLimit
+from agent.publish.limits import PoisonWatch, ProgressGuard, SizeLimit, publish_packet_bytes
 from agent.publish.mqtt_config import MqttConfig
 from agent.publish.volatile import VolatileAlert, VolatileQueue, merge
 from agent.store.sqlite import OutboxRow, Store
@@ -61,6 +61,10 @@ class OutboxDrain:
     _unsaved: list[tuple[OutboxRow, float, float]]
     _rejected: list[tuple[OutboxRow, str]]
     _guard: ProgressGuard
+    _poison: PoisonWatch
+    _own_drops: int
+    _losses: collections.deque[float]
+    _v5: bool
     _rejections_logged: set[int]
     _log_limits: dict[str, tuple[float, int]]
     _store_failing: bool
@@ -82,6 +86,7 @@ class OutboxDrain:
             try:
                 if self._take_acks(window):
                     self._guard.progress(self._monotonic())
+                self._check_losses(window)
                 if (self._unsaved or self._rejected) and self._monotonic() >= save_from:
                     # A store that refuses writes (disk full) must not stop the delivery, least
                     # of all of the alerts it refused (volatile): the acknowledgements stay in
@@ -111,6 +116,45 @@ class OutboxDrain:
             with self._progress:
                 self._progress.notify_all()
 
+    def _replace_client(self) -> None:
+        raise NotImplementedError  # MqttPublisher's
+
+    def _check_losses(self, window: set[int]) -> None:
+        """Connections lost since the last pass (their durations, queued by paho's thread):
+        the same alert first in flight at each of a few short connections in a row is one the
+        broker drops the connection for (:class:`agent.publish.limits.PoisonWatch`)."""
+        while self._losses:
+            lasted = self._losses.popleft()
+            if self._own_drops:  # dropped by the progress guard, not by the broker
+                self._own_drops -= 1
+                self._poison.lost(None, lasted)
+                continue
+            oldest = next(iter(self._mids.values()), None)
+            key = (None if oldest is None else ("v", oldest.n)
+                   if isinstance(oldest, VolatileAlert) else ("r", oldest.id))
+            if oldest is not None and self._poison.lost(key, lasted):
+                self._poisoned(oldest, window)
+                return
+
+    def _poisoned(self, item: OutboxRow | VolatileAlert, window: set[int]) -> None:
+        """The broker keeps dropping the connection at ``item``: take its size as the
+        broker's limit, and start a new paho client without the messages the old one held
+        (paho would send ``item`` again at every reconnect). The drain then sends ``item``
+        reduced or dead-letters it, and goes on with the rest."""
+        size = publish_packet_bytes(self.alerts_topic, item.payload.encode("utf-8"), v5=self._v5)
+        self.limit.learn(size)
+        self._metrics.mqtt_stalls_total.inc()
+        self._log.error(
+            "MQTT broker %s:%d dropped the connection %d times in a row right after receiving "
+            "alert %s (a %d-byte packet): taking %d bytes as its packet size limit until the "
+            "agent restarts (set mqtt.max_message_bytes, or use MQTT 5 with max_packet_size); "
+            "starting a new MQTT client", self.config.host, self.config.port,
+            self._poison.strikes, item.alert_id, size, size - 1,
+        )
+        window.clear()
+        self._mids.clear()
+        self._replace_client()
+
     def _check_progress(self, in_flight: int) -> None:
         """Drop a connection that is up but has acknowledged nothing for the guard's timeout
         (PUBACKs lost on a link that still answers PINGs); paho then reconnects."""
@@ -130,6 +174,8 @@ class OutboxDrain:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError as exc:
                 self._log.warning("could not drop the MQTT connection: %s", exc)
+            else:
+                self._own_drops += 1
 
     def _fill(
         self, window: set[int], cursor: tuple[int, int], generation: int

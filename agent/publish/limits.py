@@ -73,7 +73,17 @@ class SizeLimit:
         self.max_message_bytes = max_message_bytes
         #: Maximum Packet Size from the broker's CONNACK (MQTT 5), None when not announced.
         self.broker_max_packet: int | None = None
+        #: Largest packet the broker took without dropping the connection, as learned from an
+        #: alert it dropped the connection for again and again (:class:`PoisonWatch`).
+        self.learned_max_packet: int | None = None
         self.v5 = False
+
+    def learn(self, packet_bytes: int) -> None:
+        """The broker drops the connection for a packet of ``packet_bytes``: take one byte
+        less as its limit from now on (until the agent restarts)."""
+        limit = max(1, packet_bytes - 1)
+        if self.learned_max_packet is None or limit < self.learned_max_packet:
+            self.learned_max_packet = limit
 
     def problem(self, payload: bytes) -> str | None:
         """Why ``payload`` cannot be sent (None when it fits).
@@ -88,6 +98,9 @@ class SizeLimit:
         if self.broker_max_packet is not None and packet > self.broker_max_packet:
             return (f"packet of {packet} bytes is over the broker's Maximum Packet Size "
                     f"({self.broker_max_packet})")
+        if self.learned_max_packet is not None and packet > self.learned_max_packet:
+            return (f"packet of {packet} bytes is over what the broker takes without dropping "
+                    f"the connection ({self.learned_max_packet}, learned)")
         if packet - 1 - varint_len(packet) > MQTT_MAX_REMAINING:
             return f"packet of {packet} bytes is over MQTT's largest packet"
         return None
@@ -169,3 +182,39 @@ class ProgressGuard:
     def waited(self, now: float) -> float:
         """Seconds of the current wait (0 when none)."""
         return 0.0 if self._since is None else max(0.0, now - self._since)
+
+
+class PoisonWatch:
+    """Spots an alert the broker drops the connection for (a size limit it does not announce:
+    MQTT 3.1.1 with mosquitto's ``max_packet_size``; a PUBACK paho cannot decode).
+
+    The same message oldest in flight at ``strikes`` connection losses in a row, each
+    connection shorter than ``short_s`` seconds, is taken for such an alert.
+
+    >>> w = PoisonWatch(strikes=3, short_s=10.0)
+    >>> [w.lost("a", 0.2), w.lost("a", 0.1), w.lost("a", 0.3)]
+    [False, False, True]
+    >>> [w.lost("a", 0.2), w.lost("b", 0.1), w.lost("b", 60.0), w.lost("b", 0.1)]
+    [False, False, False, False]
+    """
+
+    def __init__(self, strikes: int = 3, short_s: float = 10.0) -> None:
+        self.strikes = strikes
+        self.short_s = short_s
+        self._suspect: object | None = None
+        self._count = 0
+
+    def lost(self, oldest: object | None, lasted_s: float) -> bool:
+        """A connection ended after ``lasted_s`` seconds with ``oldest`` the first message in
+        flight (None: nothing in flight). True when ``oldest`` is taken for a poison."""
+        if oldest is None or lasted_s >= self.short_s:
+            self._suspect, self._count = None, 0
+            return False
+        if oldest == self._suspect:
+            self._count += 1
+        else:
+            self._suspect, self._count = oldest, 1
+        if self._count >= self.strikes:
+            self._suspect, self._count = None, 0
+            return True
+        return False

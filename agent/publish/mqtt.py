@@ -49,7 +49,10 @@ Delivery guarantee (what consumers may rely on):
       PUBACK refusing the message itself (MQTT 5: Payload format invalid, Packet too large)
       dead-letters the alert too; any other failure code (Not authorized, Quota exceeded...)
       leaves it in the outbox for the next connection (logged once per code, counted in
-      ``mqtt_rejected_total{reason}``). None of these blocks the alerts behind it;
+      ``mqtt_rejected_total{reason}``). A limit the broker does not announce (3.1.1) shows as
+      the same alert first in flight at 3 short connections in a row: its size is learned as
+      the limit and a new paho client started without it (:class:`agent.publish.limits.
+      PoisonWatch`). None of these blocks the alerts behind it;
     * only QoS 1 is accepted: QoS 0 would lose alerts, QoS 2 costs a round trip for nothing
       that ``alert_id`` deduplication does not already give;
     * an alert the store refused (disk full) is handed over with :meth:`MqttPublisher.
@@ -101,7 +104,7 @@ from agent.errors import ConfigError, StoreError
 from agent.metrics import Metrics
 from agent.publish.callbacks import PahoCallbacks
 from agent.publish.drain import OutboxDrain
-from agent.publish.limits import ProgressGuard, SizeLimit
+from agent.publish.limits import PoisonWatch, ProgressGuard, SizeLimit
 from agent.publish.mqtt_config import (
     _WILDCARDS,
     MqttConfig,
@@ -169,39 +172,10 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
         password = read_password(config.password_file) if config.password_file else None
 
         self._v5 = config.protocol == "5"
-        if self._v5:  # a clean start on every connect (start()) and no session expiry
-            client = client_factory(
-                callback_api_version=CallbackAPIVersion.VERSION2,
-                client_id=self.client_id,
-                protocol=paho.MQTTv5,
-            )
-        else:
-            client = client_factory(
-                callback_api_version=CallbackAPIVersion.VERSION2,
-                client_id=self.client_id,
-                protocol=paho.MQTTv311,
-                clean_session=True,
-            )
-        if config.username is not None:
-            client.username_pw_set(config.username, password)
-        if config.tls:
-            try:
-                client.tls_set(ca_certs=config.ca_file)
-            except (OSError, ssl.SSLError, ValueError) as exc:
-                msg = f"mqtt.ca_file: cannot load {config.ca_file!r}: {exc}"
-                raise ConfigError(msg, problems=[msg]) from exc
-        client.will_set(self.availability_topic, "offline", qos=1, retain=True)
-        client.reconnect_delay_set(
-            max(1, math.ceil(config.reconnect_min_s)), max(1, math.ceil(config.reconnect_max_s))
-        )
-        client.max_inflight_messages_set(config.max_inflight)
-        client.on_connect = self._on_connect
-        client.on_connect_fail = self._on_connect_fail
-        client.on_disconnect = self._on_disconnect
-        client.on_publish = self._on_publish
-        client.on_message = self._on_message
+        self._factory = client_factory
+        self._password = password
+        self._client = self._make_client()
         self._subscriptions: dict[str, Callable[[bytes], None]] = {}
-        self._client = client
 
         # Shared between paho's thread and the drain thread; guarded by _state_lock.
         self._state_lock = threading.Lock()
@@ -215,6 +189,11 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
         self.limit.v5 = self._v5
         self._rejections_logged: set[int] = set()
         self._log_limits: dict[str, tuple[float, int]] = {}
+        self._poison = PoisonWatch()
+        self._own_drops = 0  # connections the progress guard dropped, not yet seen lost
+        #: Durations (s) of connections lost, queued by paho's thread for the drain.
+        self._losses: collections.deque[float] = collections.deque()
+        self._connected_mono = 0.0
         self._guard = ProgressGuard(
             config.progress_timeout_s if config.progress_timeout_s is not None
             else 3.0 * config.keepalive_s
@@ -239,6 +218,74 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
         #: ``monotonic()`` at the end of the drain loop's last pass (it passes at least every
         #: second): a health check sees a drain thread stuck in the store or in paho.
         self.last_loop_mono: float | None = None
+
+    # -- the paho client ------------------------------------------------------------------------
+
+    def _make_client(self) -> paho.Client:
+        """A paho client with this publisher's settings and callbacks (not connected).
+
+        Raises:
+            ConfigError: The CA file cannot be loaded.
+        """
+        if self._v5:  # a clean start on every connect (start()) and no session expiry
+            client = self._factory(
+                callback_api_version=CallbackAPIVersion.VERSION2,
+                client_id=self.client_id,
+                protocol=paho.MQTTv5,
+            )
+        else:
+            client = self._factory(
+                callback_api_version=CallbackAPIVersion.VERSION2,
+                client_id=self.client_id,
+                protocol=paho.MQTTv311,
+                clean_session=True,
+            )
+        if self.config.username is not None:
+            client.username_pw_set(self.config.username, self._password)
+        if self.config.tls:
+            try:
+                client.tls_set(ca_certs=self.config.ca_file)
+            except (OSError, ssl.SSLError, ValueError) as exc:
+                msg = f"mqtt.ca_file: cannot load {self.config.ca_file!r}: {exc}"
+                raise ConfigError(msg, problems=[msg]) from exc
+        client.will_set(self.availability_topic, "offline", qos=1, retain=True)
+        client.reconnect_delay_set(max(1, math.ceil(self.config.reconnect_min_s)),
+                                   max(1, math.ceil(self.config.reconnect_max_s)))
+        client.max_inflight_messages_set(self.config.max_inflight)
+        client.on_connect = self._on_connect
+        client.on_connect_fail = self._on_connect_fail
+        client.on_disconnect = self._on_disconnect
+        client.on_publish = self._on_publish
+        client.on_message = self._on_message
+        return client
+
+    def _connect_client(self) -> None:
+        """``connect_async`` + ``loop_start`` on the current client (MQTT 5: clean start, the
+        session ends with the connection)."""
+        if self._v5:
+            props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+            props.SessionExpiryInterval = 0
+            self._client.connect_async(self.config.host, self.config.port,
+                                       self.config.keepalive_s, clean_start=True,
+                                       properties=props)
+        else:
+            self._client.connect_async(self.config.host, self.config.port,
+                                       self.config.keepalive_s)
+        self._client.loop_start()
+
+    def _replace_client(self) -> None:
+        """Drop the paho client (and every message it holds) for a new one, and connect it
+        (drain thread; see :meth:`OutboxDrain._poisoned`)."""
+        old = self._client
+        old.loop_stop()
+        self._client = self._make_client()  # the old client's callbacks are ignored from now
+        old.disconnect()
+        with self._state_lock:
+            self._connected = False
+        self._acks.clear()
+        self._losses.clear()
+        self._own_drops = 0
+        self._connect_client()
 
     # -- public API -----------------------------------------------------------------------------
 
@@ -268,16 +315,7 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
             self._log.info("MQTT publishing is disabled; alerts stay in the outbox")
             return
         self._metrics.mqtt_connected.set(0)
-        if self._v5:
-            props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
-            props.SessionExpiryInterval = 0  # the session ends with the connection
-            self._client.connect_async(self.config.host, self.config.port,
-                                       self.config.keepalive_s, clean_start=True,
-                                       properties=props)
-        else:
-            self._client.connect_async(self.config.host, self.config.port,
-                                       self.config.keepalive_s)
-        self._client.loop_start()
+        self._connect_client()
         self._thread = threading.Thread(target=self._run, name="mqtt-outbox", daemon=True)
         self._thread.start()
 
