@@ -51,6 +51,14 @@ class PahoCallbacks:
         if callback is not None:
             callback(bytes(msg.payload))
 
+    def _outage_starts(self) -> bool:
+        """Mark an outage begun; True when none was marked (so it is logged once)."""
+        with self._state_lock:
+            first = self._outage_since is None
+            if first:
+                self._outage_since = self._monotonic()
+        return first
+
     # -- paho callbacks (paho's network thread) -------------------------------------------------
 
     def _on_connect(
@@ -64,11 +72,7 @@ class PahoCallbacks:
         if client is not self._client:
             return
         if reason_code.is_failure:
-            with self._state_lock:
-                first = self._outage_since is None
-                if first:
-                    self._outage_since = self._monotonic()
-            if first:
+            if self._outage_starts():
                 self._log.warning(
                     "MQTT broker %s:%d refused the connection (%s); alerts stay in the outbox, "
                     "retrying in the background",
@@ -103,11 +107,7 @@ class PahoCallbacks:
     def _on_connect_fail(self, client: paho.Client, userdata: object) -> None:
         if client is not self._client:
             return
-        with self._state_lock:
-            first = self._outage_since is None
-            if first:
-                self._outage_since = self._monotonic()
-        if first:
+        if self._outage_starts():
             self._log.warning(
                 "MQTT broker %s:%d unreachable; alerts stay in the outbox, retrying in the "
                 "background every %g-%g s",

@@ -243,15 +243,7 @@ class OutboxDrain:
         """An alert that fits no limit even reduced: dead-lettered (a stored row) or lost
         (a volatile one); counted and logged, never sent, so it blocks nothing."""
         self._metrics.mqtt_oversize_total.labels(action="dead_letter").inc()
-        if isinstance(item, VolatileAlert):
-            self.volatile.ack(item.n)
-            self._metrics.dropped_total.labels(kind="alert", reason="too_large").inc()
-            self._limited(logging.ERROR, "too_large", "alert %s: %s, even reduced; not "
-                          "stored either: lost", item.alert_id, reason)
-            return
-        self._limited(logging.ERROR, "too_large", "alert %s: %s, even reduced; dead-lettered "
-                      "in the store (still uploaded to the fleet)", item.alert_id, reason)
-        self._rejected.append((item, f"mqtt: {reason}"))
+        self._give_up(item, "too_large", f"{reason}, even reduced", f"mqtt: {reason}")
 
     def _save_acks(self, window: set[int]) -> None:
         """Turn queued PUBACKs into ``published_at`` rows (one transaction per batch)."""
@@ -294,15 +286,23 @@ class OutboxDrain:
                     "on the next connection; further rejections for this reason are only "
                     "counted (edge_agent_mqtt_rejected_total)", row.alert_id, reason)
             return
-        if isinstance(row, VolatileAlert):
-            self.volatile.ack(row.n)
-            self._metrics.dropped_total.labels(kind="alert", reason="rejected").inc()
-            self._limited(logging.ERROR, "rejected", "broker rejected alert %s (%s); not "
-                          "stored either: lost", row.alert_id, reason)
+        self._give_up(row, "rejected", f"the broker rejected it ({reason})",
+                      f"mqtt: broker rejected it ({reason})")
+
+    def _give_up(self, item: OutboxRow | VolatileAlert, kind: str, why: str,
+                 dead_reason: str) -> None:
+        """Stop sending ``item``: a stored row is dead-lettered with ``dead_reason`` (it is
+        still uploaded to the fleet); a volatile one is lost and counted in
+        ``dropped_total{kind="alert", reason=kind}``. Logged at a limited rate."""
+        if isinstance(item, VolatileAlert):
+            self.volatile.ack(item.n)
+            self._metrics.dropped_total.labels(kind="alert", reason=kind).inc()
+            self._limited(logging.ERROR, kind, "alert %s: %s; not stored either: lost",
+                          item.alert_id, why)
             return
-        self._limited(logging.ERROR, "rejected", "broker rejected alert %s (%s); "
-                      "dead-lettered in the store", row.alert_id, reason)
-        self._rejected.append((row, f"mqtt: broker rejected it ({reason})"))
+        self._limited(logging.ERROR, kind, "alert %s: %s; dead-lettered in the store (still "
+                      "uploaded to the fleet)", item.alert_id, why)
+        self._rejected.append((item, dead_reason))
 
     def _limited(self, level: int, key: str, msg: str, *args: object) -> None:
         """Log at most one line per ``key`` every :data:`LOG_EVERY_S` seconds; the next one

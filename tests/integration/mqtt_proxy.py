@@ -86,9 +86,7 @@ class MqttProxy:
         except OSError:
             pass
         finally:
-            for s in (src, dst):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
+            _shut(src, dst)
 
     def _packets(self, src: socket.socket, dst: socket.socket, drop: frozenset[int]) -> None:
         buf = b""
@@ -107,9 +105,7 @@ class MqttProxy:
         except OSError:
             pass
         finally:
-            for s in (src, dst):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
+            _shut(src, dst)
 
     def cut(self) -> None:
         """Reset every open connection (both sides)."""
@@ -124,6 +120,12 @@ class MqttProxy:
         self._closed = True
         self._listener.close()
         self.cut()
+
+
+def _shut(*socks: socket.socket) -> None:
+    for s in socks:
+        with contextlib.suppress(OSError):
+            s.shutdown(socket.SHUT_RDWR)
 
 
 def _split(buf: bytes) -> int | None:

@@ -21,32 +21,17 @@ import pytest
 from tests.conftest import MosquittoBroker, _free_port
 from tests.integration.test_agent_e2e import (
     ALERTS,
-    FAST_RULES,
     AgentProcess,
     Subscriber,
     wait_until,
 )
-from tests.integration.test_store_pressure import healthz, tiny_state  # noqa: F401 - fixture
+from tests.integration.test_store_pressure import (  # noqa: F401 - tiny_state: a fixture
+    healthz,
+    tiny_state,
+    write_config,
+)
 
 pytestmark = pytest.mark.integration
-
-
-def write_config(tmp_path: Path, broker_port: int, metrics_port: int) -> Path:
-    faults = "".join(
-        f'[[streams.source.faults]]\nkind = "offset"\nchannel = "Volume Flow RateRMS"\n'
-        f"start_s = {600 + 120 * i}\nduration_s = 40\nmagnitude = -24.0\n"
-        for i in range(200)
-    )
-    config = tmp_path / "agent.toml"
-    config.write_text(
-        f'[agent]\ndevice_id = "gw-test"\nstate_dir = "state"\nconsole_alerts = true\n'
-        f"metrics_port = {metrics_port}\n\n"
-        f'[[streams]]\nname = "s1"\nmodel = "builtin:skab-wstat"\n\n'
-        f'[streams.source]\nkind = "simulator"\nspeed = 500\nduration_s = 400000\n{faults}\n'
-        f"{FAST_RULES}\n[store]\naggregate_interval_s = 1\n\n"
-        f'[mqtt]\nenabled = true\nhost = "127.0.0.1"\nport = {broker_port}\n'
-    )
-    return config
 
 
 def fill(path: Path) -> None:
@@ -78,7 +63,7 @@ def test_start_on_a_full_disk_alerts_from_memory_and_recovers(
     store_state: str,
 ) -> None:
     sub = Subscriber(mosquitto, [ALERTS])
-    config = write_config(tmp_path, mosquitto.port, _free_port())
+    config = write_config(tmp_path, mosquitto.port, _free_port(), speed=500)
     db = tiny_state / "agent.db"
     if store_state != "absent":  # a clean run first: the store, its reserve and id ledger
         (tmp_path / "first").mkdir()
@@ -159,7 +144,7 @@ def test_stop_while_the_store_is_still_unopened(
     """SIGTERM while the disk is still full and the store was never opened: a clean stop
     (exit 0) whose last line says what was delivered from memory."""
     sub = Subscriber(mosquitto, [ALERTS])
-    config = write_config(tmp_path, mosquitto.port, _free_port())
+    config = write_config(tmp_path, mosquitto.port, _free_port(), speed=500)
     fill(tiny_state / "ballast")
     agent = AgentProcess(["run", "--config", str(config)], tmp_path)
     try:
