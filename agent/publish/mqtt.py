@@ -14,7 +14,8 @@ Topics (``<prefix>`` is ``mqtt.topic_prefix``, default ``edge``; ``<device_id>``
          "top_channels": [{"channel": "temp", "contribution": 0.75}]}
 
     ``alert_id`` is ``<device_id>:<stream>:<seq>``, unique and never reused (``seq`` comes from
-    the store and survives restarts).
+    the store and survives restarts, also a store that lost its last commits: the id ledger,
+    :mod:`agent.store.ids`).
 
     ``source`` (optional, additive: still schema 1) names where the alerting frame of a
     **recorded** camera input came from: an image folder's file, relative to the folder, or a
@@ -131,10 +132,13 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
         store: The store whose outbox is drained.
         device_id: The gateway's id (a topic level: no ``/``, ``+``, ``#``).
         metrics: Receives ``mqtt_connected``, ``mqtt_published_total``,
-            ``mqtt_disconnects_total``, ``outbox_depth``, ``outbox_oldest_age_seconds`` and
-            ``read_to_alert_seconds{stream}``.
+            ``mqtt_disconnects_total``, ``mqtt_stalls_total``, ``mqtt_rejected_total{reason}``,
+            ``mqtt_oversize_total{action}``, ``outbox_depth``, ``outbox_oldest_age_seconds``
+            and ``read_to_alert_seconds{stream}``.
         client_factory: Builds the paho client from keyword arguments (``callback_api_version``,
-            ``client_id``, ``protocol``, ``clean_session``); tests may wrap the real one.
+            ``client_id``, ``protocol``, and ``clean_session`` for 3.1.1); tests may wrap the
+            real one. Called again when a broker that drops the connection at one alert makes
+            the publisher start a new client.
         clock: Wall clock (epoch seconds UTC) for ``published_at`` and the outbox age.
         monotonic: Monotonic clock (seconds) for latencies and deadlines.
         logger: Where connection changes and failures are logged.
