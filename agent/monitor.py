@@ -255,6 +255,8 @@ class Monitor:
         self._metrics.outbox_oldest_age_seconds.set(age)
         budget = self._store.budget_bytes
         details: dict[str, object] = {"bytes": used, "budget_bytes": budget}
+        if budget:
+            details["budget_used_pct"] = round(100 * used / budget, 1)
         quarantined = getattr(self._store, "quarantined", None)
         if quarantined is not None:  # yellow until the next start: an operator looks at it
             details["quarantined"] = quarantined
@@ -265,7 +267,6 @@ class Monitor:
             return
         if budget:
             share = used / budget
-            details["budget_used_pct"] = round(100 * share, 1)
             if share >= BUDGET_WARN:
                 reason = (
                     f"store at {100 * share:.0f}% of its {budget} byte budget "
