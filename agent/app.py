@@ -30,6 +30,7 @@ store) and a new one is built from the new config and run in the same process, k
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -902,11 +903,9 @@ def lock_state_dir(state_dir: Path) -> TextIO:
             f"state directory {state_dir} is in use by another edge-agent (pid {holder}); "
             "give each agent its own agent.state_dir"
         ) from None
-    try:
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"{os.getpid()}\n")
-        fh.flush()
+    try:  # unbuffered: a full disk leaves nothing in a buffer for close() to fail on
+        os.ftruncate(fh.fileno(), 0)
+        os.pwrite(fh.fileno(), f"{os.getpid()}\n".encode(), 0)
     except OSError as exc:  # e.g. a full disk: the lock is held, only the pid note failed
         log.warning("state lock %s: cannot write this process's pid into it (%s); the lock "
                     "holds, a second agent will not name this one", path, exc)
@@ -999,7 +998,8 @@ def run(config: AgentConfig, config_dir: Path, config_file: Path | None = None) 
         if server is not None:
             server.stop()
         notifier.close()
-        state_lock.close()  # releases the flock
+        with contextlib.suppress(OSError):  # nothing buffered; the flock goes either way
+            state_lock.close()  # releases the flock
         os.umask(umask)
         for sig, old_handler in previous.items():
             signal.signal(sig, old_handler)  # type: ignore[arg-type]

@@ -228,6 +228,23 @@ class Metrics:
         self.mqtt_disconnects_total = Counter(
             "edge_agent_mqtt_disconnects_total", "Broker connection losses.", registry=r
         )
+        self.mqtt_stalls_total = Counter(
+            "edge_agent_mqtt_stalls_total",
+            "Connections dropped and rebuilt because no PUBACK came for alerts in flight.",
+            registry=r,
+        )
+        self.mqtt_rejected_total = Counter(
+            "edge_agent_mqtt_rejected_total",
+            "PUBACKs with a failure reason code (MQTT 5), by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.mqtt_oversize_total = Counter(
+            "edge_agent_mqtt_oversize_total",
+            "Alerts over the broker's size limit: sent reduced or dead-lettered.",
+            ["action"],
+            registry=r,
+        )
         self.model_info = Info(
             "edge_agent_model", "Active model per stream.", ["stream"], registry=r
         )

@@ -261,8 +261,17 @@ class Monitor:
         budget = self._store.budget_bytes
         details: dict[str, object] = {"bytes": used, "budget_bytes": budget}
         if budget:
+            details["budget_used_pct"] = round(100 * used / budget, 1)
+        quarantined = getattr(self._store, "quarantined", None)
+        if quarantined is not None:  # yellow until the next start: an operator looks at it
+            details["quarantined"] = quarantined
+            self._store_component = Component(
+                "store", YELLOW, f"the store was corrupt at start: moved to {quarantined}; "
+                "running on a fresh store (unsent alerts of the old one are in that file)",
+                details)
+            return
+        if budget:
             share = used / budget
-            details["budget_used_pct"] = round(100 * share, 1)
             if share >= BUDGET_WARN:
                 reason = (
                     f"store at {100 * share:.0f}% of its {budget} byte budget "

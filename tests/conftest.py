@@ -41,10 +41,11 @@ class MosquittoBroker:
         persistence: Keep sessions and queued QoS 1 messages across ``stop``/``start``
             (mosquitto saves them on SIGTERM).
         extra_config: Lines appended to the config, e.g. a second (TLS) listener.
+        extra: More lines of mosquitto.conf (the same as ``extra_config``).
     """
 
     def __init__(self, binary: str, workdir: Path, *, persistence: bool = False,
-                 extra_config: Sequence[str] = ()) -> None:
+                 extra_config: Sequence[str] = (), extra: tuple[str, ...] = ()) -> None:
         self.binary = binary
         self.host = "127.0.0.1"
         self.port = _free_port()
@@ -61,6 +62,7 @@ class MosquittoBroker:
         ]
         if persistence:
             lines += [f"persistence_location {workdir}/", "persistence_file mosquitto.db"]
+        lines += extra  # e.g. "max_packet_size 600"
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             lines.append("user root")  # otherwise it drops to 'mosquitto' and cannot write here
         lines += extra_config

@@ -34,7 +34,7 @@ from agent.loopback import is_loopback
 from agent.secret_files import check_secret_file, check_trust_file, read_secret
 
 if TYPE_CHECKING:
-    from agent.publish.mqtt import MqttConfig
+    from agent.publish.mqtt_config import MqttConfig
 
 log = logging.getLogger("agent.publish.mqtt")
 

@@ -45,6 +45,10 @@ and retries once: alerts are worth more than summaries. ``add_aggregate`` on a f
 step too (the aggregate that failed is the caller's to count; the next ones find room), so a disk
 smaller than the budget behaves like the budget.
 
+Alert ids: every alert number issued is also kept in an id ledger outside the database
+(:mod:`agent.store.ids`), so a database that silently lost its last commits does not issue them
+again.
+
 Failures are remembered for health (:meth:`Store.failure`): the last error, when, how many, and
 how many alerts could not be stored (the agent delivers those over MQTT from memory).
 """
@@ -69,6 +73,8 @@ from agent.pipeline.restore import StoredCalibration
 from agent.records import Aggregate, Alert, iso_utc
 from agent.store import calibrations, camera_files, parts, wire
 from agent.store import maintenance as mt
+from agent.store.deferred import Deferred, bare_message, no_room
+from agent.store.ids import IdLedger
 from agent.store.schema import migrate
 
 Clock = Callable[[], float]
@@ -206,6 +212,10 @@ class Store:
             A corrupt file or one that is not a database is renamed to
             ``<name>.corrupt-<UTC timestamp>`` and a fresh store is created instead (one ERROR
             log line; ``store_quarantined_total``); ``quarantined`` then holds the new name.
+            A file that cannot be opened for want of disk space raises nothing: the reserve
+            file is released and, if that is not enough, the store starts unopened
+            (``deferred``; every call raises StoreError until an attempt, at most every second,
+            opens it: :mod:`agent.store.deferred`).
     """
 
     def __init__(
@@ -239,7 +249,66 @@ class Store:
         self._reserve_bytes = mt.reserve_bytes(self.wal_limit_bytes)
         self.quarantined: str | None = None
         self._seq_base = 0  # alert numbers continue above it (set by _open; see _ALERT_SEQ_BASE)
-        self._conn: sqlite3.Connection | None = self._open(busy_timeout_s)
+        #: Alert numbers issued, kept outside the database too (:mod:`agent.store.ids`).
+        self.ids = IdLedger(None if self.path == ":memory:" else self.path + ".ids")
+        self._busy_timeout_s = busy_timeout_s
+        self._quarantine_base: int | None = None  # id floor of a fresh store not yet created
+        #: Set while the store could not be opened for want of disk space (agent.store.deferred).
+        self.deferred: Deferred | None = None
+        self._conn: sqlite3.Connection | None = None
+        try:
+            self._conn = self._open_with_room()
+        except StoreError as exc:
+            if not no_room(exc, self.path):
+                raise
+            self._defer(exc)
+
+    def _open_with_room(self) -> sqlite3.Connection:
+        """Open; on a full disk delete the reserve file and try once more."""
+        try:
+            return self._open(self._busy_timeout_s)
+        except StoreError as exc:
+            if not no_room(exc, self.path) or not mt.release_reserve(self.path):
+                raise
+            log.warning("SQLite store %s: disk full at open; reserve file released", self.path)
+            return self._open(self._busy_timeout_s)
+
+    def _defer(self, exc: StoreError) -> None:
+        now = self._monotonic()
+        self.deferred = Deferred(bare_message(exc), now)
+        self._failures += 1
+        self._last_error = (bare_message(exc), now)
+        if self._metrics is not None:
+            self._metrics.store_errors_total.labels(op="open").inc()
+        log.error(
+            "SQLite store %s cannot be opened: %s; running without it (alerts go over MQTT "
+            "from memory, aggregates are dropped and counted) and trying again every second",
+            self.path, bare_message(exc),
+        )
+
+    def _reopen(self, op: str) -> sqlite3.Connection:
+        """A call on an unopened store: try to open it (at most every second) or raise."""
+        d = self.deferred
+        assert d is not None
+        now = self._monotonic()
+        if d.due(now):
+            try:
+                conn = self._open_with_room()
+            except StoreError as exc:
+                if not no_room(exc, self.path):
+                    log.error("SQLite store %s: %s", self.path, exc)
+                d.failed(bare_message(exc), now)
+            else:
+                log.warning("SQLite store %s opened after %.0f s (%d attempts): the disk has "
+                            "room again", self.path, now - d.since, d.attempts)
+                self.deferred = None
+                self._conn = conn
+                return conn
+        self._failures += 1
+        self._last_error = (d.error, now)
+        if self._metrics is not None:
+            self._metrics.store_errors_total.labels(op=op).inc()
+        raise StoreError(f"store not open: {d.error}", op=op, path=self.path)
 
     def _connect(self, busy_timeout_s: float) -> sqlite3.Connection:
         try:
@@ -283,7 +352,7 @@ class Store:
             # already seen (the fleet answers "duplicate" and the new alert is never stored).
             # Continue every stream above the wall clock in ms instead: unique as long as the
             # old store issued fewer alerts than milliseconds passed since it was created.
-            seq_base = int(self._clock() * 1000)
+            self._quarantine_base = int(self._clock() * 1000)
         try:
             mt.prepare_new_file(conn)
             conn.execute("PRAGMA journal_mode = WAL")
@@ -292,16 +361,18 @@ class Store:
             page = int(conn.execute("PRAGMA page_size").fetchone()[0])
             conn.execute(f"PRAGMA wal_autocheckpoint = {max(8, self.wal_limit_bytes // page):d}")
             migrate(conn)
-            if self.quarantined is not None:
+            if self._quarantine_base is not None:
                 conn.execute(
                     "INSERT INTO counters (name, value) VALUES (?, ?) "
                     "ON CONFLICT (name) DO UPDATE SET value = MAX(value, excluded.value)",
-                    (_ALERT_SEQ_BASE, seq_base),
+                    (_ALERT_SEQ_BASE, self._quarantine_base),
                 )
             row = conn.execute(
                 "SELECT value FROM counters WHERE name = ?", (_ALERT_SEQ_BASE,)
             ).fetchone()
             self._seq_base = 0 if row is None else int(row[0])
+            if self.quarantined is None:
+                self._check_tail(conn)
         except sqlite3.Error as exc:
             conn.close()
             raise StoreError(_describe(exc), op="open", path=self.path) from exc
@@ -319,6 +390,23 @@ class Store:
         mt.ensure_reserve(self.path, self._reserve_bytes)
         return conn
 
+    def _check_tail(self, conn: sqlite3.Connection) -> None:
+        """Log the streams whose stored alert counter lies below the ledger's: the database
+        lost its last commits without reporting it (numbering continues above the ledger)."""
+        behind = []
+        for stream, mark in sorted(self.ids.marks.items()):
+            row = conn.execute("SELECT value FROM counters WHERE name = ?",
+                               (_ALERT_SEQ_PREFIX + stream,)).fetchone()
+            stored = 0 if row is None else int(row[0])
+            if stored < mark:
+                behind.append(f"{stream} {stored} < {mark}")
+        if behind:
+            log.warning(
+                "SQLite store %s lost its last commits without reporting corruption (alert "
+                "counters behind the id ledger: %s); alert ids continue above the ledger, "
+                "alerts of those commits are gone", self.path, ", ".join(behind),
+            )
+
     # -- plumbing -------------------------------------------------------------------------------
 
     @contextmanager
@@ -328,6 +416,8 @@ class Store:
         """Hold the lock, optionally in a ``BEGIN IMMEDIATE`` transaction; wrap sqlite3 errors."""
         with self._lock:
             conn = self._conn
+            if conn is None and self.deferred is not None:
+                conn = self._reopen(op)
             if conn is None:
                 raise StoreError("the store is closed", op=op, path=self.path)
             try:
@@ -387,9 +477,12 @@ class Store:
         Raises:
             StoreError: The write failed.
         """
-        if self._seq_base:
-            self.raise_alert_seq(stream, self._seq_base)
-        return self.next_seq(_ALERT_SEQ_PREFIX + stream)
+        floor = max(self._seq_base, self.ids.mark(stream))
+        if floor:
+            self.raise_alert_seq(stream, floor)
+        seq = self.next_seq(_ALERT_SEQ_PREFIX + stream)
+        self.ids.record(stream, seq)
+        return seq
 
     # -- calibrations ---------------------------------------------------------------------------
 
@@ -517,11 +610,16 @@ class Store:
         Raises:
             StoreError: The read failed.
         """
-        with self._use("alert_seq") as conn:
-            row = conn.execute(
-                "SELECT value FROM counters WHERE name = ?", (_ALERT_SEQ_PREFIX + stream,)
-            ).fetchone()
-        return max(self._seq_base, 0 if row is None else int(row[0]))
+        try:
+            with self._use("alert_seq") as conn:
+                row = conn.execute(
+                    "SELECT value FROM counters WHERE name = ?", (_ALERT_SEQ_PREFIX + stream,)
+                ).fetchone()
+        except StoreError:
+            if self.deferred is None:
+                raise
+            row = None  # not open (disk full): the id ledger knows what was issued
+        return max(self._seq_base, self.ids.mark(stream), 0 if row is None else int(row[0]))
 
     def raise_alert_seq(self, stream: str, floor: int) -> None:
         """Make sure the next alert sequence number of ``stream`` is above ``floor`` (durable).
@@ -535,6 +633,7 @@ class Store:
                 "ON CONFLICT (name) DO UPDATE SET value = MAX(value, excluded.value)",
                 (_ALERT_SEQ_PREFIX + stream, int(floor)),
             )
+        self.ids.record(stream, int(floor))
 
     def _insert_new_alert(
         self, stream: str, make: Callable[[int], Alert], seq_floor: int = 0
@@ -544,7 +643,7 @@ class Store:
             conn.execute(
                 "INSERT INTO counters (name, value) VALUES (?, ? + 1) "
                 "ON CONFLICT (name) DO UPDATE SET value = MAX(value, excluded.value - 1) + 1",
-                (name, max(int(seq_floor), self._seq_base)),
+                (name, max(int(seq_floor), self._seq_base, self.ids.mark(stream))),
             )
             row = conn.execute("SELECT value FROM counters WHERE name = ?", (name,)).fetchone()
             alert = make(int(row[0]))
@@ -556,6 +655,7 @@ class Store:
                 "VALUES (?, ?, ?, ?, ?)",
                 (alert.alert_id, alert.stream, alert.seq, payload, self._clock()),
             )
+        self.ids.record(stream, alert.seq)
         return alert
 
     def _insert_alert(self, alert: Alert, payload: str) -> bool:
@@ -608,6 +708,33 @@ class Store:
                 [(at, int(i)) for i in row_ids],
             )
             return conn.total_changes - before
+
+    def mqtt_dead_letter(self, row_id: int, reason: str, at: float) -> bool:
+        """Take an alert the broker cannot take (too large, rejected) out of the MQTT outbox.
+
+        One transaction: a ``dead_letter`` row of kind ``"mqtt"`` (the stored payload and
+        ``reason``) and ``published_at = at`` on the alert, so the drain passes it; the alert
+        is still uploaded to the fleet like any other.
+
+        Returns:
+            True when the alert was still pending (False: gone or already published).
+
+        Raises:
+            StoreError: The write failed; nothing changed.
+        """
+        with self._use("mqtt_dead_letter", transaction=True) as conn:
+            cur = conn.execute(
+                "UPDATE alerts SET published_at = ? WHERE id = ? AND published_at IS NULL",
+                (at, int(row_id)),
+            )
+            if cur.rowcount != 1:
+                return False
+            conn.execute(
+                "INSERT INTO dead_letter (kind, record_id, payload, reason, failed_at) "
+                "SELECT 'mqtt', alert_id, payload, ?, ? FROM alerts WHERE id = ?",
+                (reason, at, int(row_id)),
+            )
+        return True
 
     def outbox_stats(self) -> tuple[int, float | None]:
         """Return ``(depth, oldest created_at or None)`` of the unpublished alerts.
@@ -1172,6 +1299,7 @@ class Store:
     def close(self) -> None:
         """Close the connection (idempotent); later calls raise :class:`StoreError`."""
         with self._lock:
+            self.deferred = None
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None

@@ -104,11 +104,10 @@ def healthz(port: int) -> dict[str, object]:
     return body
 
 
-def test_full_tiny_disk_fast_producer_delivers_every_alert_and_bounds_the_wal(
-    tmp_path: Path, tiny_state: Path, mosquitto: MosquittoBroker
-) -> None:
-    sub = Subscriber(mosquitto, [ALERTS])
-    port = _free_port()
+def write_config(tmp_path: Path, broker_port: int, metrics_port: int, speed: float) -> Path:
+    """``tmp_path/agent.toml``: one simulator stream at ``speed`` with 200 strong faults, an
+    aggregate every simulated second, console alerts, /metrics and MQTT to ``broker_port``;
+    the state directory is ``tmp_path/state``."""
     # -24 sigma: one alert per fault whether or not the agent holds its latency budget. At -8
     # the faults were at the detection margin (4-7 windows above the threshold, k = 7 of 10):
     # 70 alerts for 200 faults at full fidelity, 0-1 once a loaded machine made the agent score
@@ -122,12 +121,21 @@ def test_full_tiny_disk_fast_producer_delivers_every_alert_and_bounds_the_wal(
     config = tmp_path / "agent.toml"
     config.write_text(
         f'[agent]\ndevice_id = "gw-test"\nstate_dir = "state"\nconsole_alerts = true\n'
-        f"metrics_port = {port}\n\n"
+        f"metrics_port = {metrics_port}\n\n"
         f'[[streams]]\nname = "s1"\nmodel = "builtin:skab-wstat"\n\n'
-        f'[streams.source]\nkind = "simulator"\nspeed = 2000\nduration_s = 400000\n{faults}\n'
-        f"{FAST_RULES}\n[store]\naggregate_interval_s = 1\n\n"
-        f'[mqtt]\nenabled = true\nhost = "127.0.0.1"\nport = {mosquitto.port}\n'
+        f'[streams.source]\nkind = "simulator"\nspeed = {speed:g}\nduration_s = 400000\n'
+        f"{faults}\n{FAST_RULES}\n[store]\naggregate_interval_s = 1\n\n"
+        f'[mqtt]\nenabled = true\nhost = "127.0.0.1"\nport = {broker_port}\n'
     )
+    return config
+
+
+def test_full_tiny_disk_fast_producer_delivers_every_alert_and_bounds_the_wal(
+    tmp_path: Path, tiny_state: Path, mosquitto: MosquittoBroker
+) -> None:
+    sub = Subscriber(mosquitto, [ALERTS])
+    port = _free_port()
+    config = write_config(tmp_path, mosquitto.port, port, speed=2000)
     db = tiny_state / "agent.db"
     agent = AgentProcess(["run", "--config", str(config)], tmp_path)
     ballast = Ballast(tiny_state / f"ballast-{uuid.uuid4().hex[:6]}")

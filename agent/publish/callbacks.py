@@ -1,0 +1,186 @@
+"""paho's callbacks of :class:`agent.publish.mqtt.MqttPublisher` (paho's network thread).
+
+They only set flags, queue acknowledged message ids and wake the drain thread
+(:mod:`agent.publish.drain`); connection changes are logged here, once per loss and once per
+recovery (see :mod:`agent.publish.mqtt` for the contract).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Callable
+
+import paho.mqtt.client as paho
+from paho.mqtt.reasoncodes import ReasonCode
+
+from agent.metrics import Metrics
+from agent.publish.limits import SizeLimit
+from agent.publish.mqtt_config import MqttConfig
+from agent.publish.mqtt_tls import failure_of
+
+
+class PahoCallbacks:
+    """The network-thread half of the publisher (attributes set by its ``__init__``)."""
+
+    config: MqttConfig
+    availability_topic: str
+    client_id: str
+    limit: SizeLimit
+    _metrics: Metrics
+    _clock: Callable[[], float]
+    _monotonic: Callable[[], float]
+    _log: logging.Logger
+    _state_lock: threading.Lock
+    _connected: bool
+    _generation: int
+    _outage_since: float | None
+    _outage_cause: str | None
+    _subscriptions: dict[str, Callable[[bytes], None]]
+    _acks: collections.deque[tuple[int, ReasonCode, float, float]]
+    _wake: threading.Event
+    _stopping: threading.Event
+    _client: paho.Client
+    _connected_mono: float
+    _losses: collections.deque[float]
+
+    def _on_message(self, client: paho.Client, userdata: object, msg: paho.MQTTMessage) -> None:
+        if client is not self._client:
+            return  # a client replaced by a new one (agent.publish.drain: _poisoned)
+        with self._state_lock:
+            callback = self._subscriptions.get(msg.topic)
+        if callback is not None:
+            callback(bytes(msg.payload))
+
+    def _note_failure(self, cause: str | None) -> bool:
+        """Start (or go on with) an outage; True when it starts here or ``cause`` (None =
+        unknown) is new to it: a failure is logged once per outage and cause, not per retry."""
+        with self._state_lock:
+            first = self._outage_since is None
+            if first:
+                self._outage_since = self._monotonic()
+            new = cause is not None and cause != self._outage_cause
+            if first or new:
+                self._outage_cause = cause
+        return first or new
+
+    # -- paho callbacks (paho's network thread) -------------------------------------------------
+
+    def _on_connect(
+        self,
+        client: paho.Client,
+        userdata: object,
+        flags: paho.ConnectFlags,
+        reason_code: ReasonCode,
+        properties: object,
+    ) -> None:
+        if client is not self._client:
+            return
+        if reason_code.is_failure:
+            if self._note_failure(f"refused: {reason_code}"):
+                self._log.warning(
+                    "MQTT broker %s:%d refused the connection (%s); alerts stay in the outbox, "
+                    "retrying in the background",
+                    self.config.host, self.config.port, reason_code,
+                )
+            return
+        broker_max = getattr(properties, "MaximumPacketSize", None)
+        self.limit.broker_max_packet = broker_max if isinstance(broker_max, int) else None
+        client.publish(self.availability_topic, "online", qos=1, retain=True)
+        with self._state_lock:
+            topics = list(self._subscriptions)
+        for topic in topics:
+            client.subscribe(topic, qos=1)
+        with self._state_lock:
+            self._connected = True
+            self._generation += 1
+            self._connected_mono = self._monotonic()
+            since, self._outage_since = self._outage_since, None
+            self._outage_cause = None
+        self._metrics.mqtt_connected.set(1)
+        if since is None:
+            self._log.info(
+                "connected to MQTT broker %s:%d as %s",
+                self.config.host, self.config.port, self.client_id,
+            )
+        else:
+            self._log.info(
+                "MQTT broker %s:%d reachable again after %.1f s; draining the outbox",
+                self.config.host, self.config.port, self._monotonic() - since,
+            )
+        self._wake.set()
+
+    def _on_connect_fail(self, client: paho.Client, userdata: object) -> None:
+        if client is not self._client:
+            return
+        cause = failure_of(client)  # the TLS or socket error paho does not pass on
+        if self._note_failure(cause):
+            self._log.warning(
+                "MQTT broker %s:%d unreachable%s; alerts stay in the outbox, retrying in the "
+                "background every %g-%g s",
+                self.config.host, self.config.port, f": {cause}" if cause else "",
+                self.config.reconnect_min_s, self.config.reconnect_max_s,
+            )
+
+    def _on_disconnect(
+        self,
+        client: paho.Client,
+        userdata: object,
+        flags: paho.DisconnectFlags,
+        reason_code: ReasonCode,
+        properties: object,
+    ) -> None:
+        if client is not self._client:
+            return
+        with self._state_lock:
+            was_connected, self._connected = self._connected, False
+            lost = was_connected and not self._stopping.is_set()
+            if lost:
+                self._losses.append(self._monotonic() - self._connected_mono)
+                if self._outage_since is None:
+                    self._outage_since = self._monotonic()
+        self._metrics.mqtt_connected.set(0)
+        if not was_connected and not self._stopping.is_set():
+            error = getattr(client, "socket_error", None)
+            if error:
+                # Closed before any CONNACK with a cause: e.g. the broker rejected the client
+                # certificate after a TLS 1.3 handshake (paho logs it; nothing else calls back).
+                cause = failure_of(client) or str(error)
+                if self._note_failure(cause):
+                    self._log.warning(
+                        "MQTT broker %s:%d closed the connection before accepting it: %s; "
+                        "alerts stay in the outbox, retrying in the background",
+                        self.config.host, self.config.port, cause,
+                    )
+            elif self._note_failure("no CONNACK"):
+                # The TCP connection was made but no CONNACK came (paho gives up after the
+                # keepalive): logged once, like a refused connection.
+                self._log.warning(
+                    "MQTT broker %s:%d accepted the TCP connection but sent no CONNACK (%s); "
+                    "alerts stay in the outbox, retrying in the background every %g-%g s",
+                    self.config.host, self.config.port, reason_code,
+                    self.config.reconnect_min_s, self.config.reconnect_max_s,
+                )
+        if lost:
+            self._metrics.mqtt_disconnects_total.inc()
+            self._log.warning(
+                "lost the MQTT broker %s:%d (%s); alerts stay in the outbox, reconnecting in "
+                "the background",
+                self.config.host, self.config.port, reason_code,
+            )
+        self._wake.set()
+
+    def _on_publish(
+        self,
+        client: paho.Client,
+        userdata: object,
+        mid: int,
+        reason_code: ReasonCode,
+        properties: object,
+    ) -> None:
+        # Runs with paho's outgoing-message lock held: no I/O, no locks a publisher may hold.
+        if client is not self._client:
+            return
+        self._acks.append((mid, reason_code, self._clock(), self._monotonic()))
+        self._wake.set()
