@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from agent.errors import ModelError
 from agent.inference.base import Backend
 from agent.pipeline.detector import Calibration, DetectorSpec
+from agent.pipeline.univariate import UnivariateParams
 from cloud_sync.calibration import FeatureStats, Scaler
 from cloud_sync.manifest import Artefact, Manifest
 
@@ -89,6 +90,15 @@ class ModelPackage:
             threshold_factor=threshold_factor or m.score.threshold.factor,
             threshold_holdout=m.score.threshold.holdout,
         )
+
+    def univariate_params(self) -> UnivariateParams | None:
+        """Gap and drift-adaptation parameters of a one-channel package (the manifest's
+        ``univariate`` section), or None for a multichannel package."""
+        u = self.manifest.univariate
+        if u is None:
+            return None
+        return UnivariateParams(u.gap_factor, u.scale_floor_rel, u.adapt_rate, u.adapt_below,
+                                u.drift_bound)
 
     def preset_calibration(self) -> Calibration | None:
         """The calibration fitted in the cloud for one device, when the package carries one.

@@ -33,7 +33,14 @@ from agent.pipeline.detector import (
 )
 from agent.pipeline.rules import AlertRules, RuleParams
 from agent.pipeline.windowing import SlidingWindower, WindowBatch
-from agent.records import Aggregate, Float32Array, FloatArray, FrameOrigin, TopChannel
+from agent.records import (
+    Aggregate,
+    Explanation,
+    Float32Array,
+    FloatArray,
+    FrameOrigin,
+    TopChannel,
+)
 
 
 class BatchObserver(Protocol):
@@ -58,6 +65,8 @@ class AlertEvent:
         received_mono: Monotonic receive time of the window's newest reading (0 if unknown).
         origin: A recorded camera input's file (and video frame) of the alerting frame; None
             for sensor streams and live cameras.
+        explanation: Expected value and deviation (univariate streams,
+            :mod:`agent.pipeline.univariate`); None otherwise.
     """
 
     stream: str
@@ -68,6 +77,7 @@ class AlertEvent:
     top_channels: tuple[TopChannel, ...]
     received_mono: float
     origin: FrameOrigin | None = None
+    explanation: Explanation | None = None
 
 
 @dataclass(slots=True)
