@@ -256,14 +256,52 @@ def report(study: Study, log: Callable[[str], None] = print) -> tuple[object, ..
     return choice
 
 
+def export(series: dict[str, tuple[np.ndarray, np.ndarray]], out: Path) -> None:
+    """Write each series as ``out/<group>/<file>/<channel>.csv`` (``timestamp,value``, epoch
+    seconds one per row), the input of ``benchmarks/univariate.py``; labels are not written."""
+    for name, (values, _) in series.items():
+        path = out / f"{name.replace(' ', '_')}.csv"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lines = [f"{1_600_000_000 + i},{float(v)!r}" for i, v in enumerate(values)]
+        path.write_text("timestamp,value\n" + "\n".join(lines) + "\n", encoding="utf-8")
+
+
+def rate_outputs(series: dict[str, tuple[np.ndarray, np.ndarray]], out: Path,
+                 log: Callable[[str], None] = print) -> None:
+    """Rate ``benchmarks/univariate.py`` outputs of :func:`export`'s files against the labels
+    (per group and pooled; calibration rows = the rows with an empty score at the start)."""
+    by_group: dict[str, Rated] = {}
+    for name, (_, labels) in sorted(series.items()):
+        path = out / f"{name.replace(' ', '_')}.csv"
+        rows = path.read_text(encoding="utf-8").splitlines()[1:]
+        fields = [r.split(",") for r in rows]
+        alarms = np.array([int(f[3]) for f in fields], np.int8)
+        scored_from = next((i for i, f in enumerate(fields) if f[2]), len(fields))
+        g = name.split("/")[0]
+        by_group[g] = by_group.get(g, ZERO) + rate(alarms, labels, scored_from)
+    for g, r in by_group.items():
+        log(f"benchmark output, group {g:<7} {r.text()}")
+    log(f"benchmark output, pooled        {sum(by_group.values(), ZERO).text()}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="grouped selection of the univariate defaults")
     ap.add_argument("--data", type=Path, required=True, help="SKAB root directory")
     ap.add_argument("--json", type=Path, help="write the choice here (univariate_wstat.py "
                     "--selection)")
     ap.add_argument("--limit", type=int, default=0, help="only the first N series (tests)")
+    ap.add_argument("--export", type=Path, help="write the series as timestamp,value CSVs "
+                    "here and stop")
+    ap.add_argument("--rate", type=Path, help="rate benchmarks/univariate.py's output folder "
+                    "of the exported series and stop")
     args = ap.parse_args(argv)
     series, floors = load(args.data)
+    if args.export:
+        export(series, args.export)
+        return 0
+    if args.rate:
+        rate_outputs(series, args.rate)
+        return 0
     if args.limit:
         keep = sorted(series)[: args.limit]
         series = {k: series[k] for k in keep}
