@@ -167,6 +167,10 @@ def load_package(path: Path) -> ModelPackage:
         or len(manifest.score.feature_std_floor) != f
     ):
         raise ModelError("manifest field lengths disagree with the channel count", path=path)
+    u = manifest.univariate
+    if u is not None and (c != 1 or u.rule_k > u.rule_n):
+        raise ModelError("manifest univariate: needs exactly one channel and rule_k <= rule_n "
+                         f"(has {c} channels, rule {u.rule_k} of {u.rule_n})", path=path)
     cal = manifest.calibration
     if cal is not None and (
         len(cal.mean) != c or len(cal.scale) != c or len(cal.feature_mean) != f

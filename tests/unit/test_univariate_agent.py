@@ -4,6 +4,8 @@ themselves, and a mapping that cannot hold is a config problem."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +13,7 @@ import pytest
 
 from agent.app import Agent
 from agent.config.loader import parse_config
-from agent.errors import ConfigError
+from agent.errors import ConfigError, ModelError
 from agent.inference.package import load_package, open_backend
 from agent.inference.registry import installed
 from agent.metrics import Metrics
@@ -79,3 +81,13 @@ def test_every_artefact_of_the_package_passes_its_golden_vectors(runtime: str) -
     assert package.manifest.input.channels == ["value"]
     backend = open_backend(package, "int8", runtime=runtime)  # raises on a golden mismatch
     assert backend.precision == "int8"
+
+
+def test_a_univariate_section_on_a_multichannel_package_is_refused(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "models" / "skab-wstat", pkg)
+    manifest = json.loads((pkg / "manifest.json").read_text())
+    manifest["univariate"] = json.loads((PACKAGE / "manifest.json").read_text())["univariate"]
+    (pkg / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ModelError, match="needs exactly one channel"):
+        load_package(pkg)
