@@ -66,8 +66,8 @@ from agent.pipeline.restore import CalibrationKey, StoredCalibration, calibratio
 from agent.pipeline.rules import RuleParams
 from agent.pipeline.stream import AlertEvent, StreamPipeline
 from agent.pipeline.univariate import (
-    UnivariateDetector,
     UnivariatePipeline,
+    build_detector,
     univariate_channel,
 )
 from agent.preflight import preflight
@@ -316,8 +316,8 @@ class Agent:
         if univariate is not None:
             pipeline = UnivariatePipeline(
                 sc.name, self.config.agent.device_id, spec,
-                UnivariateDetector(spec, timed, univariate, fallback=fallback,
-                                   input_range=input_range),
+                build_detector(spec, timed, univariate, fallback=fallback,
+                               input_range=input_range),
                 rule_params, univariate, self.config.store.aggregate_interval_s,
                 r.top_channels, start_cal, channel_label=source_channels[0])
         else:

@@ -167,6 +167,22 @@ class UnivariateDetector(FeatureDeviationDetector):
             self.spec = base
 
 
+def build_detector(spec: DetectorSpec, backend: Backend, params: UnivariateParams | None, *,
+                   fallback: Backend | None = None,
+                   input_range: tuple[float, float] | None = None) -> FeatureDeviationDetector:
+    """The detector of a package: a :class:`UnivariateDetector` when it has univariate
+    ``params`` (a one-channel package), else a :class:`FeatureDeviationDetector`. Used by the
+    composition root and by model updates, so a swapped-in univariate model keeps its floors.
+
+    Raises:
+        ValueError: ``params`` given for a multichannel ``spec``.
+    """
+    if params is None:
+        return FeatureDeviationDetector(spec, backend, fallback=fallback,
+                                        input_range=input_range)
+    return UnivariateDetector(spec, backend, params, fallback=fallback, input_range=input_range)
+
+
 class UnivariatePipeline(StreamPipeline):
     """:class:`StreamPipeline` for one channel with gaps, bounded adaptation and explanations.
 

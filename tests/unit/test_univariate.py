@@ -16,6 +16,7 @@ from agent.pipeline.univariate import (
     UnivariateDetector,
     UnivariateParams,
     UnivariatePipeline,
+    build_detector,
     univariate_channel,
     univariate_floor,
 )
@@ -216,3 +217,16 @@ def test_a_multichannel_spec_is_refused() -> None:
     spec = DetectorSpec(("a", "b"), W, 1, 100, np.ones(2), 3, 2, np.ones(6), 1.0, 2.0)
     with pytest.raises(ValueError, match="one channel"):
         UnivariateDetector(spec, NumpyBackend(), UnivariateParams())
+
+
+def test_build_detector_keeps_the_univariate_floors_for_a_one_channel_package() -> None:
+    # model updates build their candidate with it: a plain detector would calibrate a flat
+    # channel on the manifest's 1e-9 floor instead of the sensor quantum
+    flat = np.full((400, 1), 20.0)
+    flat[::50] = 20.1
+    det = build_detector(make_spec(), NumpyBackend(), UnivariateParams())
+    assert isinstance(det, UnivariateDetector)
+    assert det.calibrate(flat).scaler.scale[0] >= 0.1 - 1e-12
+    plain = build_detector(make_spec(), NumpyBackend(), None)
+    assert not isinstance(plain, UnivariateDetector)
+    assert plain.calibrate(flat).scaler.scale[0] < 0.1
