@@ -66,6 +66,11 @@ from agent.pipeline.detector import Calibration, FeatureDeviationDetector
 from agent.pipeline.restore import CalibrationKey, StoredCalibration, calibration_key, refusal
 from agent.pipeline.rules import RuleParams
 from agent.pipeline.stream import AlertEvent, StreamPipeline
+from agent.pipeline.univariate import (
+    UnivariatePipeline,
+    build_detector,
+    univariate_channel,
+)
 from agent.preflight import preflight
 from agent.publish.keeper import AlertKeeper
 from agent.publish.mqtt import MqttPublisher
@@ -297,30 +302,48 @@ class Agent:
         elif source.stream != sc.name:
             msg = f"streams.{sc.name}: the given source stamps stream {source.stream!r}"
             raise ConfigError(msg, problems=[msg])
-        missing = [c for c in spec.channels if c not in source.channels]
+        univariate = package.univariate_params()
+        source_channels = (univariate_channel(sc, package.label, spec.channels, source.channels)
+                           if univariate is not None else spec.channels)
+        if sc.channel is not None and univariate is None:
+            msg = (f"streams.{sc.name}.channel: model {package.label} has "
+                   f"{len(spec.channels)} channels; 'channel' maps a one-channel package only")
+            raise ConfigError(msg, problems=[msg])
+        missing = [c for c in source_channels if c not in source.channels]
         if missing:
             msg = (
                 f"streams.{sc.name}: model {package.label} needs channels {missing} that the "
                 f"source does not provide (source channels: {list(source.channels)})"
             )
             raise ConfigError(msg, problems=[msg])
-        order = np.array([source.channels.index(c) for c in spec.channels], dtype=np.int64)
+        order = np.array([source.channels.index(c) for c in source_channels], dtype=np.int64)
         r = sc.rules
         preset = _preset_calibration(package, self.config.agent.device_id, sc.name)
         restored = None if preset is not None else self._restore_calibration(
             sc, calibration_key(package.manifest, spec, backend.precision))
         start_cal = preset if restored is None else restored.calibration
-        pipeline = StreamPipeline(
-            sc.name,
-            self.config.agent.device_id,
-            spec,
-            FeatureDeviationDetector(spec, _TimedBackend(backend, hist.observe),
-                                     fallback=fallback, input_range=input_range),
-            RuleParams(r.k, r.n, r.clear_ratio, r.clear_windows, r.cooldown_s),
-            aggregate_interval_s=self.config.store.aggregate_interval_s,
-            top_channels=r.top_channels,
-            calibration=start_cal,
-        )
+        rule_params = RuleParams(r.k, r.n, r.clear_ratio, r.clear_windows, r.cooldown_s)
+        timed = _TimedBackend(backend, hist.observe)
+        pipeline: StreamPipeline
+        if univariate is not None:
+            pipeline = UnivariatePipeline(
+                sc.name, self.config.agent.device_id, spec,
+                build_detector(spec, timed, univariate, fallback=fallback,
+                               input_range=input_range),
+                rule_params, univariate, self.config.store.aggregate_interval_s,
+                r.top_channels, start_cal, channel_label=source_channels[0])
+        else:
+            pipeline = StreamPipeline(
+                sc.name,
+                self.config.agent.device_id,
+                spec,
+                FeatureDeviationDetector(spec, timed, fallback=fallback,
+                                         input_range=input_range),
+                rule_params,
+                aggregate_interval_s=self.config.store.aggregate_interval_s,
+                top_channels=r.top_channels,
+                calibration=start_cal,
+            )
         if restored is not None:  # a model update calibrates its candidate on these readings
             pipeline.calibration_samples = restored.readings
         guard.on_stride = lambda k: setattr(pipeline.windower, "hop", spec.hop * k)
@@ -611,6 +634,7 @@ class Agent:
                 raised_at=self.clock(),
                 top_channels=event.top_channels,
                 origin=event.origin,
+                explanation=event.explanation,
             )
 
         # A refused alert goes over MQTT from memory (or is counted lost): agent.publish.keeper.

@@ -174,6 +174,30 @@ class TopChannel:
 
 
 @dataclass(frozen=True, slots=True)
+class Explanation:
+    """What a univariate stream's alerting window looked like against what was expected.
+
+    Attributes:
+        expected: The baseline level in force (the calibration mean, moved by the bounded
+            drift adaptation), channel units.
+        observed: The alerting window's mean, channel units.
+        deviation: ``observed − expected``, channel units.
+        deviation_sigma: ``deviation`` over the calibration scale (std, floored), in sigmas.
+    """
+
+    expected: float
+    observed: float
+    deviation: float
+    deviation_sigma: float
+
+    def to_payload(self) -> dict[str, float]:
+        """The payload's ``explanation`` object (values rounded to 6 decimals)."""
+        return {"expected": round(self.expected, 6), "observed": round(self.observed, 6),
+                "deviation": round(self.deviation, 6),
+                "deviation_sigma": round(self.deviation_sigma, 4)}
+
+
+@dataclass(frozen=True, slots=True)
 class Alert:
     """An anomaly alert, as stored in the outbox and published over MQTT.
 
@@ -192,6 +216,9 @@ class Alert:
         top_channels: Channels that contributed most, largest first.
         origin: A recorded camera input's file (and video frame) of the alerting frame; None
             for sensor streams and live cameras (the payload then has no ``source`` key).
+        explanation: Expected value and deviation of a univariate stream's alerting window;
+            None for multichannel and camera streams (the payload then has no
+            ``explanation`` key).
     """
 
     alert_id: str
@@ -207,11 +234,13 @@ class Alert:
     raised_at: float
     top_channels: tuple[TopChannel, ...] = field(default_factory=tuple)
     origin: FrameOrigin | None = None
+    explanation: Explanation | None = None
 
     def to_payload(self) -> dict[str, object]:
         """Return the documented JSON payload (schema version 1) for MQTT and the fleet.
 
-        ``source`` (optional, additive) is present only on alerts of recorded camera inputs.
+        ``source`` (optional, additive) is present only on alerts of recorded camera inputs,
+        ``explanation`` (optional, additive) only on alerts of univariate streams.
         """
         payload: dict[str, object] = {
             "schema": 1,
@@ -232,6 +261,8 @@ class Alert:
         }
         if self.origin is not None:
             payload["source"] = self.origin.to_payload()
+        if self.explanation is not None:
+            payload["explanation"] = self.explanation.to_payload()
         return payload
 
     def console_line(self) -> str:

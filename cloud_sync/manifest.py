@@ -133,6 +133,35 @@ class FittedCalibration(_Strict):
     fitted_on: FittedOn
 
 
+class UnivariateSpec(_Strict):
+    """How a one-channel package handles an irregular, drifting stream (docs/detection.md,
+    "Univariate streams"; :mod:`agent.pipeline.univariate`).
+
+    * gaps: an interval longer than ``gap_factor`` × the median of the recent intervals restarts
+      the window (no window spans the gap);
+    * scale floor: max(``scale_floor``, ``scale_floor_rel`` × |median|, the smallest nonzero
+      step of the calibration samples), so a flat calibration does not turn one quantum into
+      an alarm;
+    * bounded drift adaptation: after each scored window whose score is below ``adapt_below``
+      × threshold, the baseline level μ ← μ + ``adapt_rate`` · (window mean − μ), then clipped
+      to μ_cal ± ``drift_bound`` · σ_cal;
+    * ``rule_k`` of ``rule_n``: the alert rule the grouped selection chose (the stream's
+      ``[streams.rules]`` decides on the device; benchmarks use these).
+    """
+
+    gap_factor: float = Field(gt=1, description="Gap = interval > gap_factor x median interval.")
+    scale_floor_rel: float = Field(ge=0, description="Scale floor relative to |median|.")
+    adapt_rate: float = Field(ge=0, lt=1, description="EWMA rate of the baseline per window.")
+    adapt_below: float = Field(gt=0, le=1, description="Only windows below this x threshold "
+                               "move the baseline.")
+    drift_bound: float = Field(ge=0, description="Largest baseline move, in calibration sigmas.")
+    calibration_fraction: float = Field(gt=0, lt=1, description="Benchmarks: a file shorter "
+                                        "than calibration_samples / fraction calibrates on "
+                                        "this fraction of its rows.")
+    rule_k: int = Field(ge=1, description="Selected alert rule: k of ...")
+    rule_n: int = Field(ge=1, description="... the last n windows.")
+
+
 class Manifest(_Strict):
     """The whole manifest of a model package (format 1)."""
 
@@ -152,6 +181,10 @@ class Manifest(_Strict):
         None,
         description="A calibration fitted in the cloud for one device (None: the device "
         "calibrates on its first readings). Optional, so format 1 stays backward-compatible.",
+    )
+    univariate: UnivariateSpec | None = Field(
+        None, description="One-channel packages: gap handling and bounded drift adaptation "
+        "(None: a multichannel package, scored as before). Optional, additive."
     )
     signature: str | None = Field(None, description="Reserved: Ed25519 signature (base64).")
 

@@ -119,11 +119,23 @@ class AlertSourceBody(_Wire):
     frame: int | None = Field(None, ge=0)
 
 
+class AlertExplanationBody(_Wire):
+    """A univariate stream's alert explained (optional on an alert): the expected value (the
+    bounded baseline), the alerting window's mean, their difference (channel units) and that
+    difference in calibration sigmas."""
+
+    expected: float = Field(allow_inf_nan=False)
+    observed: float = Field(allow_inf_nan=False)
+    deviation: float = Field(allow_inf_nan=False)
+    deviation_sigma: float = Field(allow_inf_nan=False)
+
+
 class AlertBody(_Wire):
     """An alert: the MQTT payload, schema 1 (see :mod:`agent.publish.mqtt`).
 
     ``source`` is an optional, additive field (still schema 1): only alerts of a recorded camera
-    input (image folder, video file) carry it. A fleet older than it rejects such alerts
+    input (image folder, video file) carry it. ``explanation`` likewise: only alerts of a
+    univariate stream carry it. A fleet older than a field rejects alerts carrying it
     (``extra="forbid"``): upgrade the fleet first.
     """
 
@@ -140,6 +152,7 @@ class AlertBody(_Wire):
     raised_at: str = Field(max_length=40)
     top_channels: list[TopChannelBody] = Field(max_length=64)
     source: AlertSourceBody | None = None
+    explanation: AlertExplanationBody | None = None
 
 
 class AggregateColumns(_Wire):

@@ -179,7 +179,8 @@ class RulesConfig(StrictModel):
 
 #: Stream keys that mean nothing to a camera stream (a config problem when given on one).
 SENSOR_ONLY_KEYS = ("window", "hop", "calibration_samples", "recalibrate_on_start",
-                    "calibration_max_age_s", "threshold_quantile", "valid_range")
+                    "calibration_max_age_s", "threshold_quantile", "valid_range",
+                    "channel")
 #: ``[streams.rules]`` keys that mean nothing to a camera stream (its alerts name no channels).
 SENSOR_ONLY_RULES = ("top_channels",)
 
@@ -201,6 +202,15 @@ class StreamConfig(StrictModel):
         min_length=1,
         description="Model package directory, relative to the config file's directory; "
         "'builtin:<name>' = a package shipped with the agent (docs/install.md).",
+    )
+    channel: str | None = Field(
+        None,
+        min_length=1,
+        examples=["bearing_temp"],
+        description="One-channel (univariate) model packages only: the source channel the "
+        "package scores as its single channel; alerts and aggregates name it. Unset = the "
+        "source channel named like the package's, else the source's only channel "
+        "(docs/detection.md, 'Univariate streams').",
     )
     window: int | None = Field(
         None,

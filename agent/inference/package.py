@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from agent.errors import ModelError
 from agent.inference.base import Backend
 from agent.pipeline.detector import Calibration, DetectorSpec
+from agent.pipeline.univariate import UnivariateParams
 from cloud_sync.calibration import FeatureStats, Scaler
 from cloud_sync.manifest import Artefact, Manifest
 
@@ -90,6 +91,15 @@ class ModelPackage:
             threshold_holdout=m.score.threshold.holdout,
         )
 
+    def univariate_params(self) -> UnivariateParams | None:
+        """Gap and drift-adaptation parameters of a one-channel package (the manifest's
+        ``univariate`` section), or None for a multichannel package."""
+        u = self.manifest.univariate
+        if u is None:
+            return None
+        return UnivariateParams(u.gap_factor, u.scale_floor_rel, u.adapt_rate, u.adapt_below,
+                                u.drift_bound)
+
     def preset_calibration(self) -> Calibration | None:
         """The calibration fitted in the cloud for one device, when the package carries one.
 
@@ -157,6 +167,10 @@ def load_package(path: Path) -> ModelPackage:
         or len(manifest.score.feature_std_floor) != f
     ):
         raise ModelError("manifest field lengths disagree with the channel count", path=path)
+    u = manifest.univariate
+    if u is not None and (c != 1 or u.rule_k > u.rule_n):
+        raise ModelError("manifest univariate: needs exactly one channel and rule_k <= rule_n "
+                         f"(has {c} channels, rule {u.rule_k} of {u.rule_n})", path=path)
     cal = manifest.calibration
     if cal is not None and (
         len(cal.mean) != c or len(cal.scale) != c or len(cal.feature_mean) != f

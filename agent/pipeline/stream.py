@@ -45,7 +45,14 @@ from agent.pipeline.detector import (
 from agent.pipeline.rules import AlertRules, RuleParams
 from agent.pipeline.timeline import ClockStep, StepDetector
 from agent.pipeline.windowing import SlidingWindower, WindowBatch
-from agent.records import Aggregate, Float32Array, FloatArray, FrameOrigin, TopChannel
+from agent.records import (
+    Aggregate,
+    Explanation,
+    Float32Array,
+    FloatArray,
+    FrameOrigin,
+    TopChannel,
+)
 
 #: The score of a window whose computed score is not finite: above any threshold.
 OFF_SCALE = float(np.finfo(np.float64).max)
@@ -73,6 +80,8 @@ class AlertEvent:
         received_mono: Monotonic receive time of the window's newest reading (0 if unknown).
         origin: A recorded camera input's file (and video frame) of the alerting frame; None
             for sensor streams and live cameras.
+        explanation: Expected value and deviation (univariate streams,
+            :mod:`agent.pipeline.univariate`); None otherwise.
     """
 
     stream: str
@@ -83,6 +92,7 @@ class AlertEvent:
     top_channels: tuple[TopChannel, ...]
     received_mono: float
     origin: FrameOrigin | None = None
+    explanation: Explanation | None = None
 
 
 @dataclass(slots=True)

@@ -60,6 +60,7 @@ from agent.inference.package import ModelPackage, load_package, saturation_fallb
 from agent.metrics import Metrics
 from agent.pipeline.detector import Calibration, FeatureDeviationDetector
 from agent.pipeline.stream import StreamPipeline
+from agent.pipeline.univariate import build_detector
 from agent.services.model_checks import Limits, ShadowRun, acceptance_test
 from agent.services.model_report import running_report
 from agent.services.model_slot import ModelSlot, Observe, Rollback, Swap
@@ -432,8 +433,8 @@ class Updater:
         if self._wrap is not None:
             backend = self._wrap(h.name, backend)
         self._report(h, a, "accepted", details=details)
-        return package, FeatureDeviationDetector(cand, backend, fallback=fallback,
-                                                 input_range=input_range)
+        return package, build_detector(cand, backend, package.univariate_params(),
+                                       fallback=fallback, input_range=input_range)
 
     def _shadow_then_swap(
         self, h: StreamHandle, a: ModelAssignment, package: ModelPackage,

@@ -1,0 +1,174 @@
+"""Recipe: build the ``univariate-wstat`` one-channel INT8 window-statistics package.
+
+    python models/recipes/univariate_select.py --data ../shared/datasets/skab --json uni.json
+    python models/recipes/univariate_wstat.py --data ../shared/datasets/skab \
+        --out models/univariate-wstat --selection uni.json --version 1
+
+The window, top_k, threshold factor and hold-out, the drift adaptation (rate, bound) and the
+alert rule come from the grouped selection on univariate series (``--selection``, written by
+:mod:`univariate_select`), so the shipped defaults are the ones that procedure picks.
+
+Steps (as :mod:`skab_wstat`, with C = 1):
+
+1. Training data: every channel of the anomaly-free SKAB recording as its own univariate series
+   (normal operation only, no labels used).
+2. Emulated on-device calibrations on 400-sample segments of each channel (scaled with each
+   segment's own mean and std): the per-feature std floor (``--feature-floor-frac`` × the std of
+   each feature over all segments, pooled over channels; in scaled units, so it holds for a
+   channel of any unit). The input scale floor in channel units cannot be known for a signal of
+   any unit: the manifest's is a tiny absolute floor and the device adds the relative and
+   quantum floors of :func:`agent.pipeline.univariate.univariate_floor`.
+3. The FP32 ONNX graph (:func:`fleet.training.wstat.build_graph` with C = 1), INT8 QDQ with
+   ``quantize_static`` on the scaled windows (plus the same ×``--headroom``, so a fault several
+   sigmas out is still represented; beyond it the FP32 twin scores, as for every package),
+   golden vectors, OpenVINO IR and TFLite INT8 (:func:`skab_wstat.other_runtimes`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from skab_data import anomaly_free_file, read_skab
+from skab_wstat import other_runtimes
+
+from cloud_sync.calibration import FEATURES, window_features
+from fleet.training.wstat import (
+    artefact_entries,
+    build_graph,
+    int8_input_range,
+    ort_version,
+    quantize_int8,
+    scaled_windows,
+    session_runner,
+)
+
+#: Defaults when no selection is given (the selection's choice is what ships).
+DEFAULTS = {"window": 10, "top_k": 2, "factor": 1.5, "holdout": 0.25, "adapt_rate": 0.01,
+            "drift_bound": 3.0, "rule_k": 7, "rule_n": 10}
+
+
+FEATURE_FLOOR_FRAC = 0.1
+
+
+def training_windows(values: np.ndarray, window: int, cal: int) -> tuple[np.ndarray, np.ndarray]:
+    """Scaled windows ``(K, W, 1)`` and their features ``(K, 3)`` of emulated calibrations on
+    every channel of ``values`` (``(T, C)``) alone: segments of ``cal`` + 600 rows every 100,
+    each scaled with its first ``cal`` rows (:func:`fleet.training.wstat.scaled_windows`)."""
+    ws, fs = [], []
+    for c in range(values.shape[1]):
+        col = values[:, c : c + 1]
+        win, feats = scaled_windows(col, window, cal, col.std(0) * 1e-3, step=100,
+                                    span=cal + 600)
+        ws.append(win)
+        fs.append(feats)
+    return np.concatenate(ws), np.concatenate(fs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, required=True, help="SKAB root (has anomaly-free/)")
+    ap.add_argument("--out", type=Path, required=True, help="package directory to write")
+    ap.add_argument("--version", type=int, default=1)
+    ap.add_argument("--selection", type=Path, help="univariate_select.py --json output")
+    ap.add_argument("--calibration-samples", type=int, default=400)
+    ap.add_argument("--feature-floor-frac", type=float, default=FEATURE_FLOOR_FRAC)
+    ap.add_argument("--gap-factor", type=float, default=5.0)
+    ap.add_argument("--scale-floor-rel", type=float, default=1e-3)
+    ap.add_argument("--adapt-below", type=float, default=0.5)
+    ap.add_argument("--calibration-fraction", type=float, default=0.15)
+    ap.add_argument("--headroom", type=float, default=1.0)
+    ap.add_argument("--quant-windows", type=int, default=4000)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    chosen = dict(DEFAULTS)
+    if args.selection is not None:
+        chosen.update(json.loads(args.selection.read_text()))
+    w = int(chosen["window"])
+    rng = np.random.default_rng(args.seed)
+    data = read_skab(anomaly_free_file(args.data))
+    windows, feats = training_windows(data.values, w, args.calibration_samples)
+    feature_floor = args.feature_floor_frac * feats.std(0)
+    print(f"training data: {data.values.shape[1]} channels of {data.path.name}, "
+          f"{windows.shape[0]} emulated calibration windows, W={w}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    fp32_path, int8_path = args.out / "model.fp32.onnx", args.out / "model.int8.onnx"
+    import onnx  # noqa: PLC0415
+
+    onnx.save(build_graph(w, 1), fp32_path)
+    pick = windows[rng.choice(windows.shape[0], args.quant_windows // 2, replace=False)]
+    quant_sample = np.concatenate([pick, pick * args.headroom]).astype(np.float32)
+    quantize_int8(fp32_path, int8_path, quant_sample)
+    check = windows[rng.choice(windows.shape[0], 2000, replace=False)]
+    ref = window_features(check)
+    f32, i8 = session_runner(fp32_path)(check), session_runner(int8_path)(check)
+    int8_err = np.abs(i8 - f32)
+    print(f"FP32 vs NumPy reference: max |err| = {np.abs(f32 - ref).max():.2e}; INT8 vs FP32: "
+          f"max |err| = {int8_err.max():.4f}, mean = {int8_err.mean():.4f}")
+    golden_x, golden_y = check[:8], f32[:8]
+    atol = float(max(0.1, 2.0 * np.abs(i8[:8] - f32[:8]).max()))
+    artefacts = artefact_entries(((int8_path, "int8"), (fp32_path, "fp32")),
+                                 input_range=int8_input_range(int8_path, "onnxruntime"))
+    runtimes = other_runtimes(args.out, int8_path, quant_sample, check, f32, atol, golden_x)
+    artefacts += runtimes.pop("artefacts")
+    manifest = {
+        "format": 1, "name": "univariate-wstat", "version": args.version, "kind": "sensor",
+        "description": "One channel of any unit at irregular intervals: window statistics "
+                       "(mean, mean abs deviation, mean |diff|), calibrated on device, gaps "
+                       "restart the window, bounded drift adaptation; INT8 QDQ.",
+        "input": {"channels": ["value"], "units": [""], "sample_rate_hz": 1.0, "window": w,
+                  "hop": 1},
+        "preprocessing": {"scaler": "calibrate_on_device",
+                          "calibration_samples": args.calibration_samples,
+                          "scale_floor": [1e-9]},
+        "score": {"kind": "feature_deviation", "features": list(FEATURES),
+                  "top_k": int(chosen["top_k"]),
+                  "feature_std_floor": [float(v) for v in feature_floor],
+                  "threshold": {"kind": "calibration_quantile", "quantile": 1.0,
+                                "factor": float(chosen["factor"]),
+                                "holdout": float(chosen["holdout"])}},
+        "univariate": {"gap_factor": args.gap_factor, "scale_floor_rel": args.scale_floor_rel,
+                       "adapt_rate": float(chosen["adapt_rate"]),
+                       "adapt_below": args.adapt_below,
+                       "drift_bound": float(chosen["drift_bound"]),
+                       "calibration_fraction": args.calibration_fraction,
+                       "rule_k": int(chosen["rule_k"]), "rule_n": int(chosen["rule_n"])},
+        "artefacts": artefacts,
+        "golden": {"inputs": golden_x.round(6).tolist(), "outputs": golden_y.round(6).tolist(),
+                   "atol": round(atol, 4)},
+        "latency_budget_ms_p99": 5.0,
+        "lineage": {
+            "recipe": "models/recipes/univariate_wstat.py",
+            "selection": chosen,
+            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+                     if k not in ("data", "out")},
+            "training_data": {"dataset": "SKAB (github.com/waico/SKAB @ b2c0d46)",
+                              "file": "anomaly-free/anomaly-free.csv, each channel alone",
+                              "rows": int(data.values.shape[0])},
+            "quantization": {"tool": f"onnxruntime.quantization {ort_version()}",
+                             "format": "QDQ", "activations": "QInt8", "weights": "QInt8",
+                             "calibration": "minmax", "headroom": args.headroom,
+                             "calibration_windows": int(quant_sample.shape[0])},
+            "fp32_int8_agreement": {"windows": int(check.shape[0]),
+                                    "max_abs_err": round(float(int8_err.max()), 5),
+                                    "mean_abs_err": round(float(int8_err.mean()), 5)},
+            "runtimes": runtimes,
+            "built_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        },
+        "signature": None,
+    }
+    (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    print(f"wrote {args.out}/manifest.json")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

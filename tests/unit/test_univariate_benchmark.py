@@ -1,0 +1,111 @@
+"""benchmarks/univariate.py: CSV in, CSV out, through the shipped univariate package.
+
+The generated folder holds a long file with a level shift, a short file (fewer rows than the
+calibration length), a file with garbage rows and epoch timestamps in a sub-folder, and a file
+without the columns. The dataset-marked test runs the benchmark on a few SKAB channels written
+as ``timestamp,value`` files. No figure is asserted.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DATASETS = ROOT.parent / "shared" / "datasets"
+SCRIPT = ROOT / "benchmarks" / "univariate.py"
+SUMMARY = r"files=\d+ rows=\d+ rejected=\d+ unscored_files=\d+ alarms=\d+"
+
+
+def _run(data: Path, out: Path) -> list[str]:
+    done = subprocess.run([sys.executable, str(SCRIPT), "--data", str(data), "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip().splitlines()
+
+
+def _write(path: Path, rows: list[tuple[str, str]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(["timestamp", "value"])
+        w.writerows(rows)
+
+
+def _read(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_benchmark_reads_and_writes_every_csv(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    t0 = dt.datetime(2014, 4, 1)
+    long = 20.0 + 0.5 * rng.normal(size=3000)
+    long[2000:2300] += 6.0
+    _write(tmp_path / "data" / "long.csv", [
+        ((t0 + dt.timedelta(minutes=5 * i)).strftime("%Y-%m-%d %H:%M:%S"), f"{v:.4f}")
+        for i, v in enumerate(long)])
+    _write(tmp_path / "data" / "short.csv", [
+        ((t0 + dt.timedelta(minutes=i)).strftime("%Y-%m-%d %H:%M:%S"), f"{v:.4f}")
+        for i, v in enumerate(rng.normal(size=150))])
+    garbage = [(str(1396310400 + 60 * i), f"{v:.4f}") for i, v in enumerate(rng.normal(size=300))]
+    garbage[150] = (garbage[150][0], "n/a")
+    garbage[200] = ("yesterday", "1.0")
+    _write(tmp_path / "data" / "sub" / "epoch.csv", garbage)
+    (tmp_path / "data" / "wrong.csv").write_text("time,reading\n1,2\n", encoding="utf-8")
+    lines = _run(tmp_path / "data", tmp_path / "out")
+    assert re.fullmatch(SUMMARY, lines[-1]), lines[-1]
+    assert any(line.startswith("wrong.csv: skipped") for line in lines)
+
+    out = _read(tmp_path / "out" / "long.csv")
+    assert len(out) == 3000 and list(out[0]) == ["timestamp", "value", "score", "alarm"]
+    assert out[0]["timestamp"] == "2014-04-01 00:00:00" and out[0]["score"] == ""
+    assert {r["alarm"] for r in out} <= {"0", "1"}
+    alarms = [i for i, r in enumerate(out) if r["alarm"] == "1"]
+    assert any(2000 <= i < 2300 for i in alarms), alarms  # the sustained shift is alarmed
+    n_cal = sum(r["score"] == "" for r in out[:500])
+    assert 0 < n_cal < 500 and all(r["score"] != "" for r in out[n_cal:])
+
+    short = _read(tmp_path / "out" / "short.csv")  # 150 rows < N: calibrated on part of them
+    assert len(short) == 150 and any(r["score"] != "" for r in short)
+
+    epoch = _read(tmp_path / "out" / "sub" / "epoch.csv")
+    assert len(epoch) == 300
+    for i in (150, 200):  # kept as they were, unscored, never an alarm
+        assert epoch[i]["score"] == "" and epoch[i]["alarm"] == "0"
+    assert epoch[150]["value"] == "n/a" and epoch[200]["timestamp"] == "yesterday"
+    assert re.search(r"^sub/epoch\.csv: rows=300 rejected=2 ", "\n".join(lines), re.M)
+
+
+def test_a_file_too_short_to_calibrate_is_written_unscored(tmp_path: Path) -> None:
+    _write(tmp_path / "data" / "tiny.csv", [(str(i), "1.5") for i in range(12)])
+    lines = _run(tmp_path / "data", tmp_path / "out")
+    assert "unscored" in lines[0] and lines[-1].endswith("unscored_files=1 alarms=0")
+    out = _read(tmp_path / "out" / "tiny.csv")
+    assert len(out) == 12 and all(r["score"] == "" and r["alarm"] == "0" for r in out)
+
+
+@pytest.mark.dataset
+def test_benchmark_on_derived_skab_series(tmp_path: Path) -> None:
+    skab = DATASETS / "skab"
+    if not skab.is_dir():
+        pytest.skip("needs ../shared/datasets/skab")
+    sys.path.insert(0, str(ROOT / "models" / "recipes"))
+    from skab_data import labelled_files, read_skab  # noqa: PLC0415
+
+    for path in labelled_files(skab)[:3]:
+        f = read_skab(path)
+        for c in (0, 4):  # Accelerometer1RMS, Temperature
+            _write(tmp_path / "data" / path.parent.name / f"{path.stem}_{c}.csv",
+                   [(str(1_600_000_000 + i), repr(float(v))) for i, v in
+                    enumerate(f.values[:, c])])
+    lines = _run(tmp_path / "data", tmp_path / "out")
+    assert re.fullmatch(SUMMARY, lines[-1]), lines[-1]
+    assert len(list((tmp_path / "out").rglob("*.csv"))) == 6
