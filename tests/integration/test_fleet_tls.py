@@ -123,7 +123,10 @@ def test_a_key_that_matches_no_pin_is_refused_before_any_request_byte(
     assert "PinMismatch" in message
     assert pin(server_cert.cert) in message  # the key it saw, to compare with the config
     assert fleet.token not in message
-    assert relay.handshakes == 1
+    # the client ends the connection right after the handshake: on a busy machine the relay
+    # may see that before its own side of the handshake returns (then it counts an error)
+    wait_until(lambda: relay.handshakes + len(relay.handshake_errors) == 1, 5,
+               "the relay saw the one TLS connection")
     assert relay.bytes_to_backend == 0  # the request (and its token) was never sent
 
 
