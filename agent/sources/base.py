@@ -95,6 +95,27 @@ class UsesMetrics(Protocol):
         ...
 
 
+class DeviceHooks:
+    """Mixin of a live device source that heals its own connection (Modbus, OPC UA, MQTT in):
+    the :class:`ReportsStatus` and :class:`UsesMetrics` halves the supervisor calls, and
+    ``_report`` for the source itself (a SourceError per failed attempt, None on recovery)."""
+
+    _listener: StatusListener | None = None
+    _metrics: Metrics | None = None
+
+    def set_status_listener(self, listener: StatusListener | None) -> None:
+        """Receive a SourceError per failed connect or lost connection, None once it works."""
+        self._listener = listener
+
+    def set_metrics(self, metrics: Metrics) -> None:
+        """Export the source's own metrics (poll timing, missed intervals, events) there."""
+        self._metrics = metrics
+
+    def _report(self, error: SourceError | None) -> None:
+        if self._listener is not None:
+            self._listener(error)
+
+
 @dataclass(frozen=True, slots=True)
 class SourcePlugin:
     """One source kind, as an entry point of the group ``edge_agent.sources`` names it.

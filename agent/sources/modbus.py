@@ -49,7 +49,7 @@ import numpy as np
 from agent.errors import ConfigError, RecordError, SourceError
 from agent.records import Reading
 from agent.sources.backoff import Backoff
-from agent.sources.base import Emit, Reject, StatusListener, WaitListener, paced_wait
+from agent.sources.base import DeviceHooks, Emit, Reject, StatusListener, WaitListener, paced_wait
 from agent.sources.modbus_config import ModbusConfig
 from agent.sources.modbus_map import ReadBlock, decode, plan_reads
 
@@ -89,7 +89,7 @@ class _ConnectionLost(Exception):
     """Internal: the connection broke during a poll (message = why)."""
 
 
-class ModbusSource:
+class ModbusSource(DeviceHooks):
     """Polls a Modbus device; reconnects by itself; one reading per poll.
 
     Args:
@@ -153,21 +153,9 @@ class ModbusSource:
         # pymodbus logs every failed request itself; the agent counts and rate-limits instead.
         logging.getLogger("pymodbus").setLevel(logging.CRITICAL)
 
-    def set_status_listener(self, listener: StatusListener | None) -> None:
-        """Receive a SourceError per failed connect / lost connection, None once polls work."""
-        self._listener = listener
-
     def set_wait_listener(self, listener: WaitListener | None) -> None:
         """Announce each wait for the next poll's due time (a slow poll interval is no stall)."""
         self._wait_listener = listener
-
-    def set_metrics(self, metrics: Metrics) -> None:
-        """Export poll jitter, duration, overruns and missed polls on ``metrics``."""
-        self._metrics = metrics
-
-    def _report(self, error: SourceError | None) -> None:
-        if self._listener is not None:
-            self._listener(error)
 
     # -- the loop -------------------------------------------------------------------------------
 

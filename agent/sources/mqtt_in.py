@@ -37,7 +37,7 @@ from agent.errors import RecordError, SourceError
 from agent.records import Reading
 from agent.sources import mqtt_in_payloads as payloads
 from agent.sources.backoff import Backoff
-from agent.sources.base import Emit, Reject, StatusListener
+from agent.sources.base import DeviceHooks, Emit, Reject, StatusListener
 from agent.sources.mqtt_in_config import MqttInConfig
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ REBIRTH_EVERY_S = 5.0
 LOOP_S = 0.1
 
 
-class MqttInSource:
+class MqttInSource(DeviceHooks):
     """Subscribes to a broker; reconnects by itself; one reading per accepted message.
 
     Args:
@@ -96,18 +96,6 @@ class MqttInSource:
         self._last_rebirth = -np.inf
         self.connects = 0
         self.events: dict[str, int] = {}
-
-    def set_status_listener(self, listener: StatusListener | None) -> None:
-        """Receive a SourceError per failed connect or lost connection, None once connected."""
-        self._listener = listener
-
-    def set_metrics(self, metrics: Metrics) -> None:
-        """Count Sparkplug B events on ``metrics``."""
-        self._metrics = metrics
-
-    def _report(self, error: SourceError | None) -> None:
-        if self._listener is not None:
-            self._listener(error)
 
     # -- the loop -------------------------------------------------------------------------------
 

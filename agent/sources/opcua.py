@@ -40,7 +40,7 @@ import numpy as np
 from agent.errors import RecordError, SourceError
 from agent.records import Reading
 from agent.sources.backoff import Backoff
-from agent.sources.base import Emit, Reject, StatusListener
+from agent.sources.base import DeviceHooks, Emit, Reject, StatusListener
 from agent.sources.opcua_config import NodeMap, OpcuaConfig
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ class _Lost(Exception):
     """Internal: the connection is gone (message = why)."""
 
 
-class OpcuaSource:
+class OpcuaSource(DeviceHooks):
     """Subscribes to OPC UA nodes; reconnects by itself; one reading per publish.
 
     Args:
@@ -97,18 +97,6 @@ class OpcuaSource:
         self.missed = 0
         # asyncua logs every failed request and reconnect attempt itself; the agent reports once.
         logging.getLogger("asyncua").setLevel(logging.CRITICAL)
-
-    def set_status_listener(self, listener: StatusListener | None) -> None:
-        """Receive a SourceError per failed connect or lost connection, None once data flows."""
-        self._listener = listener
-
-    def set_metrics(self, metrics: Metrics) -> None:
-        """Count missed publishing intervals on ``metrics``."""
-        self._metrics = metrics
-
-    def _report(self, error: SourceError | None) -> None:
-        if self._listener is not None:
-            self._listener(error)
 
     # -- the loop -------------------------------------------------------------------------------
 
