@@ -368,7 +368,8 @@ def _server_options(args: argparse.Namespace) -> dict[str, Any]:
         for path in (cert, key):
             if not os.access(path, os.R_OK):
                 raise ConfigError(f"cannot read {path}")
-        options.update(ssl_certfile=str(cert), ssl_keyfile=str(key))
+        # the asyncio loop: its TLS layer takes conn_guard's handshake bound (uvloop's does not)
+        options.update(ssl_certfile=str(cert), ssl_keyfile=str(key), loop="asyncio")
     return options
 
 

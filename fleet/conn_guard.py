@@ -19,12 +19,18 @@ runs) with a request deadline:
 
 A connection past its deadline gets ``408 Request Timeout`` (when no response has started) and
 is closed; the first one is logged, later ones are counted and summed up at most once a minute.
-HTTPS: the TLS handshake precedes all this; asyncio bounds it (60 s).
+HTTPS: the TLS handshake precedes all this. It is bounded by the same ``request_timeout_s``:
+:func:`configure` sets asyncio's handshake timeout (``asyncio.constants.SSL_HANDSHAKE_TIMEOUT``,
+60 s by default, read when each TLS connection is made), and ``edge-fleet serve --tls-cert``
+runs uvicorn on the asyncio loop, whose TLS layer reads it (uvloop's has its own fixed 60 s). A
+client that connects and never finishes its handshake therefore holds its descriptor for at most
+``request_timeout_s``, not a minute.
 """
 
 from __future__ import annotations
 
 import asyncio
+import asyncio.constants
 import logging
 import time
 from typing import Any, ClassVar
@@ -159,6 +165,8 @@ def configure(request_timeout_s: float) -> None:
     if not request_timeout_s > 0:
         raise ValueError("request_timeout_s must be positive")
     GuardedHttpToolsProtocol.request_timeout_s = request_timeout_s
+    # every TLS handshake of this process's asyncio loop (module docstring)
+    asyncio.constants.SSL_HANDSHAKE_TIMEOUT = request_timeout_s
 
 
 #: The ``http`` option of :func:`uvicorn.run` (importable by name in worker processes).

@@ -3,9 +3,11 @@ no admin token in worker environments, owner-only files whatever the umask."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import ipaddress
 import os
+import socket
 import stat
 import subprocess
 import time
@@ -81,6 +83,39 @@ def test_serve_https_with_certificate_and_key_files(tmp_path: Path) -> None:
     assert written
     for path in written:
         assert _mode(path) == 0o600, (path, oct(_mode(path)))
+
+
+def test_https_connections_that_never_finish_the_handshake_are_closed(tmp_path: Path) -> None:
+    """A client that connects to the TLS port and sends nothing (or half a ClientHello) is cut
+    off after --request-timeout, like a slow plain-HTTP client: asyncio's default would hold its
+    descriptor for 60 s, and 300 of them lock devices out of a fleet with 256 descriptors."""
+    cert, key = self_signed(tmp_path / "tls")
+    fleet = FleetProcess(tmp_path / "fleet", scheme="https",
+                         extra_args=("--tls-cert", str(cert), "--tls-key", str(key),
+                                     "--request-timeout", "2"))
+    fleet.start()
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                requests.get(f"{fleet.url}/healthz", verify=str(cert), timeout=5)
+                break
+            except requests.ConnectionError:
+                assert time.monotonic() < deadline, fleet.log_tail()
+                time.sleep(0.2)
+        silent = socket.create_connection(("127.0.0.1", fleet.port), timeout=30)
+        half = socket.create_connection(("127.0.0.1", fleet.port), timeout=30)
+        half.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")  # a ClientHello's start
+        t0 = time.monotonic()
+        for conn in (silent, half):
+            with contextlib.suppress(ConnectionResetError):
+                assert conn.recv(1024) == b""  # closed by the fleet
+        took = time.monotonic() - t0
+        assert took < 20.0, f"an unfinished handshake was held {took:.1f} s"
+        silent.close()
+        half.close()
+    finally:
+        fleet.stop()
 
 
 def test_serve_rejects_half_a_tls_configuration(tmp_path: Path) -> None:
