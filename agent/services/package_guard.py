@@ -271,7 +271,7 @@ def salvage(raw: bytes) -> tuple[str, int, int | None]:
     """
     try:
         obj = json.loads(raw[: 64 * 1024])
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: deep nesting
         obj = None
     if not isinstance(obj, dict):
         obj = {}

@@ -64,6 +64,13 @@ def test_salvage_reports_only_valid_fields() -> None:
     assert salvage(json.dumps(_assignment(version=True)).encode())[1] == 1
 
 
+def test_salvage_survives_deeply_nested_json() -> None:
+    # a hostile fleet's answer nested deeper than the stdlib parser's recursion limit: the
+    # refusal must still be reported (it raised RecursionError and the report was lost)
+    assert salvage(b"[" * 100_000) == ("invalid-assignment", 1, None)
+    assert salvage(b'{"a":' * 5_000 + b"1" + b"}" * 5_000) == ("invalid-assignment", 1, None)
+
+
 def test_high_water_persists_and_never_lowers(tmp_path: Path) -> None:
     hw = HighWater(tmp_path / "hw.json")
     hw.ran("pump", "skab-wstat", 6)
