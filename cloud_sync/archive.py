@@ -202,6 +202,8 @@ def parse_manifest_bytes(data: bytes, where: str) -> tuple[dict[str, Any], Manif
         raw = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
         raise PackageFormatError(f"{MANIFEST} is not JSON: {exc}", package=where) from exc
+    except RecursionError:  # "[[[[..." deeper than the parser's recursion limit
+        raise PackageFormatError(f"{MANIFEST} nests too deeply", package=where) from None
     if not isinstance(raw, dict):
         raise PackageFormatError(f"{MANIFEST} is not a JSON object", package=where)
     try:

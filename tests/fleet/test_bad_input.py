@@ -153,6 +153,23 @@ def test_manifest_version_past_int64_is_refused(
     assert "PackageFormatError" in resp.json()["detail"]
 
 
+def test_manifest_nested_too_deeply_is_refused(raw_client: TestClient) -> None:
+    # json.loads raised RecursionError on a 100,000-deep manifest.json: the upload was a 500
+    import io  # noqa: PLC0415
+    import tarfile  # noqa: PLC0415
+
+    data = b"[" * 100_000
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        info = tarfile.TarInfo("manifest.json")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    resp = raw_client.post("/v1/models", content=buf.getvalue(),
+                           headers={**ADMIN, "Content-Type": "application/gzip"})
+    assert resp.status_code == 422, resp.text
+    assert "nests too deeply" in resp.json()["detail"]
+
+
 # --- status reports: bounded, and kept by age ---------------------------------------------------
 
 
