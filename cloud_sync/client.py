@@ -491,7 +491,7 @@ class FleetClient:
             self._raise_for(resp, content, "the samples upload")
         try:
             stored = json.loads(content)["stored"]
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
             raise FleetProtocolError(f"200 response is not {{'stored': n}}: "
                                      f"{_detail(content)}") from exc
         if not isinstance(stored, int):
@@ -662,7 +662,7 @@ def _detail(content: bytes) -> str:
     text = content[:4096].decode("utf-8", errors="replace")
     try:
         parsed = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: "[[[[..." from a hostile server
         return text[:_DETAIL_CHARS].strip() or "(empty body)"
     if isinstance(parsed, dict) and "detail" in parsed:
         return str(parsed["detail"])[:_DETAIL_CHARS]

@@ -20,7 +20,13 @@ from cloud_sync.errors import (
     FleetRejected,
     FleetUnavailable,
 )
-from cloud_sync.protocol import AggregateBody, AggregateRecord, Backlog, IngestBatch
+from cloud_sync.protocol import (
+    AggregateBody,
+    AggregateRecord,
+    Backlog,
+    IngestBatch,
+    SampleBatch,
+)
 
 Reply = tuple[int, dict[str, str], bytes]
 
@@ -166,6 +172,30 @@ def test_malformed_200_is_a_protocol_error(server: tuple[str, Recorder], payload
     rec.reply = lambda b: (200, {}, payload)
     with pytest.raises(FleetProtocolError):
         FleetClient(url, "t").ingest(batch(3))
+
+
+DEEP = b"[" * 5_000  # deeper than the stdlib JSON parser's recursion limit
+
+
+@pytest.mark.parametrize(("status", "error"), [(500, FleetUnavailable), (403, FleetAuthError),
+                                               (422, FleetRejected)])
+def test_deeply_nested_error_body_is_the_status_error(
+    server: tuple[str, Recorder], status: int, error: type[Exception]
+) -> None:
+    # json.loads of the error's detail raised RecursionError, which killed the uploader thread
+    url, rec = server
+    rec.reply = lambda b: (status, {"Content-Type": "application/json"}, DEEP)
+    with pytest.raises(error, match=r"\[\[\["):
+        FleetClient(url, "t").ingest(batch())
+
+
+def test_deeply_nested_samples_answer_is_a_protocol_error(server: tuple[str, Recorder]) -> None:
+    url, rec = server
+    rec.reply = lambda b: (200, {"Content-Type": "application/json"}, DEEP)
+    samples = SampleBatch(device_id="gw1", stream="pump1", channels=["a"], config_hash="h",
+                          windows=[[[1.0]]])
+    with pytest.raises(FleetProtocolError):
+        FleetClient(url, "t").post_samples(samples)
 
 
 def test_connection_refused_is_unavailable() -> None:
