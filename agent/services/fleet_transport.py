@@ -13,9 +13,9 @@ from __future__ import annotations
 import logging
 import threading
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
 import requests
+from urllib3.util import parse_url
 
 from agent.loopback import is_loopback
 from agent.secret_files import check_trust_file
@@ -50,8 +50,10 @@ def warn_plaintext(url: str, logger: logging.Logger | None = None) -> bool:
     Returns:
         True when this call logged the warning.
     """
-    parts = urlsplit(url)
-    if parts.scheme != "http" or is_loopback(parts.hostname or ""):
+    # the host urllib3 connects to (requests' parser): urllib.parse reads
+    # 'http://10.0.0.5\\@127.0.0.1' as 127.0.0.1, urllib3 connects to 10.0.0.5
+    parts = parse_url(url)
+    if (parts.scheme or "").lower() != "http" or is_loopback(parts.host or ""):
         return False
     with _warned_lock:
         if url in _warned:

@@ -177,6 +177,13 @@ def test_plain_http_to_a_remote_host_is_warned_about_once(
     assert "fleet.plant.example" in warnings[0].getMessage()
 
 
+def test_plain_http_warning_judges_the_host_requests_connects_to() -> None:
+    # urllib.parse reads the host after the backslash (127.0.0.1), requests connects to the
+    # one before it (10.0.0.5): the warning was silent for a plain-http url to a remote host
+    assert warn_plaintext("http://10.0.0.5\\@127.0.0.1:8700")
+    assert not warn_plaintext("http://127.0.0.1\\@10.0.0.5:8700")  # goes to 127.0.0.1
+
+
 @pytest.mark.parametrize(("keys", "problem"), [
     ({"url": "http://127.0.0.1:8700", "ca_file": "/ca.pem"}, "not https"),
     ({"url": "https://f", "pinned_pubkey": "sha1//AAAA"}, "sha256//"),
