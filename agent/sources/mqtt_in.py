@@ -279,10 +279,11 @@ class MqttInSource:
                 continue
             updates[i] = payloads.number(value, f"metric {name!r}")
             if m.HasField("timestamp"):
-                t = int(m.timestamp) / 1000.0
+                t = payloads.check_epoch(int(m.timestamp) / 1000.0, int(m.timestamp))
                 newest = t if newest is None else max(newest, t)
         if newest is None and payload.HasField("timestamp"):
-            newest = int(payload.timestamp) / 1000.0
+            newest = payloads.check_epoch(int(payload.timestamp) / 1000.0,
+                                          int(payload.timestamp))
         return updates, newest
 
     def _metric_channel(self, metric: str) -> str:
