@@ -275,7 +275,12 @@ class MqttInSource:
                 continue
             i = self._index.get(self._metric_channel(name))
             value = sp.metric_value(m)
-            if i is None or value is None:
+            if i is None:
+                continue
+            if value is None:
+                if not m.is_null:  # a null metric is "no value now", not a wrong one
+                    reject(RecordError(f"metric {name!r} of {msg.topic[:200]!r} is not a number",
+                                       reason="wrong_type"))
                 continue
             updates[i] = payloads.number(value, f"metric {name!r}")
             if m.HasField("timestamp"):
