@@ -10,8 +10,8 @@ is present), ``wrong_type`` (a mapped field is not a number), ``not_a_number``, 
 Timestamps (JSON ``timestamp_field``): a number is epoch seconds, or epoch milliseconds when it
 is above 1e11 (a date after 5138 in seconds); a string is ISO 8601
 (:meth:`datetime.datetime.fromisoformat`, naive = UTC). A time before 1970 or after 9999
-(:data:`MAX_EPOCH_S`) is ``bad_timestamp``: no clock of a plant device means it, and later
-stages could not format it.
+(:data:`agent.records.MAX_EPOCH_S`) is ``bad_timestamp``: no clock of a plant device means
+it, and later stages could not format it.
 """
 
 from __future__ import annotations
@@ -23,11 +23,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agent.errors import RecordError
+from agent.records import MAX_EPOCH_S
 
 #: Above this a numeric timestamp is taken as epoch milliseconds.
 MS_THRESHOLD = 1e11
-#: Latest accepted reading time, epoch seconds (9999-12-31T23:59:59Z).
-MAX_EPOCH_S = 253_402_300_799.0
 #: Deepest dotted field path followed.
 MAX_PATH_DEPTH = 16
 
