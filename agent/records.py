@@ -20,6 +20,11 @@ FloatArray = npt.NDArray[np.float64]
 Float32Array = npt.NDArray[np.float32]
 
 
+#: The reading times :func:`iso_utc` can format: years 1 .. 9999, epoch seconds.
+MIN_EPOCH_S = -62_135_596_800.0
+MAX_EPOCH_S = 253_402_300_799.0
+
+
 def iso_utc(ts: float) -> str:
     """Format epoch seconds as ISO 8601 UTC with millisecond precision and a ``Z`` suffix.
 

@@ -14,6 +14,8 @@ Sources stay simple (:mod:`agent.sources.base`); this wraps any of them:
 * every rejected record counts ``records_rejected_total{stream, reason}`` and is logged at most
   once per reason per ``reject_log_interval_s`` (the next line says how many were suppressed;
   :class:`agent.logs.RateLimiter`, the agent's one rate limiter);
+* a reading whose time is no date (NaN, or outside years 1 .. 9999: a line of a serial device
+  or a plugin that sent 1e30) is rejected (``reason = "bad_timestamp"``);
 * a reading outside the stream's valid range (:class:`agent.sources.valid_range.ValidRange`) is
   rejected like any bad record (``reason = "out_of_range"``);
 * every accepted reading counts ``readings_total``, refreshes :attr:`last_progress_mono` (for a
@@ -37,7 +39,7 @@ from collections.abc import Callable
 from agent.errors import AgentError, RecordError, SourceError, SourceExhausted
 from agent.logs import ALWAYS, RateLimiter
 from agent.metrics import Metrics
-from agent.records import Reading
+from agent.records import MAX_EPOCH_S, MIN_EPOCH_S, Reading
 from agent.sources.backoff import Backoff
 from agent.sources.base import Emit, ReportsStatus, ReportsWaits, Source, UsesMetrics
 from agent.sources.valid_range import ValidRange
@@ -207,6 +209,10 @@ class SourceSupervisor:
     # -- callbacks (all called in the supervisor's thread) -----------------------------------
 
     def _emit(self, reading: Reading) -> None:
+        if not MIN_EPOCH_S <= reading.ts <= MAX_EPOCH_S:  # also NaN: no later stage can use it
+            self._reject(RecordError(f"reading time {reading.ts!r} is not a date (years "
+                                     "1 .. 9999)", reason="bad_timestamp"))
+            return
         invalid = self._valid.check(reading.values)
         if invalid is not None:
             self._reject(invalid)

@@ -52,6 +52,7 @@ from agent.sources.backoff import Backoff
 from agent.sources.base import DeviceHooks, Emit, Reject, StatusListener, WaitListener, paced_wait
 from agent.sources.modbus_config import ModbusConfig
 from agent.sources.modbus_map import ReadBlock, decode, plan_reads
+from agent.sources.serial_line import describe_line
 
 if TYPE_CHECKING:
     from agent.metrics import Metrics
@@ -83,6 +84,24 @@ def make_client(config: ModbusConfig) -> Any:
         bytesize=config.bytesize, parity=config.parity, stopbits=config.stopbits,
         timeout=config.timeout_s, retries=config.retries,
     )
+
+
+def _serial_failure(config: ModbusConfig) -> str:
+    """Why pymodbus could not open the RTU line (it logs the cause and returns False).
+
+    Opens the port once more with pyserial to name the cause: a missing device, no permission,
+    or a setting the port refuses (a Linux pseudo-terminal refuses parity: tcsetattr EINVAL).
+    """
+    import serial  # noqa: PLC0415 - lazy, as pymodbus's own serial client
+
+    line = describe_line(config.baudrate, config.bytesize, config.parity, config.stopbits)
+    try:
+        serial.Serial(str(config.serial_port), baudrate=config.baudrate,
+                      bytesize=config.bytesize, parity=config.parity,
+                      stopbits=config.stopbits, timeout=0).close()
+    except Exception as exc:  # pyserial raises SerialException, termios.error, ValueError
+        return f"cannot open serial port at {line}: {type(exc).__name__}: {exc}"
+    return f"cannot open serial port at {line}"
 
 
 class _ConnectionLost(Exception):
@@ -208,7 +227,8 @@ class ModbusSource(DeviceHooks):
         except Exception as exc:  # pyserial/pymodbus raise many kinds
             ok, why = False, f"{type(exc).__name__}: {exc}"
         else:
-            why = "connection refused or unreachable"
+            why = ("connection refused or unreachable" if cfg.transport == "tcp"
+                   else _serial_failure(cfg))
         if not ok:
             _close_quietly(client)
             self._report(SourceError(f"cannot connect to Modbus device: {why}",

@@ -263,14 +263,20 @@ class MqttInSource(DeviceHooks):
                 continue
             i = self._index.get(self._metric_channel(name))
             value = sp.metric_value(m)
-            if i is None or value is None:
+            if i is None:
+                continue
+            if value is None:
+                if not m.is_null:  # a null metric is "no value now", not a wrong one
+                    reject(RecordError(f"metric {name!r} of {msg.topic[:200]!r} is not a number",
+                                       reason="wrong_type"))
                 continue
             updates[i] = payloads.number(value, f"metric {name!r}")
             if m.HasField("timestamp"):
-                t = int(m.timestamp) / 1000.0
+                t = payloads.check_epoch(int(m.timestamp) / 1000.0, int(m.timestamp))
                 newest = t if newest is None else max(newest, t)
         if newest is None and payload.HasField("timestamp"):
-            newest = int(payload.timestamp) / 1000.0
+            newest = payloads.check_epoch(int(payload.timestamp) / 1000.0,
+                                          int(payload.timestamp))
         return updates, newest
 
     def _metric_channel(self, metric: str) -> str:

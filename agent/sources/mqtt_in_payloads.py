@@ -9,7 +9,9 @@ is present), ``wrong_type`` (a mapped field is not a number), ``not_a_number``, 
 
 Timestamps (JSON ``timestamp_field``): a number is epoch seconds, or epoch milliseconds when it
 is above 1e11 (a date after 5138 in seconds); a string is ISO 8601
-(:meth:`datetime.datetime.fromisoformat`, naive = UTC).
+(:meth:`datetime.datetime.fromisoformat`, naive = UTC). A time before 1970 or after 9999
+(:data:`agent.records.MAX_EPOCH_S`) is ``bad_timestamp``: no clock of a plant device means
+it, and later stages could not format it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agent.errors import RecordError
+from agent.records import MAX_EPOCH_S
 
 #: Above this a numeric timestamp is taken as epoch milliseconds.
 MS_THRESHOLD = 1e11
@@ -51,6 +54,18 @@ def number(value: Any, what: str) -> float:
     return out
 
 
+def check_epoch(t: float, value: Any) -> float:
+    """``t`` (epoch seconds) unchanged when it lies in 1970 .. 9999.
+
+    Raises:
+        RecordError: ``bad_timestamp`` (``value`` is the field as received, for the message).
+    """
+    if not 0.0 <= t <= MAX_EPOCH_S:
+        raise RecordError(f"timestamp {str(value)[:64]!r} is not a time: outside 1970 .. 9999",
+                          reason="bad_timestamp")
+    return t
+
+
 def parse_time(value: Any) -> float:
     """A timestamp field as epoch seconds (module docstring).
 
@@ -64,10 +79,10 @@ def parse_time(value: Any) -> float:
             t = float(value)
             if not math.isfinite(t):
                 raise ValueError(f"{t}")
-            return t / 1000.0 if abs(t) > MS_THRESHOLD else t
+            return check_epoch(t / 1000.0 if abs(t) > MS_THRESHOLD else t, value)
         if isinstance(value, str):
             d = dt.datetime.fromisoformat(value)
-            return (d if d.tzinfo else d.replace(tzinfo=dt.UTC)).timestamp()
+            return check_epoch((d if d.tzinfo else d.replace(tzinfo=dt.UTC)).timestamp(), value)
         raise TypeError(type(value).__name__)
     except (TypeError, ValueError, OverflowError) as exc:
         raise RecordError(f"timestamp {str(value)[:64]!r} is not a time: {exc}",

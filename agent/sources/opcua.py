@@ -177,14 +177,22 @@ class OpcuaSource(DeviceHooks):
     async def _subscribe(self, client: Any, emit: Emit, reject: Reject) -> None:
         from asyncua import ua  # noqa: PLC0415
 
-        nodes = [await self._resolve(client, n, i) for i, n in enumerate(self.config.nodes)]
-        index = {str(node.nodeid): i for i, node in enumerate(nodes)}
+        resolved = [await self._resolve(client, n, i) for i, n in enumerate(self.config.nodes)]
+        # one monitored item per distinct node; a node mapped to several channels feeds each
+        index: dict[str, list[int]] = {}
+        nodes, first = [], []
+        for i, node in enumerate(resolved):
+            if str(node.nodeid) not in index:
+                nodes.append(node)
+                first.append(i)
+            index.setdefault(str(node.nodeid), []).append(i)
         loop = asyncio.get_running_loop()
         source = self
 
         class Handler:
             def datachange_notification(self, node: Any, val: Any, data: Any) -> None:
-                source._pending.append((index[str(node.nodeid)], data.monitored_item.Value))
+                for i in index[str(node.nodeid)]:
+                    source._pending.append((i, data.monitored_item.Value))
                 if not source._flush_scheduled:
                     source._flush_scheduled = True
                     loop.call_soon(source._flush, emit, reject)
@@ -200,7 +208,7 @@ class OpcuaSource(DeviceHooks):
             sampling_interval=self.config.sampling_interval_ms)
         for i, r in enumerate(results if isinstance(results, list) else [results]):
             if isinstance(r, ua.StatusCode) and not r.is_good():
-                raise RuntimeError(f"node {self._where(self.config.nodes[i])} cannot be "
+                raise RuntimeError(f"node {self._where(self.config.nodes[first[i]])} cannot be "
                                    f"monitored: {r.name}")
 
     async def _resolve(self, client: Any, node: NodeMap, i: int) -> Any:

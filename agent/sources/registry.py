@@ -145,11 +145,13 @@ def path_fields(kind: str) -> tuple[str, ...]:
 
 
 def describe_kinds() -> list[str]:
-    """One line per installed kind: ``kind: first line of its config's docstring``."""
-    return [
-        f"{kind}: {(plugin.config.__doc__ or '').strip().splitlines()[0]}"
-        for kind, plugin in PLUGINS.items()
-    ]
+    """One line per installed kind: ``kind: first line of its config's docstring``.
+
+    A plugin config without a docstring is listed as ``kind: (no description)``.
+    """
+    lines = {kind: (plugin.config.__doc__ or "").strip().splitlines()
+             for kind, plugin in PLUGINS.items()}
+    return [f"{kind}: {doc[0] if doc else '(no description)'}" for kind, doc in lines.items()]
 
 
 def load_class(kind: str) -> type[Any]:

@@ -39,7 +39,13 @@ from agent.records import Reading
 from agent.sources.backoff import Backoff
 from agent.sources.base import Emit, Reject, SourcePlugin, StatusListener
 from agent.sources.lines import LineParser, ParsedLine
-from agent.sources.serial_line import STOPBITS, RS485Config, apply_rs485, line_settings
+from agent.sources.serial_line import (
+    STOPBITS,
+    RS485Config,
+    apply_rs485,
+    describe_line,
+    line_settings,
+)
 
 __all__ = ["KIND", "LineParser", "ParsedLine", "SerialConfig", "SerialSource"]
 
@@ -216,7 +222,8 @@ class SerialSource:
                 apply_rs485(port, cfg.rs485)
         except (ValueError, termios.error) as exc:  # e.g. parity on a pty: tcsetattr EINVAL
             raise ConfigError(
-                f"serial port settings rejected: {exc}", stream=self.stream, port=cfg.port
+                f"serial port settings rejected ({_settings_text(cfg)}): {exc}",
+                stream=self.stream, port=cfg.port
             ) from exc
         except self._port_errors as exc:
             self._report(
@@ -266,3 +273,10 @@ class SerialSource:
 def _close_quietly(port: Any) -> None:
     with contextlib.suppress(Exception):  # the port is already broken; nothing to report
         port.close()
+
+
+def _settings_text(cfg: SerialConfig) -> str:
+    text = describe_line(cfg.baudrate, cfg.bytesize, cfg.parity, cfg.stopbits, cfg.rtscts,
+                         cfg.xonxoff)
+    return text + (" rs485" if cfg.rs485 is not None else "")
+

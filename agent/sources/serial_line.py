@@ -70,3 +70,16 @@ def apply_rs485(port: object, cfg: RS485Config) -> None:
         with contextlib.suppress(Exception):  # closed: the port is unusable as configured
             port.close()  # type: ignore[attr-defined]
         raise ValueError(f"RS-485 mode not supported by this port: {exc}") from exc
+
+
+def describe_line(baudrate: int, bytesize: int, parity: str, stopbits: float,
+                  rtscts: bool = False, xonxoff: bool = False) -> str:
+    """The line settings in the usual short form, for error messages.
+
+    >>> describe_line(19200, 8, "E", 1, rtscts=True)
+    '19200 8E1 rtscts'
+    """
+    stop = int(stopbits) if float(stopbits).is_integer() else stopbits
+    flow = [name for name, on in (("rtscts", rtscts), ("xonxoff", xonxoff)) if on]
+    return " ".join([f"{baudrate} {bytesize}{parity}{stop}", *flow])
+

@@ -277,6 +277,24 @@ def test_rtu_reads_and_survives_a_device_restart(rtu: tuple[Socat, SimServer]) -
         run.close()
 
 
+def test_rtu_line_the_port_refuses_is_named(tmp_path: Path) -> None:
+    # parity E on a pty: pymodbus only logs the cause; the outage said "connection refused or
+    # unreachable", which is no reason for a serial line
+    if SOCAT is None:
+        pytest.skip("socat not installed (apt-get install socat)")
+    pair = Socat(tmp_path)
+    pair.start()
+    run = Running(**{**_rtu(pair), "parity": "E", "baudrate": 19200})
+    try:
+        assert wait_for(lambda: run.sup.outage is not None, timeout=10.0)
+        assert run.sup.outage is not None
+        assert "cannot open serial port at 19200 8E1" in run.sup.outage[0]
+        assert "Invalid argument" in run.sup.outage[0]
+    finally:
+        run.close()
+        pair.kill()
+
+
 def test_rtu_late_response_is_never_taken_for_a_later_request(
     rtu: tuple[Socat, SimServer],
 ) -> None:

@@ -236,6 +236,12 @@ def test_sparkplug_b_aliases_seq_gaps_bdseq_and_rebirth(mosquitto: MosquittoBrok
         node.bd_seq = 1
         node.birth()  # a new session of the node
         assert wait_for(lambda: run.source.events.get("bdseq_change") == 1)
+        node.seq += 1
+        text = sp.Payload(timestamp=int(time.time() * 1000), seq=node.seq)
+        t = text.metrics.add(alias=1, datatype=12)  # a String metric on a numeric channel
+        t.string_value = "high"
+        pub.send("spBv1.0/plant1/DDATA/line3/pump1", bytes(text.SerializeToString()))
+        assert wait_for(lambda: run.rejected("wrong_type") >= 1)  # it used to vanish silently
         pub.send("spBv1.0/plant1/DDATA/line3/pump1", b"\x08\x96\x01garbage")
         assert wait_for(lambda: run.rejected("bad_payload") >= 1)
         sample_name = "edge_agent_sparkplug_events_total"
@@ -243,6 +249,37 @@ def test_sparkplug_b_aliases_seq_gaps_bdseq_and_rebirth(mosquitto: MosquittoBrok
         assert run.sup.outage is None
     finally:
         run.close()
+
+
+def test_timestamps_no_clock_can_mean_are_rejected(mosquitto: MosquittoBroker,
+                                                   pub: Publisher) -> None:
+    # 1e30 ms (JSON) and a uint64 near 2**64 ms (Sparkplug B) were taken as reading times and
+    # crashed the agent when it formatted them (OverflowError in the clock-step log line)
+    run = Running(mosquitto.port, format="json", topics=["plant/pump1/telemetry"],
+                  fields={"p": "pressure"}, timestamp_field="ts")
+    spb = Running(mosquitto.port, format="sparkplug_b", group_id="plant1", edge_node_id="line3",
+                  device_id="pump1", metrics={"p": "Inputs/Pressure", "f": "Inputs/Flow"},
+                  client_id="edge-agent-in-spb")
+    node = EdgeNode(pub)
+    try:
+        assert wait_for(run.connected, timeout=10) and wait_for(spb.connected, timeout=10)
+        for ts in (1e30, -1e30, "9999-12-31T23:59:59+00:00"):
+            pub.send("plant/pump1/telemetry", json.dumps({"pressure": 1.0, "ts": ts}))
+        assert wait_for(lambda: run.rejected("bad_timestamp") >= 2)
+        assert wait_for(lambda: len(run.readings) == 1)  # year 9999 is still a time
+        node.birth()
+        assert wait_for(lambda: spb.values() == [[1.0, 10.0]])
+        node.seq += 1
+        msg = sp.Payload(timestamp=2**64 - 1, seq=node.seq)
+        m = msg.metrics.add(alias=1, datatype=10, timestamp=2**64 - 1)
+        m.double_value = 2.0
+        pub.send("spBv1.0/plant1/DDATA/line3/pump1", bytes(msg.SerializeToString()))
+        assert wait_for(lambda: spb.rejected("bad_timestamp") >= 1)
+        assert spb.values() == [[1.0, 10.0]]
+        assert run.sup.outage is None and spb.sup.outage is None
+    finally:
+        run.close()
+        spb.close()
 
 
 @pytest.mark.parametrize(

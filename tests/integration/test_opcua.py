@@ -98,6 +98,20 @@ def test_data_changes_become_readings_with_source_timestamps(peer: OpcuaPeer) ->
         run.close()
 
 
+def test_one_node_mapped_to_two_channels_feeds_both(peer: OpcuaPeer) -> None:
+    # the same node for two channels: each channel gets its values (it used to feed only the
+    # last one, so the reading never had every channel and nothing was ever emitted)
+    twice = {"channel": "pressure_copy", "node_id": "ns=2;s=Pump1.Pressure"}
+    run = Running(peer.endpoint, nodes=[*NODES, twice])
+    try:
+        assert wait_for(lambda: len(run.readings) >= 1, timeout=15)
+        assert run.source.channels == ("pressure", "flow", "pressure_copy")
+        peer.write("Pressure", 3.5)
+        assert wait_for(lambda: any(v[0] == v[2] == 3.5 for v in run.values()), timeout=10)
+    finally:
+        run.close()
+
+
 def test_bad_uncertain_wrong_type_and_out_of_range_are_rejected(peer: OpcuaPeer) -> None:
     label = {"channel": "label", "node_id": "ns=2;s=Pump1.Label"}
     run = Running(peer.endpoint)

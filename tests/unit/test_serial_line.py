@@ -34,3 +34,22 @@ def test_impossible_line_settings(line: str, key: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(HEAD + line + "\n", env={})
     assert info.value.problems[0].startswith(key.replace("Value error, ", ""))
+
+
+def test_a_refused_line_setting_names_the_settings() -> None:
+    # pyserial reports only the errno of tcsetattr (e.g. parity on a pseudo-terminal); the
+    # message must say which line settings the port refused
+    import termios  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+
+    from agent.sources.serial import SerialSource  # noqa: PLC0415
+
+    def refuses(_port: str, **_settings: object) -> object:
+        raise termios.error(22, "Invalid argument")
+
+    cfg = SerialConfig(port="/dev/ttyS0", channels=["a"], baudrate=9600, bytesize=7, parity="E",
+                       stopbits=2, rtscts=True)
+    source = SerialSource(cfg, "s", serial_factory=refuses)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError,
+                       match=r"settings rejected \(9600 7E2 rtscts\): .*Invalid argument"):
+        source.run(lambda r: None, lambda e: None, threading.Event())

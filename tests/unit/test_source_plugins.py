@@ -15,6 +15,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from agent.sources.registry import BUILTIN, GROUP, PLUGINS, discover
 
 REPO = Path(__file__).resolve().parents[2]
@@ -150,3 +152,21 @@ def test_broken_plugins_are_skipped_and_named(tmp_path: Path, monkeypatch: objec
     assert "not an agent.sources.base.SourcePlugin" in broken["wrongtype"]
     assert "its plugin's kind is 'lidar'" in broken["misnamed"]
     assert plugins["serial"] is PLUGINS["serial"]
+
+
+def test_a_plugin_config_without_a_docstring_is_listed(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the config class of docs/sources.md's example has no docstring: print-default-config
+    # used to die with IndexError listing the installed kinds
+    from typing import Literal  # noqa: PLC0415
+
+    from pydantic import Field  # noqa: PLC0415
+
+    from agent.config.base import StrictModel  # noqa: PLC0415
+    from agent.sources.base import SourcePlugin  # noqa: PLC0415
+    from agent.sources.registry import describe_kinds  # noqa: PLC0415
+
+    class Bare(StrictModel):
+        kind: Literal["bare"] = Field("bare", description="Source kind.")
+
+    monkeypatch.setitem(PLUGINS, "bare", SourcePlugin("bare", Bare, "nowhere:Bare"))
+    assert "bare: (no description)" in describe_kinds()

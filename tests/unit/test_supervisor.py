@@ -336,3 +336,17 @@ def test_every_outage_and_recovery_passes_the_log_rate_limit() -> None:
     assert sum("source down" in m for m in handler.lines) == 5, handler.lines
     assert sum("source recovered" in m for m in handler.lines) == 4, handler.lines
     assert sum("source finished" in m for m in handler.lines) == 1
+
+
+def test_a_reading_time_that_is_no_date_is_rejected_not_passed_on() -> None:
+    # a serial line "1e30,1,2,..." (or any source's) reading time used to reach the app, which
+    # died with OverflowError formatting it
+    def odd_times(emit: Emit, reject: Reject, stop: threading.Event) -> None:
+        for ts in (1e30, float("nan"), -1e20, 1_767_225_600.0):
+            emit(Reading("s", ts, np.array([1.0])))
+
+    h = Harness(ScriptedSource([odd_times]))
+    h.run()
+    assert [r.ts for r in h.out] == [1_767_225_600.0]
+    assert value(h.metrics, "edge_agent_records_rejected_total", stream="s",
+                 reason="bad_timestamp") == 3
