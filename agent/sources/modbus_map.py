@@ -138,7 +138,9 @@ def decode(ch: ChannelMap, data: Sequence[int] | Sequence[bool], base: int) -> f
         raise RecordError(f"channel {ch.name!r}: non-finite value {value}", reason="non_finite")
     if (ch.min is not None and value < ch.min) or (ch.max is not None and value > ch.max):
         raise RecordError(
-            f"channel {ch.name!r}: {value:g} outside [{ch.min}, {ch.max}]", reason="out_of_range"
+            f"channel {ch.name!r}: {value:g} outside "
+            f"[{-math.inf if ch.min is None else ch.min:g}, "
+            f"{math.inf if ch.max is None else ch.max:g}]", reason="out_of_range"
         )
     return value
 

@@ -264,7 +264,9 @@ class OpcuaSource(DeviceHooks):
             raise RecordError(f"{node.channel}: non-finite value {value}", reason="non_finite")
         if (node.min is not None and value < node.min) or (node.max is not None
                                                             and value > node.max):
-            raise RecordError(f"{node.channel}: {value} outside [{node.min}, {node.max}]",
+            low = -math.inf if node.min is None else node.min
+            high = math.inf if node.max is None else node.max
+            raise RecordError(f"{node.channel}: {value:g} outside [{low:g}, {high:g}]",
                               reason="out_of_range")
         return value
 
