@@ -502,7 +502,12 @@ class Uploader:
 
     def _run(self) -> None:
         while not self.stop_event.is_set():
-            delay = self.run_once()
+            try:
+                delay = self.run_once()
+            except Exception as exc:  # the loop must survive anything: rows stay in the store
+                log.exception("upload step failed unexpectedly; records stay in the store")
+                self.close()  # a fresh sender pool; batches in flight are sent again
+                delay = self._failed("internal", f"{type(exc).__name__}: {exc}", None)
             if delay <= 0:
                 continue
             if self._failing:

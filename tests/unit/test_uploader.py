@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -273,3 +274,22 @@ def test_a_batch_cut_off_at_its_deadline_is_retried_in_halves_and_reported(
     while up.run_once() == 0.0:
         pass
     assert store.upload_backlog() == (0, 0)
+
+
+def test_an_unexpected_error_does_not_end_the_upload_thread(tmp_path: Path) -> None:
+    """A bug or a hostile answer that raises something unforeseen is logged and retried with
+    backoff; the thread goes on and the records are uploaded once the cause is gone."""
+    store, client, up, m = setup(tmp_path, backoff_initial_s=0.05, backoff_max_s=0.1)
+    store.add_aggregate(make_aggregate(0.0))
+    client.fail = [RuntimeError("something nobody foresaw")]
+    up.start()
+    try:
+        deadline = time.monotonic() + 10
+        while store.upload_backlog() != (0, 0):
+            assert time.monotonic() < deadline, "the records were never uploaded"
+            time.sleep(0.02)
+        assert up._thread is not None and up._thread.is_alive()
+        assert m.registry.get_sample_value("edge_agent_upload_failures_total",
+                                           {"reason": "internal"}) == 1
+    finally:
+        up.stop()
