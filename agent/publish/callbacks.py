@@ -15,6 +15,7 @@ from collections.abc import Callable
 import paho.mqtt.client as paho
 from paho.mqtt.reasoncodes import ReasonCode
 
+from agent.logs import ALWAYS
 from agent.metrics import Metrics
 from agent.publish.limits import SizeLimit
 from agent.publish.mqtt_config import MqttConfig
@@ -107,7 +108,7 @@ class PahoCallbacks:
         else:
             self._log.info(
                 "MQTT broker %s:%d reachable again after %.1f s; draining the outbox",
-                self.config.host, self.config.port, self._monotonic() - since,
+                self.config.host, self.config.port, self._monotonic() - since, extra=ALWAYS,
             )
         self._wake.set()
 
@@ -167,7 +168,7 @@ class PahoCallbacks:
             self._log.warning(
                 "lost the MQTT broker %s:%d (%s); alerts stay in the outbox, reconnecting in "
                 "the background",
-                self.config.host, self.config.port, reason_code,
+                self.config.host, self.config.port, reason_code, extra=ALWAYS,
             )
         self._wake.set()
 

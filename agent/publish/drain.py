@@ -20,6 +20,7 @@ from paho.mqtt.enums import MQTTErrorCode
 from paho.mqtt.reasoncodes import ReasonCode
 
 from agent.errors import StoreError
+from agent.logs import ALWAYS
 from agent.metrics import Metrics
 from agent.publish.limits import PoisonWatch, ProgressGuard, SizeLimit, publish_packet_bytes
 from agent.publish.mqtt_config import MqttConfig
@@ -166,7 +167,7 @@ class OutboxDrain:
         self._log.warning(
             "MQTT broker %s:%d acknowledged none of %d alert(s) in flight for %.0f s although "
             "the connection is up; dropping the connection to rebuild it",
-            self.config.host, self.config.port, in_flight, self._guard.timeout_s,
+            self.config.host, self.config.port, in_flight, self._guard.timeout_s, extra=ALWAYS,
         )
         sock = self._client.socket()
         if isinstance(sock, socket.socket):  # also an ssl.SSLSocket

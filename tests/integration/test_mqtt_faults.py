@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from agent.logs import RATE_LIMIT_S, RateLimitFilter
 from agent.metrics import Metrics
 from agent.publish.mqtt import MqttConfig, MqttPublisher
 from agent.records import Alert, TopChannel
@@ -114,6 +115,29 @@ def test_lost_pubacks_on_a_live_link_rebuild_the_connection(
     assert sample(registry, "edge_agent_mqtt_stalls_total") >= 1
     assert p.connections >= 2
     assert messages(caplog, "acknowledged none of 3 alert(s) in flight")
+
+
+def test_every_stall_and_reconnect_is_logged_within_the_rate_limit(
+    mosquitto: MosquittoBroker, store: Store, cleanup: list[Callable[[], None]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Three connection rebuilds within the 30 s log limit: the agent's log showed one "lost"
+    and one "reachable again" line for three outages (the disconnects metric said 3). A lost
+    and a recovered broker are state changes: every one passes the rate limit."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    p = proxy(cleanup, mosquitto, drop_types=frozenset({PUBACK}), drop_connections=3)
+    registry = CollectorRegistry()
+    pub = publisher(p.host, p.port, store, registry, cleanup)
+    pub.start()
+    wait_until(lambda: pub.connected, 10, "the first connection")
+    raise_alert(store, pub)
+    wait_until(lambda: store.outbox_stats()[0] == 0, 60, "the outbox to empty")
+    assert sample(registry, "edge_agent_mqtt_disconnects_total") == 3
+    limit = RateLimitFilter(RATE_LIMIT_S)
+    passed = [r.getMessage() for r in caplog.records if r.name == LOGGER and limit.filter(r)]
+    assert sum("lost the MQTT broker" in m for m in passed) == 3
+    assert sum("reachable again" in m for m in passed) == 3
+    assert sum("acknowledged none of 1 alert(s)" in m for m in passed) == 3
 
 
 # -- item: no CONNACK, duplicates after a reconnect ----------------------------------------------
