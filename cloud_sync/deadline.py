@@ -149,7 +149,8 @@ def bounded(deadlines: Deadlines, what: str, seconds: float) -> Iterator[CallWat
     """Run one client call under a watch of ``seconds``; map its failure once the watch fired.
 
     Raises:
-        FleetDeadlineExceeded: The deadline cut the call short.
+        FleetDeadlineExceeded: The deadline cut the call short (also when the call returned
+            without an error: its answer may be truncated).
         FleetUnavailable: :meth:`Deadlines.abort_all` cut it short (the client is closing).
     """
     with deadlines.watch(seconds) as w:
@@ -165,6 +166,16 @@ def bounded(deadlines: Deadlines, what: str, seconds: float) -> Iterator[CallWat
             if w.fired == "aborted":
                 raise FleetUnavailable(f"{what}: cut short, the agent is stopping") from exc
             raise
+        # No error, but the watch shut the sockets: the answer may be cut short without one
+        # (a header block cut after the status line reads as a complete, empty 200).
+        if w.fired == "deadline":
+            raise FleetDeadlineExceeded(
+                f"{what}: no complete answer from the fleet within the total deadline of "
+                f"{seconds:.0f} s (a slow or hung peer); the connection was closed",
+                deadline_s=seconds,
+            )
+        if w.fired == "aborted":
+            raise FleetUnavailable(f"{what}: cut short, the agent is stopping")
 
 
 class _WatchedHTTPConnection(HTTPConnection):

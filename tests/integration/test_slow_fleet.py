@@ -47,6 +47,21 @@ def test_an_upload_to_a_trickling_fleet_ends_at_its_total_deadline(peer: Trickle
     client.close()
 
 
+def test_a_deadline_that_cuts_the_headers_after_the_status_line_is_a_deadline() -> None:
+    """The deadline shut the socket after ``HTTP/1.1 200 OK`` and part of the headers: the
+    truncated header block read as a complete 200 with an empty body, so the cut-off upload was
+    reported as a protocol error ("200 response is not an IngestResult") instead of a deadline
+    (no smaller batch, no "cut off" reason in /healthz)."""
+    peer = TricklePeer("headers", interval_s=0.2, max_bytes=400)  # ~25 bytes in 5 s
+    client = FleetClient(peer.url, "tok", connect_timeout_s=1.0, read_timeout_s=2.0)
+    try:
+        with pytest.raises(FleetDeadlineExceeded, match="total deadline of 5 s"):
+            client.ingest(batch(3))
+    finally:
+        peer.close()
+        client.close()
+
+
 def test_an_assignment_poll_and_a_download_end_at_their_total_deadline(
     peer: TricklePeer, tmp_path: Path,
 ) -> None:
