@@ -31,8 +31,12 @@ from agent.store.sqlite import OutboxRow, Store
 #: is dead-lettered (Payload format invalid 0x99; Packet too large 0x95, which brokers send
 #: although the specification does not list it for PUBACK). Any other failure (Not authorized,
 #: Topic Name invalid, Quota exceeded, Unspecified, ...) is about the broker's configuration or
-#: state: the alert stays in the outbox and is sent again on the next connection.
+#: state: the alert stays in the outbox and is sent again on the next connection, and at the
+#: latest :data:`REFUSED_RETRY_S` after the refusal on the same connection.
 DEAD_LETTER_REASONS = frozenset({0x95, 0x99})
+#: Seconds after a retryable refusal before the refused alerts are sent again on a healthy link
+#: (a broker ACL fixed while the agent stays connected).
+REFUSED_RETRY_S = 30.0
 
 #: Least seconds between two log lines about oversized or refused alerts of one kind.
 LOG_EVERY_S = 60.0
@@ -40,6 +44,9 @@ LOG_EVERY_S = 60.0
 
 class OutboxDrain:
     """The drain-thread half of the publisher (attributes set by its ``__init__``)."""
+
+    #: Monotonic time to send the alerts the broker refused again (None = none refused).
+    _retry_refused_mono: float | None = None
 
     config: MqttConfig
     alerts_topic: str
@@ -104,6 +111,13 @@ class OutboxDrain:
                     # the ones paho re-sends itself.
                     generation, cursor = current, (0, 0)
                     self._guard.progress(self._monotonic())
+                    self._retry_refused_mono = None
+                elif (self._retry_refused_mono is not None
+                      and self._monotonic() >= self._retry_refused_mono):
+                    # Alerts the broker refused (not in flight, not acknowledged): from the
+                    # oldest again, on this connection.
+                    self._retry_refused_mono = None
+                    cursor = (0, 0)
                 if connected and not self._stopping.is_set():
                     cursor = self._fill(window, cursor, generation)
                     self._check_progress(len(window))
@@ -280,12 +294,15 @@ class OutboxDrain:
         connection (see :data:`DEAD_LETTER_REASONS`)."""
         self._metrics.mqtt_rejected_total.labels(reason=str(reason)).inc()
         if reason.value not in DEAD_LETTER_REASONS:
+            if self._retry_refused_mono is None:
+                self._retry_refused_mono = self._monotonic() + REFUSED_RETRY_S
             if reason.value not in self._rejections_logged:  # once per reason code
                 self._rejections_logged.add(reason.value)
                 self._log.error(
                     "broker rejected alert %s (%s): it stays in the outbox and is sent again "
-                    "on the next connection; further rejections for this reason are only "
-                    "counted (edge_agent_mqtt_rejected_total)", row.alert_id, reason)
+                    "in %.0f s and on the next connection; further rejections for this reason "
+                    "are only counted (edge_agent_mqtt_rejected_total)", row.alert_id, reason,
+                    REFUSED_RETRY_S)
             return
         self._give_up(row, "rejected", f"the broker rejected it ({reason})",
                       f"mqtt: broker rejected it ({reason})")

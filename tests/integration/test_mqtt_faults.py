@@ -271,6 +271,43 @@ def test_alerts_the_broker_refuses_stay_in_the_outbox_logged_once(
     assert len(messages(caplog, "broker rejected alert")) == 1
 
 
+def test_refused_alerts_go_out_once_the_broker_takes_them_on_the_same_connection(
+    tmp_path: Path, store: Store, cleanup: list[Callable[[], None]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An ACL denies the alerts topic, then the operator fixes it (mosquitto reloads its ACL
+    on SIGHUP) while the agent stays connected: the refused alerts are sent again after the
+    retry interval, without waiting for a reconnect that a healthy link never brings."""
+    import signal  # noqa: PLC0415
+
+    from agent.publish import drain  # noqa: PLC0415
+
+    monkeypatch.setattr(drain, "REFUSED_RETRY_S", 1.0)
+    acl = tmp_path / "acl"
+    acl.write_text("topic read #\ntopic write edge/+/availability\n")
+    broker = MosquittoBroker(_require_mosquitto(), tmp_path / "acl-broker",
+                             extra=(f"acl_file {acl}",))
+    broker.start()
+    cleanup.append(broker.kill)
+    sub = Subscriber(broker, [f"edge/{DEVICE}/alerts"])
+    cleanup.append(sub.close)
+    registry = CollectorRegistry()
+    pub = publisher(broker.host, broker.port, store, registry, cleanup, keepalive_s=5)
+    pub.start()
+    for _ in range(3):
+        raise_alert(store, pub)
+    label = {"reason": "Not authorized"}
+    wait_until(lambda: sample(registry, "edge_agent_mqtt_rejected_total", label) >= 3, 10,
+               "three rejections")
+    acl.write_text("topic read #\ntopic write edge/#\n")
+    assert broker._proc is not None
+    broker._proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: store.outbox_stats()[0] == 0, 20, "the refused alerts delivered")
+    wait_until(lambda: len({a["alert_id"] for a in sub.alerts()}) == 3, 10,
+               "three alerts at the subscriber")
+    assert sample(registry, "edge_agent_mqtt_disconnects_total") == 0  # the same connection
+
+
 @pytest.mark.parametrize(
     ("limited_broker", "protocol"),
     [(["max_packet_size 1024"], "3.1.1"), (["message_size_limit 1024"], "5")],
