@@ -37,6 +37,30 @@ FENCE_QUANTILES = (0.05, 0.95)
 FENCE_WIDTHS = 10.0
 
 
+def fence_floor(samples: npt.NDArray[np.float64],
+                floor: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """The smallest bulk width :func:`far_out_rows` uses per channel: the package's scale floor,
+    or, when larger, the channel's resolution (its smallest nonzero step between readings), so a
+    quantized sensor that sat on one value while calibrating does not count its one-quantum
+    steps as gross errors.
+
+    Args:
+        samples: Shape ``(N, C)``, float64, raw channel units.
+        floor: Shape ``(C,)``, > 0.
+
+    Returns:
+        Shape ``(C,)``, float64.
+
+    >>> x = np.full((400, 1), 20.0); x[::50] = 20.1
+    >>> round(float(fence_floor(x, np.array([1e-9]))[0]), 6)
+    0.1
+    """
+    steps = np.abs(np.diff(samples, axis=0))
+    steps = np.where(np.isfinite(steps) & (steps > 0), steps, np.inf)
+    quantum = steps.min(axis=0) if steps.shape[0] else np.full(samples.shape[1], np.inf)
+    return np.maximum(floor, np.where(np.isfinite(quantum), quantum, 0.0))
+
+
 def far_out_rows(
     samples: npt.NDArray[np.float64],
     floor: npt.NDArray[np.float64],
@@ -87,6 +111,7 @@ __all__ = [
     "Scaler",
     "deviation_scores",
     "far_out_rows",
+    "fence_floor",
     "fit_calibration",
     "fit_feature_stats",
     "fit_scaler",

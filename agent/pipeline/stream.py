@@ -35,7 +35,7 @@ import numpy.typing as npt
 
 from agent.errors import ModelError
 from agent.pipeline.aggregates import IntervalAggregator
-from agent.pipeline.calibration import far_out_rows
+from agent.pipeline.calibration import far_out_rows, fence_floor
 from agent.pipeline.detector import (
     Calibration,
     DetectorSpec,
@@ -256,7 +256,7 @@ class StreamPipeline:
         scores = np.full(len(batch), math.nan)
         if self.calibration is None and self._cal_count >= self.spec.calibration_samples:
             samples = np.concatenate(self._cal_buf)
-            far = far_out_rows(samples, self.spec.scale_floor)
+            far = far_out_rows(samples, fence_floor(samples, self.spec.scale_floor))
             if far.any() and int((~far).sum()) > self.spec.window:
                 samples = samples[~far]
                 out.calibration_outliers = int(far.sum())
