@@ -8,7 +8,6 @@ reads but never writes.
 
 from __future__ import annotations
 
-import logging
 import socket
 import threading
 from collections.abc import Iterator
@@ -16,17 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry
 
-from agent.metrics import Metrics
-from agent.records import Reading
-from agent.services.supervisor import SourceSupervisor
 from agent.sources.modbus import ModbusSource
 from agent.sources.modbus_config import ModbusConfig
 from agent.sources.modbus_map import encode_float32
 from agent.sources.modbus_sim import SimServer
 from tests.conftest import _free_port
-from tests.integration.test_serial_pty import SOCAT, Socat, sample, wait_for
+from tests.integration.supervised import Supervised
+from tests.integration.test_serial_pty import SOCAT, Socat, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -52,7 +48,7 @@ def fill(server: SimServer) -> None:
 EXPECTED = [2.5, -12.3, 0x12345678, 1.0, 5.0, 77.0, 1.0]
 
 
-class Running:
+class Running(Supervised):
     """A ModbusSource under a real SourceSupervisor, collecting readings."""
 
     def __init__(self, **overrides: Any) -> None:
@@ -62,26 +58,7 @@ class Running:
         }
         fields.update(overrides)
         self.config = ModbusConfig.model_validate(fields, strict=False)
-        self.metrics = Metrics(CollectorRegistry())
-        self.stop = threading.Event()
-        self.readings: list[Reading] = []
-        self.source = ModbusSource(self.config, "plc")
-        self.sup = SourceSupervisor(self.source, self.readings.append, self.metrics, self.stop,
-                                    logging.getLogger("test.modbus"), backoff_initial_s=0.05,
-                                    backoff_max_s=0.2)
-        self.sup.start()
-
-    def rejected(self, reason: str) -> float:
-        return sample(self.metrics, "edge_agent_records_rejected_total", stream="plc",
-                      reason=reason)
-
-    def metric(self, name: str, **labels: str) -> float:
-        return sample(self.metrics, name, stream="plc", **labels)
-
-    def close(self) -> None:
-        self.stop.set()
-        self.sup.join(5.0)
-        assert not self.sup.is_alive()
+        super().__init__(ModbusSource(self.config, "plc"), "plc", join_s=5.0)
 
 
 @pytest.fixture

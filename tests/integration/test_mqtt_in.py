@@ -7,7 +7,6 @@ with protobuf (the schema of :mod:`agent.sources.sparkplug`) and answers rebirth
 from __future__ import annotations
 
 import json
-import logging
 import socket
 import threading
 import time
@@ -16,50 +15,28 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
-from prometheus_client import CollectorRegistry
 
-from agent.metrics import Metrics
-from agent.records import Reading
-from agent.services.supervisor import SourceSupervisor
 from agent.sources import sparkplug as sp
 from agent.sources.mqtt_in import MqttInSource
 from agent.sources.mqtt_in_config import MqttInConfig
 from tests.conftest import MosquittoBroker
+from tests.integration.supervised import Supervised
 from tests.integration.test_serial_pty import sample, wait_for
 
 pytestmark = pytest.mark.integration
 
 
-class Running:
+class Running(Supervised):
     """An MqttInSource under a real SourceSupervisor, collecting readings."""
 
     def __init__(self, port: int, **fields: Any) -> None:
         base: dict[str, Any] = {"port": port, "reconnect_initial_s": 0.1, "reconnect_max_s": 0.5,
                                 "keepalive_s": 5}
         self.config = MqttInConfig.model_validate({**base, **fields}, strict=False)
-        self.metrics = Metrics(CollectorRegistry())
-        self.stop = threading.Event()
-        self.readings: list[Reading] = []
-        self.source = MqttInSource(self.config, "line")
-        self.sup = SourceSupervisor(self.source, self.readings.append, self.metrics, self.stop,
-                                    logging.getLogger("test.mqtt_in"), backoff_initial_s=0.05,
-                                    backoff_max_s=0.2)
-        self.sup.start()
+        super().__init__(MqttInSource(self.config, "line"), "line")
 
     def connected(self, n: int = 1) -> bool:
-        return self.source.connects >= n and self.sup.outage is None
-
-    def rejected(self, reason: str) -> float:
-        return sample(self.metrics, "edge_agent_records_rejected_total", stream="line",
-                      reason=reason)
-
-    def values(self) -> list[list[float]]:
-        return [r.values.tolist() for r in list(self.readings)]
-
-    def close(self) -> None:
-        self.stop.set()
-        self.sup.join(10.0)
-        assert not self.sup.is_alive()
+        return bool(self.source.connects >= n and self.sup.outage is None)
 
 
 class Publisher:

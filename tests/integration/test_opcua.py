@@ -9,7 +9,6 @@ accepts and never answers for the silent-server test.
 from __future__ import annotations
 
 import datetime as dt
-import logging
 import socket
 import threading
 from collections.abc import Iterator
@@ -17,16 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry
 
-from agent.metrics import Metrics
-from agent.records import Reading
-from agent.services.supervisor import SourceSupervisor
 from agent.sources.opcua import OpcuaSource
 from agent.sources.opcua_config import OpcuaConfig
 from tests.conftest import _free_port
 from tests.integration.opcua_peer import OpcuaPeer, make_certificate
-from tests.integration.test_serial_pty import sample, wait_for
+from tests.integration.supervised import Supervised
+from tests.integration.test_serial_pty import wait_for
 
 pytest.importorskip("asyncua")
 pytestmark = pytest.mark.integration
@@ -37,7 +33,7 @@ NODES: list[dict[str, Any]] = [
 ]
 
 
-class Running:
+class Running(Supervised):
     """An OpcuaSource under a real SourceSupervisor, collecting readings."""
 
     def __init__(self, endpoint: str, nodes: list[dict[str, Any]] | None = None,
@@ -49,29 +45,7 @@ class Running:
         }
         fields.update(overrides)
         self.config = OpcuaConfig.model_validate(fields, strict=False)
-        self.metrics = Metrics(CollectorRegistry())
-        self.stop = threading.Event()
-        self.readings: list[Reading] = []
-        self.source = OpcuaSource(self.config, "plc")
-        self.sup = SourceSupervisor(self.source, self.readings.append, self.metrics, self.stop,
-                                    logging.getLogger("test.opcua"), backoff_initial_s=0.05,
-                                    backoff_max_s=0.2)
-        self.sup.start()
-
-    def rejected(self, reason: str) -> float:
-        return sample(self.metrics, "edge_agent_records_rejected_total", stream="plc",
-                      reason=reason)
-
-    def metric(self, name: str, **labels: str) -> float:
-        return sample(self.metrics, name, stream="plc", **labels)
-
-    def values(self) -> list[list[float]]:
-        return [r.values.tolist() for r in list(self.readings)]
-
-    def close(self) -> None:
-        self.stop.set()
-        self.sup.join(10.0)
-        assert not self.sup.is_alive()
+        super().__init__(OpcuaSource(self.config, "plc"), "plc")
 
 
 @pytest.fixture
