@@ -43,7 +43,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import numpy as np
 
@@ -72,8 +72,10 @@ from agent.pipeline.univariate import (
     univariate_channel,
 )
 from agent.preflight import preflight
+from agent.publish.homeassistant import HomeAssistantDiscovery
 from agent.publish.keeper import AlertKeeper
 from agent.publish.mqtt import MqttPublisher
+from agent.publish.stream_state import StateBoard
 from agent.records import Aggregate, Alert, Float32Array, Reading, iso_utc
 from agent.secret_files import private_umask, secure_state
 from agent.services.camera import CameraStream, build_camera_stream
@@ -102,6 +104,9 @@ from agent.store.parts import RepeatPolicy
 from agent.store.sqlite import Store
 from agent.systemd import Notifier, watchdog_interval_s
 from cloud_sync.package import TrustedKeys
+
+if TYPE_CHECKING:
+    from agent.publish.sparkplug_edge import SparkplugEdgeNode
 
 log = logging.getLogger("agent")
 
@@ -164,6 +169,9 @@ class Agent:
             checked against the model the same way.
         reload: Called on :meth:`request_reload` (in the run loop): returns the new, checked
             config to restart with, or None to keep running (see the module docstring).
+        board: The present state of every stream (:class:`agent.publish.stream_state.
+            StateBoard`) its consumers (Home Assistant discovery, Sparkplug B) follow; unset =
+            a new one.
 
     Raises:
         ConfigError: a stream's source and model do not fit together, or ``sources`` names
@@ -181,6 +189,7 @@ class Agent:
         clock: Callable[[], float] = time.time,
         sources: Mapping[str, Source] | None = None,
         reload: Callable[[], AgentConfig | None] | None = None,
+        board: StateBoard | None = None,
     ) -> None:
         given = dict(sources) if sources is not None else {}
         unknown = sorted(set(given) - {sc.name for sc in config.streams})
@@ -221,6 +230,19 @@ class Agent:
             self.publisher = MqttPublisher(
                 config.mqtt, self.store, config.agent.device_id, self.metrics, clock=clock
             )
+        #: The present state of every stream, for the MQTT consumers below.
+        self.board = board if board is not None else StateBoard()
+        names = [sc.name for sc in config.streams]
+        self.discovery: HomeAssistantDiscovery | None = None
+        if self.publisher is not None:  # also when disabled: it removes what it had published
+            self.discovery = HomeAssistantDiscovery(
+                config.mqtt.homeassistant, self.publisher, config.agent.device_id,
+                config.mqtt.topic_prefix, names, self.metrics)
+            self.discovery.attach(self.board)
+        self.sparkplug: SparkplugEdgeNode | None = None
+        if config.mqtt.sparkplug.enabled:
+            self.sparkplug = _build_sparkplug(config, names, self.metrics)
+            self.sparkplug.attach(self.board)
         self.streams: dict[str, _Stream] = {}
         #: Camera streams score in their own threads; alerts/aggregates come back on a queue.
         self.cameras: dict[str, CameraStream] = {}
@@ -463,6 +485,8 @@ class Agent:
         self._warm_up()
         if self.publisher is not None:
             self.publisher.start()
+        if self.sparkplug is not None:
+            self.sparkplug.start()
         if self.uploader is not None:
             self.uploader.start()
         if self.updater is not None:
@@ -711,6 +735,8 @@ class Agent:
             for agg in c.flush():
                 self.image_events.put(agg)
         self._drain_images()
+        if self.sparkplug is not None:  # its NDEATH before the alerts' 'offline'
+            self.sparkplug.stop()
         if self.publisher is not None:
             if self.publisher.connected and not self.publisher.flush(SHUTDOWN_FLUSH_S):
                 log.warning("outbox not empty at shutdown; the rest is sent at next start")
@@ -738,6 +764,21 @@ class Agent:
         self.store.close()
         if final:
             self.notifier.close()
+
+
+def _build_sparkplug(config: AgentConfig, streams: list[str], metrics: Metrics
+                     ) -> SparkplugEdgeNode:
+    """The Sparkplug B edge node (``[mqtt.sparkplug]`` enabled); ConfigError without protobuf."""
+    try:
+        from agent.publish.sparkplug_edge import (  # noqa: PLC0415 - protobuf only when used
+            SparkplugEdgeNode,
+        )
+    except ImportError as exc:
+        msg = (f"mqtt.sparkplug.enabled needs protobuf ({exc}); install "
+               "'edge-anomaly-agent[sparkplug]'")
+        raise ConfigError(msg, problems=[msg]) from None
+    return SparkplugEdgeNode(config.mqtt, config.agent.device_id, streams, metrics,
+                             Path(config.agent.state_dir))
 
 
 def _camera_policy(config: AgentConfig, name: str) -> StallPolicy:

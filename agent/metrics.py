@@ -239,6 +239,28 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        # MQTT consumers (agent.publish.homeassistant, agent.publish.sparkplug_edge)
+        self.ha_discovery_total = Counter(
+            "edge_agent_ha_discovery_total",
+            "Home Assistant discovery: config messages published, removed, and birth "
+            "messages of Home Assistant answered, by action.",
+            ["action"], registry=r,
+        )
+        self.sparkplug_connected = Gauge(
+            "edge_agent_sparkplug_connected", "1 while the Sparkplug B connection is up.",
+            registry=r,
+        )
+        self.sparkplug_messages_total = Counter(
+            "edge_agent_sparkplug_messages_total",
+            "Sparkplug B messages the edge node published, by kind (NBIRTH, DBIRTH, DDATA, "
+            "DDEATH, NDEATH).",
+            ["kind"], registry=r,
+        )
+        self.sparkplug_commands_total = Counter(
+            "edge_agent_sparkplug_commands_total",
+            "Sparkplug B NCMD messages received, by result (rebirth, ignored, rejected).",
+            ["result"], registry=r,
+        )
         self.mqtt_oversize_total = Counter(
             "edge_agent_mqtt_oversize_total",
             "Alerts over the broker's size limit: sent reduced or dead-lettered.",

@@ -39,6 +39,9 @@ class PahoCallbacks:
     _outage_since: float | None
     _outage_cause: str | None
     _subscriptions: dict[str, Callable[[bytes], None]]
+    _filters: dict[str, Callable[[str, bytes, bool], None]]
+    _connect_listeners: list[Callable[[], object]]
+    retain_available: bool
     _acks: collections.deque[tuple[int, ReasonCode, float, float]]
     _wake: threading.Event
     _stopping: threading.Event
@@ -51,8 +54,15 @@ class PahoCallbacks:
             return  # a client replaced by a new one (agent.publish.drain: _poisoned)
         with self._state_lock:
             callback = self._subscriptions.get(msg.topic)
+            filters = [cb for f, cb in self._filters.items()
+                       if paho.topic_matches_sub(f, msg.topic)]
         if callback is not None:
             callback(bytes(msg.payload))
+        for listener in filters:
+            try:
+                listener(msg.topic, bytes(msg.payload), bool(msg.retain))
+            except Exception:  # a consumer's bug must not end paho's network thread
+                self._log.exception("MQTT subscription callback failed for %s", msg.topic[:200])
 
     def _note_failure(self, cause: str | None) -> bool:
         """Start (or go on with) an outage; True when it starts here or ``cause`` (None =
@@ -88,9 +98,11 @@ class PahoCallbacks:
             return
         broker_max = getattr(properties, "MaximumPacketSize", None)
         self.limit.broker_max_packet = broker_max if isinstance(broker_max, int) else None
+        self.retain_available = getattr(properties, "RetainAvailable", 1) != 0
         client.publish(self.availability_topic, "online", qos=1, retain=True)
         with self._state_lock:
-            topics = list(self._subscriptions)
+            topics = [*self._subscriptions, *self._filters]
+            listeners = list(self._connect_listeners)
         for topic in topics:
             client.subscribe(topic, qos=1)
         with self._state_lock:
@@ -110,6 +122,11 @@ class PahoCallbacks:
                 "MQTT broker %s:%d reachable again after %.1f s; draining the outbox",
                 self.config.host, self.config.port, self._monotonic() - since, extra=ALWAYS,
             )
+        for listener in listeners:
+            try:
+                listener()
+            except Exception:  # a consumer's bug must not end paho's network thread
+                self._log.exception("MQTT connect listener failed")
         self._wake.set()
 
     def _on_connect_fail(self, client: paho.Client, userdata: object) -> None:

@@ -73,6 +73,12 @@ messages it holds unacknowledged after a reconnect, and the drain skips those.
 Protocol: MQTT 5 by default (clean start, session expiry 0, the broker's Maximum Packet Size
 and PUBACK reason codes); ``protocol = "3.1.1"`` keeps the old protocol (clean session).
 
+Other publishers on this connection (:meth:`MqttPublisher.publish_extra`,
+:meth:`MqttPublisher.add_connect_listener`, :meth:`MqttPublisher.subscribe_filter`): Home
+Assistant discovery (:mod:`agent.publish.homeassistant`) publishes its retained config messages
+on the alerts connection, so that they share its availability topic and last will; their
+PUBACKs are ignored by the drain (only alert message ids are tracked).
+
 Subscriptions (:meth:`MqttPublisher.subscribe`): topics the agent listens on (QoS 1), e.g. the
 model updater's ``<prefix>/<device_id>/models/notify``; subscribed again on every connect (the
 session is clean), each message's payload handed to the callback in paho's thread (callbacks
@@ -187,6 +193,11 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
         self._password = password
         self._client = self._make_client()
         self._subscriptions: dict[str, Callable[[bytes], None]] = {}
+        self._filters: dict[str, Callable[[str, bytes, bool], None]] = {}
+        self._connect_listeners: list[Callable[[], object]] = []
+        #: False when the broker's CONNACK (MQTT 5) says it does not take retained messages
+        #: (Retain Available = 0): consumers that publish retained messages skip them.
+        self.retain_available = True
 
         # Shared between paho's thread and the drain thread; guarded by _state_lock.
         self._state_lock = threading.Lock()
@@ -431,3 +442,37 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
             connected = self._connected
         if connected:
             self._client.subscribe(topic, qos=1)
+
+    def subscribe_filter(self, topic_filter: str, callback: Callable[[str, bytes, bool], None]
+                         ) -> None:
+        """Listen on ``topic_filter`` (QoS 1; ``+`` and ``#`` allowed), now and after every
+        reconnect.
+
+        ``callback(topic, payload, retained)`` runs in paho's network thread and must not
+        block (a publish is fine: paho only queues it).
+        """
+        with self._state_lock:
+            self._filters[topic_filter] = callback
+            connected = self._connected
+        if connected:
+            self._client.subscribe(topic_filter, qos=1)
+
+    def add_connect_listener(self, listener: Callable[[], object]) -> None:
+        """Call ``listener()`` after every successful connect (paho's network thread), once
+        ``online`` is queued and the subscriptions are renewed; it must not block."""
+        with self._state_lock:
+            self._connect_listeners.append(listener)
+
+    def publish_extra(self, topic: str, payload: bytes | str, *, retain: bool, qos: int = 1
+                      ) -> bool:
+        """Publish a message that is not an alert on the current connection.
+
+        Nothing is queued while disconnected (a connect listener publishes again instead).
+
+        Returns:
+            True when paho took the message; False when disconnected, stopping or refused.
+        """
+        if not self.connected or self._stopping.is_set():
+            return False
+        info = self._client.publish(topic, payload, qos=qos, retain=retain)
+        return info.rc == paho.MQTT_ERR_SUCCESS

@@ -1,4 +1,5 @@
-"""Config of the MQTT alert publisher (``[mqtt]``), its password file and the paho client factory.
+"""Config of the MQTT alert publisher (``[mqtt]``) and its consumers' tables
+(``[mqtt.homeassistant]``, ``[mqtt.sparkplug]``), its password file and the paho client factory.
 
 Split from :mod:`agent.publish.mqtt` (which re-exports every name here).
 """
@@ -8,13 +9,74 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import paho.mqtt.client as paho
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from agent.config.base import StrictModel
 from agent.publish.mqtt_tls import DiagnosedClient
 from agent.secret_files import read_secret
 
 _WILDCARDS = ("+", "#", "\x00")
+
+
+class HomeAssistantConfig(StrictModel):
+    """Home Assistant MQTT discovery (``[mqtt.homeassistant]``)."""
+
+    enabled: bool = Field(
+        False,
+        description="Publish Home Assistant MQTT discovery messages: per stream an anomaly "
+        "binary sensor and a score sensor. Needs mqtt.enabled. Turning it off removes the "
+        "entities the agent had published.",
+    )
+    discovery_prefix: str = Field(
+        "homeassistant",
+        min_length=1,
+        description="Home Assistant's discovery prefix (its MQTT integration setting).",
+    )
+    birth_topic: str | None = Field(
+        None,
+        description="Topic of Home Assistant's birth message; on 'online' the discovery "
+        "messages are published again. Unset = '<discovery_prefix>/status' (Home Assistant's "
+        "default).",
+    )
+
+    @field_validator("discovery_prefix", "birth_topic")
+    @classmethod
+    def _topic(cls, value: str | None) -> str | None:
+        if value is not None and (any(c in value for c in _WILDCARDS) or "" in value.split("/")):
+            raise ValueError(f"{value!r} must not contain '+', '#' or empty levels")
+        return value
+
+
+class SparkplugConfig(StrictModel):
+    """Sparkplug B output (``[mqtt.sparkplug]``)."""
+
+    enabled: bool = Field(
+        False,
+        description="Publish every stream as a Sparkplug B device of this edge node, on a "
+        "second MQTT connection to the [mqtt] broker (its will is the NDEATH).",
+    )
+    group_id: str | None = Field(
+        None, examples=["plant1"], description="Sparkplug group id; required when enabled."
+    )
+    edge_node_id: str | None = Field(
+        None, description="Sparkplug edge node id; unset = agent.device_id."
+    )
+    client_id: str | None = Field(
+        None, description="MQTT client id of the Sparkplug connection; unset = "
+        "'<mqtt client id>-sparkplug'."
+    )
+    min_data_interval_s: float = Field(
+        1.0, ge=0.0,
+        description="Least seconds between two DDATA of one stream whose only change is the "
+        "score (status, threshold and model changes go out at once); 0 = every score.",
+    )
+
+    @field_validator("group_id", "edge_node_id")
+    @classmethod
+    def _level(cls, value: str | None) -> str | None:
+        if value is not None and (not value or any(c in value for c in (*_WILDCARDS, "/"))):
+            raise ValueError(f"{value!r} must be one non-empty topic level without / + #")
+        return value
 
 
 class MqttConfig(StrictModel):
@@ -101,6 +163,14 @@ class MqttConfig(StrictModel):
     reconnect_max_s: float = Field(
         30.0, gt=0.0, description="Largest reconnect delay in seconds (rounded up)."
     )
+    homeassistant: HomeAssistantConfig = Field(
+        default_factory=HomeAssistantConfig,
+        description="Home Assistant MQTT discovery (docs/mqtt-consumers.md).",
+    )
+    sparkplug: SparkplugConfig = Field(
+        default_factory=SparkplugConfig,
+        description="Sparkplug B output on a second connection (docs/mqtt-consumers.md).",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> MqttConfig:
@@ -122,6 +192,11 @@ class MqttConfig(StrictModel):
                 raise ValueError(f"{key} is set but cert_file is not")
         if self.password_file is not None and self.username is None:
             raise ValueError("password_file is set but username is not")
+        if self.homeassistant.enabled and not self.enabled:
+            raise ValueError("homeassistant.enabled needs enabled = true (discovery goes out on "
+                             "the alerts connection)")
+        if self.sparkplug.enabled and self.sparkplug.group_id is None:
+            raise ValueError("sparkplug.enabled needs sparkplug.group_id")
         return self
 
 
