@@ -39,7 +39,7 @@ class SpMsg:
         return m.string_value if m.WhichOneof("value") == "string_value" else metric_value(m)
 
 
-def wait_until(pred: Callable[[], bool], timeout_s: float, what: str,
+def wait_until(pred: Callable[[], object], timeout_s: float, what: str,
                detail: Callable[[], str] = lambda: "") -> None:
     deadline = time.monotonic() + timeout_s
     while not pred():

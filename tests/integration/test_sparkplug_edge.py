@@ -16,7 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from agent.metrics import Metrics
-from agent.publish.mqtt_config import MqttConfig
+from agent.publish.mqtt_config import MqttConfig, SparkplugConfig
 from agent.publish.sparkplug_edge import BDSEQ_FILE, SparkplugEdgeNode
 from agent.publish.stream_state import StateBoard, StreamState
 from agent.sparkplug_b import BOOLEAN, DOUBLE, INT64, STRING, Payload, rebirth_payload
@@ -65,8 +65,8 @@ def make_node(port: int, state_dir: Path, made: list[SparkplugEdgeNode], board: 
               **sparkplug: Any) -> SparkplugEdgeNode:
     config = MqttConfig(host="127.0.0.1", port=port, keepalive_s=5, reconnect_min_s=1,
                         reconnect_max_s=1,
-                        sparkplug={"enabled": True, "group_id": GROUP,
-                                   "min_data_interval_s": 0.0, **sparkplug})
+                        sparkplug=SparkplugConfig(enabled=True, group_id=GROUP,
+                                                  **{"min_data_interval_s": 0.0, **sparkplug}))
     node = SparkplugEdgeNode(config, DEVICE, list(streams), Metrics(registry), state_dir,
                              logger=logging.getLogger("test.sparkplug"))
     node.attach(board)
