@@ -16,12 +16,11 @@ import pytest
 from tests.conftest import MosquittoBroker
 from tests.integration.mqtt_subscriber import Subscriber as MqttSubscriber
 from tests.integration.mqtt_subscriber import subscriber_factory
-from tests.integration.sparkplug_host import SparkplugHost
+from tests.integration.sparkplug_host import SparkplugHost, wait_until
 from tests.integration.test_agent_e2e import (
     DEVICE,
     AgentProcess,
     simulator_source,
-    wait_until,
     write_config,
 )
 
