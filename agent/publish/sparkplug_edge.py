@@ -62,8 +62,6 @@ KIND = "sparkplug"
 BDSEQ_FILE = "sparkplug.bdseq"
 
 
-
-
 class SparkplugEdgeNode:
     """The Sparkplug B edge node (see the module docstring for the protocol).
 
@@ -78,6 +76,9 @@ class SparkplugEdgeNode:
         clock: Wall clock, epoch seconds UTC (payload timestamps).
         monotonic: Monotonic clock, seconds (the data interval).
         logger: Where connection changes and bad commands are logged.
+
+    Raises:
+        ConfigError: The ``[mqtt]`` password file cannot be read (as for the publisher).
     """
 
     def __init__(self, config: MqttConfig, device_id: str, streams: Sequence[str], metrics: Metrics,
