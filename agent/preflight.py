@@ -74,7 +74,7 @@ def preflight(config: AgentConfig) -> list[str]:
                 problems.append(f"{key}.source.channels: the model's channel(s) {absent} are "
                                 f"not in the source's map (it has {list(names())})")
     mqtt_keys = ("password_file", "ca_file", "cert_file", "key_file", "key_password_file")
-    files = [(f"mqtt.{k}", getattr(config.mqtt, k) if config.mqtt.enabled else None)
+    files = [(f"mqtt.{k}", getattr(config.mqtt, k) if _uses_broker(config) else None)
              for k in mqtt_keys]
     fleet = getattr(config, "fleet", None)
     if fleet is not None and fleet.enabled:
@@ -83,6 +83,34 @@ def preflight(config: AgentConfig) -> list[str]:
         if value is not None and not Path(value).is_file():
             problems.append(f"{name}: no such file {value!r}")
     problems.extend(_credentials(config))
+    problems.extend(_mqtt_consumers(config))
+    return problems
+
+
+def _uses_broker(config: AgentConfig) -> bool:
+    """The ``[mqtt]`` broker settings are used: alerts, or the Sparkplug B connection."""
+    return config.mqtt.enabled or config.mqtt.sparkplug.enabled
+
+
+def _mqtt_consumers(config: AgentConfig) -> list[str]:
+    """Home Assistant ids that collide, Sparkplug B without protobuf (``run`` refuses both)."""
+    problems: list[str] = []
+    if config.mqtt.enabled:
+        from agent.publish.homeassistant import entity_id_part  # noqa: PLC0415
+
+        seen: dict[str, str] = {}
+        for sc in config.streams:
+            part = entity_id_part(sc.name)
+            if part in seen:
+                problems.append(f"mqtt.homeassistant: streams {seen[part]!r} and {sc.name!r} "
+                                f"both become Home Assistant id {part!r}; rename one")
+            seen[part] = sc.name
+    if config.mqtt.sparkplug.enabled:
+        try:
+            from google.protobuf import message  # noqa: F401, PLC0415
+        except ImportError as exc:
+            problems.append(f"mqtt.sparkplug.enabled: needs protobuf ({exc}); install "
+                            "'edge-anomaly-agent[sparkplug]'")
     return problems
 
 
@@ -115,7 +143,7 @@ def _credentials(config: AgentConfig) -> list[str]:
     from agent.services.uploader import read_token  # noqa: PLC0415
 
     problems: list[str] = []
-    password_file = config.mqtt.password_file if config.mqtt.enabled else None
+    password_file = config.mqtt.password_file if _uses_broker(config) else None
     if password_file is not None and Path(password_file).is_file():
         try:
             read_password(password_file)
@@ -123,7 +151,8 @@ def _credentials(config: AgentConfig) -> list[str]:
             problems.extend(exc.problems or [str(exc)])
     mqtt = config.mqtt
     tls_files = (mqtt.ca_file, mqtt.cert_file, mqtt.key_file, mqtt.key_password_file)
-    if mqtt.enabled and mqtt.tls and all(f is None or Path(f).is_file() for f in tls_files):
+    if _uses_broker(config) and mqtt.tls and all(f is None or Path(f).is_file()
+                                                 for f in tls_files):
         from agent.publish.mqtt_tls import tls_context  # noqa: PLC0415
 
         try:

@@ -200,3 +200,18 @@ def test_dotted_names_become_valid_home_assistant_ids() -> None:
     assert payload["unique_id"] == "Gw_1_Line_2_score"
     assert payload["default_entity_id"] == "sensor.gw_1_line_2_score"
     assert payload["state_topic"] == "edge/Gw.1/Line.2/state"
+
+
+def test_check_config_names_colliding_home_assistant_ids(tmp_path: Path) -> None:
+    from agent.config.loader import parse_config
+    from agent.preflight import preflight
+
+    streams = "".join(
+        f'[[streams]]\nname = "{n}"\nmodel = "builtin:skab-wstat"\n'
+        '[streams.source]\nkind = "simulator"\n' for n in ("a.b", "a_b"))
+    text = (f'[agent]\nstate_dir = "{tmp_path}"\n{streams}'
+            '[mqtt]\nenabled = true\n[mqtt.sparkplug]\nenabled = true\ngroup_id = "g"\n')
+    config = parse_config(text, env={}).resolved(tmp_path)
+    problems = [p for p in preflight(config) if p.startswith("mqtt.")]
+    assert problems == ["mqtt.homeassistant: streams 'a.b' and 'a_b' both become Home "
+                        "Assistant id 'a_b'; rename one"]
