@@ -12,8 +12,10 @@ from paho.mqtt.reasoncodes import ReasonCode
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
+from agent.config.loader import parse_config
 from agent.errors import ConfigError
 from agent.metrics import Metrics
+from agent.preflight import preflight
 from agent.publish import sparkplug_payloads as sp
 from agent.publish.homeassistant import HomeAssistantDiscovery
 from agent.publish.mqtt_config import MqttConfig, SparkplugConfig
@@ -203,9 +205,6 @@ def test_dotted_names_become_valid_home_assistant_ids() -> None:
 
 
 def test_check_config_names_colliding_home_assistant_ids(tmp_path: Path) -> None:
-    from agent.config.loader import parse_config
-    from agent.preflight import preflight
-
     streams = "".join(
         f'[[streams]]\nname = "{n}"\nmodel = "builtin:skab-wstat"\n'
         '[streams.source]\nkind = "simulator"\n' for n in ("a.b", "a_b"))
