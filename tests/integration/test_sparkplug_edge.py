@@ -62,9 +62,9 @@ def nodes() -> Iterator[list[SparkplugEdgeNode]]:
 
 def make_node(port: int, state_dir: Path, made: list[SparkplugEdgeNode], board: StateBoard,
               registry: CollectorRegistry, streams: tuple[str, ...] = ("pump1", "pump2"),
-              **sparkplug: Any) -> SparkplugEdgeNode:
+              protocol: str = "5", **sparkplug: Any) -> SparkplugEdgeNode:
     config = MqttConfig(host="127.0.0.1", port=port, keepalive_s=5, reconnect_min_s=1,
-                        reconnect_max_s=1,
+                        reconnect_max_s=1, protocol=protocol,  # type: ignore[arg-type]
                         sparkplug=SparkplugConfig(enabled=True, group_id=GROUP,
                                                   **{"min_data_interval_s": 0.0, **sparkplug}))
     node = SparkplugEdgeNode(config, DEVICE, list(streams), Metrics(registry), state_dir,
@@ -221,3 +221,16 @@ def test_score_only_changes_wait_for_the_data_interval(
     assert len(ddata) == 1
     values = sorted(m.double_value for m in ddata[0].payload.metrics)
     assert values == [0.8, 1.2]  # the latest score travels with the threshold
+
+
+def test_the_node_speaks_mqtt_3_1_1_too(
+    mosquitto: MosquittoBroker, tmp_path: Path, hosts: Callable[[], SparkplugHost],
+    nodes: list[SparkplugEdgeNode],
+) -> None:
+    host = hosts()
+    node = make_node(mosquitto.port, tmp_path, nodes, StateBoard(), CollectorRegistry(),
+                     streams=("pump1",), protocol="3.1.1")
+    wait_until(lambda: host.messages("DBIRTH", "pump1"), 20, "births over MQTT 3.1.1")
+    node.stop()
+    wait_until(lambda: host.messages("NDEATH"), 10, "NDEATH on stop")
+    assert host.messages("NDEATH")[0].value("bdSeq") == host.messages("NBIRTH")[0].value("bdSeq")
