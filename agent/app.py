@@ -1,8 +1,9 @@
 """Composition root: build every component from the config, run, stop cleanly.
 
 Threads: one per source (its supervisor), paho's network loop and the MQTT outbox drain, and
-with ``[mqtt.sparkplug]`` a second paho loop and the Sparkplug B worker; the pipeline runs in the thread that calls :meth:`Agent.run` (the main thread under the CLI, where
-signals arrive). Sources hand readings over a bounded queue; a full queue blocks the source
+with ``[mqtt.sparkplug]`` a second paho loop and the Sparkplug B worker; the pipeline runs in
+the thread that calls :meth:`Agent.run` (the main thread under the CLI, where signals arrive).
+Sources hand readings over a bounded queue; a full queue blocks the source
 (backpressure) rather than dropping a reading.
 
 Start-up order (what READY=1 means): the config is valid (checked before the Agent is built),
