@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--in-flight", type=int, default=FleetConfig().max_in_flight,
                     help="the uploader's max_in_flight (default: the [fleet] config default)")
     ap.add_argument("--fleet-workers", type=int, default=2,
-                    help="edge-fleet serve --workers (docs/fleet.md: one per core; this host has 2)")
+                    help="edge-fleet serve --workers (docs/fleet.md: one per core; 2 here)")
     add_arguments(ap, port_help="port of the edge-fleet serve peer (default: a free one)")
     ap.add_argument("--profile", action="store_true", help="cProfile the agent side")
     ap.add_argument("--fleet-db", choices=("sqlite", "postgresql"), default="sqlite")

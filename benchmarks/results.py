@@ -252,7 +252,8 @@ def render(record: dict[str, Any], benchmarks: tuple[Benchmark, ...] = BENCHMARK
         if bench is not None:
             out.append(bench.measures + (f". Target: {bench.target}." if bench.target else "."))
             out.append("")
-        out += ["| date | figures | machine | command |", "| --- | --- | --- | --- |"]
+        out += ["| date | figures | machine | command | notes |",
+                "| --- | --- | --- | --- | --- |"]
         for e in mine:
             if e.get("figures"):
                 figures = " ".join(f"`{k}={v}`" for k, v in e["figures"].items())
@@ -263,14 +264,10 @@ def render(record: dict[str, Any], benchmarks: tuple[Benchmark, ...] = BENCHMARK
             if e.get("carried_over"):
                 date += " (carried over)"
             out.append(f"| {date} | {_cell(figures)} | {_cell(_machine_text(e.get('machine', {})))}"
-                       f" | `{_cell(e.get('command', ''))}` |")
-        notes = [e for e in mine if e.get("note")]
-        if notes:
-            out.append("")
-            out += [f"* {e['date'][:10]}: {e['note']}" for e in notes]
+                       f" | `{_cell(e.get('command', ''))}` | {_cell(e.get('note', ''))} |")
         out.append("")
     if not_run:
-        out += ["## Not run on this machine yet", "",
+        out += ["## Not recorded yet", "",
                 "| benchmark | command | measures |", "| --- | --- | --- |", *not_run, ""]
     return "\n".join(out).rstrip("\n") + "\n"
 

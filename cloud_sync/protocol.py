@@ -10,8 +10,8 @@ carries an id made on the device that is stable across retries:
   zero) for part ``k`` of the same interval (:data:`AGGREGATE_ID_PATTERN`): the device stored
   the interval more than once because it restarted within it, each part summarising other
   readings. Parts are separate records (each its own id); a consumer combines the parts of one
-  ``(stream, interval_start)`` (docs/fleet-protocol.md, "Aggregate parts"). A fleet older than parts rejects a
-  part id by its pattern (``rejected``, with the reason): the device keeps it in its
+  ``(stream, interval_start)`` (docs/fleet-protocol.md, "Aggregate parts"). A fleet older than
+  parts rejects a part id by its pattern (``rejected``, with the reason): the device keeps it in its
   dead-letter table.
 
 Ingest is idempotent on ``(kind, id)``: the same batch sent twice stores each record once. The

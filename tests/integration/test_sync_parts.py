@@ -59,7 +59,8 @@ def agent_process(db: Path, fleet: FleetProcess, values: np.ndarray, ts: np.ndar
 
 
 def combine(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """docs/fleet-protocol.md's rule for the parts of one interval (one channel list each, same order)."""
+    """docs/fleet-protocol.md's rule for the parts of one interval (one channel list each, in
+    the same order)."""
     out: dict[str, Any] = {
         "count": sum(p["count"] for p in parts),
         "windows": sum(p["windows"] for p in parts),

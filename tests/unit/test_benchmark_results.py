@@ -54,11 +54,11 @@ def test_render_of_a_small_record() -> None:
     assert "`F1=0.825` `FAR=11.01` `MAR=22.81`" in skab
     assert "AMD EPYC, 2 cores, avx2 avx512_vnni, load 0.5 → 1.1" in skab
     assert "`python3 benchmarks/skab.py --data ../shared/datasets/skab`" in skab
-    assert "* 2026-11-29: the FP32 twin: F1 0.790" in skab
+    assert "| the FP32 twin: F1 0.790 |" in skab
     # a failed run shows its failure, not figures
     assert "failed (exit 1): FileNotFoundError: d" in page
     # benchmarks without an entry are listed with their command
-    tail = page[page.index("## Not run on this machine yet"):]
+    tail = page[page.index("## Not recorded yet"):]
     assert "`python3 benchmarks/camera.py`" in tail and "## skab" not in tail
 
 
