@@ -160,22 +160,24 @@ def format_default(field: FieldInfo) -> str:
     return f"`{_toml(value)}`"
 
 
+#: annotated_types constraint class -> (its attribute, how the page writes it).
+_BOUNDS: tuple[tuple[type[Any], str, str], ...] = (
+    (annotated_types.Ge, "ge", ">="),
+    (annotated_types.Gt, "gt", ">"),
+    (annotated_types.Le, "le", "<="),
+    (annotated_types.Lt, "lt", "<"),
+    (annotated_types.MinLen, "min_length", "length >="),
+    (annotated_types.MaxLen, "max_length", "length <="),
+)
+
+
 def format_constraints(field: FieldInfo) -> str:
     """The value constraints pydantic enforces on the field, e.g. ``>= 1, <= 65535``."""
     parts: list[str] = []
     for item in field.metadata:
-        if isinstance(item, annotated_types.Ge):
-            parts.append(f">= {_toml(item.ge)}")
-        elif isinstance(item, annotated_types.Gt):
-            parts.append(f"> {_toml(item.gt)}")
-        elif isinstance(item, annotated_types.Le):
-            parts.append(f"<= {_toml(item.le)}")
-        elif isinstance(item, annotated_types.Lt):
-            parts.append(f"< {_toml(item.lt)}")
-        elif isinstance(item, annotated_types.MinLen):
-            parts.append(f"length >= {item.min_length}")
-        elif isinstance(item, annotated_types.MaxLen):
-            parts.append(f"length <= {item.max_length}")
+        for kind, attribute, text in _BOUNDS:
+            if isinstance(item, kind):
+                parts.append(f"{text} {_toml(getattr(item, attribute))}")
         pattern = getattr(item, "pattern", None)
         if isinstance(pattern, str):
             parts.append(f"matches `{pattern}`")
