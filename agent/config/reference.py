@@ -18,6 +18,7 @@ from __future__ import annotations
 import enum
 import importlib
 import math
+import re
 import sys
 import types
 import typing
@@ -184,15 +185,28 @@ def format_constraints(field: FieldInfo) -> str:
     return ", ".join(parts)
 
 
+#: ``<`` that would open an HTML tag in Markdown (``<device_id>``; ``<= 5`` is no tag).
+_TAG_OPEN = re.compile(r"<(?=[A-Za-z/!?])")
+
+
 def _cell(text: str) -> str:
-    """Text fit for one Markdown table cell (pipes escaped, lines joined)."""
-    escaped = []
-    in_code = False
-    for char in " ".join(text.split()):
-        if char == "`":
-            in_code = not in_code
-        escaped.append("\\|" if char == "|" and not in_code else char)
-    return "".join(escaped).replace("`\\|`", "`|`")
+    """Text fit for one Markdown table cell: lines joined, pipes escaped (GitHub's tables need
+    that inside code spans too), and outside code spans a ``<`` that would open an HTML tag
+    written as ``&lt;`` (``<device_id>`` would otherwise vanish as a tag).
+
+    >>> _cell("alerts go to <topic_prefix>/alerts, <= 5, `<a>|b` or c|d")
+    'alerts go to &lt;topic_prefix>/alerts, <= 5, `<a>\\\\|b` or c\\\\|d'
+    """
+    return _no_tags(" ".join(text.split())).replace("|", "\\|")
+
+
+def _no_tags(text: str) -> str:
+    """``text`` with every ``<`` that would open an HTML tag outside code spans as ``&lt;``."""
+    parts = text.split("`")
+    for i, part in enumerate(parts):
+        if i % 2 == 0:  # outside code spans
+            parts[i] = _TAG_OPEN.sub("&lt;", part)
+    return "`".join(parts)
 
 
 def _section(
@@ -212,7 +226,7 @@ def _section(
     yield ""
     doc = (model.__doc__ or "").strip().split("\n\n")[0]
     if doc:
-        yield " ".join(doc.split()).replace("``", "`")
+        yield _no_tags(" ".join(doc.split()).replace("``", "`"))
         yield ""
     nested: list[tuple[str, FieldInfo]] = []
     rows = []

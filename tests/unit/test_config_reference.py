@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from agent.config.reference import REFERENCE_PATH, builtin_source_configs, render
@@ -37,3 +38,10 @@ def test_defaults_constraints_and_required_keys_are_rendered() -> None:
     assert "| `metrics_port` | integer (optional) | unset | >= 0, <= 65535 |" in page
     assert "| `name` | string | **required** |" in page
     assert '| `transport` | "tcp" \\| "rtu" | `"tcp"` |' in page
+
+
+def test_no_bare_html_tag_hides_text() -> None:
+    """``<device_id>`` outside a code span would vanish as an HTML tag on GitHub."""
+    body = render().split("-->", 1)[1]  # after the generated-file comment
+    outside_code = "".join(body.split("`")[::2])
+    assert re.findall(r"<[A-Za-z/!?][^>]*>", outside_code) == []
