@@ -2,7 +2,7 @@
 
 Scenario: the gateway was offline; its store buffered ``--rows`` aggregate rows (inserted fast:
 ``executemany`` in one transaction). Then a fleet service starts (``edge-fleet serve``
-subprocess with ``--workers 2``: one per core of this 2-core host, as the README recommends for
+subprocess with ``--workers 2``: one per core of this 2-core host, as docs/fleet.md recommends for
 ingest-heavy fleets) and the real :class:`agent.services.uploader.Uploader` with the real
 :class:`cloud_sync.client.FleetClient` drains the backlog with the ``[fleet]`` config defaults
 (``max_in_flight`` 2, ``gzip_level`` 6) and ``batch_records = 5000`` (the largest batch the
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--in-flight", type=int, default=FleetConfig().max_in_flight,
                     help="the uploader's max_in_flight (default: the [fleet] config default)")
     ap.add_argument("--fleet-workers", type=int, default=2,
-                    help="edge-fleet serve --workers (README: one per core; this host has 2)")
+                    help="edge-fleet serve --workers (docs/fleet.md: one per core; 2 here)")
     add_arguments(ap, port_help="port of the edge-fleet serve peer (default: a free one)")
     ap.add_argument("--profile", action="store_true", help="cProfile the agent side")
     ap.add_argument("--fleet-db", choices=("sqlite", "postgresql"), default="sqlite")

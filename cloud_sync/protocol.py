@@ -10,8 +10,8 @@ carries an id made on the device that is stable across retries:
   zero) for part ``k`` of the same interval (:data:`AGGREGATE_ID_PATTERN`): the device stored
   the interval more than once because it restarted within it, each part summarising other
   readings. Parts are separate records (each its own id); a consumer combines the parts of one
-  ``(stream, interval_start)`` (README, "Aggregate parts"). A fleet older than parts rejects a
-  part id by its pattern (``rejected``, with the reason): the device keeps it in its
+  ``(stream, interval_start)`` (docs/fleet-protocol.md, "Aggregate parts"). A fleet older than
+  parts rejects a part id by its pattern (``rejected``, with the reason): the device keeps it in its
   dead-letter table.
 
 Ingest is idempotent on ``(kind, id)``: the same batch sent twice stores each record once. The
@@ -32,7 +32,7 @@ the device of an aggregate is the batch's ``device_id`` and its id's first part.
 unequal lengths are a 422. A fleet that only knows schema 1 answers a schema-2 batch with 422;
 the agent then sends schema 1 (:mod:`agent.services.uploader`). Why columns: a 5,000-aggregate
 backlog batch is checked as a few typed arrays instead of 5,000 nested objects, and stored from
-columns without rebuilding rows or channel JSON (README, backlog figures).
+columns without rebuilding rows or channel JSON (docs/fleet-protocol.md, "Throughput").
 
 Errors: 400 malformed body, 401 missing/unknown token, 403 a device writing another device's
 records, 413 body or batch too large, 415 wrong content type, 422 schema violation, 429/503 with

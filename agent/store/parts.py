@@ -5,7 +5,7 @@ within an interval, the shutdown flush stores the readings so far under that id;
 process accumulates the rest of the interval and emits an aggregate with the SAME id. That one
 is not a copy: it summarises other readings. The store keeps it as the next PART,
 ``<id>:<k>`` (:func:`agent.records.aggregate_part_id`, ``k = 1, 2, ...``), a record of its own
-for the fleet (which stores parts as separate rows; README, "Aggregate parts").
+for the fleet (which stores parts as separate rows; docs/fleet-protocol.md, "Aggregate parts").
 
 A new aggregate is a duplicate (not stored, the insert's caller sees False) when a stored part
 of its interval summarises the same readings: same ``interval_s``, ``count`` and channel

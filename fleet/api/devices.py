@@ -15,7 +15,7 @@
   ``interval_start``, alerts by ``window_start``. One interval of a stream may come as several
   aggregate rows, its PARTS (ids ``<device>:<stream>:<ms>`` and ``...:<ms>:<k>``: the device
   restarted within the interval); they are returned as stored, not merged. How to combine them
-  (sums, max, count-weighted mean, pooled std): README, "Aggregate parts".
+  (sums, max, count-weighted mean, pooled std): docs/fleet-protocol.md, "Aggregate parts".
 """
 
 from __future__ import annotations

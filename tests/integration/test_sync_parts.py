@@ -3,7 +3,7 @@ and the real agent replaying a file twice.
 
 * An agent stopped within an interval (the shutdown flush stores part 0, already uploaded) and
   started again (it completes the interval: part 1) leaves both parts on the fleet; combined as
-  the README says, they give the statistics of every reading of the interval.
+  docs/fleet-protocol.md says, they give the statistics of every reading of the interval.
 * ``edge-agent run`` replaying the same file twice into one store stores each aggregate once
   (the second run restores the first run's calibration, so its score fields differ).
 """
@@ -59,7 +59,8 @@ def agent_process(db: Path, fleet: FleetProcess, values: np.ndarray, ts: np.ndar
 
 
 def combine(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """The README's rule for the parts of one interval (one channel list each, same order)."""
+    """docs/fleet-protocol.md's rule for the parts of one interval (one channel list each, in
+    the same order)."""
     out: dict[str, Any] = {
         "count": sum(p["count"] for p in parts),
         "windows": sum(p["windows"] for p in parts),
