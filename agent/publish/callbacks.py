@@ -36,6 +36,7 @@ class PahoCallbacks:
     _state_lock: threading.Lock
     _connected: bool
     _generation: int
+    retain_available: bool
     _outage_since: float | None
     _outage_cause: str | None
     _subscriptions: dict[str, Callable[[bytes], None]]
@@ -88,6 +89,9 @@ class PahoCallbacks:
             return
         broker_max = getattr(properties, "MaximumPacketSize", None)
         self.limit.broker_max_packet = broker_max if isinstance(broker_max, int) else None
+        # MQTT 5 CONNACK Retain Available (3.2.2.3.5): absent = 1; 0 = a retained PUBLISH is a
+        # protocol error the broker disconnects for (agent.publish.snapshots then sends none)
+        self.retain_available = getattr(properties, "RetainAvailable", 1) != 0
         client.publish(self.availability_topic, "online", qos=1, retain=True)
         with self._state_lock:
             topics = list(self._subscriptions)

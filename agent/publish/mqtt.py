@@ -187,6 +187,9 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
         self._password = password
         self._client = self._make_client()
         self._subscriptions: dict[str, Callable[[bytes], None]] = {}
+        #: The broker takes retained messages (MQTT 5 CONNACK Retain Available; always True
+        #: on 3.1.1, which cannot say: see agent.publish.snapshots).
+        self.retain_available = True
 
         # Shared between paho's thread and the drain thread; guarded by _state_lock.
         self._state_lock = threading.Lock()
@@ -420,6 +423,32 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
                 "%d alert(s) the store had refused were not acknowledged by the broker before "
                 "the stop: lost", lost,
             )
+
+    @property
+    def v5(self) -> bool:
+        """True when the connection speaks MQTT 5."""
+        return self._v5
+
+    @property
+    def generation(self) -> int:
+        """Successful connects so far (a change means the connection was rebuilt)."""
+        with self._state_lock:
+            return self._generation
+
+    def publish_best_effort(self, topic: str, payload: bytes, *, retain: bool,
+                            properties: Properties | None = None) -> paho.MQTTMessageInfo | None:
+        """Publish one QoS 0 message on the current connection (no outbox, never re-sent:
+        retained latest-value topics such as snapshots, :mod:`agent.publish.snapshots`).
+
+        Returns:
+            paho's message info, or None when not connected (nothing was queued).
+        """
+        if not self.connected or self._stopping.is_set():
+            return None
+        info = self._client.publish(topic, payload, qos=0, retain=retain, properties=properties)
+        if info.rc != paho.MQTT_ERR_SUCCESS:
+            return None
+        return info
 
     def subscribe(self, topic: str, callback: Callable[[bytes], None]) -> None:
         """Listen on ``topic`` (QoS 1, no wildcards), now and after every reconnect.
