@@ -3,6 +3,10 @@
 One row per ``(alert_id, kind)``; storing the same again replaces it (a device resending after a
 lost answer, or a fixed image), in one transaction. A snapshot is stored only beside its alert
 (the device uploads it after ingest acknowledged the alert), and goes with the device.
+
+Retention is bounded per device: after each insert only the newest ``keep_per_device`` images of
+that device stay (:data:`KEEP_PER_DEVICE`, about 100 MB per device at 50 kB an image), so a
+camera alerting all day does not grow the table without end; the alerts themselves stay.
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ from sqlalchemy import Engine, delete, insert, select
 
 from fleet.db.schema import alerts
 from fleet.db.snapshot_tables import alert_snapshots
+
+#: Images kept per device (the newest; snapshots and heatmaps each count).
+KEEP_PER_DEVICE = 2000
 
 
 @dataclass(frozen=True)
@@ -31,10 +38,14 @@ class SnapshotStore:
 
     Args:
         engine: SQLAlchemy engine.
+        keep_per_device: Newest images kept per device.
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, keep_per_device: int = KEEP_PER_DEVICE) -> None:
+        if keep_per_device < 1:
+            raise ValueError("keep_per_device must be at least 1")
         self._engine = engine
+        self.keep_per_device = keep_per_device
 
     def alert_exists(self, device_id: str, alert_id: str) -> bool:
         """True when ``device_id`` has an alert ``alert_id`` stored."""
@@ -55,6 +66,14 @@ class SnapshotStore:
                 device_id=device_id, alert_id=alert_id, kind=kind,
                 content_type=image.content_type, width=image.width, height=image.height,
                 data=image.data, received_at=now))
+            oldest_kept = conn.execute(
+                select(alert_snapshots.c.pk).where(alert_snapshots.c.device_id == device_id)
+                .order_by(alert_snapshots.c.pk.desc()).offset(self.keep_per_device - 1).limit(1)
+            ).scalar()
+            if oldest_kept is not None:
+                conn.execute(delete(alert_snapshots).where(
+                    (alert_snapshots.c.device_id == device_id)
+                    & (alert_snapshots.c.pk < oldest_kept)))
 
     def get(self, device_id: str, alert_id: str, kind: str) -> StoredImage | None:
         """The image, or None when there is none."""

@@ -8,7 +8,11 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import Engine
 
+from fleet.api.snapshots import check_image
+from fleet.db.devices import utcnow
+from fleet.db.snapshots import SnapshotStore
 from tests.fleet.conftest import ADMIN_TOKEN
 from tests.fleet.wire import alert, batch, bearer, gz, gzip_headers
 
@@ -106,3 +110,18 @@ def test_snapshot_route_limits(client: TestClient, enrolled: dict[str, str]) -> 
     assert put(client, SNAP, big, token, "image/jpeg").status_code == 413
     other = "/v1/devices/gw2/alerts/gw2:cam1:1/snapshot"
     assert put(client, other, jpeg, token, "image/jpeg").status_code == 403
+
+
+def test_retention_keeps_the_newest_images_per_device(
+    client: TestClient, enrolled: dict[str, str], engine: Engine
+) -> None:
+    store = SnapshotStore(engine, keep_per_device=2)
+    token = enrolled["gw1"]
+    body = gz(batch("gw1", [alert("gw1", "cam1", i) for i in (1, 2, 3)]))
+    assert client.post("/v1/ingest", content=body, headers=gzip_headers(token)).status_code == 200
+    image = check_image(encode("JPEG"), "snapshot")
+    for i in (1, 2, 3):
+        store.put("gw1", f"gw1:cam1:{i}", "snapshot", image, utcnow())
+    assert store.get("gw1", "gw1:cam1:1", "snapshot") is None
+    assert store.get("gw1", "gw1:cam1:2", "snapshot") is not None
+    assert store.get("gw1", "gw1:cam1:3", "snapshot") is not None

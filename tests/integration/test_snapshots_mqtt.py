@@ -154,7 +154,7 @@ def test_broker_refusing_retained_messages_does_not_stop_alerts(
         wait_for(lambda: agent.pub.connected, "the connection")
         ids = []
         for seq in (1, 2, 3):
-            alert_id, jpeg = agent.raise_alert(seq, frame(120, 160))
+            alert_id, _ = agent.raise_alert(seq, frame(120, 160))
             ids.append(alert_id)
             wait_for(lambda a=alert_id: a in sub.alert_ids(), f"alert {alert_id}")
             wait_for(lambda a=alert_id: agent.state(a) in ("published", "superseded", "failed"),

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from agent.inference.image_package import load_image_package
+from agent.inference.onnxruntime import OnnxRuntimeBackend
+from agent.inference.patch_map import PatchMapModel
 from agent.metrics import Metrics
 from agent.pipeline.image import ImageSpec, normalise
 from agent.records import Alert, Frame, SnapshotRef
@@ -70,9 +72,6 @@ def test_heatmap_refuses_a_map_without_finite_scores() -> None:
 
 def test_patch_map_locates_a_defect_and_gives_the_model_score() -> None:
     pytest.importorskip("onnx")
-    from agent.inference.onnxruntime import OnnxRuntimeBackend
-    from agent.inference.patch_map import PatchMapModel
-
     pkg = load_image_package(PACKAGE)
     inp = pkg.manifest.input
     spec = ImageSpec(inp.height, inp.width, inp.channels, tuple(inp.mean), tuple(inp.std))
