@@ -101,15 +101,32 @@ def _open_patch_map(package: ImagePackage) -> PatchMapModel:
     return PatchMapModel(package)
 
 
-def _frame_pixels(frame: Frame) -> np.ndarray[Any, Any]:
-    """The captured frame as ``uint8`` gray or BGR (the model image when none was kept)."""
+def fitted_size(height: int, width: int, max_edge: int) -> tuple[int, int] | None:
+    """``(height, width)`` with the longer edge at most ``max_edge`` (aspect kept); None when
+    the image already fits.
+
+    >>> fitted_size(1080, 1920, 640), fitted_size(100, 50, 640)
+    ((360, 640), None)
+    """
+    if max(height, width) <= max_edge:
+        return None
+    scale = max_edge / max(height, width)
+    return max(1, round(height * scale)), max(1, round(width * scale))
+
+
+def _frame_pixels(frame: Frame, max_edge: int) -> np.ndarray[Any, Any]:
+    """The captured frame as ``uint8`` gray or BGR, scaled down once to ``max_edge`` (OpenCV
+    ``INTER_AREA``, as the model input; both images are rendered from it); the model image when
+    the source kept no capture."""
     if frame.captured is None:
         return frame.image
     from agent.sources.camera import to_model_image  # noqa: PLC0415 - cv2 only with cameras
 
+    shape = np.shape(frame.captured)
     try:
-        return to_model_image(frame.captured, None, grayscale=False)
-    except ValueError:
+        size = fitted_size(int(shape[0]), int(shape[1]), max_edge)
+        return to_model_image(frame.captured, size, grayscale=False)
+    except (ValueError, IndexError):
         return frame.image
 
 
@@ -174,7 +191,7 @@ class SnapshotWorker:
         """
         stream = job.alert.stream
         cfg = self.config
-        pixels = _frame_pixels(job.frame)
+        pixels = _frame_pixels(job.frame, cfg.max_edge)
         try:
             jpeg = render.frame_jpeg(pixels, cfg.max_edge, cfg.jpeg_quality)
         except (ValueError, OSError) as exc:
