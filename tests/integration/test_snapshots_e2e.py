@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 import requests
 
+from agent.store.sqlite import Store
 from tests.conftest import MosquittoBroker
 from tests.integration.fleet_peer import ADMIN_TOKEN, FleetProcess
 from tests.integration.mqtt_subscriber import Subscriber, subscriber_factory
@@ -136,3 +138,63 @@ max_edge = 640
             proc.wait(10)
     log = err.read_text(errors="replace")
     assert "Traceback" not in log, log[-3000:]
+
+
+def test_kill_9_keeps_every_stored_alert_and_whole_snapshots(tmp_path: Path) -> None:
+    """kill -9 while snapshots are being made: every alert the store took is there after, and a
+    snapshot is either whole or absent (one transaction per snapshot)."""
+    frames = tmp_path / "frames"
+    frames.mkdir()
+    for i in range(4):
+        cv2.imwrite(str(frames / f"part{i}.png"), tile(10 + i))
+    state = tmp_path / "state"
+    config = tmp_path / "agent.toml"
+    config.write_text(f"""
+[agent]
+device_id = "gw1"
+state_dir = "{state}"
+console_alerts = false
+[[streams]]
+name = "cam1"
+model = "builtin:mtd-patchcore"
+[streams.source]
+kind = "camera"
+folder = "{frames}"
+watch = true
+""")
+    env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC")}
+    err = tmp_path / "agent.stderr"
+    db = state / "agent.db"
+
+    def alerts_stored() -> int:
+        if not db.exists():
+            return 0
+        try:
+            with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as conn:
+                return int(conn.execute("SELECT COUNT(*) FROM alerts").fetchone()[0])
+        except sqlite3.Error:
+            return 0
+
+    with err.open("wb") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "--config", str(config)],
+                                stdout=subprocess.DEVNULL, stderr=fh, env=env, cwd=tmp_path)
+    try:
+        wait_for(lambda: alerts_stored() >= 1, "a stored alert", START_S, proc)
+        proc.kill()  # SIGKILL: no shutdown, snapshots possibly half made
+        proc.wait(30)
+        seen = alerts_stored()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    with Store(db) as store:
+        assert store.quarantined is None  # the file is intact
+        alerts = store.alerts()
+        assert len(alerts) >= seen >= 1
+        for a in alerts:
+            snap = store.snapshot(a["alert_id"])
+            if snap is None:
+                continue  # a snapshot may be lost, never the alert
+            with Image.open(io.BytesIO(snap.jpeg)) as img:
+                img.load()
+                assert img.size == (640, 480)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from agent.inference.image_package import load_image_package
 from agent.inference.onnxruntime import OnnxRuntimeBackend
@@ -17,8 +18,11 @@ from agent.metrics import Metrics
 from agent.pipeline.image import ImageSpec, normalise
 from agent.records import Alert, Frame, SnapshotRef
 from agent.services import snapshot_render as render
+from agent.services.snapshot_upload import UNSUPPORTED_WAIT_S, SnapshotUploader
 from agent.services.snapshots import SnapshotConfig, SnapshotJob, SnapshotWorker
 from agent.store.sqlite import Store
+from cloud_sync.errors import FleetRejected, FleetUnavailable
+from cloud_sync.protocol import AlertBody
 from tests.unit.test_store import make_aggregate, make_alert
 
 Image = pytest.importorskip("PIL.Image")
@@ -164,3 +168,72 @@ def test_worker_stores_the_frame_and_heatmap_of_an_alert(tmp_path: Path) -> None
     with Image.open(io.BytesIO(snap.heatmap)) as img:
         assert img.format == "PNG" and img.size == (320, 180 + render.LEGEND_PX)
     assert m.registry.get_sample_value("edge_agent_snapshots_total", {"stream": "cam"}) == 1
+
+
+def test_uploaded_alert_body_is_valid_for_a_fleet_that_does_not_know_snapshots(
+    tmp_path: Path,
+) -> None:
+    base = make_alert(1, stream="cam")
+    alert = Alert(**{f: getattr(base, f) for f in base.__dataclass_fields__ if f != "snapshot"},
+                  snapshot=SnapshotRef("gw1:cam:1", "edge/gw1/cam/snapshot"))
+    with pytest.raises(ValidationError):  # what the payload with its snapshot key would get
+        AlertBody.model_validate(alert.to_payload())
+    with Store(tmp_path / "s.db") as store:
+        store.add_alert(alert)
+        body = json.loads(store.pending_upload_records(10)[0].json)["body"]
+    AlertBody.model_validate(body)  # extra="forbid", as every fleet so far
+
+
+class _Fleet:
+    def __init__(self, error: Exception | None = None) -> None:
+        self.error = error
+        self.calls: list[tuple[str, str, str, int]] = []
+
+    def put_snapshot(self, device_id: str, alert_id: str, kind: str, data: bytes) -> None:
+        self.calls.append((device_id, alert_id, kind, len(data)))
+        if self.error is not None:
+            raise self.error
+
+
+def _stored(tmp_path: Path) -> Store:
+    store = Store(tmp_path / "s.db")
+    for seq in (1, 2):
+        store.add_alert(make_alert(seq, stream="cam"))
+        store.add_snapshot(f"gw1:cam:{seq}", "cam", {}, b"jpeg", b"png" if seq == 1 else None)
+    row_ids = [a["id"] for a in store.alerts()]
+    store.mark_uploaded("alert", row_ids[:1], 1.0)  # only alert 1 acknowledged by ingest
+    return store
+
+
+def test_uploader_sends_snapshots_of_acknowledged_alerts_only(tmp_path: Path) -> None:
+    m = Metrics()
+    fleet = _Fleet()
+    with _stored(tmp_path) as store:
+        up = SnapshotUploader(store, fleet, "gw1", m, poll_s=0.5)
+        assert up.run_once() == 0.5
+        assert fleet.calls == [("gw1", "gw1:cam:1", "snapshot", 4), ("gw1", "gw1:cam:1",
+                                                                     "heatmap", 3)]
+        assert store.snapshot_states(["gw1:cam:1", "gw1:cam:2"]) == {
+            "gw1:cam:1": (None, "uploaded"), "gw1:cam:2": (None, None)}
+        up.run_once()
+        assert len(fleet.calls) == 2  # nothing new until alert 2 is acknowledged
+    assert m.registry.get_sample_value("edge_agent_snapshot_uploads_total",
+                                       {"status": "uploaded"}) == 1
+
+
+def test_uploader_keeps_snapshots_an_older_fleet_does_not_take(tmp_path: Path) -> None:
+    m = Metrics()
+    fleet = _Fleet(FleetRejected(404, "Not Found"))
+    with _stored(tmp_path) as store:
+        up = SnapshotUploader(store, fleet, "gw1", m, poll_s=0.5)
+        assert up.run_once() == UNSUPPORTED_WAIT_S  # an hour before the next try
+        assert store.snapshot_states(["gw1:cam:1"])["gw1:cam:1"][1] == "refused: HTTP 404"
+        assert store.snapshot("gw1:cam:1") is not None  # kept on the device
+        fleet.error = FleetUnavailable("fleet unreachable")
+        store.mark_uploaded("alert", [a["id"] for a in store.alerts()], 2.0)
+        assert up.run_once() == 0.5  # backoff from the poll interval
+        assert store.snapshot_states(["gw1:cam:2"])["gw1:cam:2"][1] is None  # retried later
+    assert m.registry.get_sample_value("edge_agent_snapshot_uploads_total",
+                                       {"status": "refused"}) == 1
+    assert m.registry.get_sample_value("edge_agent_snapshot_uploads_total",
+                                       {"status": "failed"}) == 1
