@@ -359,7 +359,8 @@ class StoreSection(StrictModel):
         512 * 1024 * 1024,
         ge=1024 * 1024,
         description="Disk budget of the store in bytes (at least 1 MiB): above it the oldest "
-        "rows are evicted, uploaded aggregates first and unacknowledged alerts last.",
+        "rows are evicted, camera snapshots first, then uploaded aggregates, unacknowledged alerts "
+        "last.",
     )
 
 
