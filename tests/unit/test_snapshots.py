@@ -3,21 +3,26 @@ body) and the worker (agent.services.snapshots)."""
 
 from __future__ import annotations
 
+import doctest
 import io
 import json
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from agent.inference import patch_map
 from agent.inference.image_package import load_image_package
 from agent.inference.onnxruntime import OnnxRuntimeBackend
 from agent.inference.patch_map import PatchMapModel
 from agent.metrics import Metrics
 from agent.pipeline.image import ImageSpec, normalise
+from agent.publish import snapshots as publish_snapshots
 from agent.records import Alert, Frame, SnapshotRef
 from agent.services import snapshot_render as render
+from agent.services import snapshots as snapshot_worker
 from agent.services.snapshot_upload import UNSUPPORTED_WAIT_S, SnapshotUploader
 from agent.services.snapshots import SnapshotConfig, SnapshotJob, SnapshotWorker
 from agent.store.sqlite import Store
@@ -29,6 +34,13 @@ Image = pytest.importorskip("PIL.Image")
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "models" / "mtd-patchcore"
+
+
+@pytest.mark.parametrize("module", [render, patch_map, publish_snapshots, snapshot_worker],
+                         ids=lambda m: m.__name__)
+def test_doctests(module: ModuleType) -> None:
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0
 
 
 def defect_image(seed: int = 0) -> np.ndarray:
