@@ -71,7 +71,8 @@ def colour_ramp(t: npt.NDArray[np.floating]) -> npt.NDArray[np.uint8]:
     [[0, 0, 4], [252, 255, 164]]
     """
     x = np.clip(np.nan_to_num(np.asarray(t, np.float32)), 0.0, 1.0)
-    return _LUT[np.rint(x * 255.0).astype(np.uint8)]
+    out: npt.NDArray[np.uint8] = _LUT[np.rint(x * 255.0).astype(np.uint8)]
+    return out
 
 
 def to_rgb(image: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
