@@ -75,6 +75,22 @@ class SnapshotStore:
                     (alert_snapshots.c.device_id == device_id)
                     & (alert_snapshots.c.pk < oldest_kept)))
 
+    def kinds(self, device_id: str, alert_ids: list[str]) -> dict[str, list[str]]:
+        """``alert_id -> [kind, ...]`` (sorted) of the images stored for those alerts."""
+        out: dict[str, list[str]] = {}
+        if not alert_ids:
+            return out
+        with self._engine.connect() as conn:
+            rows = conn.execute(
+                select(alert_snapshots.c.alert_id, alert_snapshots.c.kind)
+                .where((alert_snapshots.c.device_id == device_id)
+                       & alert_snapshots.c.alert_id.in_(alert_ids))
+                .order_by(alert_snapshots.c.alert_id, alert_snapshots.c.kind)
+            ).all()
+        for alert_id, kind in rows:
+            out.setdefault(str(alert_id), []).append(str(kind))
+        return out
+
     def get(self, device_id: str, alert_id: str, kind: str) -> StoredImage | None:
         """The image, or None when there is none."""
         with self._engine.connect() as conn:

@@ -58,6 +58,8 @@ def test_snapshot_and_heatmap_are_stored_and_served_to_the_operator(
     heat = client.get(HEAT, headers=admin)
     assert heat.status_code == 200 and heat.headers["content-type"] == "image/png"
     assert heat.content == png
+    listed = client.get("/v1/devices/gw1/alerts", headers=admin).json()["items"]
+    assert [(a["id"], a["snapshots"]) for a in listed] == [(AID, ["heatmap", "snapshot"])]
     assert client.get(SNAP, headers=bearer(token)).status_code == 200  # the device itself
     assert client.get(SNAP, headers=bearer(enrolled["gw2"])).status_code == 403
     assert client.get(SNAP).status_code == 401
