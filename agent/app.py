@@ -91,6 +91,7 @@ from agent.services.package_guard import (
     load_rollback_policy,
 )
 from agent.services.samples import SampleCollector, SampleUploader, config_hash
+from agent.services.snapshot_service import SnapshotService, build_snapshots
 from agent.services.supervisor import SourceSupervisor
 from agent.services.updater import StreamHandle, Updater
 from agent.services.uploader import Uploader, read_token
@@ -267,6 +268,9 @@ class Agent:
                     f"{config.mqtt.topic_prefix}/{config.agent.device_id}/"
                     f"{config.updater.notify_topic}", self.updater.notify,
                 )
+        #: Camera alert snapshots (None: no camera stream, or [snapshots] disabled).
+        self.snapshots: SnapshotService | None = build_snapshots(
+            config, self.store, self.publisher, self.metrics, clock)
         self.collectors: dict[str, SampleCollector] = {}
         self.samples: SampleUploader | None = None
         if config.samples.enabled:
@@ -494,6 +498,8 @@ class Agent:
             self.updater.start()
         if self.samples is not None:
             self.samples.start()
+        if self.snapshots is not None:
+            self.snapshots.start()
         for s in self.streams.values():
             s.supervisor.start()
         for c in self.cameras.values():
@@ -644,6 +650,9 @@ class Agent:
     def _raise(self, s: _Stream | CameraStream, event: AlertEvent) -> None:
         device = self.config.agent.device_id
         m = s.package.manifest
+        snaps = (self.snapshots if isinstance(s, CameraStream) and event.frame is not None
+                 else None)
+
         def make(seq: int) -> Alert:
             return Alert(
                 alert_id=f"{device}:{event.stream}:{seq}",
@@ -660,6 +669,8 @@ class Agent:
                 top_channels=event.top_channels,
                 origin=event.origin,
                 explanation=event.explanation,
+                snapshot=(None if snaps is None
+                          else snaps.ref(event.stream, f"{device}:{event.stream}:{seq}")),
             )
 
         # A refused alert goes over MQTT from memory (or is counted lost): agent.publish.keeper.
@@ -668,6 +679,8 @@ class Agent:
             return
         self.alerts_raised += 1
         self.metrics.alerts_total.labels(stream=event.stream).inc()
+        if snaps is not None and isinstance(s, CameraStream):
+            snaps.submit(alert, event, s)
         if self.publisher is not None:
             self.publisher.notify(alert.alert_id, event.received_mono or None)
         if self.uploader is not None and stored:
@@ -736,6 +749,8 @@ class Agent:
             for agg in c.flush():
                 self.image_events.put(agg)
         self._drain_images()
+        if self.snapshots is not None:
+            self.snapshots.stop()
         if self.sparkplug is not None:  # its NDEATH before the alerts' 'offline'
             self.sparkplug.stop()
         if self.publisher is not None:

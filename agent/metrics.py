@@ -204,6 +204,35 @@ class Metrics:
             ["kind", "reason"],
             registry=r,
         )
+        # camera alert snapshots (agent.services.snapshots, agent.publish.snapshots)
+        self.snapshots_total = Counter(
+            "edge_agent_snapshots_total",
+            "Camera alert snapshots stored (frame JPEG, and heatmap PNG when available).",
+            ["stream"],
+            registry=r,
+        )
+        self.snapshots_published_total = Counter(
+            "edge_agent_snapshots_published_total",
+            "Snapshots written to the broker on the retained snapshot/heatmap topics, by "
+            "retained (true, or false when the broker refuses retained messages).",
+            ["retained"],
+            registry=r,
+        )
+        self.snapshots_unpublished_total = Counter(
+            "edge_agent_snapshots_unpublished_total",
+            "Snapshots kept in the store but not published, by reason: oversize (over "
+            "mqtt.max_message_bytes or the broker's Maximum Packet Size), failed (the "
+            "connection was lost at three attempts).",
+            ["reason"],
+            registry=r,
+        )
+        self.snapshot_uploads_total = Counter(
+            "edge_agent_snapshot_uploads_total",
+            "Snapshot uploads to the fleet, by status: uploaded, refused (the fleet said no: "
+            "kept in the store, not retried), failed (retried).",
+            ["status"],
+            registry=r,
+        )
         # store and publish
         self.outbox_depth = Gauge(
             "edge_agent_outbox_depth", "Alerts waiting for a PUBACK.", registry=r

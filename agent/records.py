@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -104,6 +105,35 @@ class FrameOrigin:
 
 
 @dataclass(frozen=True, slots=True)
+class SnapshotRef:
+    """Where a camera alert's snapshot goes: the payload's ``snapshot`` object names it, never
+    holds its bytes (:mod:`agent.services.snapshots`).
+
+    Attributes:
+        snapshot_id: The snapshot's id: the alert's id (one snapshot per alert).
+        topic: The retained latest-snapshot topic of the stream (JPEG); None without MQTT.
+        heatmap_topic: The retained latest-heatmap topic (PNG); None without MQTT or heatmap.
+    """
+
+    snapshot_id: str
+    topic: str | None = None
+    heatmap_topic: str | None = None
+
+    def to_payload(self) -> dict[str, object]:
+        """The alert payload's ``snapshot`` object (topics only when set).
+
+        >>> SnapshotRef("gw:cam:3", "edge/gw/cam/snapshot").to_payload()
+        {'id': 'gw:cam:3', 'topic': 'edge/gw/cam/snapshot'}
+        """
+        out: dict[str, object] = {"id": self.snapshot_id}
+        if self.topic is not None:
+            out["topic"] = self.topic
+        if self.heatmap_topic is not None:
+            out["heatmap_topic"] = self.heatmap_topic
+        return out
+
+
+@dataclass(frozen=True, slots=True)
 class Frame:
     """One camera image from a camera source.
 
@@ -115,6 +145,9 @@ class Frame:
         received_mono: ``time.monotonic()`` at capture (frame age = now - received_mono).
         seq: Frame number since the source started (gaps = frames dropped for newer ones).
         origin: The file (and video frame index) it came from; None for a live camera.
+        captured: The image as captured (any size and pixel type the source reads), before
+            the conversion to the model's input; the snapshot of an alerting frame is made
+            from it. None when the source kept no copy (then ``image`` is used).
     """
 
     stream: str
@@ -123,6 +156,7 @@ class Frame:
     received_mono: float = 0.0
     seq: int = 0
     origin: FrameOrigin | None = None
+    captured: npt.NDArray[Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +258,8 @@ class Alert:
         explanation: Expected value and deviation of a univariate stream's alerting window;
             None for multichannel and camera streams (the payload then has no
             ``explanation`` key).
+        snapshot: A camera alert's snapshot (id and retained topics); None for sensor streams
+            and cameras without snapshots (the payload then has no ``snapshot`` key).
     """
 
     alert_id: str
@@ -240,6 +276,7 @@ class Alert:
     top_channels: tuple[TopChannel, ...] = field(default_factory=tuple)
     origin: FrameOrigin | None = None
     explanation: Explanation | None = None
+    snapshot: SnapshotRef | None = None
 
     def to_payload(self) -> dict[str, object]:
         """Return the documented JSON payload (schema version 1) for MQTT and the fleet.
@@ -268,6 +305,8 @@ class Alert:
             payload["source"] = self.origin.to_payload()
         if self.explanation is not None:
             payload["explanation"] = self.explanation.to_payload()
+        if self.snapshot is not None:
+            payload["snapshot"] = self.snapshot.to_payload()
         return payload
 
     def console_line(self) -> str:

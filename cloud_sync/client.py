@@ -44,6 +44,7 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from urllib.parse import quote
 
 import requests
 import urllib3
@@ -59,6 +60,7 @@ from cloud_sync.errors import (
     FleetUnavailable,
 )
 from cloud_sync.protocol import (
+    SNAPSHOT_KINDS,
     IngestBatch,
     IngestResult,
     ModelAssignment,
@@ -497,6 +499,33 @@ class FleetClient:
         if not isinstance(stored, int):
             raise FleetProtocolError(f"'stored' is not an integer: {_detail(content)}")
         return stored
+
+    def put_snapshot(self, device_id: str, alert_id: str, kind: str, data: bytes) -> None:
+        """Upload one alert's snapshot image (one attempt; 200/201/204 = stored).
+
+        Args:
+            device_id: This device's id (the route's ``{device_id}``).
+            alert_id: The alert the image belongs to (already acknowledged by ingest).
+            kind: ``snapshot`` (JPEG) or ``heatmap`` (PNG): :data:`cloud_sync.protocol.
+                SNAPSHOT_KINDS`.
+            data: The image bytes.
+
+        Raises:
+            ValueError: an unknown ``kind``.
+            FleetUnavailable, FleetAuthError, FleetRejected, FleetProtocolError: as for
+                :meth:`send` (a fleet without the route: FleetRejected 404 or 405).
+        """
+        ctype = SNAPSHOT_KINDS.get(kind)
+        if ctype is None:
+            raise ValueError(f"unknown snapshot kind {kind!r}")
+        path = (f"/v1/devices/{quote(device_id, safe='')}/alerts/{quote(alert_id, safe='')}/"
+                f"{kind}")
+        resp, content = self._exchange(
+            f"the {kind} upload", "PUT", path, data=data,
+            headers=self._headers(**{"Content-Type": ctype, "Accept": "application/json"}),
+        )
+        if resp.status_code not in (200, 201, 204):
+            self._raise_for(resp, content, f"the {kind} upload")
 
     def download(
         self,

@@ -53,6 +53,18 @@ MAX_BATCH_RECORDS = 5_000
 #: Largest decompressed body the fleet accepts, bytes.
 MAX_BODY_BYTES = 16 * 1024 * 1024
 
+#: Camera alert snapshots (``PUT``/``GET /v1/devices/{device_id}/alerts/{alert_id}/<kind>``):
+#: the kinds and their content types. The body is the image itself (not JSON): a ``snapshot``
+#: is the alerting frame as JPEG, a ``heatmap`` the anomaly overlay as PNG. A fleet that does
+#: not know the route answers 404/405 and the device keeps its snapshots to itself; the alert
+#: itself always goes through ``/v1/ingest`` (its body without the MQTT payload's ``snapshot``
+#: key, so a fleet older than snapshots takes it).
+SNAPSHOT_KINDS = {"snapshot": "image/jpeg", "heatmap": "image/png"}
+#: Largest snapshot or heatmap body the fleet accepts, bytes.
+MAX_SNAPSHOT_BYTES = 4 * 1024 * 1024
+#: Largest width or height of a snapshot image the fleet accepts, pixels.
+MAX_SNAPSHOT_EDGE = 4096
+
 #: Alert ids (and aggregate part-0 ids): ``<device>:<stream>:<integer>``.
 ID_PATTERN = r"^[A-Za-z0-9_.-]{1,64}:[A-Za-z0-9_.-]{1,64}:-?[0-9]{1,20}$"
 #: Aggregate ids: :data:`ID_PATTERN`, optionally ``:<part>`` with part 1..999999.

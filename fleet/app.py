@@ -8,13 +8,23 @@ from collections.abc import Callable
 from fastapi import FastAPI
 from sqlalchemy import Engine
 
-from fleet.api import devices, handlers, health, ingest, registry, rollouts, samples
+from fleet.api import (
+    devices,
+    handlers,
+    health,
+    ingest,
+    registry,
+    rollouts,
+    samples,
+    snapshots,
+)
 from fleet.api.deps import Services
 from fleet.api.json_body import install_openapi
 from fleet.db.devices import DeviceRegistry
 from fleet.db.engine import make_engine
 from fleet.db.records import RecordStore
 from fleet.db.samples import SampleStore
+from fleet.db.snapshots import SnapshotStore
 from fleet.db.token_cache import TokenCache
 from fleet.metrics import FleetMetrics, MetricsMiddleware
 from fleet.registry.wiring import build_model_loop
@@ -58,12 +68,13 @@ def create_app(
         records=RecordStore(engine),
         metrics=metrics,
         samples=SampleStore(engine),
+        snapshots=SnapshotStore(engine),
         on_calibration=on_calibration,
     )
     app.state.model_loop = build_model_loop(settings, engine)
     handlers.install(app)
     install_openapi(app)
-    for module in (ingest, devices, health, samples, registry, rollouts):
+    for module in (ingest, devices, health, samples, snapshots, registry, rollouts):
         app.include_router(module.router)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app

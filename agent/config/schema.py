@@ -11,6 +11,7 @@ TOML shape::
     [mqtt]           MqttConfig     alert publisher (off by default; agent.publish.mqtt)
     [fleet]          FleetConfig    cloud upload (off by default; agent.services.uploader)
     [samples]        SamplesConfig  retraining samples (off by default; agent.services.samples)
+    [snapshots]      SnapshotConfig camera alert snapshots (agent.services.snapshots)
     [updater]        UpdaterConfig  model updates from the fleet (off; agent.services.updater)
 
 Relative paths:
@@ -48,6 +49,7 @@ from agent.config.base import StrictModel
 from agent.config.builtin_models import CHECKOUT_MODELS_DIR, find_builtin
 from agent.publish.mqtt import MqttConfig
 from agent.services.samples import SamplesConfig
+from agent.services.snapshots import SnapshotConfig
 from agent.services.updater import UpdaterConfig
 from agent.services.uploader import FleetConfig
 from agent.sources.camera import CameraConfig
@@ -357,7 +359,8 @@ class StoreSection(StrictModel):
         512 * 1024 * 1024,
         ge=1024 * 1024,
         description="Disk budget of the store in bytes (at least 1 MiB): above it the oldest "
-        "rows are evicted, uploaded aggregates first and unacknowledged alerts last.",
+        "rows are evicted, camera snapshots first, then uploaded aggregates, unacknowledged alerts "
+        "last.",
     )
 
 
@@ -383,6 +386,11 @@ class AgentConfig(StrictModel):
     samples: SamplesConfig = Field(
         default_factory=SamplesConfig,
         description="Retraining samples uploaded to the fleet (needs [fleet] enabled).",
+    )
+    snapshots: SnapshotConfig = Field(
+        default_factory=SnapshotConfig,
+        description="Snapshots of camera alerts: frame JPEG and heatmap PNG, stored, published "
+        "on retained topics and uploaded to the fleet.",
     )
 
     @model_validator(mode="after")

@@ -132,7 +132,7 @@ class ImagePipeline:
         alert = self.rules.update(score, self.threshold, frame.ts + self._rule_offset)
         if alert:
             out.alerts.append(AlertEvent(self.stream, score, self.threshold, frame.ts, frame.ts,
-                                         (), frame.received_mono, frame.origin))
+                                         (), frame.received_mono, frame.origin, frame=frame))
         self.aggregator.add_scores(np.array([score]), int(alert))
         return out
 

@@ -50,6 +50,7 @@ from agent.records import (
     Explanation,
     Float32Array,
     FloatArray,
+    Frame,
     FrameOrigin,
     TopChannel,
 )
@@ -82,6 +83,8 @@ class AlertEvent:
             for sensor streams and live cameras.
         explanation: Expected value and deviation (univariate streams,
             :mod:`agent.pipeline.univariate`); None otherwise.
+        frame: The alerting frame of a camera stream (its snapshot is made from it); None
+            for sensor streams.
     """
 
     stream: str
@@ -93,6 +96,7 @@ class AlertEvent:
     received_mono: float
     origin: FrameOrigin | None = None
     explanation: Explanation | None = None
+    frame: Frame | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(slots=True)

@@ -21,6 +21,11 @@ from agent.publish.limits import SizeLimit
 from agent.publish.mqtt_config import MqttConfig
 from agent.publish.mqtt_tls import failure_of
 
+#: MQTT 5 reason code 0x9A, Retain not supported (a CONNACK refusing a retained will).
+RETAIN_NOT_SUPPORTED = 0x9A
+#: 3.1.1 connections in a row closed before any CONNACK before the will is sent not retained.
+NO_CONNACK_STRIKES = 3
+
 
 class PahoCallbacks:
     """The network-thread half of the publisher (attributes set by its ``__init__``)."""
@@ -36,12 +41,14 @@ class PahoCallbacks:
     _state_lock: threading.Lock
     _connected: bool
     _generation: int
+    retain_available: bool
+    _will_retain: bool
+    _no_connack: int
     _outage_since: float | None
     _outage_cause: str | None
     _subscriptions: dict[str, Callable[[bytes], None]]
     _filters: dict[str, Callable[[str, bytes, bool], None]]
     _connect_listeners: list[Callable[[], object]]
-    retain_available: bool
     _acks: collections.deque[tuple[int, ReasonCode, float, float]]
     _wake: threading.Event
     _stopping: threading.Event
@@ -89,6 +96,9 @@ class PahoCallbacks:
         if client is not self._client:
             return
         if reason_code.is_failure:
+            if int(reason_code.value) == RETAIN_NOT_SUPPORTED and self._will_retain:
+                self._drop_retained_will(client, f"it refused the connection ({reason_code})")
+                return
             if self._note_failure(f"refused: {reason_code}"):
                 self._log.warning(
                     "MQTT broker %s:%d refused the connection (%s); alerts stay in the outbox, "
@@ -98,8 +108,12 @@ class PahoCallbacks:
             return
         broker_max = getattr(properties, "MaximumPacketSize", None)
         self.limit.broker_max_packet = broker_max if isinstance(broker_max, int) else None
+        # MQTT 5 CONNACK Retain Available (3.2.2.3.5): absent = 1; 0 = a retained PUBLISH is a
+        # protocol error the broker disconnects for (agent.publish.snapshots then sends none)
         self.retain_available = getattr(properties, "RetainAvailable", 1) != 0
-        client.publish(self.availability_topic, "online", qos=1, retain=True)
+        self.retain_available = self.retain_available and self._will_retain
+        self._no_connack = 0
+        client.publish(self.availability_topic, "online", qos=1, retain=self._will_retain)
         with self._state_lock:
             topics = [*self._subscriptions, *self._filters]
             listeners = list(self._connect_listeners)
@@ -128,6 +142,29 @@ class PahoCallbacks:
             except Exception:  # a consumer's bug must not end paho's network thread
                 self._log.exception("MQTT connect listener failed")
         self._wake.set()
+
+    def _drop_retained_will(self, client: paho.Client, why: str) -> None:
+        """The broker refuses retained messages: send the will and availability not retained
+        from the next connection on (paho reconnects by itself)."""
+        self._will_retain = False
+        self.retain_available = False
+        client.will_set(self.availability_topic, "offline", qos=1, retain=False)
+        self._log.warning(
+            "MQTT broker %s:%d refuses retained messages (%s): the availability topic and the "
+            "last will go out not retained until the agent restarts; alerts are not affected",
+            self.config.host, self.config.port, why,
+        )
+
+    def _no_connack_again(self, client: paho.Client) -> bool:
+        """Count a 3.1.1 connection closed before its CONNACK; True when that made the will
+        not retained (:data:`NO_CONNACK_STRIKES` in a row)."""
+        self._no_connack += 1
+        if (self.config.protocol == "5" or not self._will_retain
+                or self._no_connack < NO_CONNACK_STRIKES):
+            return False
+        self._drop_retained_will(client, f"{self._no_connack} connections closed before a "
+                                 "CONNACK, as a broker with retain_available false does")
+        return True
 
     def _on_connect_fail(self, client: paho.Client, userdata: object) -> None:
         if client is not self._client:
@@ -171,6 +208,8 @@ class PahoCallbacks:
                         "alerts stay in the outbox, retrying in the background",
                         self.config.host, self.config.port, cause,
                     )
+            elif self._no_connack_again(client):
+                pass  # the will goes out not retained from the next connection on
             elif self._note_failure("no CONNACK"):
                 # The TCP connection was made but no CONNACK came (paho gives up after the
                 # keepalive): logged once, like a refused connection.

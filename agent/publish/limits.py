@@ -85,8 +85,9 @@ class SizeLimit:
         if self.learned_max_packet is None or limit < self.learned_max_packet:
             self.learned_max_packet = limit
 
-    def problem(self, payload: bytes) -> str | None:
-        """Why ``payload`` cannot be sent (None when it fits).
+    def problem(self, payload: bytes, properties_bytes: int = 0) -> str | None:
+        """Why ``payload`` cannot be sent (None when it fits); ``properties_bytes``: the MQTT 5
+        properties the PUBLISH carries besides (they count in its packet size).
 
         >>> SizeLimit("t", 20).problem(b"x" * 21)
         'payload of 21 bytes is over mqtt.max_message_bytes (20)'
@@ -94,7 +95,7 @@ class SizeLimit:
         if self.max_message_bytes is not None and len(payload) > self.max_message_bytes:
             return (f"payload of {len(payload)} bytes is over mqtt.max_message_bytes "
                     f"({self.max_message_bytes})")
-        packet = publish_packet_bytes(self.topic, payload, v5=self.v5)
+        packet = publish_packet_bytes(self.topic, payload, v5=self.v5) + properties_bytes
         if self.broker_max_packet is not None and packet > self.broker_max_packet:
             return (f"packet of {packet} bytes is over the broker's Maximum Packet Size "
                     f"({self.broker_max_packet})")

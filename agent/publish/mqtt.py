@@ -31,7 +31,12 @@ Topics (``<prefix>`` is ``mqtt.topic_prefix``, default ``edge``; ``<device_id>``
 ``<prefix>/<device_id>/availability``
     Retained, QoS 1: ``online`` after every connect; ``offline`` on a clean stop, and as the
     last will, which the broker publishes when the connection dies uncleanly (crash, power cut,
-    network loss past 1.5 x keepalive).
+    network loss past 1.5 x keepalive). A broker that refuses retained messages (mosquitto
+    ``retain_available false``) refuses a connection whose will is retained: MQTT 5 with the
+    CONNACK reason Retain not supported, 3.1.1 by closing it before any CONNACK. After that
+    reason, or :data:`NO_CONNACK_STRIKES` connections in a row closed before a CONNACK on 3.1.1,
+    the will and the availability messages are sent not retained until the agent restarts (one
+    WARNING), so the alerts go out.
 
 Delivery guarantee (what consumers may rely on):
     * at least once: an alert is marked published in the store only when the broker's PUBACK
@@ -115,7 +120,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from agent.errors import ConfigError, StoreError
 from agent.metrics import Metrics
-from agent.publish.callbacks import PahoCallbacks
+from agent.publish.callbacks import NO_CONNACK_STRIKES, PahoCallbacks
 from agent.publish.drain import OutboxDrain
 from agent.publish.limits import PoisonWatch, ProgressGuard, SizeLimit
 from agent.publish.mqtt_config import (
@@ -128,7 +133,8 @@ from agent.publish.mqtt_tls import tls_context, warn_plain_password
 from agent.publish.volatile import VolatileAlert, VolatileQueue
 from agent.store.sqlite import OutboxRow, Store
 
-__all__ = ["KIND", "MqttConfig", "MqttPublisher", "default_client_factory", "read_password"]
+__all__ = ["KIND", "NO_CONNACK_STRIKES", "MqttConfig", "MqttPublisher", "default_client_factory",
+           "read_password"]
 
 KIND = "mqtt"
 
@@ -191,12 +197,17 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
         self._v5 = config.protocol == "5"
         self._factory = client_factory
         self._password = password
+        #: The last will and availability messages are retained; False once the broker said it
+        #: refuses retained messages (:meth:`PahoCallbacks._drop_retained_will`).
+        self._will_retain = True
+        self._no_connack = 0  # connections closed before any CONNACK in a row
         self._client = self._make_client()
         self._subscriptions: dict[str, Callable[[bytes], None]] = {}
         self._filters: dict[str, Callable[[str, bytes, bool], None]] = {}
         self._connect_listeners: list[Callable[[], object]] = []
         #: False when the broker's CONNACK (MQTT 5) says it does not take retained messages
-        #: (Retain Available = 0): consumers that publish retained messages skip them.
+        #: (Retain Available = 0; on 3.1.1, which cannot say, once the retained will was
+        #: dropped): consumers that publish retained messages skip them or send them plain.
         self.retain_available = True
 
         # Shared between paho's thread and the drain thread; guarded by _state_lock.
@@ -267,7 +278,7 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
             client.username_pw_set(self.config.username, self._password)
         if self.config.tls:
             client.tls_set_context(tls_context(self.config))
-        client.will_set(self.availability_topic, "offline", qos=1, retain=True)
+        client.will_set(self.availability_topic, "offline", qos=1, retain=self._will_retain)
         client.reconnect_delay_set(max(1, math.ceil(self.config.reconnect_min_s)),
                                    max(1, math.ceil(self.config.reconnect_max_s)))
         client.max_inflight_messages_set(self.config.max_inflight)
@@ -408,7 +419,8 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
         self._wake.set()
         self._thread.join(timeout_s)
         if self.connected:
-            info = self._client.publish(self.availability_topic, "offline", qos=1, retain=True)
+            info = self._client.publish(self.availability_topic, "offline", qos=1,
+                                        retain=self._will_retain)
             try:
                 info.wait_for_publish(timeout=min(timeout_s, 2.0))
             except (RuntimeError, ValueError) as exc:
@@ -431,6 +443,32 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
                 "%d alert(s) the store had refused were not acknowledged by the broker before "
                 "the stop: lost", lost,
             )
+
+    @property
+    def v5(self) -> bool:
+        """True when the connection speaks MQTT 5."""
+        return self._v5
+
+    @property
+    def generation(self) -> int:
+        """Successful connects so far (a change means the connection was rebuilt)."""
+        with self._state_lock:
+            return self._generation
+
+    def publish_best_effort(self, topic: str, payload: bytes, *, retain: bool,
+                            properties: Properties | None = None) -> paho.MQTTMessageInfo | None:
+        """Publish one QoS 0 message on the current connection (no outbox, never re-sent:
+        retained latest-value topics such as snapshots, :mod:`agent.publish.snapshots`).
+
+        Returns:
+            paho's message info, or None when not connected (nothing was queued).
+        """
+        if not self.connected or self._stopping.is_set():
+            return None
+        info = self._client.publish(topic, payload, qos=0, retain=retain, properties=properties)
+        if info.rc != paho.MQTT_ERR_SUCCESS:
+            return None
+        return info
 
     def subscribe(self, topic: str, callback: Callable[[bytes], None]) -> None:
         """Listen on ``topic`` (QoS 1, no wildcards), now and after every reconnect.

@@ -605,7 +605,7 @@ class CameraSource:
                             self.checkpoint.done(origin.file)  # rejected: said once
                         continue
                     emit(Frame(self.stream, ts, model_image, received_mono=mono, seq=seq,
-                               origin=origin))
+                               origin=origin, captured=image))
                     self.emitted += 1
                     continue
                 if over and grabber.ended:

@@ -21,10 +21,12 @@ Disk budget: the store's size is its live pages
 are evicted oldest first, one class after the other, until the size is under
 ``LOW_WATER x budget``:
 
-1. aggregates already uploaded;
-2. aggregates not uploaded yet (oldest intervals first);
-3. alerts already published to MQTT and uploaded (or published, when no uploader is configured);
-4. every other alert, oldest first (last resort: unacknowledged alerts).
+1. camera alert snapshots (:mod:`agent.store.snapshots`; the largest rows and the least
+   needed: the alert they show stays);
+2. aggregates already uploaded;
+3. aggregates not uploaded yet (oldest intervals first);
+4. alerts already published to MQTT and uploaded (or published, when no uploader is configured);
+5. every other alert, oldest first (last resort: unacknowledged alerts).
 
 WAL bound (:func:`wal_limit_bytes`): ``min(JOURNAL_SIZE_LIMIT, budget / 8, file system / 16)``,
 never below ``MIN_WAL_BYTES``. SQLite's own auto-checkpoint (PASSIVE, on commit) is set to that
@@ -70,7 +72,7 @@ _CORRUPT_CODES = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
 class EvictionClass:
     """One eviction priority: which rows of which table go first."""
 
-    kind: str  # metric label: "aggregate" | "alert"
+    kind: str  # metric label: "snapshot" | "aggregate" | "alert"
     table: str
     where: str
 
@@ -84,6 +86,7 @@ def eviction_classes(uploads: bool) -> tuple[EvictionClass, ...]:
     """
     done = "published_at IS NOT NULL" + (" AND uploaded_at IS NOT NULL" if uploads else "")
     return (
+        EvictionClass("snapshot", "snapshots", "1 = 1"),
         EvictionClass("aggregate", "aggregates", "uploaded_at IS NOT NULL"),
         EvictionClass("aggregate", "aggregates", "uploaded_at IS NULL"),
         EvictionClass("alert", "alerts", done),

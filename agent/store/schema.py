@@ -41,12 +41,19 @@ Version 5 (watched camera folders):
     camera_files: one row per stream and file of a watched folder already scored
                  (:mod:`agent.store.camera_files`): ``name`` (BLOB: the name's bytes relative
                  to the folder), ``size`` (bytes), ``mtime_ns`` and ``scored_at`` (epoch s).
+
+Version 6 (camera alert snapshots):
+    snapshots:  one row per camera alert with a snapshot: the frame (JPEG), the heatmap overlay
+                 (PNG) and their MQTT and upload states (:mod:`agent.store.snapshots`); evicted
+                 first when the store is over its budget.
 """
 
 from __future__ import annotations
 
 import contextlib
 import sqlite3
+
+from agent.store import snapshots
 
 Migration = tuple[str, ...]
 
@@ -183,6 +190,8 @@ MIGRATIONS: tuple[Migration, ...] = (
         )
         """,
     ),
+    # 5 -> 6: camera alert snapshots.
+    snapshots.MIGRATION,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

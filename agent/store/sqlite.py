@@ -33,6 +33,10 @@ within it) as the interval's next part, and drops an exact repeat (a replay of t
 Watched camera folders (a camera thread and the main loop): ``scored_files``,
 ``mark_file_scored`` and ``forget_scored_files``: :mod:`agent.store.camera_files`.
 
+Camera alert snapshots (the snapshot worker, the MQTT snapshot publisher and the snapshot
+uploader): ``add_snapshot``, ``snapshots_to_publish``, ``snapshots_to_upload`` and their marks:
+:mod:`agent.store.snapshots`; evicted first under the budget.
+
 Calibrations (the pipeline thread): ``save_calibration`` (durable, when a stream finishes its
 calibration or a model update swaps one in) and ``calibration`` (at start):
 :mod:`agent.store.calibrations`.
@@ -71,7 +75,7 @@ from agent.errors import StoreError
 from agent.metrics import Metrics
 from agent.pipeline.restore import StoredCalibration
 from agent.records import Aggregate, Alert, iso_utc
-from agent.store import calibrations, camera_files, parts, wire
+from agent.store import calibrations, camera_files, parts, snapshots, wire
 from agent.store import maintenance as mt
 from agent.store.deferred import Deferred, bare_message, no_room
 from agent.store.ids import IdLedger
@@ -539,6 +543,76 @@ class Store:
         with self._use("forget_camera_files", transaction=True) as conn:
             camera_files.forget(conn, stream, names)
 
+    # -- camera alert snapshots -----------------------------------------------------------------
+
+    def add_snapshot(self, alert_id: str, stream: str, meta: dict[str, Any], jpeg: bytes,
+                     heatmap: bytes | None) -> bool:
+        """Store the snapshot of ``alert_id`` (:mod:`agent.store.snapshots`); False when it
+        already has one. Not fsynced on its own: a power cut may lose it, never the alert.
+
+        Raises:
+            StoreError: The write failed (the caller counts the snapshot as dropped).
+        """
+        with self._use("add_snapshot") as conn:
+            added = snapshots.add(conn, alert_id, stream, meta, jpeg, heatmap, self._clock())
+        self._maintain()
+        return added
+
+    def snapshot(self, alert_id: str) -> snapshots.Snapshot | None:
+        """The stored snapshot of ``alert_id`` (None: none, or evicted).
+
+        Raises:
+            StoreError: The read failed.
+        """
+        with self._use("snapshot") as conn:
+            return snapshots.get(conn, alert_id)
+
+    def snapshots_to_publish(self) -> list[snapshots.Snapshot]:
+        """The newest unpublished snapshot per stream (older ones become ``superseded``).
+
+        Raises:
+            StoreError: The read or write failed.
+        """
+        with self._use("snapshots_to_publish", transaction=True) as conn:
+            return snapshots.to_publish(conn)
+
+    def mark_snapshot_published(self, row_id: int, state: str | None, at: float | None) -> None:
+        """Set a snapshot's MQTT state (``published`` with ``at``, ``oversize``, ``failed``;
+        None: to be sent again).
+
+        Raises:
+            StoreError: The write failed.
+        """
+        with self._use("mark_snapshot") as conn:
+            snapshots.mark_mqtt(conn, row_id, state, at)
+
+    def snapshots_to_upload(self, limit: int) -> list[snapshots.Snapshot]:
+        """Snapshots not uploaded yet whose alert the fleet acknowledged, oldest first.
+
+        Raises:
+            StoreError: The read failed.
+        """
+        with self._use("snapshots_to_upload") as conn:
+            return snapshots.to_upload(conn, limit)
+
+    def mark_snapshot_uploaded(self, row_id: int, state: str, at: float | None) -> None:
+        """Set a snapshot's upload state (``uploaded`` with ``at``, or ``refused: <why>``).
+
+        Raises:
+            StoreError: The write failed.
+        """
+        with self._use("mark_snapshot") as conn:
+            snapshots.mark_upload(conn, row_id, state, at)
+
+    def snapshot_states(self, alert_ids: Sequence[str]) -> dict[str, tuple[Any, Any]]:
+        """``alert_id -> (mqtt_state, upload_state)`` of those alerts' snapshots.
+
+        Raises:
+            StoreError: The read failed.
+        """
+        with self._use("snapshot_states") as conn:
+            return snapshots.states(conn, alert_ids)
+
     # -- alerts / outbox ------------------------------------------------------------------------
 
     def add_alert(self, alert: Alert) -> bool:
@@ -937,7 +1011,10 @@ class Store:
                 "ORDER BY id LIMIT ?",
                 (limit,),
             ):
-                out.append(UploadRow("alert", int(row_id), alert_id, json.loads(payload)))
+                body = json.loads(payload)
+                if isinstance(body, dict):
+                    body.pop("snapshot", None)  # wire.ALERT_UPLOAD_BODY
+                out.append(UploadRow("alert", int(row_id), alert_id, body))
             if len(out) >= limit:
                 return out
             rows = conn.execute(
@@ -1212,11 +1289,15 @@ class Store:
         evicted = 0
         for cls in self._classes:
             while used > target:
-                total = sum(
-                    int(conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0])  # noqa: S608
-                    for t in ("alerts", "aggregates")
-                )
-                n = mt.evict(conn, cls, mt.rows_to_evict(used - target, used, total))
+                if cls.table == "snapshots":
+                    step = snapshots.rows_to_evict(conn, used - target)
+                else:
+                    total = sum(
+                        int(conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0])  # noqa: S608
+                        for t in ("alerts", "aggregates")
+                    )
+                    step = mt.rows_to_evict(used - target, used, total)
+                n = mt.evict(conn, cls, step)
                 if n == 0:
                     break
                 evicted += n
@@ -1234,7 +1315,8 @@ class Store:
             self._episode_evicted = {}
             log.warning(
                 "SQLite store %s is over its budget (%s bytes) or the disk is full: evicting "
-                "oldest rows (uploaded aggregates first, unacknowledged alerts last)",
+                "oldest rows (snapshots and uploaded aggregates first, unacknowledged alerts "
+                "last)",
                 self.path, self.budget_bytes,
             )
         self._episode_evicted[kind] = self._episode_evicted.get(kind, 0) + n
@@ -1260,7 +1342,7 @@ class Store:
                 # Truncating the WAL first gives the DELETE's own WAL frames room (the reserve
                 # is at least twice the WAL bound, so this checkpoint has room to finish).
                 conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-                for cls in self._classes[:2]:
+                for cls in self._classes[:3]:  # snapshots, then aggregates
                     # The DELETE itself needs WAL room: about half the free space.
                     step = self._room_step(conn)
                     for _ in range(_MAKE_ROOM_STEPS):
@@ -1313,7 +1395,7 @@ class Store:
 
 def _pending_alert_rows(conn: sqlite3.Connection, limit: int, after: int) -> list[wire.WireRow]:
     """Up to ``limit`` unuploaded alerts with row id > ``after``, oldest first, as wire rows."""
-    payload = wire.JSON_OR_NULL.format(col="payload")
+    payload = wire.ALERT_UPLOAD_BODY
     return [
         wire.WireRow("alert", int(row_id), alert_id, wire.alert_record(alert_id, body))
         for row_id, alert_id, body in conn.execute(

@@ -34,6 +34,13 @@ RecordKind = Literal["alert", "aggregate"]
 #: SQL expression template: the JSON column ``{col}`` if it holds valid JSON, else ``null``.
 JSON_OR_NULL = "CASE WHEN json_valid({col}) THEN {col} ELSE 'null' END"
 
+#: An alert's upload body: the stored payload without its ``snapshot`` key (the MQTT payload
+#: names the snapshot's topics; the fleet gets the snapshot itself on its own route, and a
+#: fleet older than snapshots would reject an alert with an unknown key), SQLite's
+#: ``json_remove`` keeping the text as stored otherwise.
+ALERT_UPLOAD_BODY = ("CASE WHEN json_valid(payload) THEN json_remove(payload, '$.snapshot') "
+                     "ELSE 'null' END")
+
 #: The aggregates columns :func:`aggregate_columns` takes, in order (SQL select list). The
 #: channels text goes as a string (not spliced in as JSON), so it is not checked here: a
 #: damaged one costs its record at the fleet, never the batch.

@@ -27,6 +27,7 @@ from starlette.concurrency import run_in_threadpool
 from fleet.db.devices import DeviceRegistry
 from fleet.db.records import RecordStore
 from fleet.db.samples import SampleStore
+from fleet.db.snapshots import SnapshotStore
 from fleet.errors import Forbidden, Unauthorized
 from fleet.metrics import FleetMetrics
 from fleet.settings import Settings
@@ -43,6 +44,8 @@ class Services:
     metrics: FleetMetrics
     #: Retraining samples (``POST /v1/samples``).
     samples: SampleStore | None = None
+    #: Camera alert snapshots (``/v1/devices/{id}/alerts/{alert_id}/snapshot``).
+    snapshots: SnapshotStore | None = None
     #: Called with ``(device_id, stream)`` after a calibration sample batch is stored
     #: (auto-retrain schedules a training run); must not block.
     on_calibration: Callable[[str, str], object] | None = None

@@ -107,7 +107,12 @@ def device_alerts(
 ) -> dict[str, Any]:
     query = _query(device_id, services, principal, stream, since, until, limit)
     rows = services.records.alerts(query)
-    return {"items": rows[: query.limit - 1], "truncated": len(rows) == query.limit}
+    items = rows[: query.limit - 1]
+    if services.snapshots is not None and items:
+        kinds = services.snapshots.kinds(device_id, [str(r["id"]) for r in items])
+        for r in items:
+            r["snapshots"] = kinds.get(str(r["id"]), [])
+    return {"items": items, "truncated": len(rows) == query.limit}
 
 
 def _query(

@@ -96,6 +96,9 @@ class AlertOut(_Out):
     model_version: int
     payload: dict[str, Any]
     received_at: dt.datetime
+    #: The images stored for this alert (``snapshot``, ``heatmap``): each served at
+    #: ``GET /v1/devices/{id}/alerts/{alert_id}/<kind>``.
+    snapshots: list[str] = []
 
 
 class AggregatePage(_Out):

@@ -1,0 +1,170 @@
+"""The patch-score map of a PatchCore-style image model, for the heatmap of a snapshot.
+
+An image package's model (``score.aggregation = "max_patch_knn_distance"``, e.g.
+``models/mtd-patchcore``) computes, for every feature patch ``p`` of the ``grid`` (rows x cols),
+the squared distance to its nearest memory-bank vector and reduces that map to one number, the
+image score ``sqrt(max_p d²(p))`` (``models/recipes/mtd_patchcore.py``, ``full_model``; PatchCore:
+Roth et al., "Towards Total Recall in Industrial Anomaly Detection", CVPR 2022). The score
+artefact only outputs the score. :class:`PatchMapModel` opens the package's verified ONNX
+artefact a second time with the map's tensors exposed as extra outputs, and runs it only for
+alerting frames (the snapshot worker's thread): the score path, whatever runtime it chose, is
+untouched and pays nothing.
+
+Which tensors (found by walking the graph back from the ``score`` output, no names assumed):
+
+* exact search: the input of the final ``ReduceMax`` is ``d²`` of every patch, ``(B, P)``;
+* coarse-to-fine search (``TopK`` present): ``TopK``'s input is the coarse ``d²_c`` of every
+  patch (nearest of the bank's first vectors: an upper bound of the exact distance), its
+  indices output the shortlisted patches and the ``ReduceMax`` input their exact ``d²``; the
+  map is ``d²_c`` with the shortlisted patches replaced by their exact value.
+
+The map returned is ``sqrt(max(d², 0))`` (score units, like the threshold), ``float32`` of shape
+``grid``. Needs the ``onnx`` package (``pip install 'edge-anomaly-agent[camera]'``) to edit the
+graph in memory; the file on disk is never changed.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from agent.errors import BackendUnavailable, ModelError
+from agent.inference.image_package import ImagePackage
+from agent.records import Float32Array
+
+#: The score aggregations whose map this module knows how to read.
+AGGREGATIONS = ("max_patch_knn_distance",)
+
+
+def _onnx_artefact(package: ImagePackage, precision: str) -> Path:
+    """The package's ONNX artefact of ``precision`` (else any ONNX artefact)."""
+    arts = [a for a in package.manifest.artefacts if a.runtime == "onnxruntime"]
+    arts.sort(key=lambda a: a.precision != precision)
+    if not arts:
+        raise ModelError("the package has no ONNX artefact to read the patch map from",
+                         model=package.label)
+    return package.path / arts[0].path
+
+
+def map_outputs(graph: Any) -> tuple[str, str | None, str | None]:
+    """Names of the tensors holding the patch map: ``(all patches, shortlist indices,
+    shortlisted exact)``; the last two are None for an exact search (module docstring).
+
+    Raises:
+        ModelError: the graph does not end in ``ReduceMax`` over patch distances.
+    """
+    producer = {out: node for node in graph.node for out in node.output}
+    node = producer.get(graph.output[0].name)
+    hops = 0
+    while node is not None and node.op_type != "ReduceMax" and hops < 16:
+        node = producer.get(node.input[0]) if node.input else None
+        hops += 1
+    if node is None or node.op_type != "ReduceMax":
+        raise ModelError("the model's score is not a ReduceMax over patch distances")
+    exact = node.input[0]
+    topk = [n for n in graph.node if n.op_type == "TopK"]
+    if not topk:
+        return exact, None, None
+    return topk[0].input[0], topk[0].output[1], exact
+
+
+class PatchMapModel:
+    """The package's model with its patch-score map as an output (see the module docstring).
+
+    Args:
+        package: A verified image package (:func:`agent.inference.image_package.
+            load_image_package`).
+        precision: Which ONNX artefact to prefer (``int8`` or ``fp32``).
+        threads: ONNX Runtime intra-op threads.
+
+    Raises:
+        BackendUnavailable: ``onnx`` is not installed.
+        ModelError: no ONNX artefact, a score not of a known aggregation, or a graph whose map
+            cannot be found or run.
+    """
+
+    def __init__(self, package: ImagePackage, precision: str = "int8", threads: int = 1) -> None:
+        score = package.manifest.score
+        if score.aggregation not in AGGREGATIONS:
+            raise ModelError(f"no patch map for score aggregation {score.aggregation!r}",
+                             model=package.label)
+        try:
+            import onnx  # noqa: PLC0415 - lazy: only for snapshots' heatmaps
+        except ImportError as exc:
+            raise BackendUnavailable(
+                "the heatmap needs the onnx package: pip install 'edge-anomaly-agent[camera]'",
+                model=package.label) from exc
+        import onnxruntime as ort  # noqa: PLC0415
+
+        path = _onnx_artefact(package, precision)
+        model = onnx.load(str(path))
+        names = map_outputs(model.graph)
+        self._outputs = [model.graph.output[0].name] + [n for n in names if n is not None]
+        for name in self._outputs[1:]:
+            model.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.log_severity_level = 3
+        try:
+            self._session = ort.InferenceSession(model.SerializeToString(), sess_options=opts,
+                                                 providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime raises its own untyped errors
+            raise ModelError(f"cannot load the patch-map model: {exc}",
+                             model=package.label) from exc
+        self._input = self._session.get_inputs()[0].name
+        self.grid = (int(score.grid[0]), int(score.grid[1]))
+        self.label = package.label
+
+    def run(self, x: Float32Array) -> tuple[float, Float32Array]:
+        """Score one normalised image and return its patch map.
+
+        Args:
+            x: ``float32`` ``(1, C, H, W)`` (:func:`agent.pipeline.image.normalise`).
+
+        Returns:
+            ``(score, map)``: the model's score and the ``float32`` map of shape ``grid``
+            (score units).
+
+        Raises:
+            ModelError: the runtime failed, or the map does not have ``rows x cols`` patches.
+        """
+        try:
+            outs = self._session.run(self._outputs, {self._input: x})
+        except Exception as exc:
+            raise ModelError(f"patch-map inference failed: {exc}", model=self.label) from exc
+        return float(np.asarray(outs[0]).reshape(-1)[0]), assemble_map(outs[1:], self.grid)
+
+
+def assemble_map(outs: list[Any], grid: tuple[int, int]) -> Float32Array:
+    """The ``grid``-shaped map from the exposed tensors (first image of the batch).
+
+    Args:
+        outs: ``[d² (B, P)]`` or ``[d²_c (B, P), indices (B, K), exact d² (B, K)]``.
+        grid: ``(rows, cols)`` with ``rows x cols == P`` (a square grid is assumed if not).
+
+    Raises:
+        ModelError: ``P`` fits neither ``grid`` nor a square.
+
+    >>> assemble_map([np.array([[4.0, 9.0, 1.0, 16.0]]), np.array([[3]]), np.array([[0.0]])],
+    ...              (2, 2)).tolist()
+    [[2.0, 3.0], [1.0, 0.0]]
+    """
+    full = np.array(outs[0], dtype=np.float32).reshape(np.shape(outs[0])[0], -1)[:1].copy()
+    if len(outs) == 3:
+        idx = np.asarray(outs[1]).astype(np.int64).reshape(full.shape[0], -1)[:1]
+        exact = np.asarray(outs[2], dtype=np.float32).reshape(full.shape[0], -1)[:1]
+        np.put_along_axis(full, idx, exact, axis=1)
+    n = full.shape[1]
+    rows, cols = grid
+    if rows * cols != n:
+        side = math.isqrt(n)
+        if side * side != n:
+            raise ModelError(f"patch map of {n} patches does not fit the grid {grid}")
+        rows = cols = side
+    out: npt.NDArray[np.float32] = np.sqrt(np.maximum(full[0], 0.0)).reshape(rows, cols)
+    return out.astype(np.float32)
