@@ -246,6 +246,9 @@ def report(study: Study, families: Sequence[str], log: Callable[[str], None] = p
         for g, (c, f) in lgo.items():
             log(f"{label:<11} held-out group {g:<7} {f.text()}   chosen on the other: "
                 f"{describe(c)}")
+            # the spread around the point chosen on the other group, on this group's files: a
+            # spread around a point picked on the files it is read on would flatter the point
+            log(f"{label:<11} held-out group {g:<7} {spread_text(study, c, group_names(names, g))}")
         for g, f in study.leave_files_out(family=fam).items():
             log(f"{label:<11} leave files out {g:<6} {f.text()}")
         pooled_c = study.choose(names, fam)
@@ -259,11 +262,21 @@ def report(study: Study, families: Sequence[str], log: Callable[[str], None] = p
     choice = overall if overall.detector in SHIPPABLE else max(
         (study.choose(names, f) for f in ship), key=lambda c: study.rating(
             c, study.group_files(names)))
-    worst, best = study.spread(choice, names)
     log(f"chosen among shippable families ({', '.join(SHIPPABLE)}): {describe(choice)}")
-    log(f"neighbourhood ({len(study.neighbours(choice))} points) pooled F1 {worst.f1:.3f}.."
-        f"{best.f1:.3f} FAR {best.far:.2f}..{worst.far:.2f} MAR {best.mar:.2f}..{worst.mar:.2f}")
+    log(f"pooled (chosen on the same files) {spread_text(study, choice, names)}")
     return choice
+
+
+def group_names(names: Iterable[str], group: str) -> list[str]:
+    """The files of ``group`` among ``names``."""
+    return [n for n in names if n.startswith(group + "/")]
+
+
+def spread_text(study: Study, c: Candidate, names: Sequence[str]) -> str:
+    """``neighbourhood (k points) F1 a..b FAR c..d MAR e..f`` of ``c`` on ``names``."""
+    worst, best = study.spread(c, names)
+    return (f"neighbourhood ({len(study.neighbours(c))} points) F1 {worst.f1:.3f}..{best.f1:.3f} "
+            f"FAR {best.far:.2f}..{worst.far:.2f} MAR {best.mar:.2f}..{worst.mar:.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:

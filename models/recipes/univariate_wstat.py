@@ -51,9 +51,10 @@ from fleet.training.wstat import (
     session_runner,
 )
 
-#: Defaults when no selection is given (the selection's choice is what ships).
-DEFAULTS = {"window": 10, "top_k": 2, "factor": 1.5, "holdout": 0.25, "adapt_rate": 0.01,
-            "drift_bound": 3.0, "rule_k": 7, "rule_n": 10}
+#: The choices the package takes from the selection (``univariate_select.py --json``). There
+#: are no fallback values: a package built without a selection would ship hand-picked defaults.
+SELECTED = ("window", "top_k", "factor", "holdout", "adapt_rate", "drift_bound", "rule_k",
+            "rule_n")
 
 
 FEATURE_FLOOR_FRAC = 0.1
@@ -73,12 +74,33 @@ def training_windows(values: np.ndarray, window: int, cal: int) -> tuple[np.ndar
     return np.concatenate(ws), np.concatenate(fs)
 
 
+def read_selection(path: Path) -> dict[str, float]:
+    """The choices of :data:`SELECTED` from a ``univariate_select.py --json`` file.
+
+    Raises:
+        SystemExit: the file is not a JSON object or lacks one of :data:`SELECTED`.
+    """
+    try:
+        chosen = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"{path}: not a selection file: {exc}") from exc
+    if not isinstance(chosen, dict):
+        raise SystemExit(f"{path}: not a selection file: a JSON object is needed")
+    missing = [k for k in SELECTED if k not in chosen]
+    if missing:
+        raise SystemExit(f"{path}: the selection lacks {', '.join(missing)}; rerun "
+                         "models/recipes/univariate_select.py --json")
+    return {k: chosen[k] for k in SELECTED}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, required=True, help="SKAB root (has anomaly-free/)")
     ap.add_argument("--out", type=Path, required=True, help="package directory to write")
     ap.add_argument("--version", type=int, default=1)
-    ap.add_argument("--selection", type=Path, help="univariate_select.py --json output")
+    ap.add_argument("--selection", type=Path, required=True,
+                    help="univariate_select.py --json output (required: every detector and rule "
+                         "default comes from the grouped selection)")
     ap.add_argument("--calibration-samples", type=int, default=400)
     ap.add_argument("--feature-floor-frac", type=float, default=FEATURE_FLOOR_FRAC)
     ap.add_argument("--gap-factor", type=float, default=5.0)
@@ -89,9 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quant-windows", type=int, default=4000)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    chosen = dict(DEFAULTS)
-    if args.selection is not None:
-        chosen.update(json.loads(args.selection.read_text()))
+    chosen = read_selection(args.selection)
     w = int(chosen["window"])
     rng = np.random.default_rng(args.seed)
     data = read_skab(anomaly_free_file(args.data))

@@ -1,0 +1,48 @@
+"""The univariate package recipe (models/recipes/univariate_wstat.py) takes every detector and
+rule default from the grouped selection: it has no hand-picked fallback to ship silently."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "models" / "recipes"))
+
+import univariate_wstat
+
+CHOICE = {"window": 20, "top_k": 3, "factor": 1.0, "holdout": 0.25, "adapt_rate": 0.005,
+          "drift_bound": 3.0, "rule_k": 3, "rule_n": 5}
+
+
+def test_a_build_without_a_selection_is_refused(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        univariate_wstat.main(["--data", str(tmp_path), "--out", str(tmp_path / "pkg")])
+    assert exc.value.code == 2
+    assert "--selection" in capsys.readouterr().err
+    assert not (tmp_path / "pkg").exists()
+
+
+def test_a_selection_missing_a_choice_names_it(tmp_path: Path) -> None:
+    sel = tmp_path / "uni.json"
+    sel.write_text(json.dumps({k: v for k, v in CHOICE.items() if k not in ("rule_k", "factor")}))
+    with pytest.raises(SystemExit, match=r"lacks factor, rule_k") as exc:
+        univariate_wstat.main(["--data", str(tmp_path), "--out", str(tmp_path / "pkg"),
+                               "--selection", str(sel)])
+    assert "univariate_select.py" in str(exc.value.code)
+    assert not (tmp_path / "pkg").exists()
+
+
+def test_a_full_selection_is_taken_whole(tmp_path: Path) -> None:
+    sel = tmp_path / "uni.json"
+    sel.write_text(json.dumps({**CHOICE, "extra": 1}))
+    assert univariate_wstat.read_selection(sel) == CHOICE
+    sel.write_text("[1, 2]")
+    with pytest.raises(SystemExit, match="JSON object"):
+        univariate_wstat.read_selection(sel)
+    sel.write_text("{not json")
+    with pytest.raises(SystemExit, match="not a selection file"):
+        univariate_wstat.read_selection(sel)
