@@ -53,7 +53,8 @@ from agent.errors import (
     SourceExhausted,
 )
 from agent.health import SourceView
-from agent.inference.image_package import ImagePackage, load_image_package, open_image_backend
+from agent.inference.image_package import ImagePackage, load_image_package
+from agent.inference.select import open_image_backend
 from agent.logs import ALWAYS, RateLimiter
 from agent.pipeline.image import ImagePipeline, ImageSpec
 from agent.pipeline.stream import AlertEvent
