@@ -369,7 +369,7 @@ class Agent:
             f"calibration from the package (threshold {preset.threshold:.3f})" if preset
             else "calibration restored" if restored
             else f"calibrating on the first {spec.calibration_samples} readings",
-            extra=ALWAYS,
+            extra={**ALWAYS, "stream": sc.name, "model_version": package.manifest.version},
         )
         policy = stall_policy(sc.source, package.manifest.input.sample_rate_hz, sc.stall_after_s)
         slot = None
@@ -564,14 +564,14 @@ class Agent:
                         "or a missing RTC, or a gap in the input); the open aggregate interval "
                         "was closed and alert cooldowns count monotonic time across the step",
                         name, step.direction, abs(step.size_s), iso_utc(step.at_ts),
-                        extra=ALWAYS)
+                        extra={**ALWAYS, "stream": name})
         if was_calibrating and out.calibrated is not None:
             self.metrics.calibrating.labels(stream=name).set(0)
             self.metrics.threshold.labels(stream=name).set(out.calibrated.threshold)
             fitted = s.pipeline.calibration_samples
             log.info("stream %s: calibrated on %d readings, threshold %.3f", name,
                      s.pipeline.spec.calibration_samples if fitted is None else len(fitted),
-                     out.calibrated.threshold)
+                     out.calibrated.threshold, extra={"stream": name})
             if out.calibration_outliers:
                 self.metrics.calibration_outliers_total.labels(stream=name).inc(
                     out.calibration_outliers)
@@ -588,7 +588,8 @@ class Agent:
         if out.nonfinite_scores:
             self.metrics.nonfinite_scores_total.labels(stream=name).inc(out.nonfinite_scores)
             log.warning("stream %s: %d window(s) scored non-finite (a reading the model cannot "
-                        "represent); scored off-scale", name, out.nonfinite_scores)
+                        "represent); scored off-scale", name, out.nonfinite_scores,
+                        extra={"stream": name})
         n_scored = int(np.count_nonzero(~np.isnan(out.scores)))
         if n_scored:
             self.metrics.windows_total.labels(stream=name).inc(n_scored)
@@ -657,7 +658,8 @@ class Agent:
         except StoreError as exc:
             self.aggregates_dropped += 1
             self.metrics.dropped_total.labels(kind="aggregate", reason="store_error").inc()
-            log.error("stream %s: aggregate not stored: %s", agg.stream, exc)
+            log.error("stream %s: aggregate not stored: %s", agg.stream, exc,
+                      extra={"stream": agg.stream})
             return
         self.keeper.persist_seq()
 

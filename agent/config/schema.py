@@ -108,8 +108,13 @@ class AgentSection(StrictModel):
         "to the config file's directory.",
     )
     log_level: LogLevel = Field("INFO", description="Log level: DEBUG, INFO, WARNING or ERROR.")
-    log_format: Literal["text", "json"] = Field(
-        "text", description="Log format: 'text' (human) or 'json' (one object per line)."
+    log_format: Literal["auto", "text", "journal", "json"] = Field(
+        "auto",
+        description="Log format: 'text' (timestamped lines), 'journal' (sd-daemon priority "
+        "prefixes such as <4>, no timestamp: journald adds both), 'json' (one object per line "
+        "with the structured fields: stream, alert_id, model_version ...; priority-prefixed "
+        "under journald) or 'auto' = journal when stderr is systemd's journal stream "
+        "(JOURNAL_STREAM), else text (docs/operations.md).",
     )
     console_alerts: bool = Field(True, description="Print every alert on stdout.")
     metrics_port: int | None = Field(

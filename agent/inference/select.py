@@ -283,7 +283,8 @@ def record_selection(metrics: Any, stream: str, selection: Selection) -> None:
         if t.p50_s is not None:
             metrics.backend_benchmark_seconds.labels(**labels).set(t.p50_s)
     log.info("stream %s: backend %s/%s selected (p50 of one window): %s", stream,
-             chosen.candidate.label, chosen.candidate.precision, selection.table())
+             chosen.candidate.label, chosen.candidate.precision, selection.table(),
+             extra={"stream": stream, "backend": chosen.candidate.label})
 
 
 def open_image_backend(package: ImagePackage, precision: str = "int8", threads: int = 1,
