@@ -50,6 +50,7 @@ import numpy as np
 from agent import __version__
 from agent.config.loader import load_config
 from agent.config.schema import AgentConfig, StreamConfig, resolve_model_path
+from agent.disk_budget import DiskBudget, default_parts
 from agent.errors import AgentError, ConfigError, ModelError, StoreError
 from agent.exitcodes import EX_OK, EX_UNAVAILABLE
 from agent.health import StallPolicy, camera_stall_policy, stall_policy
@@ -210,7 +211,9 @@ class Agent:
             store_path,
             clock,
             metrics=self.metrics,
-            budget_bytes=config.store.budget_bytes,
+            # within the disk budget from the start: it sizes the WAL bound and -reserve file
+            budget_bytes=min(config.store.budget_bytes,
+                             config.storage.disk_budget_bytes or config.store.budget_bytes),
             uploads=config.fleet.enabled,
         )
         self.uploader: Uploader | None = None
@@ -254,6 +257,10 @@ class Agent:
         self.readings_dropped = 0
         #: Stores alerts; delivers those the store refuses over MQTT from memory.
         self.keeper = AlertKeeper(self.store, self.publisher, self.metrics)
+        #: The one disk budget (store, models, OpenVINO cache; snapshots: add_part).
+        self.disk = DiskBudget(config.storage.disk_budget_bytes, self.store,
+                               default_parts(state_dir), self.metrics,
+                               check_interval_s=config.storage.check_interval_s)
         self.monitor = Monitor(
             {n: WatchedSource(s.supervisor, s.policy) for n, s in self.streams.items()},
             lambda: [n for n, s in self.streams.items() if s.pipeline.calibrating],
@@ -266,6 +273,7 @@ class Agent:
             uploader_trouble=None if self.uploader is None else self.uploader.trouble,
             cameras={n: WatchedCamera(c, _camera_policy(config, n))
                      for n, c in self.cameras.items()},
+            disk=self.disk,
             watchdog_interval_s=watchdog_interval_s(),
             clock=clock,
         )
