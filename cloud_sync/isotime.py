@@ -5,11 +5,10 @@ digits, ``+0000`` offsets); Python 3.10 reads only what :meth:`datetime.datetime
 writes. Both sides of the wire (the agent's sources, the fleet's ingest) parse through
 :func:`fromisoformat`, which on 3.10 first rewrites the RFC 3339 forms 3.10 lacks:
 
-* a trailing ``Z``/``z`` becomes ``+00:00``;
+* a trailing ``Z`` becomes ``+00:00`` (a lower-case ``z`` stays an error, as in 3.11);
 * a fraction of 1-5 or 7+ digits is padded or cut to 6 (microseconds; cut, as 3.11 does);
-* an offset ``+hhmm`` or ``+hh`` becomes ``+hh:mm``;
-* a space or lower-case ``t`` between date and time is accepted (3.10 accepts any one
-  character there already).
+* an offset ``+hhmm`` or ``+hh`` becomes ``+hh:mm``
+  (3.10 already accepts any one character between the date and the time).
 
 Other forms 3.11 reads (week dates ``2024-W01-1``, the basic format ``20240101T000000``,
 ordinal dates) stay a :class:`ValueError` on 3.10.
@@ -24,7 +23,7 @@ import sys
 _TAIL = re.compile(
     r"^(?P<head>\d{4}-\d{2}-\d{2}.\d{2}:\d{2}(?::\d{2})?)"
     r"(?:[.,](?P<frac>\d+))?"
-    r"(?P<tz>[Zz]|[+-]\d{2}(?::?\d{2})?(?::?\d{2}(?:\.\d+)?)?)?$"
+    r"(?P<tz>Z|[+-]\d{2}(?::?\d{2})?(?::?\d{2}(?:\.\d+)?)?)?$"
 )
 
 
@@ -46,7 +45,7 @@ def _rewrite(text: str) -> str:
     if m["frac"] is not None:
         out += "." + (m["frac"] + "00000")[:6]
     tz = m["tz"]
-    if tz in ("Z", "z"):
+    if tz == "Z":
         out += "+00:00"
     elif tz:
         digits = tz[1:].replace(":", "")
