@@ -9,8 +9,8 @@
 #   --unit-tests install the wheel with its test extra and, after the run to the first alert,
 #                run the checkout's unit tests (tests/unit) on the venv's interpreter: CI's
 #                check of another Python version (.ci/run: Python 3.10). The tests import the
-#                checkout's sources (pytest puts the checkout first on sys.path); the run to the
-#                first alert uses the installed wheel only.
+#                checkout's sources (PYTHONPATH, also for the agents they start) with the
+#                wheel's dependencies; the run to the first alert uses the installed wheel only.
 #   WORK_DIR     scratch directory (default: a new mktemp -d, removed at the end); the built
 #                wheel is left in WORK_DIR/dist when WORK_DIR is given.
 #   PYTHON       interpreter for the build and the venv (default python3)
@@ -141,6 +141,9 @@ echo "wheel check passed"
 # 4. With --unit-tests: the unit suite on this interpreter (not the integration suite: CI time).
 if [[ ${unit_tests} -eq 1 ]]; then
     tests_start=${SECONDS}
-    (cd "${repo}" && "${venv}/bin/python" -m pytest -q -p no:cacheprovider tests/unit)
+    # PYTHONPATH: the agents some tests start as subprocesses import the checkout too (the
+    # checkout's models/, e.g. the image package the wheel does not hold)
+    (cd "${repo}" && PYTHONPATH=${repo} "${venv}/bin/python" -m pytest -q -p no:cacheprovider \
+        tests/unit)
     echo "unit tests on $("${venv}/bin/python" --version) passed in $((SECONDS - tests_start)) s"
 fi
