@@ -111,8 +111,9 @@ class AgentSection(StrictModel):
     log_level: LogLevel = Field("INFO", description="Log level: DEBUG, INFO, WARNING or ERROR.")
     log_format: Literal["auto", "text", "journal", "json"] = Field(
         "auto",
-        description="Log format: 'text' (timestamped lines), 'journal' (sd-daemon priority "
-        "prefixes such as <4>, no timestamp: journald adds both), 'json' (one object per line "
+        description="Log format: 'text' (timestamped lines), 'journal' (each line starts with "
+        "its sd-daemon priority such as <4> and has no timestamp: journald stamps it), 'json' "
+        "(one object per line "
         "with the structured fields: stream, alert_id, model_version ...; priority-prefixed "
         "under journald) or 'auto' = journal when stderr is systemd's journal stream "
         "(JOURNAL_STREAM), else text (docs/operations.md).",

@@ -177,3 +177,39 @@ def test_the_storage_section_is_strict_with_safe_defaults() -> None:
         StorageSection(disk_budget_bytes=1024)
     with pytest.raises(ValueError, match="Extra inputs"):
         StorageSection(budget=1)  # type: ignore[call-arg]
+
+
+AGENT = """
+[agent]
+device_id = "gw1"
+state_dir = "{state}"
+console_alerts = false
+[storage]
+disk_budget_bytes = {budget}
+[[streams]]
+name = "pump1"
+[streams.source]
+kind = "simulator"
+speed = 0
+duration_s = 600
+"""
+
+
+def test_the_agent_reports_its_disk_parts_in_healthz_and_metrics(state: Path) -> None:
+    from agent.app import Agent  # noqa: PLC0415 - loads the whole agent
+    from agent.config.loader import parse_config  # noqa: PLC0415
+    from agent.systemd import Notifier  # noqa: PLC0415
+
+    m = Metrics(CollectorRegistry())
+    config = parse_config(AGENT.format(state=state, budget=64 * 1024 * KIB), env={})
+    agent = Agent(config, m, console=None, notifier=Notifier(""))
+    assert agent.run() == 0  # the finite simulation ends
+    disk = agent.monitor.report().to_json()["components"]["disk"]  # type: ignore[index]
+    assert disk["budget_bytes"] == 64 * 1024 * KIB
+    assert disk["parts"]["models"] == 80 * KIB + 200
+    assert disk["parts"]["openvino_cache"] >= 600 * KIB  # + what OpenVINO compiled, if installed
+    assert disk["parts"]["store"] > 0
+    assert disk["store_budget_bytes"] <= 64 * 1024 * KIB
+    assert gauge(m, "edge_agent_disk_budget_bytes") == 64 * 1024 * KIB
+    assert gauge(m, "edge_agent_disk_bytes", part="store") == disk["parts"]["store"]
+    assert gauge(m, "edge_agent_health_state", component="disk") is not None
