@@ -51,6 +51,7 @@ import numpy as np
 from agent import __version__
 from agent.config.loader import load_config
 from agent.config.schema import AgentConfig, StreamConfig, resolve_model_path
+from agent.disk_budget import DiskBudget, default_parts
 from agent.errors import AgentError, ConfigError, ModelError, StoreError
 from agent.exitcodes import EX_OK, EX_UNAVAILABLE
 from agent.health import StallPolicy, camera_stall_policy, stall_policy
@@ -221,7 +222,9 @@ class Agent:
             store_path,
             clock,
             metrics=self.metrics,
-            budget_bytes=config.store.budget_bytes,
+            # within the disk budget from the start: it sizes the WAL bound and -reserve file
+            budget_bytes=min(config.store.budget_bytes,
+                             config.storage.disk_budget_bytes or config.store.budget_bytes),
             uploads=config.fleet.enabled,
         )
         self.uploader: Uploader | None = None
@@ -281,6 +284,10 @@ class Agent:
         self.readings_dropped = 0
         #: Stores alerts; delivers those the store refuses over MQTT from memory.
         self.keeper = AlertKeeper(self.store, self.publisher, self.metrics)
+        #: The one disk budget (store, models, OpenVINO cache; snapshots: add_part).
+        self.disk = DiskBudget(config.storage.disk_budget_bytes, self.store,
+                               default_parts(state_dir), self.metrics,
+                               check_interval_s=config.storage.check_interval_s)
         self.monitor = Monitor(
             {n: WatchedSource(s.supervisor, s.policy) for n, s in self.streams.items()},
             lambda: [n for n, s in self.streams.items() if s.pipeline.calibrating],
@@ -293,6 +300,7 @@ class Agent:
             uploader_trouble=None if self.uploader is None else self.uploader.trouble,
             cameras={n: WatchedCamera(c, _camera_policy(config, n))
                      for n, c in self.cameras.items()},
+            disk=self.disk,
             watchdog_interval_s=watchdog_interval_s(),
             clock=clock,
         )
@@ -396,7 +404,7 @@ class Agent:
             f"calibration from the package (threshold {preset.threshold:.3f})" if preset
             else "calibration restored" if restored
             else f"calibrating on the first {spec.calibration_samples} readings",
-            extra=ALWAYS,
+            extra={**ALWAYS, "stream": sc.name, "model_version": package.manifest.version},
         )
         policy = stall_policy(sc.source, package.manifest.input.sample_rate_hz, sc.stall_after_s)
         slot = None
@@ -595,14 +603,14 @@ class Agent:
                         "or a missing RTC, or a gap in the input); the open aggregate interval "
                         "was closed and alert cooldowns count monotonic time across the step",
                         name, step.direction, abs(step.size_s), iso_utc(step.at_ts),
-                        extra=ALWAYS)
+                        extra={**ALWAYS, "stream": name})
         if was_calibrating and out.calibrated is not None:
             self.metrics.calibrating.labels(stream=name).set(0)
             self.metrics.threshold.labels(stream=name).set(out.calibrated.threshold)
             fitted = s.pipeline.calibration_samples
             log.info("stream %s: calibrated on %d readings, threshold %.3f", name,
                      s.pipeline.spec.calibration_samples if fitted is None else len(fitted),
-                     out.calibrated.threshold)
+                     out.calibrated.threshold, extra={"stream": name})
             if out.calibration_outliers:
                 self.metrics.calibration_outliers_total.labels(stream=name).inc(
                     out.calibration_outliers)
@@ -619,7 +627,8 @@ class Agent:
         if out.nonfinite_scores:
             self.metrics.nonfinite_scores_total.labels(stream=name).inc(out.nonfinite_scores)
             log.warning("stream %s: %d window(s) scored non-finite (a reading the model cannot "
-                        "represent); scored off-scale", name, out.nonfinite_scores)
+                        "represent); scored off-scale", name, out.nonfinite_scores,
+                        extra={"stream": name})
         n_scored = int(np.count_nonzero(~np.isnan(out.scores)))
         if n_scored:
             self.metrics.windows_total.labels(stream=name).inc(n_scored)
@@ -695,7 +704,8 @@ class Agent:
         except StoreError as exc:
             self.aggregates_dropped += 1
             self.metrics.dropped_total.labels(kind="aggregate", reason="store_error").inc()
-            log.error("stream %s: aggregate not stored: %s", agg.stream, exc)
+            log.error("stream %s: aggregate not stored: %s", agg.stream, exc,
+                      extra={"stream": agg.stream})
             return
         self.keeper.persist_seq()
 

@@ -89,6 +89,12 @@ def _parser() -> argparse.ArgumentParser:
         help="TOML config file (default: the embedded defaults: one simulator stream, "
         "console alerts, no broker)",
     )
+    run.add_argument(
+        "--log-format",
+        choices=["auto", "text", "journal", "json"],
+        help="overrides agent.log_format: journal = sd-daemon priority prefixes and no "
+        "timestamp, auto = journal under systemd's journal stream, else text",
+    )
     run.set_defaults(func=_cmd_run)
 
     check = sub.add_parser("check-config", help="validate a config file and print every problem")
@@ -160,6 +166,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         config, config_dir = _load(config_file)
     except ConfigError as exc:
         return _report_config_error(exc, config_file, sys.stderr)
+    if args.log_format is not None:
+        agent = config.agent.model_copy(update={"log_format": args.log_format})
+        config = config.model_copy(update={"agent": agent})
     try:
         app = importlib.import_module("agent.app")
     except ModuleNotFoundError as exc:

@@ -1,4 +1,24 @@
-"""Logging set-up: text or JSON lines on stderr (journald adds the timestamp under systemd).
+"""Logging set-up: text, journal or JSON lines on stderr, and the agent's one rate limiter.
+
+Formats (``agent.log_format``, ``edge-agent run --log-format``):
+
+* ``text``: ``2024-03-09 11:14:33,120 INFO    agent.app: message`` (a terminal, a file);
+* ``journal``: ``<6>INFO agent.app: message``: the sd-daemon(3) priority prefix (``<3>``
+  SD_ERR for ERROR, ``<4>`` SD_WARNING, ``<6>`` SD_INFO, ``<7>`` SD_DEBUG, ``<2>`` SD_CRIT for
+  CRITICAL) and no timestamp: journald strips the prefix into the entry's PRIORITY and stamps
+  the entry itself (systemd.exec(5), ``SyslogLevelPrefix=``). Every line of a multi-line record
+  (a traceback) carries the prefix, so the whole record has one priority;
+* ``json``: one object per line: ``ts`` (epoch s), ``level``, ``logger``, ``message``, ``exc``
+  (a traceback), ``suppressed`` (see below), and every structured field the call site passed
+  with ``extra=`` (``stream``, ``alert_id``, ``model_version``, ``device`` ...) as a top-level
+  key, for a log shipper to index. Under journald each object is prefixed with its priority
+  as well (journald removes it; the MESSAGE stays valid JSON);
+* ``auto`` (default): ``journal`` when stderr is the journal stream systemd passed
+  (``JOURNAL_STREAM`` names stderr's device and inode: :func:`under_journal`), else ``text``.
+
+Structured fields: components that log about one stream, alert or model pass its identity as
+fields (:func:`with_fields`: a logger whose records all carry them, merged with a call's own
+``extra=``); the text and journal formats show only the message, which names them too.
 
 Repeated messages are rate-limited (:class:`RateLimitFilter`): the same logger, message
 *template* (``record.msg`` before ``%`` formatting) and *string* arguments pass at most once per
@@ -18,19 +38,63 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping, MutableMapping
+from typing import IO, Any, Literal
+
+LogFormat = Literal["auto", "text", "journal", "json"]
 
 #: Default seconds between two records of the same logger and template.
 RATE_LIMIT_S = 30.0
 
 
+#: Attributes every LogRecord has (and the formatters' own): not structured fields.
+_RECORD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message", "asctime", "always", "suppressed", "taskName",
+}
+
+
+def syslog_priority(levelno: int) -> int:
+    """The sd-daemon(3) / syslog(3) priority of a logging level.
+
+    >>> [syslog_priority(lv) for lv in (logging.CRITICAL, logging.ERROR, logging.WARNING,
+    ...                                  logging.INFO, logging.DEBUG)]
+    [2, 3, 4, 6, 7]
+    """
+    if levelno >= logging.CRITICAL:
+        return 2  # SD_CRIT
+    if levelno >= logging.ERROR:
+        return 3  # SD_ERR
+    if levelno >= logging.WARNING:
+        return 4  # SD_WARNING
+    if levelno >= logging.INFO:
+        return 6  # SD_INFO
+    return 7  # SD_DEBUG
+
+
+def structured_fields(record: logging.LogRecord) -> dict[str, object]:
+    """The fields a call site passed with ``extra=`` (not the record's own attributes)."""
+    return {k: v for k, v in vars(record).items() if k not in _RECORD_ATTRS
+            and not k.startswith("_")}
+
+
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts (epoch s), level, logger, message, and exc if any."""
+    """One JSON object per line: ts (epoch s), level, logger, message, exc if any, and the
+    structured fields (see the module docstring).
+
+    Args:
+        priority_prefix: Prefix each line with its sd-daemon(3) priority (under journald).
+    """
+
+    def __init__(self, priority_prefix: bool = False) -> None:
+        super().__init__()
+        self.priority_prefix = priority_prefix
 
     def format(self, record: logging.LogRecord) -> str:
+        """The record as one line of JSON (fields that are not JSON become their ``str``)."""
         obj: dict[str, object] = {
             "ts": round(record.created, 3),
             "level": record.levelname,
@@ -42,7 +106,78 @@ class JsonFormatter(logging.Formatter):
             obj["suppressed"] = suppressed
         if record.exc_info:
             obj["exc"] = self.formatException(record.exc_info)
-        return json.dumps(obj, ensure_ascii=False)
+        for key, value in structured_fields(record).items():
+            obj.setdefault(key, value)  # the standard keys win over a field of the same name
+        line = json.dumps(obj, ensure_ascii=False, default=str)
+        if self.priority_prefix:
+            return f"<{syslog_priority(record.levelno)}>{line}"
+        return line
+
+
+class JournalFormatter(logging.Formatter):
+    """``<priority>LEVEL logger: message`` with no timestamp (journald adds its own); every
+    line of a multi-line record (a traceback) carries the prefix.
+
+    >>> rec = logging.LogRecord("agent.app", logging.WARNING, "", 0, "a\\nb", None, None)
+    >>> JournalFormatter().format(rec).splitlines()
+    ['<4>WARNING agent.app: a', '<4>b']
+    """
+
+    def __init__(self) -> None:
+        super().__init__("%(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record's lines, each with the priority prefix."""
+        prefix = f"<{syslog_priority(record.levelno)}>"
+        return "\n".join(prefix + line for line in super().format(record).split("\n"))
+
+
+def under_journal(
+    stream: IO[str] | None = None, environ: Mapping[str, str] | None = None
+) -> bool:
+    """True when ``stream`` (default stderr) is the journal stream systemd connected.
+
+    systemd.exec(5): ``JOURNAL_STREAM`` is ``<device>:<inode>`` of the stdout/stderr it
+    connected to journald; a process should compare it with its own stream's ``fstat`` (a
+    child whose stderr was redirected inherits the variable but not the stream).
+    """
+    env = os.environ if environ is None else environ
+    value = env.get("JOURNAL_STREAM", "")
+    dev, sep, ino = value.partition(":")
+    if not sep or not dev.isdigit() or not ino.isdigit():
+        return False
+    try:
+        st = os.fstat((sys.stderr if stream is None else stream).fileno())
+    except (OSError, ValueError, AttributeError):
+        return False  # no file descriptor (a test's StringIO, a closed stream)
+    return st.st_dev == int(dev) and st.st_ino == int(ino)
+
+
+class FieldsAdapter(logging.LoggerAdapter):  # type: ignore[type-arg] # not subscriptable in 3.10
+    """A logger whose records carry ``fields`` as structured fields (:func:`with_fields`)."""
+
+    def process(
+        self, msg: Any, kwargs: MutableMapping[str, Any]
+    ) -> tuple[Any, MutableMapping[str, Any]]:
+        """Merge the fields under the call's own ``extra=`` (the call's keys win)."""
+        kwargs["extra"] = {**(self.extra or {}), **(kwargs.get("extra") or {})}
+        return msg, kwargs
+
+
+def with_fields(
+    logger: logging.Logger | logging.LoggerAdapter[Any], **fields: object
+) -> FieldsAdapter:
+    """``logger`` whose every record carries ``fields`` (``stream=``, ``model_version=`` ...);
+    a call's own ``extra=`` (``ALWAYS``, more fields) is merged in.
+
+    >>> log = with_fields(logging.getLogger("x"), stream="pump1")
+    >>> log.process("m", {"extra": {"always": True}})[1]["extra"]
+    {'stream': 'pump1', 'always': True}
+    """
+    if isinstance(logger, FieldsAdapter):
+        return FieldsAdapter(logger.logger, {**(logger.extra or {}), **fields})
+    base = logger.logger if isinstance(logger, logging.LoggerAdapter) else logger
+    return FieldsAdapter(base, fields)
 
 
 #: ``log.info(..., extra=ALWAYS)``: a state change (source down or recovered, a stream starting,
@@ -191,23 +326,49 @@ def reset_rate_limits(logger: logging.Logger | None = None) -> None:
                 flt.limiter.reset()
 
 
-def setup_logging(level: str, fmt: str, rate_limit_s: float = RATE_LIMIT_S) -> None:
+def formatter_for(
+    fmt: LogFormat, stream: IO[str] | None = None, environ: Mapping[str, str] | None = None
+) -> logging.Formatter:
+    """The formatter of ``fmt`` for ``stream`` (``auto``: journal under journald, else text;
+    ``json`` gets the priority prefix under journald).
+
+    Raises:
+        ValueError: an unknown format.
+    """
+    journal = under_journal(stream, environ)
+    if fmt == "auto":
+        fmt = "journal" if journal else "text"
+    if fmt == "journal":
+        return JournalFormatter()
+    if fmt == "json":
+        return JsonFormatter(priority_prefix=journal)
+    if fmt == "text":
+        return logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    raise ValueError(f"unknown log format {fmt!r} (auto, text, journal or json)")
+
+
+def setup_logging(
+    level: str,
+    fmt: LogFormat = "auto",
+    rate_limit_s: float = RATE_LIMIT_S,
+    stream: IO[str] | None = None,
+) -> None:
     """Configure the root logger once (replaces earlier handlers).
 
     Args:
         level: DEBUG, INFO, WARNING or ERROR.
-        fmt: ``text`` or ``json``.
+        fmt: ``auto``, ``text``, ``journal`` or ``json`` (the module docstring).
         rate_limit_s: Seconds between two records of the same logger and message template
             (:class:`RateLimitFilter`); 0 = no limit.
+        stream: Where lines go; default stderr.
+
+    Raises:
+        ValueError: an unknown format.
     """
-    handler = logging.StreamHandler(sys.stderr)
+    out = sys.stderr if stream is None else stream
+    handler = logging.StreamHandler(out)
     handler.addFilter(RateLimitFilter(rate_limit_s))
-    if fmt == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
-        )
+    handler.setFormatter(formatter_for(fmt, out))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

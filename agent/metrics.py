@@ -304,6 +304,25 @@ class Metrics:
             "Live bytes of the SQLite store (used pages plus WAL), as of the last budget check.",
             registry=r,
         )
+        self.disk_bytes = Gauge(
+            "edge_agent_disk_bytes",
+            "Bytes on disk per part of the one disk budget (agent.disk_budget): store, models, "
+            "openvino_cache, snapshots; as of the last check.",
+            ["part"],
+            registry=r,
+        )
+        self.disk_budget_bytes = Gauge(
+            "edge_agent_disk_budget_bytes",
+            "The disk budget across every part (storage.disk_budget_bytes); 0 = none set.",
+            registry=r,
+        )
+        self.disk_evicted_bytes_total = Counter(
+            "edge_agent_disk_evicted_bytes_total",
+            "Bytes deleted to keep the disk budget, per part (the store's rows are counted "
+            "in edge_agent_dropped_total{reason=\"budget\"}).",
+            ["part"],
+            registry=r,
+        )
         self.store_quarantined_total = Counter(
             "edge_agent_store_quarantined_total",
             "Corrupt store files renamed aside at start (the agent started on a fresh store).",

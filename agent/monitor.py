@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from agent.disk_budget import DiskBudget
 from agent.errors import StoreError
 from agent.health import (
     GREEN,
@@ -101,6 +102,8 @@ class Monitor:
         uploader_trouble: Why the uploader needs a look (a hung request), or None
             (:meth:`agent.services.uploader.Uploader.trouble`): yellow with that reason.
         cameras: Camera streams by name (``source:<stream>`` components like the sources).
+        disk: The one disk budget (its ``disk`` component, checked at its own interval);
+            None = no ``disk`` component.
         watchdog_interval_s: Least seconds between two WATCHDOG=1 pings.
         monotonic: Monotonic clock, seconds.
         clock: Wall clock, epoch seconds UTC.
@@ -119,12 +122,14 @@ class Monitor:
         has_uploader: bool = False,
         uploader_trouble: Callable[[], str | None] | None = None,
         cameras: Mapping[str, WatchedCamera] | None = None,
+        disk: DiskBudget | None = None,
         watchdog_interval_s: float = 5.0,
         monotonic: Callable[[], float] = time.monotonic,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.sources = dict(sources)
         self.cameras = dict(cameras or {})
+        self._disk = disk
         self._calibrating = calibrating
         self._queue_depth = queue_depth
         self._store = store
@@ -191,6 +196,8 @@ class Monitor:
         if mqtt_stuck:
             blocked.append(f"publisher: {mqtt.reason}")
         comps.append(store)
+        if self._disk is not None:
+            comps.append(self._disk.component())
         if self._has_uploader:
             comps.append(self._uploader())
         report = Report(tuple(comps), self._clock())

@@ -32,7 +32,7 @@ def iso_utc(ts: float) -> str:
     >>> iso_utc(0.0)
     '1970-01-01T00:00:00.000Z'
     """
-    return _dt.datetime.fromtimestamp(ts, tz=_dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[
+    return _dt.datetime.fromtimestamp(ts, tz=_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[
         :-3
     ] + "Z"
 

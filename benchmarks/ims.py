@@ -43,8 +43,8 @@ from cloud_sync.calibration import FEATURES, sliding_windows, window_features  #
 from fleet.training.wstat import build_graph, quantize_int8  # noqa: E402
 
 FILE = Path("bingblackbean") / "2nd_test_resmaple_10minutes.csv"
-FIT_FROM = dt.datetime(2004, 2, 12, 11, 2, 39, tzinfo=dt.UTC)
-FIT_TO = dt.datetime(2004, 2, 13, 23, 52, 39, tzinfo=dt.UTC)
+FIT_FROM = dt.datetime(2004, 2, 12, 11, 2, 39, tzinfo=dt.timezone.utc)
+FIT_TO = dt.datetime(2004, 2, 13, 23, 52, 39, tzinfo=dt.timezone.utc)
 HEADROOM = 4.0
 
 
@@ -53,13 +53,13 @@ def read(path: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
     with path.open(newline="", encoding="utf-8") as fh:
         rows = list(csv.reader(fh))
     channels = rows[0][2:]
-    ts = np.array([dt.datetime.strptime(r[1], "%Y.%m.%d.%H.%M.%S").replace(tzinfo=dt.UTC)
+    ts = np.array([dt.datetime.strptime(r[1], "%Y.%m.%d.%H.%M.%S").replace(tzinfo=dt.timezone.utc)
                    .timestamp() for r in rows[1:]])
     return ts, np.array([[float(v) for v in r[2:]] for r in rows[1:]]), channels
 
 
 def iso(ts: float) -> str:
-    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 def build_model(healthy: np.ndarray, window: int, floor: np.ndarray, work: Path) -> Path:

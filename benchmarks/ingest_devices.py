@@ -68,7 +68,7 @@ def _opcua_main(port: int, period_s: float, spike: Any, ready: Any, stop: Any) -
         ready.set()
         due = time.monotonic()
         while not stop.is_set():
-            now = dt.datetime.now(dt.UTC)
+            now = dt.datetime.now(dt.timezone.utc)
             for node, v in zip(nodes, device.row(bool(spike.value)), strict=True):
                 await server.write_attribute_value(node.nodeid, ua.DataValue(
                     ua.Variant(float(v), ua.VariantType.Double), SourceTimestamp=now,

@@ -74,7 +74,7 @@ def parse_ts(text: str) -> float:
     except ValueError:
         return math.nan
     if t.tzinfo is None:
-        t = t.replace(tzinfo=dt.UTC)
+        t = t.replace(tzinfo=dt.timezone.utc)
     return t.timestamp()
 
 

@@ -112,7 +112,7 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
         except (TypeError, ValueError, IndexError):
             return None
         if when.tzinfo is None:  # "-0000": RFC 9110 dates are GMT anyway
-            when = when.replace(tzinfo=datetime.UTC)
+            when = when.replace(tzinfo=datetime.timezone.utc)
         return max(0.0, when.timestamp() - now)
     if not math.isfinite(seconds):
         return None

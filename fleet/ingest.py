@@ -45,6 +45,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from cloud_sync.isotime import fromisoformat
 from cloud_sync.protocol import (
     AGGREGATE_COLUMNS,
     MAX_BATCH_RECORDS,
@@ -254,7 +255,7 @@ def prepare_columns(
         return values if keep is None else [values[i] for i in keep]
 
     starts = column("interval_start")
-    when = {s: dt.datetime.fromtimestamp(s, tz=dt.UTC) for s in set(starts)}
+    when = {s: dt.datetime.fromtimestamp(s, tz=dt.timezone.utc) for s in set(starts)}
     max_score = column("max_score")
     out.columns = AggregateColumnRows(
         indexes=list(range(offset, offset + n)) if keep is None else [offset + i for i in keep],
@@ -410,7 +411,7 @@ def _aggregate_row(record: AggregateRecord, received_at: dt.datetime) -> dict[st
         "id": record.id,
         "device_id": body.device_id,
         "stream": body.stream,
-        "interval_start": dt.datetime.fromtimestamp(body.interval_start, tz=dt.UTC),
+        "interval_start": dt.datetime.fromtimestamp(body.interval_start, tz=dt.timezone.utc),
         "interval_s": body.interval_s,
         "count": body.count,
         "channels": [c.model_dump(mode="json") for c in body.channels],
@@ -437,7 +438,7 @@ def _aggregate_row_raw(
     start = body["interval_start"]
     when = starts.get(start)
     if when is None:
-        when = starts[start] = dt.datetime.fromtimestamp(start, tz=dt.UTC)
+        when = starts[start] = dt.datetime.fromtimestamp(start, tz=dt.timezone.utc)
     return {
         "id": raw["id"],
         "device_id": body["device_id"],
@@ -460,13 +461,13 @@ def parse_utc(text: str, where: str = "timestamp") -> dt.datetime:
         RecordRejected: Not ISO 8601, or without a timezone.
     """
     try:
-        value = dt.datetime.fromisoformat(text)
+        value = fromisoformat(text)
     except ValueError:
         raise RecordRejected(f"{where}: not an ISO 8601 timestamp") from None
     if value.tzinfo is None:
         raise RecordRejected(f"{where}: timestamp without timezone (send UTC with Z)")
     try:
-        return value.astimezone(dt.UTC)
+        return value.astimezone(dt.timezone.utc)
     except OverflowError:
         raise RecordRejected(f"{where}: out of range") from None
 

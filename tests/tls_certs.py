@@ -51,7 +51,7 @@ class TestCA:
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
         self.key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.UTC)
+        now = datetime.datetime.now(datetime.timezone.utc)
         self.cert = (
             x509.CertificateBuilder()
             .subject_name(_name(f"{name} CA"))
@@ -83,7 +83,7 @@ class TestCA:
     ) -> Issued:
         """A leaf certificate for ``hosts`` (server) or a client certificate (``client``)."""
         key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.UTC)
+        now = datetime.datetime.now(datetime.timezone.utc)
         sans: list[x509.GeneralName] = []
         for host in hosts:
             try:

@@ -18,8 +18,8 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import sys
 import textwrap
-import tomllib
 import types
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,6 +28,11 @@ from typing import Any, Union, get_args, get_origin
 import tomli_w
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10 (Ubuntu 22.04): tomllib's backport, the same parser (setup.cfg)
+    import tomli as tomllib
 
 from agent.config.schema import AgentConfig, default_config
 from agent.errors import ConfigError

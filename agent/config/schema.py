@@ -8,6 +8,7 @@ TOML shape::
                                     (agent.sources.registry: Replay-, Serial-, Modbus- ...)
       [streams.rules]  RulesConfig  k-of-n alerting, hysteresis, cooldown
     [store]          StoreSection   SQLite store and aggregation interval
+    [storage]        StorageSection one disk budget across store, models, caches (agent.disk_budget)
     [mqtt]           MqttConfig     alert publisher (off by default; agent.publish.mqtt)
     [fleet]          FleetConfig    cloud upload (off by default; agent.services.uploader)
     [samples]        SamplesConfig  retraining samples (off by default; agent.services.samples)
@@ -110,8 +111,14 @@ class AgentSection(StrictModel):
         "to the config file's directory.",
     )
     log_level: LogLevel = Field("INFO", description="Log level: DEBUG, INFO, WARNING or ERROR.")
-    log_format: Literal["text", "json"] = Field(
-        "text", description="Log format: 'text' (human) or 'json' (one object per line)."
+    log_format: Literal["auto", "text", "journal", "json"] = Field(
+        "auto",
+        description="Log format: 'text' (timestamped lines), 'journal' (each line starts with "
+        "its sd-daemon priority such as <4> and has no timestamp: journald stamps it), 'json' "
+        "(one object per line "
+        "with the structured fields: stream, alert_id, model_version ...; priority-prefixed "
+        "under journald) or 'auto' = journal when stderr is systemd's journal stream "
+        "(JOURNAL_STREAM), else text (docs/operations.md).",
     )
     console_alerts: bool = Field(True, description="Print every alert on stdout.")
     metrics_port: int | None = Field(
@@ -364,6 +371,26 @@ class StoreSection(StrictModel):
     )
 
 
+class StorageSection(StrictModel):
+    """One disk budget across the store, the models, the OpenVINO cache and snapshots."""
+
+    disk_budget_bytes: int | None = Field(
+        None,
+        ge=8 * 1024 * 1024,
+        examples=[2 * 1024**3],
+        description="Bytes the agent may keep on disk in all (at least 8 MiB): the store, "
+        "the models directory (the active and the previous package of each stream), the "
+        "OpenVINO cache and camera snapshots. Over it the OpenVINO cache goes first, then "
+        "snapshots (oldest first), then store rows (the store's budget is lowered to what "
+        "the rest leaves, never above store.budget_bytes); models are never evicted "
+        "(docs/operations.md). Unset = no total: each part is still measured and reported "
+        "(edge_agent_disk_bytes, /healthz) and the store keeps store.budget_bytes.",
+    )
+    check_interval_s: float = Field(
+        60.0, gt=0.0, description="Seconds between two measurements of the disk budget."
+    )
+
+
 class AgentConfig(StrictModel):
     """The whole agent configuration (one TOML file)."""
 
@@ -374,6 +401,10 @@ class AgentConfig(StrictModel):
         min_length=1, description="Input streams, each with its source, model and alert rules."
     )
     store: StoreSection = Field(default_factory=StoreSection, description="Local SQLite store.")
+    storage: StorageSection = Field(
+        default_factory=StorageSection,
+        description="One disk budget across the store, models, OpenVINO cache and snapshots.",
+    )
     mqtt: MqttConfig = Field(default_factory=MqttConfig, description="MQTT alert publisher.")
     fleet: FleetConfig = Field(
         default_factory=FleetConfig, description="Upload of alerts and aggregates to the fleet."

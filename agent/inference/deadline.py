@@ -207,10 +207,10 @@ class DeadlineGuard:
         if level > before:
             log.warning("stream %s: latency budget %.3g ms (p99 over %d windows) breached: "
                         "degraded to level %d %s (%s)", self.stream, pm.budget_s * 1e3,
-                        pm.window, level, LEVELS[level], what)
+                        pm.window, level, LEVELS[level], what, extra={"stream": self.stream})
         else:
             log.info("stream %s: latency back under budget: level %d %s (%s)", self.stream,
-                     level, LEVELS[level], what)
+                     level, LEVELS[level], what, extra={"stream": self.stream})
 
 
 def _asdict(params: DegradeParams) -> dict[str, Any]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,8 +21,6 @@ from agent.inference.base import Backend
 from cloud_sync.manifest import ImageManifest, parse_manifest
 
 MANIFEST = "manifest.json"
-
-log = logging.getLogger("agent.inference")
 
 
 @dataclass(frozen=True)
@@ -133,28 +130,3 @@ def check_image_golden(package: ImagePackage, backend: Backend) -> float:
         raise ModelError(f"golden images differ by {err:.4g} > tolerance {g.atol} "
                          f"({backend.name}/{backend.precision})", model=package.label)
     return err
-
-
-def open_image_backend(package: ImagePackage, precision: str = "int8", threads: int = 1,
-                       backend: str = "auto", cache_dir: Path | None = None) -> Backend:
-    """Pick the image package's backend like a sensor stream's (:mod:`agent.inference.select`):
-    every installed runtime on every artefact of ``precision`` it can run (OpenVINO on the IR
-    and on the ONNX file, ONNX Runtime on the ONNX file), kept when it reproduces the golden
-    scores within the tolerance, the fastest on one image chosen; ``backend`` pins a runtime.
-
-    Raises:
-        ModelError: no artefact of ``precision``, or none loads and passes the golden check.
-        agent.errors.BackendUnavailable: a pinned ``backend`` is not installed.
-    """
-    from agent.inference.select import (  # noqa: PLC0415 - select imports this module
-        registry_opener,
-        select_backend,
-    )
-
-    selection = select_backend(package, backend, precision,
-                               opener=registry_opener(threads, cache_dir), runs=20, warmup=3)
-    chosen = selection.chosen  # raises ModelError when none passed
-    assert chosen.backend is not None
-    log.info("image model %s: backend %s/%s selected (p50 of one image): %s", package.label,
-             chosen.candidate.label, chosen.candidate.precision, selection.table())
-    return chosen.backend

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from agent.errors import ModelError
 from agent.inference.base import Backend
+from agent.inference.registry import artefacts_for, build_backend
 from agent.pipeline.detector import Calibration, DetectorSpec
 from agent.pipeline.univariate import UnivariateParams
 from cloud_sync.calibration import FeatureStats, Scaler
@@ -234,7 +235,7 @@ def open_backend(
     """Load the ``runtime`` backend on its ``precision`` artefact and check the golden vectors.
 
     OpenVINO runs its own IR artefact when the package has one, else the ONNX artefact
-    (:func:`agent.inference.select.artefacts_for`). To pick the fastest runtime that passes, see
+    (:func:`agent.inference.registry.artefacts_for`). To pick the fastest runtime that passes, see
     :func:`agent.inference.select.select_backend`.
 
     Args:
@@ -248,9 +249,6 @@ def open_backend(
         ModelError: no such artefact, it does not load, or it fails the golden check.
         agent.errors.BackendUnavailable: the runtime is not installed (names the extra).
     """
-    from agent.inference.registry import build_backend  # noqa: PLC0415 - no import cycle
-    from agent.inference.select import artefacts_for  # noqa: PLC0415
-
     arts = artefacts_for(package, runtime, precision)
     if not arts:
         package.artefact(runtime, precision)  # raises: names what the package has

@@ -11,12 +11,14 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from agent.errors import ModelError
 from agent.inference import litert, onnxruntime, openvino
 from agent.inference.base import Backend
+from cloud_sync.manifest import Artefact
 
 #: kind -> (config class, "module:Class" of the implementation, the Python module it needs).
 REGISTRY: dict[str, tuple[type[Any], str, tuple[str, ...]]] = {
@@ -34,6 +36,31 @@ RUNS_ARTEFACTS: dict[str, tuple[str, ...]] = {
     openvino.KIND: ("openvino", "onnxruntime"),
     litert.KIND: ("litert",),
 }
+
+#: Files an IR artefact needs beside it; not loadable on their own.
+WEIGHTS_SUFFIXES = (".bin",)
+
+
+class _Listing(Protocol):
+    @property
+    def artefacts(self) -> Sequence[Artefact]: ...
+
+
+class HasArtefacts(Protocol):
+    """A verified package of either kind (its manifest lists the artefacts)."""
+
+    @property
+    def manifest(self) -> _Listing: ...
+
+
+def artefacts_for(package: HasArtefacts, kind: str, precision: str) -> list[Artefact]:
+    """The artefacts of ``precision`` that runtime ``kind`` can run, its own format first.
+
+    IR weights files (``.bin``, listed as artefacts so their hashes are verified) are skipped.
+    """
+    arts = [a for a in package.manifest.artefacts
+            if a.precision == precision and not a.path.endswith(WEIGHTS_SUFFIXES)]
+    return [a for fmt in RUNS_ARTEFACTS.get(kind, ()) for a in arts if a.runtime == fmt]
 
 
 def backend_kinds() -> tuple[str, ...]:

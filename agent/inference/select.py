@@ -13,7 +13,12 @@ golden check is never chosen. With a fixed ``backend`` only that runtime's artef
 
 Recorded by :func:`record_selection`: ``edge_agent_backend_selected{stream,backend,precision}``
 (1 for the choice, 0 for the others) and ``edge_agent_backend_benchmark_seconds`` (the p50s),
-and one log line with the table.
+and one log line with the table. An image stream's backend is chosen the same way
+(:func:`open_image_backend`).
+
+Layers: :mod:`agent.inference.registry` (runtimes, which artefacts each runs) is below the
+package loaders (:mod:`~agent.inference.package`, :mod:`~agent.inference.image_package`), which
+are below this module; none of them imports this one.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from agent.errors import BackendUnavailable, ModelError
 from agent.inference.base import Backend, install_hint
 from agent.inference.image_package import ImagePackage, check_image_golden
 from agent.inference.package import ModelPackage, check_golden
-from agent.inference.registry import RUNS_ARTEFACTS, backend_kinds, build_backend, installed
+from agent.inference.registry import artefacts_for, backend_kinds, build_backend, installed
 from cloud_sync.manifest import Artefact
 
 log = logging.getLogger("agent.inference")
@@ -39,10 +44,6 @@ log = logging.getLogger("agent.inference")
 #: A sensor package (golden windows in the manifest) or an image package (golden images in a
 #: ``.npy`` file of the package).
 AnyPackage = ModelPackage | ImagePackage
-
-#: Files an IR artefact needs beside it; not loadable on their own.
-WEIGHTS_SUFFIXES = (".bin",)
-
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
@@ -139,16 +140,6 @@ class Selection:
             else:
                 cells.append(f"{name} failed: {t.error}")
         return " | ".join(cells)
-
-
-def artefacts_for(package: AnyPackage, kind: str, precision: str) -> list[Artefact]:
-    """The artefacts of ``precision`` that runtime ``kind`` can run, its own format first.
-
-    IR weights files (``.bin``, listed as artefacts so their hashes are verified) are skipped.
-    """
-    arts = [a for a in package.manifest.artefacts
-            if a.precision == precision and not a.path.endswith(WEIGHTS_SUFFIXES)]
-    return [a for fmt in RUNS_ARTEFACTS.get(kind, ()) for a in arts if a.runtime == fmt]
 
 
 def candidates(
@@ -292,4 +283,25 @@ def record_selection(metrics: Any, stream: str, selection: Selection) -> None:
         if t.p50_s is not None:
             metrics.backend_benchmark_seconds.labels(**labels).set(t.p50_s)
     log.info("stream %s: backend %s/%s selected (p50 of one window): %s", stream,
+             chosen.candidate.label, chosen.candidate.precision, selection.table(),
+             extra={"stream": stream, "backend": chosen.candidate.label})
+
+
+def open_image_backend(package: ImagePackage, precision: str = "int8", threads: int = 1,
+                       backend: str = "auto", cache_dir: Path | None = None) -> Backend:
+    """Pick the image package's backend like a sensor stream's (:mod:`agent.inference.select`):
+    every installed runtime on every artefact of ``precision`` it can run (OpenVINO on the IR
+    and on the ONNX file, ONNX Runtime on the ONNX file), kept when it reproduces the golden
+    scores within the tolerance, the fastest on one image chosen; ``backend`` pins a runtime.
+
+    Raises:
+        ModelError: no artefact of ``precision``, or none loads and passes the golden check.
+        agent.errors.BackendUnavailable: a pinned ``backend`` is not installed.
+    """
+    selection = select_backend(package, backend, precision,
+                               opener=registry_opener(threads, cache_dir), runs=20, warmup=3)
+    chosen = selection.chosen  # raises ModelError when none passed
+    assert chosen.backend is not None
+    log.info("image model %s: backend %s/%s selected (p50 of one image): %s", package.label,
              chosen.candidate.label, chosen.candidate.precision, selection.table())
+    return chosen.backend

@@ -165,6 +165,7 @@ class OutboxDrain:
             "agent restarts (set mqtt.max_message_bytes, or use MQTT 5 with max_packet_size); "
             "starting a new MQTT client", self.config.host, self.config.port,
             self._poison.strikes, item.alert_id, size, size - 1,
+            extra={"alert_id": item.alert_id, "stream": item.stream},
         )
         window.clear()
         self._mids.clear()
@@ -243,7 +244,8 @@ class OutboxDrain:
                 info = self._client.publish(self.alerts_topic, verdict.payload, qos=1,
                                             retain=False)
                 if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
-                    self._log.warning("paho refused to publish %s: %s", item.alert_id, info.rc)
+                    self._log.warning("paho refused to publish %s: %s", item.alert_id, info.rc,
+                                      extra={"alert_id": item.alert_id, "stream": item.stream})
                     return cursor
                 # paho holds the message even on NO_CONN and re-sends it after reconnecting.
                 self._mids[info.mid] = item
@@ -302,7 +304,7 @@ class OutboxDrain:
                     "broker rejected alert %s (%s): it stays in the outbox and is sent again "
                     "in %.0f s and on the next connection; further rejections for this reason "
                     "are only counted (edge_agent_mqtt_rejected_total)", row.alert_id, reason,
-                    REFUSED_RETRY_S)
+                    REFUSED_RETRY_S, extra={"alert_id": row.alert_id, "stream": row.stream})
             return
         self._give_up(row, "rejected", f"the broker rejected it ({reason})",
                       f"mqtt: broker rejected it ({reason})")

@@ -126,6 +126,7 @@ class AlertKeeper:
                     "stream %s: alert %s not stored (%s); delivering alerts over MQTT from "
                     "memory until the store takes them again (lost if the agent stops first)",
                     stream, alert.alert_id, exc,
+                    extra={"stream": stream, "alert_id": alert.alert_id},
                 )
             return alert
         why = "MQTT is disabled" if pub is None or not pub.config.enabled else (

@@ -24,7 +24,7 @@ import logging
 import socket
 import ssl
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import MQTTErrorCode
@@ -33,8 +33,38 @@ from agent.errors import ConfigError
 from agent.loopback import is_loopback
 from agent.secret_files import check_secret_file, check_trust_file, read_secret
 
-if TYPE_CHECKING:
-    from agent.publish.mqtt_config import MqttConfig
+
+class BrokerEndpoint(Protocol):
+    """The ``[mqtt]`` fields this module reads (:class:`agent.publish.mqtt_config.MqttConfig`;
+    a protocol, so this module needs nothing from the config module that imports it)."""
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def port(self) -> int: ...
+
+    @property
+    def tls(self) -> bool: ...
+
+    @property
+    def username(self) -> str | None: ...
+
+    @property
+    def password_file(self) -> str | None: ...
+
+    @property
+    def ca_file(self) -> str | None: ...
+
+    @property
+    def cert_file(self) -> str | None: ...
+
+    @property
+    def key_file(self) -> str | None: ...
+
+    @property
+    def key_password_file(self) -> str | None: ...
+
 
 log = logging.getLogger("agent.publish.mqtt")
 
@@ -58,7 +88,7 @@ def _load_error(key: str, path: str | None, exc: BaseException) -> ConfigError:
     return ConfigError(msg, problems=[msg])
 
 
-def tls_context(config: MqttConfig) -> ssl.SSLContext:
+def tls_context(config: BrokerEndpoint) -> ssl.SSLContext:
     """The client TLS context of ``[mqtt]`` (``config.tls`` is true).
 
     Raises:
@@ -162,7 +192,7 @@ def failure_of(client: paho.Client) -> str | None:
     return describe_failure(exc, socket_error)
 
 
-def warn_plain_password(config: MqttConfig, logger: logging.Logger | None = None) -> bool:
+def warn_plain_password(config: BrokerEndpoint, logger: logging.Logger | None = None) -> bool:
     """Warn once per process and broker when a password would cross the network in clear.
 
     Returns:

@@ -53,8 +53,9 @@ from agent.errors import (
     SourceExhausted,
 )
 from agent.health import SourceView
-from agent.inference.image_package import ImagePackage, load_image_package, open_image_backend
-from agent.logs import ALWAYS, RateLimiter
+from agent.inference.image_package import ImagePackage, load_image_package
+from agent.inference.select import open_image_backend
+from agent.logs import ALWAYS, RateLimiter, with_fields
 from agent.pipeline.image import ImagePipeline, ImageSpec
 from agent.pipeline.stream import AlertEvent
 from agent.records import Aggregate, Frame
@@ -106,6 +107,7 @@ class CameraStream:
                  monotonic: Callable[[], float] = time.monotonic,
                  metrics: Metrics | None = None, reject_log_interval_s: float = 60.0) -> None:
         self.name = source.stream
+        self._log = with_fields(log, stream=self.name)  # a structured field (agent.logs)
         self.source = source
         self.pipeline = pipeline
         self.package = package
@@ -213,8 +215,8 @@ class CameraStream:
                 self._metrics.camera_frames_dropped_total.labels(
                     stream=self.name, reason="score_error").inc()
             if self.errors in (1, 10, 100, 1000):
-                log.warning("camera %s: frame not scored (%d so far): %s", self.name,
-                            self.errors, exc)
+                self._log.warning("camera %s: frame not scored (%d so far): %s", self.name,
+                                  self.errors, exc)
             return
         now = self._monotonic()
         if self._observe is not None:
@@ -227,10 +229,11 @@ class CameraStream:
             self._on_score(frame, out.score, now - frame.received_mono)
         step = out.clock_step
         if step is not None:
-            log.warning("camera %s: timestamps stepped %s by %.1f s (wall clock set by NTP or a "
-                        "missing RTC); the open aggregate interval was closed and alert "
-                        "cooldowns count monotonic time across the step", self.name,
-                        step.direction, abs(step.size_s), extra=ALWAYS)
+            self._log.warning(
+                "camera %s: timestamps stepped %s by %.1f s (wall clock set by NTP or a "
+                "missing RTC); the open aggregate interval was closed and alert cooldowns "
+                "count monotonic time across the step", self.name, step.direction,
+                abs(step.size_s), extra=ALWAYS)
             if self._metrics is not None:
                 self._metrics.clock_steps_total.labels(stream=self.name,
                                                        direction=step.direction).inc()
@@ -256,7 +259,8 @@ class CameraStream:
             return
         more = (f" [{suppressed} more like it suppressed in the last "
                 f"{self._limiter.interval_s:.0f} s]" if suppressed else "")
-        log.warning("camera %s: input rejected (%s): %s%s", self.name, error.reason, error, more)
+        self._log.warning("camera %s: input rejected (%s): %s%s", self.name, error.reason, error,
+                          more)
 
     def _on_status(self, error: SourceError | None) -> None:
         """The source's status listener: one line per outage and one per recovery."""
@@ -265,7 +269,7 @@ class CameraStream:
                 self.in_outage = False
                 if self._metrics is not None:
                     self._metrics.source_up.labels(stream=self.name).set(1)
-                log.info("camera %s: frames again", self.name)
+                self._log.info("camera %s: frames again", self.name)
             return
         self._outage_error = str(error) or type(error).__name__
         if self._metrics is not None:
@@ -274,7 +278,7 @@ class CameraStream:
         if not self.in_outage:
             self._outage_since = self._monotonic()
             self.in_outage = True
-            log.warning("camera %s: %s; retrying in the background", self.name, error)
+            self._log.warning("camera %s: %s; retrying in the background", self.name, error)
 
     def _run(self) -> None:
         backoff = Backoff(1.0, 60.0)
@@ -286,9 +290,10 @@ class CameraStream:
                 except SourceExhausted:
                     self.exhausted = True
                     src = self.source
-                    log.info("camera %s: input ended after %d frames (%d scored, %d not scored, "
-                             "%d dropped for a newer one, %d inputs rejected)", self.name,
-                             src.frames, self.scored, self.errors, src.dropped, self.rejected)
+                    self._log.info(
+                        "camera %s: input ended after %d frames (%d scored, %d not scored, "
+                        "%d dropped for a newer one, %d inputs rejected)", self.name,
+                        src.frames, self.scored, self.errors, src.dropped, self.rejected)
                     return
                 except AgentError as exc:
                     if not exc.retryable:
@@ -307,14 +312,15 @@ class CameraStream:
             if self._metrics is not None:
                 self._metrics.source_up.labels(stream=self.name).set(0)
             if self.source.abandoned:
-                log.info("camera %s: %d frame(s) read but not scored (queued at the stop, or "
-                         "read by a capture being replaced)", self.name, self.source.abandoned)
+                self._log.info("camera %s: %d frame(s) read but not scored (queued at the stop, "
+                               "or read by a capture being replaced)", self.name,
+                               self.source.abandoned)
 
     def _fail(self, exc: Exception) -> None:
         """The stream failed for good: one ERROR line (a traceback for a non-agent error)."""
         self.error = str(exc) or type(exc).__name__
-        log.error("camera %s: failed for good: %s", self.name, self.error,
-                  exc_info=None if isinstance(exc, AgentError) else exc)
+        self._log.error("camera %s: failed for good: %s", self.name, self.error,
+                        exc_info=None if isinstance(exc, AgentError) else exc)
 
     def flush(self) -> list[Aggregate]:
         """Close the open aggregate interval (shutdown, after :meth:`join`)."""
@@ -366,6 +372,7 @@ def build_camera_stream(config: StreamConfig, device_id: str, aggregate_interval
         metrics.threshold.labels(stream=config.name).set(package.threshold)
     log.info("stream %s: camera source, model %s (%s/%s, %dx%d), threshold %.3f", config.name,
              package.label, backend.name, backend.precision, inp.height, inp.width,
-             package.threshold)
+             package.threshold,
+             extra={"stream": config.name, "model_version": package.manifest.version})
     return CameraStream(source, pipeline, package, deliver, stop, on_score=on_score,
                         observe_inference=observe, metrics=metrics)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import requests
 from urllib3.util import parse_url
@@ -21,8 +21,20 @@ from agent.loopback import is_loopback
 from agent.secret_files import check_trust_file
 from cloud_sync.tls import fleet_session, parse_pins
 
-if TYPE_CHECKING:
-    from agent.services.uploader import FleetConfig
+
+class FleetEndpoint(Protocol):
+    """The ``[fleet]`` fields the transport reads (:class:`agent.services.uploader.FleetConfig`;
+    a protocol, so this module needs nothing from the uploader that imports it)."""
+
+    @property
+    def url(self) -> str | None: ...
+
+    @property
+    def ca_file(self) -> str | None: ...
+
+    @property
+    def pinned_pubkey(self) -> str | None: ...
+
 
 log = logging.getLogger("agent.uploader")
 
@@ -67,7 +79,7 @@ def warn_plaintext(url: str, logger: logging.Logger | None = None) -> bool:
     return True
 
 
-def session_for(config: FleetConfig) -> requests.Session:
+def session_for(config: FleetEndpoint) -> requests.Session:
     """The HTTP session of a :class:`~cloud_sync.client.FleetClient` for ``[fleet]``; warns
     about a plain-http url (:func:`warn_plaintext`).
 

@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable
 
 from agent.errors import AgentError, RecordError, SourceError, SourceExhausted
-from agent.logs import ALWAYS, RateLimiter
+from agent.logs import ALWAYS, RateLimiter, with_fields
 from agent.metrics import Metrics
 from agent.records import MAX_EPOCH_S, MIN_EPOCH_S, Reading
 from agent.sources.backoff import Backoff
@@ -98,7 +98,9 @@ class SourceSupervisor:
         self._emit_downstream = emit
         self._metrics = metrics
         self._stop = stop
-        self._log = logger if logger is not None else logging.getLogger(__name__)
+        # every record names its stream as a structured field (JSON logs: agent.logs)
+        self._log = with_fields(logger if logger is not None else logging.getLogger(__name__),
+                                stream=self.stream)
         self._backoff = Backoff(
             backoff_initial_s, backoff_max_s, backoff_multiplier, backoff_jitter, rng
         )

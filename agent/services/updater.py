@@ -311,7 +311,8 @@ class Updater:
             try:
                 self.check_stream(h)
             except Exception:  # the loop must survive anything; the active model is untouched
-                log.exception("stream %s: model update check failed", h.name)
+                log.exception("stream %s: model update check failed", h.name,
+                              extra={"stream": h.name})
 
     # -- one stream -----------------------------------------------------------------------------
 
@@ -360,7 +361,7 @@ class Updater:
             return
         except FleetError as exc:
             log.warning("stream %s: download of %s@%d interrupted (%s); resuming later",
-                        h.name, a.name, a.version, exc)
+                        h.name, a.name, a.version, exc, extra=_fields(h, a))
             return
         except OSError as exc:  # the state dir: full, read-only
             self._failed_try(h, a, "download could not be written", exc)
@@ -391,7 +392,7 @@ class Updater:
             self._reject(h, a, f"{what} {self.config.download_tries} times: {exc}")
         else:
             log.warning("stream %s: model %s@%d: %s (%s); trying again in %.0f s",
-                        h.name, a.name, a.version, what, exc, wait)
+                        h.name, a.name, a.version, what, exc, wait, extra=_fields(h, a))
 
     def _verify_and_install(self, h: StreamHandle, a: ModelAssignment, archive: Path) -> Path:
         unpacked = self.store.incoming / f"{a.name}-{a.version}"
@@ -565,7 +566,9 @@ class Updater:
     ) -> None:
         level = logging.WARNING if state in ("rejected", "rolled_back") else logging.INFO
         log.log(level, "stream %s: model %s@%d %s%s", h.name, name, version, state,
-                f": {reason}" if reason else "")
+                f": {reason}" if reason else "",
+                extra={"stream": h.name, "model": name, "model_version": version,
+                       "rollout_id": rollout_id, "state": state})
         self.metrics.model_updates_total.labels(stream=h.name, state=state).inc()
         self.metrics.model_version.labels(stream=h.name).set(h.slot.package.manifest.version)
         report = ModelStatusReport(
@@ -608,3 +611,9 @@ def _key(a: ModelAssignment) -> tuple[str, str, str]:
 
 def _path(rec: Installed | None) -> Path | None:
     return Path(rec.path) if rec is not None else None
+
+
+def _fields(h: StreamHandle, a: ModelAssignment) -> dict[str, object]:
+    """The structured log fields of one stream's assignment (JSON logs: agent.logs)."""
+    return {"stream": h.name, "model": a.name, "model_version": a.version,
+            "rollout_id": a.rollout_id}

@@ -330,7 +330,8 @@ def _to_uint8(img: Any) -> Image:
     [[0, 128, 255, 255, 0, 0]]
     """
     if img.dtype == np.bool_:
-        return np.asarray(img, np.uint8) * np.uint8(255)
+        mask: Image = np.asarray(img, np.uint8) * np.uint8(255)  # Any in 3.10's numpy stubs
+        return mask
     if np.issubdtype(img.dtype, np.integer):
         scaled = img.astype(np.float64) * (255.0 / float(np.iinfo(img.dtype).max))
     elif np.issubdtype(img.dtype, np.floating):

@@ -24,6 +24,7 @@ from typing import Any
 
 from agent.errors import RecordError
 from agent.records import MAX_EPOCH_S
+from cloud_sync.isotime import fromisoformat
 
 #: Above this a numeric timestamp is taken as epoch milliseconds.
 MS_THRESHOLD = 1e11
@@ -81,8 +82,9 @@ def parse_time(value: Any) -> float:
                 raise ValueError(f"{t}")
             return check_epoch(t / 1000.0 if abs(t) > MS_THRESHOLD else t, value)
         if isinstance(value, str):
-            d = dt.datetime.fromisoformat(value)
-            return check_epoch((d if d.tzinfo else d.replace(tzinfo=dt.UTC)).timestamp(), value)
+            d = fromisoformat(value)
+            aware = d if d.tzinfo else d.replace(tzinfo=dt.timezone.utc)
+            return check_epoch(aware.timestamp(), value)
         raise TypeError(type(value).__name__)
     except (TypeError, ValueError, OverflowError) as exc:
         raise RecordError(f"timestamp {str(value)[:64]!r} is not a time: {exc}",

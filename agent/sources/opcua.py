@@ -278,7 +278,7 @@ class OpcuaSource(DeviceHooks):
             dv.ServerTimestamp]
         for s in stamps:
             if isinstance(s, dt.datetime):
-                return (s if s.tzinfo else s.replace(tzinfo=dt.UTC)).timestamp()
+                return (s if s.tzinfo else s.replace(tzinfo=dt.timezone.utc)).timestamp()
         return self._clock()
 
     def _count_missed(self, down_s: float) -> None:

@@ -36,6 +36,7 @@ from agent.config.base import StrictModel
 from agent.errors import RecordError, SourceError, SourceExhausted, SourceFailed
 from agent.records import FloatArray, Reading
 from agent.sources.base import Emit, Reject, SourcePlugin, WaitListener, paced_wait
+from cloud_sync.isotime import fromisoformat
 
 KIND = "replay"
 
@@ -136,14 +137,14 @@ def parse_timestamp(text: str, time_format: str = "auto") -> float:
         value = float(text) / 1000.0
     elif time_format == "auto":
         try:
-            parsed = _dt.datetime.fromisoformat(text)
+            parsed = fromisoformat(text)
         except ValueError:
             value = float(text)
             if abs(value) >= _EPOCH_MS_THRESHOLD:
                 value /= 1000.0
         else:
             if parsed.tzinfo is None:
-                parsed = parsed.replace(tzinfo=_dt.UTC)
+                parsed = parsed.replace(tzinfo=_dt.timezone.utc)
             value = parsed.timestamp()
     else:
         raise ValueError(f"unknown time_format {time_format!r}")

@@ -10,14 +10,38 @@ pseudo-terminal, RS-485 on an RS-232 adapter) is a configuration problem of the 
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from pydantic import Field
 
 from agent.config.base import StrictModel
 
-if TYPE_CHECKING:
-    from agent.sources.serial import SerialConfig
+
+class LineConfig(Protocol):
+    """The fields of a ``serial`` source config :func:`line_settings` reads
+    (:class:`agent.sources.serial.SerialConfig`, which imports this module)."""
+
+    @property
+    def baudrate(self) -> int: ...
+
+    @property
+    def read_timeout_s(self) -> float: ...
+
+    @property
+    def bytesize(self) -> int: ...
+
+    @property
+    def parity(self) -> str: ...
+
+    @property
+    def stopbits(self) -> float: ...
+
+    @property
+    def rtscts(self) -> bool: ...
+
+    @property
+    def xonxoff(self) -> bool: ...
+
 
 #: Stop bits pyserial accepts.
 STOPBITS = (1, 1.5, 2)
@@ -37,7 +61,7 @@ class RS485Config(StrictModel):
     )
 
 
-def line_settings(cfg: SerialConfig) -> dict[str, object]:
+def line_settings(cfg: LineConfig) -> dict[str, object]:
     """The pyserial keyword arguments of ``cfg``'s line settings.
 
     >>> from agent.sources.serial import SerialConfig

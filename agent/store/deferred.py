@@ -14,9 +14,9 @@ then on (a quarantined file's id floor included).
 from __future__ import annotations
 
 import errno
-import sqlite3
 
 from agent.errors import AgentError
+from agent.store import codes
 from agent.store import maintenance as mt
 
 #: Least seconds between two attempts to open a store that could not be opened.
@@ -43,9 +43,7 @@ def no_room(exc: BaseException, path: str) -> bool:
     for e in (exc, exc.__cause__):
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
-        code = getattr(e, "sqlite_errorcode", None)
-        if (isinstance(e, sqlite3.Error) and isinstance(code, int)
-                and code & 0xFF == sqlite3.SQLITE_IOERR
+        if (codes.primary_code(e) == codes.SQLITE_IOERR
                 and mt.free_bytes(path) < FULL_BELOW_BYTES):
             return True
     return False

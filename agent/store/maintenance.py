@@ -50,6 +50,8 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.store import codes
+
 #: Eviction stops when the store is this fraction of the budget (hysteresis).
 LOW_WATER = 0.9
 #: SQLite truncates the WAL to this many bytes after a checkpoint.
@@ -65,7 +67,7 @@ RESERVE_BYTES = 256 * 1024
 #: Smallest WAL bound, bytes (16 pages of 4 KiB).
 MIN_WAL_BYTES = 64 * 1024
 
-_CORRUPT_CODES = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+_CORRUPT_CODES = (codes.SQLITE_CORRUPT, codes.SQLITE_NOTADB)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,8 +98,7 @@ def eviction_classes(uploads: bool) -> tuple[EvictionClass, ...]:
 
 def is_corruption(exc: sqlite3.Error) -> bool:
     """True for "database disk image is malformed" and "file is not a database"."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    if isinstance(code, int) and (code & 0xFF) in _CORRUPT_CODES:
+    if codes.primary_code(exc) in _CORRUPT_CODES:
         return True
     text = str(exc).lower()
     return "not a database" in text or "malformed" in text
@@ -106,8 +107,7 @@ def is_corruption(exc: sqlite3.Error) -> bool:
 def is_disk_full(exc: BaseException) -> bool:
     """True when ``exc`` (or its cause) is SQLITE_FULL."""
     cause = exc if isinstance(exc, sqlite3.Error) else exc.__cause__
-    code = getattr(cause, "sqlite_errorcode", None)
-    return isinstance(code, int) and (code & 0xFF) == sqlite3.SQLITE_FULL
+    return codes.primary_code(cause) == codes.SQLITE_FULL
 
 
 def quick_check(conn: sqlite3.Connection) -> str | None:
@@ -135,7 +135,7 @@ def quarantine(path: str, now: float) -> str:
     Raises:
         OSError: A rename failed.
     """
-    stamp = dt.datetime.fromtimestamp(now, tz=dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    stamp = dt.datetime.fromtimestamp(now, tz=dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     target = f"{path}.corrupt-{stamp}"
     n = 1
     while os.path.exists(target):

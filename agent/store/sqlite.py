@@ -75,7 +75,7 @@ from agent.errors import StoreError
 from agent.metrics import Metrics
 from agent.pipeline.restore import StoredCalibration
 from agent.records import Aggregate, Alert, iso_utc
-from agent.store import calibrations, camera_files, parts, snapshots, wire
+from agent.store import calibrations, camera_files, codes, parts, snapshots, wire
 from agent.store import maintenance as mt
 from agent.store.deferred import Deferred, bare_message, no_room
 from agent.store.ids import IdLedger
@@ -173,15 +173,14 @@ def _finite_or_none(value: float) -> float | None:
 
 
 def _describe(exc: sqlite3.Error) -> str:
-    code = getattr(exc, "sqlite_errorcode", None)
-    primary = code & 0xFF if isinstance(code, int) else None
-    if primary == sqlite3.SQLITE_FULL:
+    primary = codes.primary_code(exc)
+    if primary == codes.SQLITE_FULL:
         return f"disk full: the SQLite store cannot grow ({exc})"
-    if primary in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+    if primary in (codes.SQLITE_BUSY, codes.SQLITE_LOCKED):
         return f"SQLite store is locked by another writer ({exc})"
-    if primary == sqlite3.SQLITE_IOERR:
+    if primary == codes.SQLITE_IOERR:
         return f"I/O error on the SQLite store ({exc})"
-    if primary in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_PERM):
+    if primary in (codes.SQLITE_READONLY, codes.SQLITE_CANTOPEN, codes.SQLITE_PERM):
         return f"SQLite store is not writable ({exc})"
     return f"SQLite store failed ({exc})"
 

@@ -28,6 +28,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
+from cloud_sync.isotime import fromisoformat
 from cloud_sync.protocol import NAME_PATTERN, EnrollRequest, EnrollResponse
 from fleet.api.deps import AdminDep, PrincipalDep, ServicesDep
 from fleet.api.json_body import ENROLL_MAX_BYTES, body_doc, read_model
@@ -155,12 +156,12 @@ def _time(text: str | None, name: str) -> dt.datetime | None:
     else:
         if not math.isfinite(seconds) or not 0 <= seconds <= 32503680000:
             raise Unprocessable(f"{name}: epoch seconds out of range")
-        return dt.datetime.fromtimestamp(seconds, tz=dt.UTC)
+        return dt.datetime.fromtimestamp(seconds, tz=dt.timezone.utc)
     try:
-        value = dt.datetime.fromisoformat(text)
+        value = fromisoformat(text)
         if value.tzinfo is None:
             raise Unprocessable(f"{name}: ISO 8601 needs a timezone (e.g. Z)")
-        return value.astimezone(dt.UTC)
+        return value.astimezone(dt.timezone.utc)
     except (ValueError, OverflowError):
         raise Unprocessable(f"{name}: not epoch seconds nor ISO 8601") from None
 

@@ -60,7 +60,7 @@ def change_tags(tags: Sequence[str], add: Sequence[str], remove: Sequence[str]) 
 
 def utcnow() -> dt.datetime:
     """Aware UTC now (the default clock)."""
-    return dt.datetime.now(dt.UTC)
+    return dt.datetime.now(dt.timezone.utc)
 
 
 def hash_token(token: str) -> str:

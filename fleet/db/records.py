@@ -275,7 +275,7 @@ class _TimeText:
     streams share their interval start; equal aware datetimes are the same instant, so the
     same text).
 
-    >>> t = dt.datetime(2024, 5, 1, 12, 0, 0, 5, tzinfo=dt.UTC)
+    >>> t = dt.datetime(2024, 5, 1, 12, 0, 0, 5, tzinfo=dt.timezone.utc)
     >>> _TimeText(t)(t), _TimeText(None)(t.astimezone(dt.timezone(dt.timedelta(hours=2))))
     ('2024-05-01 12:00:00.000005', '2024-05-01 12:00:00.000005')
     """
@@ -299,11 +299,11 @@ class _TimeText:
     def convert(value: dt.datetime | None) -> str | None:
         if value is None:
             return None
-        if value.tzinfo is dt.UTC:  # the usual case: cut "+00:00" off
+        if value.tzinfo is dt.timezone.utc:  # the usual case: cut "+00:00" off
             return value.isoformat(" ", "microseconds")[:-6]
         if value.tzinfo is None:
             raise ValueError("naive datetime: UTC-aware values only")
-        return value.astimezone(dt.UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
+        return value.astimezone(dt.timezone.utc).replace(tzinfo=None).isoformat(" ", "microseconds")
 
 
 def _pg_ingest_sql() -> str:

@@ -29,7 +29,7 @@ _log = logging.getLogger(__name__)
 
 
 def _now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
+    return dt.datetime.now(dt.timezone.utc)
 
 
 class StatusRetention:

@@ -52,7 +52,7 @@ class UtcDateTime(TypeDecorator[dt.datetime]):
             return None
         if value.tzinfo is None:
             raise ValueError("naive datetime: UTC-aware values only")
-        value = value.astimezone(dt.UTC)
+        value = value.astimezone(dt.timezone.utc)
         return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
 
     def process_result_value(self, value: Any, dialect: Dialect) -> dt.datetime | None:
@@ -60,8 +60,8 @@ class UtcDateTime(TypeDecorator[dt.datetime]):
             return None
         assert isinstance(value, dt.datetime)
         if value.tzinfo is None:
-            return value.replace(tzinfo=dt.UTC)
-        return value.astimezone(dt.UTC)
+            return value.replace(tzinfo=dt.timezone.utc)
+        return value.astimezone(dt.timezone.utc)
 
 
 devices = Table(

@@ -53,7 +53,7 @@ Signer = tuple[str, Ed25519PrivateKey]
 
 
 def _now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
+    return dt.datetime.now(dt.timezone.utc)
 
 
 def package_url(name: str, version: int) -> str:

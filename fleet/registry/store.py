@@ -43,7 +43,7 @@ class ModelRecord:
 
 
 def _now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
+    return dt.datetime.now(dt.timezone.utc)
 
 
 _COLUMNS = (

@@ -260,7 +260,7 @@ def train_wstat(
     atol = float(max(0.05, 1.5 * np.abs(golden_i8 - golden_y).max()))
     given = list(data.units)
     units = [given[i] for i in order] if given and all(given) else list(base.input.units)
-    now = (clock or (lambda: dt.datetime.now(dt.UTC).timestamp()))()
+    now = (clock or (lambda: dt.datetime.now(dt.timezone.utc).timestamp()))()
     manifest: dict[str, Any] = {
         "format": 1, "name": name, "version": version, "kind": "sensor",
         "description": f"{base.name} retrained for {data.device_id}/{data.stream}: window "
@@ -293,7 +293,8 @@ def train_wstat(
                                     "decision_agreement": round(gate.decision_agreement, 5)},
             "gate": {**asdict(gate), "reasons": list(gate.reasons),
                      "options": asdict(opt)},
-            "built_at": dt.datetime.fromtimestamp(now, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "built_at": dt.datetime.fromtimestamp(now, dt.timezone.utc).strftime(
+                "%Y-%m-%dT%H:%M:%SZ"),
         },
         "calibration": {
             "mean": final.scaler.mean.tolist(), "scale": final.scaler.scale.tolist(),

@@ -370,7 +370,7 @@ def build(data: Path, out: Path, *, size: int = 192, dim: int = 48, skip: int = 
             "fp32_int8_agreement": {"images": len(val_rows),
                                     "max_rel_err": round(float(rel.max()), 5),
                                     "mean_rel_err": round(float(rel.mean()), 5)},
-            "built_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "built_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "train_seconds": round(time.perf_counter() - t0, 1),
         },
         "signature": None,

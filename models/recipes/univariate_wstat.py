@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                                     "max_abs_err": round(float(int8_err.max()), 5),
                                     "mean_abs_err": round(float(int8_err.mean()), 5)},
             "runtimes": runtimes,
-            "built_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "built_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         },
         "signature": None,
     }

@@ -196,7 +196,7 @@ def _report_count(engine: Engine) -> int:
 def test_old_status_reports_are_pruned_by_age(raw_client: TestClient, engine: Engine) -> None:
     auth = {"Authorization": f"Bearer {enroll(raw_client, 'gw1')}",
             "Content-Type": "application/json"}
-    old = dt.datetime.now(dt.UTC) - dt.timedelta(days=400)
+    old = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=400)
     with engine.begin() as conn:
         conn.execute(insert(model_status_reports), [
             {"device_id": "gw1", "name": "skab-wstat", "version": 1, "state": "active",
@@ -211,7 +211,7 @@ def test_old_status_reports_are_pruned_by_age(raw_client: TestClient, engine: En
 
 def test_retention_prunes_at_most_once_per_interval(engine: Engine, client: TestClient) -> None:
     enroll(client, "gw1")
-    now = [dt.datetime(2026, 1, 1, tzinfo=dt.UTC)]
+    now = [dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)]
     retention = StatusRetention(engine, 86400, every_s=3600, clock=lambda: now[0])
     with engine.begin() as conn:
         conn.execute(insert(model_status_reports).values(

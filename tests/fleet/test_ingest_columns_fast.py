@@ -23,7 +23,7 @@ from fleet.ingest import (
 )
 from tests.fleet.wire import T0, aggregate, alert, batch2
 
-NOW = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
+NOW = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)
 Outcome = tuple[dict[str, dict[str, Any]], dict[int, Any]]
 
 

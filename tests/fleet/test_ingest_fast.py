@@ -19,7 +19,7 @@ from fleet.checker import checker
 from fleet.ingest import Envelope, check_batch, prepare, prepare_checked
 from tests.fleet.wire import T0, aggregate, alert, batch
 
-NOW = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
+NOW = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)
 
 
 def _slow(data: bytes, device: str = "gw1") -> tuple[dict[str, Any], dict[int, Any]]:

@@ -29,7 +29,7 @@ def self_signed(folder: Path) -> tuple[Path, Path]:
     """``(cert.pem, key.pem)`` for 127.0.0.1, self-signed (the cert is its own CA)."""
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "edge-fleet test")])
-    now = dt.datetime.now(dt.UTC)
+    now = dt.datetime.now(dt.timezone.utc)
     cert = (
         x509.CertificateBuilder().subject_name(name).issuer_name(name)
         .public_key(key.public_key()).serial_number(x509.random_serial_number())

@@ -168,7 +168,7 @@ def test_sample_retention_is_bounded(engine: Engine, client: TestClient,
     store = SampleStore(engine, keep_batches=3)
     for _ in range(5):
         store.add(SampleBatch.model_validate(_batch(kind="reservoir", n=10)),
-                  dt.datetime.now(dt.UTC))
+                  dt.datetime.now(dt.timezone.utc))
     res = store.reservoir("gw1", "pump", tuple(CHANNELS))
     assert res is not None and res.shape == (3, 10, len(CHANNELS))
 

@@ -11,7 +11,7 @@ T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z
 
 
 def iso(ts: float) -> str:
-    return dt.datetime.fromtimestamp(ts, tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return dt.datetime.fromtimestamp(ts, tz=dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def aggregate(device: str, stream: str = "pump1", t: float = T0, **body: Any) -> dict[str, Any]:

@@ -29,7 +29,7 @@ def make_certificate(directory: Path, name: str, uri: str) -> tuple[Path, Path]:
     alternative name holds the application URI ``uri`` (OPC 10000-6 §6.2.2)."""
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = dt.datetime.now(dt.UTC)
+    now = dt.datetime.now(dt.timezone.utc)
     cert = (
         x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
         .public_key(key.public_key()).serial_number(x509.random_serial_number())
@@ -113,8 +113,8 @@ class OpcuaPeer:
         dv = ua.DataValue(ua.Variant(value, ua.VariantType.String if isinstance(value, str)
                                      else ua.VariantType.Double),
                           StatusCode=ua.StatusCode(getattr(ua.StatusCodes, status)),
-                          SourceTimestamp=source_ts or dt.datetime.now(dt.UTC),
-                          ServerTimestamp=dt.datetime.now(dt.UTC))
+                          SourceTimestamp=source_ts or dt.datetime.now(dt.timezone.utc),
+                          ServerTimestamp=dt.datetime.now(dt.timezone.utc))
         await self._server.write_attribute_value(self._vars[name].nodeid, dv)
 
     def write_many(self, values: dict[str, float], source_ts: dt.datetime) -> None:

@@ -114,7 +114,7 @@ def read_skab(path: Path) -> SkabFile:
     idx = [header.index(c) for c in channels]
     ts = np.array(
         [
-            dt.datetime.fromisoformat(r[header.index("datetime")]).replace(tzinfo=dt.UTC).timestamp()
+            dt.datetime.fromisoformat(r[header.index("datetime")]).replace(tzinfo=dt.timezone.utc).timestamp()
             for r in body
         ]
     )
@@ -369,8 +369,8 @@ def test_skab_replay_end_to_end(
         end = parse_iso(alert["window_end"])
         assert lo <= end <= hi, (
             f"{alert['alert_id']} window_end {alert['window_end']} outside the labelled anomaly "
-            f"{dt.datetime.fromtimestamp(data.anomaly_start, dt.UTC)} .. "
-            f"{dt.datetime.fromtimestamp(data.anomaly_end, dt.UTC)} (± {WINDOW_S} s)"
+            f"{dt.datetime.fromtimestamp(data.anomaly_start, dt.timezone.utc)} .. "
+            f"{dt.datetime.fromtimestamp(data.anomaly_end, dt.timezone.utc)} (± {WINDOW_S} s)"
         )
     console = [line for line in agent.stdout().splitlines() if line.startswith("ALERT ")]
     assert [line.split()[1] for line in console] == ids

@@ -75,7 +75,7 @@ def test_a_clock_step_between_two_recordings(
     # the jump minus the monotonic time between the two readings (about 0 at replay speed 0)
     assert len(stepped) == 1 and re.search(rf"stepped {direction} by 3(599|600|601)\.\d s",
                                            stepped[0]), stepped
-    step_at = dt.datetime.fromtimestamp(T0 + n_first + step_s, dt.UTC)
+    step_at = dt.datetime.fromtimestamp(T0 + n_first + step_s, dt.timezone.utc)
     assert step_at.strftime("%Y-%m-%dT%H:%M:%S") in stepped[0]
     # the same anomalies alert, in the second recording too
     n_second = sum(1 for a in want if a["payload"]["window_end"] >= _iso(T0 + n_first))  # type: ignore[index]
@@ -90,4 +90,4 @@ def test_a_clock_step_between_two_recordings(
 
 
 def _iso(ts: float) -> str:
-    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")

@@ -60,7 +60,7 @@ def test_data_changes_become_readings_with_source_timestamps(peer: OpcuaPeer) ->
     try:
         assert wait_for(lambda: len(run.readings) >= 1, timeout=15)
         assert run.source.channels == ("pressure", "flow")
-        stamp = dt.datetime(2026, 3, 1, 12, 0, 0, tzinfo=dt.UTC)
+        stamp = dt.datetime(2026, 3, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
         peer.write("Pressure", 4.5, source_ts=stamp)
         peer.write("Flow", 12.25, source_ts=stamp + dt.timedelta(seconds=1))
         assert wait_for(lambda: [4.5, 12.25] in run.values(), timeout=10)

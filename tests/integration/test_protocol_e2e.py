@@ -80,7 +80,7 @@ def test_skab_rows_over_opcua_raise_alerts(
     peer = OpcuaPeer(_free_port(), names=names).start()
     # a real PLC's nodes hold the current values when the agent subscribes
     peer.write_many(dict(zip(names, data.values[0].tolist(), strict=True)),
-                    dt.datetime.fromtimestamp(data.ts[0] - 1, dt.UTC))
+                    dt.datetime.fromtimestamp(data.ts[0] - 1, dt.timezone.utc))
     nodes = "".join(f'[[streams.source.nodes]]\nchannel = "{c}"\n'
                     f'node_id = "ns=2;s=Pump1.{n}"\n' for c, n in zip(data.channels, names,
                                                                        strict=True))
@@ -94,7 +94,7 @@ def test_skab_rows_over_opcua_raise_alerts(
         time.sleep(2.0)
         for ts, row in zip(data.ts, data.values, strict=True):
             peer.write_many(dict(zip(names, row.tolist(), strict=True)),
-                            dt.datetime.fromtimestamp(ts, dt.UTC))
+                            dt.datetime.fromtimestamp(ts, dt.timezone.utc))
             time.sleep(0.02)  # about one publishing interval per row
         _alerts_inside_fault(tmp_path, agent, data.anomaly_start, data.anomaly_end)
     finally:

@@ -4,15 +4,21 @@
 # optional extras), run `edge-agent run` on its embedded defaults from an empty directory outside
 # the checkout, and pass on its first ALERT line.
 #
-# Usage: bash tests/packaging/wheel_check.sh [--build-only] [WORK_DIR]
+# Usage: bash tests/packaging/wheel_check.sh [--build-only | --unit-tests] [WORK_DIR]
 #   --build-only only step 1: build the wheel into WORK_DIR/dist (tests/packaging/test_wheel.py)
+#   --unit-tests install the wheel with its test extra and, after the run to the first alert,
+#                run the checkout's unit tests (tests/unit) on the venv's interpreter: CI's
+#                check of another Python version (.ci/run: Python 3.10). The tests import the
+#                checkout's sources (PYTHONPATH, also for the agents they start) with the
+#                wheel's dependencies; the run to the first alert uses the installed wheel only.
 #   WORK_DIR     scratch directory (default: a new mktemp -d, removed at the end); the built
 #                wheel is left in WORK_DIR/dist when WORK_DIR is given.
 #   PYTHON       interpreter for the build and the venv (default python3)
 #   ALERT_WAIT_S bound on the wait for the first ALERT line (default 180; the first alert
 #                comes about 30 s after start at the simulator's default speed)
-# Exit status: 0 on an ALERT line; 1 on any failure (build, install, no alert in time, the agent
-# exiting early), with the agent's output printed.
+# Exit status: 0 on an ALERT line (and passing unit tests with --unit-tests); 1 on any failure
+# (build, install, no alert in time, the agent exiting early, a failing test), with the agent's
+# output printed.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -20,8 +26,12 @@ python=${PYTHON:-python3}
 wait_s=${ALERT_WAIT_S:-180}
 
 build_only=0
+unit_tests=0
 if [[ "${1:-}" == "--build-only" ]]; then
     build_only=1
+    shift
+elif [[ "${1:-}" == "--unit-tests" ]]; then
+    unit_tests=1
     shift
 fi
 if [[ $# -ge 1 ]]; then
@@ -67,10 +77,16 @@ echo "built $(basename "${wheel}") ($(du -k "${wheel}" | cut -f1) KiB)"
 rm -rf "${src}"
 if [[ ${build_only} -eq 1 ]]; then exit 0; fi
 
-# 2. A clean virtualenv outside the checkout, the wheel and its install_requires only.
+# 2. A clean virtualenv outside the checkout, the wheel and its install_requires only (and the
+#    test extra with --unit-tests).
 venv="${work}/venv"
 "${python}" -m venv "${venv}"
-"${venv}/bin/python" -m pip install --quiet "${wheel}"
+"${venv}/bin/python" --version
+if [[ ${unit_tests} -eq 1 ]]; then
+    "${venv}/bin/python" -m pip install --quiet "${wheel}[test]"
+else
+    "${venv}/bin/python" -m pip install --quiet "${wheel}"
+fi
 (cd "${work}" && "${venv}/bin/python" - "${repo}") <<'EOF'
 import sys
 from pathlib import Path
@@ -121,3 +137,13 @@ if [[ ${rc} -ne 0 ]]; then
     exit 1
 fi
 echo "wheel check passed"
+
+# 4. With --unit-tests: the unit suite on this interpreter (not the integration suite: CI time).
+if [[ ${unit_tests} -eq 1 ]]; then
+    tests_start=${SECONDS}
+    # PYTHONPATH: the agents some tests start as subprocesses import the checkout too (the
+    # checkout's models/, e.g. the image package the wheel does not hold)
+    (cd "${repo}" && PYTHONPATH=${repo} "${venv}/bin/python" -m pytest -q -p no:cacheprovider \
+        tests/unit)
+    echo "unit tests on $("${venv}/bin/python" --version) passed in $((SECONDS - tests_start)) s"
+fi

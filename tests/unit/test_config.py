@@ -5,7 +5,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any, get_args
 
@@ -26,6 +25,11 @@ from agent.sources.registry import REGISTRY
 from agent.sources.replay import ReplayConfig
 from agent.sources.serial import SerialConfig
 from agent.sources.simulator import SimulatorConfig
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "systemd").glob("*.toml"))
