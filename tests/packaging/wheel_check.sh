@@ -144,6 +144,6 @@ if [[ ${unit_tests} -eq 1 ]]; then
     # PYTHONPATH: the agents some tests start as subprocesses import the checkout too (the
     # checkout's models/, e.g. the image package the wheel does not hold)
     (cd "${repo}" && PYTHONPATH=${repo} "${venv}/bin/python" -m pytest -q -p no:cacheprovider \
-        tests/unit)
+        -n "${PYTEST_WORKERS:-2}" tests/unit)
     echo "unit tests on $("${venv}/bin/python" --version) passed in $((SECONDS - tests_start)) s"
 fi
