@@ -1,0 +1,182 @@
+"""Device health in the fleet: the latest summary per device, online/offline, counts by state.
+
+A device is ``online`` while it reported health or uploaded within ``offline_after_s``
+(``edge-fleet serve --offline-after``, default 300 s); :meth:`HealthStore.sweep` marks the
+others ``offline`` with one conditional ``UPDATE`` per device that went silent, so with any number
+of worker processes each device goes offline once and exactly one sweep sees it (its
+``device_offline`` webhook event is queued once). A report or an upload brings it back online.
+
+Silence counts from the later of ``device_health.received_at`` and ``devices.last_seen``: an
+agent older than health reports (no row here) is shown ``unknown`` until it is silent past the
+limit after its last upload, then ``offline``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sqlalchemy import Connection, Engine, case, insert, literal, or_, select, update
+
+from cloud_sync.health import HealthSummary
+from fleet.db.ops_tables import device_health
+from fleet.db.schema import UtcDateTime, devices
+
+State = Literal["online", "offline", "unknown"]
+#: Default silence after which a device is offline (seconds).
+DEFAULT_OFFLINE_AFTER_S = 300.0
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+@dataclass(frozen=True)
+class DeviceHealth:
+    """What the fleet knows of one device's health.
+
+    Attributes:
+        state: online, offline, or unknown (never reported health and not yet silent).
+        status: The agent's green/yellow/red, or None (never reported).
+        summary: The latest :class:`~cloud_sync.health.HealthSummary` as a dict, or None.
+        received_at: When the latest summary arrived, or None.
+    """
+
+    state: State
+    status: str | None
+    summary: dict[str, Any] | None
+    received_at: dt.datetime | None
+
+
+def state_of(last_contact: dt.datetime | None, reported: bool, now: dt.datetime,
+             offline_after_s: float) -> State:
+    """A device's state from its last contact (pure).
+
+    >>> t = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    >>> state_of(t, True, t + dt.timedelta(seconds=10), 300)
+    'online'
+    >>> state_of(t, False, t + dt.timedelta(seconds=301), 300)
+    'offline'
+    >>> state_of(None, False, t, 300)
+    'unknown'
+    """
+    if last_contact is None:
+        return "unknown"
+    if (now - last_contact).total_seconds() > offline_after_s:
+        return "offline"
+    return "online" if reported else "unknown"
+
+
+class HealthStore:
+    """The ``device_health`` table.
+
+    Args:
+        engine: The fleet database.
+        offline_after_s: Silence after which a device is offline, seconds (> 0).
+        clock: Aware UTC now.
+    """
+
+    def __init__(self, engine: Engine, offline_after_s: float = DEFAULT_OFFLINE_AFTER_S,
+                 clock: Callable[[], dt.datetime] = _now) -> None:
+        if not offline_after_s > 0:
+            raise ValueError("offline_after_s must be positive")
+        self._engine = engine
+        self.offline_after_s = offline_after_s
+        self._clock = clock
+
+    def put(self, device_id: str, summary: HealthSummary) -> None:
+        """Store ``summary`` as the device's latest (online from now); also updates the
+        device's ``last_seen``, agent version and backlog."""
+        now = self._clock()
+        doc = summary.model_dump(mode="json")
+        with self._engine.begin() as conn:
+            conn.execute(update(devices).where(devices.c.device_id == device_id).values(
+                last_seen=now, agent_version=summary.agent_version or None,
+                backlog_alerts=summary.backlog_alerts,
+                backlog_aggregates=summary.backlog_aggregates,
+            ))
+            changed = conn.execute(
+                update(device_health).where(device_health.c.device_id == device_id).values(
+                    status=summary.status, summary=doc, received_at=now,
+                    state="online",
+                    # the time it came online stays, unless it was offline until now
+                    state_since=case((device_health.c.state == "online",
+                                      device_health.c.state_since),
+                                     else_=literal(now, UtcDateTime())),
+                )
+            ).rowcount
+            if not changed:
+                conn.execute(insert(device_health).values(
+                    device_id=device_id, status=summary.status, state="online", summary=doc,
+                    received_at=now, state_since=now,
+                ))
+
+    def sweep(self) -> list[str]:
+        """Mark every device silent past ``offline_after_s`` offline.
+
+        Returns:
+            The ids that went offline in THIS call (each id is returned by one call only, in
+            any number of processes).
+        """
+        now = self._clock()
+        cutoff = now - dt.timedelta(seconds=self.offline_after_s)
+        with self._engine.begin() as conn:
+            silent = conn.execute(
+                select(device_health.c.device_id)
+                .join(devices, devices.c.device_id == device_health.c.device_id)
+                .where(device_health.c.state == "online", device_health.c.received_at < cutoff,
+                       or_(devices.c.last_seen.is_(None), devices.c.last_seen < cutoff),
+                       devices.c.revoked_at.is_(None))
+            ).scalars().all()
+            gone = []
+            for device_id in silent:
+                if conn.execute(
+                    update(device_health)
+                    .where(device_health.c.device_id == device_id,
+                           device_health.c.state == "online")
+                    .values(state="offline", state_since=now)
+                ).rowcount:
+                    gone.append(str(device_id))
+            self._back_online(conn, cutoff, now)
+        return gone
+
+    @staticmethod
+    def _back_online(conn: Connection, cutoff: dt.datetime, now: dt.datetime) -> None:
+        """Devices marked offline that uploaded since (an upload is contact too)."""
+        back = select(devices.c.device_id).where(
+            devices.c.device_id == device_health.c.device_id, devices.c.last_seen >= cutoff)
+        conn.execute(update(device_health)
+                     .where(device_health.c.state == "offline", back.exists())
+                     .values(state="online", state_since=now))
+
+    def all(self) -> dict[str, DeviceHealth]:
+        """Every active device's health, by id (one query joining ``devices``)."""
+        now = self._clock()
+        query = (
+            select(devices.c.device_id, devices.c.last_seen, device_health.c.status,
+                   device_health.c.summary, device_health.c.received_at)
+            .select_from(devices.outerjoin(
+                device_health, device_health.c.device_id == devices.c.device_id))
+            .where(devices.c.revoked_at.is_(None))
+        )
+        with self._engine.connect() as conn:
+            rows = conn.execute(query).all()
+        return {str(r.device_id): self._health(r, now) for r in rows}
+
+    def _health(self, row: Any, now: dt.datetime) -> DeviceHealth:
+        contacts = [t for t in (row.last_seen, row.received_at) if t is not None]
+        last = max(contacts) if contacts else None
+        return DeviceHealth(
+            state=state_of(last, row.received_at is not None, now, self.offline_after_s),
+            status=row.status, summary=row.summary, received_at=row.received_at,
+        )
+
+    def counts(self) -> dict[State, int]:
+        """Active devices by state (the ``fleet_devices`` gauge)."""
+        out: dict[State, int] = {"online": 0, "offline": 0, "unknown": 0}
+        for h in self.all().values():
+            out[h.state] += 1
+        return out
+
