@@ -113,8 +113,14 @@ class HealthStore:
                     received_at=now, state_since=now,
                 ))
 
-    def sweep(self) -> list[str]:
+    def sweep(
+        self, on_offline: Callable[[Connection, str, dt.datetime], object] | None = None
+    ) -> list[str]:
         """Mark every device silent past ``offline_after_s`` offline.
+
+        Args:
+            on_offline: Called with ``(connection, device_id, last contact)`` for each device
+                that went offline, inside the sweep's transaction (queue its webhook event).
 
         Returns:
             The ids that went offline in THIS call (each id is returned by one call only, in
@@ -124,14 +130,14 @@ class HealthStore:
         cutoff = now - dt.timedelta(seconds=self.offline_after_s)
         with self._engine.begin() as conn:
             silent = conn.execute(
-                select(device_health.c.device_id)
+                select(device_health.c.device_id, device_health.c.received_at)
                 .join(devices, devices.c.device_id == device_health.c.device_id)
                 .where(device_health.c.state == "online", device_health.c.received_at < cutoff,
                        or_(devices.c.last_seen.is_(None), devices.c.last_seen < cutoff),
                        devices.c.revoked_at.is_(None))
-            ).scalars().all()
+            ).all()
             gone = []
-            for device_id in silent:
+            for device_id, last in silent:
                 if conn.execute(
                     update(device_health)
                     .where(device_health.c.device_id == device_id,
@@ -139,6 +145,8 @@ class HealthStore:
                     .values(state="offline", state_since=now)
                 ).rowcount:
                     gone.append(str(device_id))
+                    if on_offline is not None:
+                        on_offline(conn, str(device_id), last)
             self._back_online(conn, cutoff, now)
         return gone
 
@@ -173,9 +181,9 @@ class HealthStore:
             status=row.status, summary=row.summary, received_at=row.received_at,
         )
 
-    def counts(self) -> dict[State, int]:
+    def counts(self) -> dict[str, int]:
         """Active devices by state (the ``fleet_devices`` gauge)."""
-        out: dict[State, int] = {"online": 0, "offline": 0, "unknown": 0}
+        out: dict[str, int] = {"online": 0, "offline": 0, "unknown": 0}
         for h in self.all().values():
             out[h.state] += 1
         return out

@@ -13,6 +13,7 @@ once: receivers dedupe on the ``X-Edge-Delivery`` id).
 
 from __future__ import annotations
 
+import builtins
 import datetime as dt
 import json
 from collections.abc import Callable, Sequence
@@ -163,7 +164,7 @@ class WebhookStore:
         with self._engine.connect() as conn:
             return {e for r in conn.execute(select(webhooks.c.events)) for e in (r.events or [])}
 
-    def claim(self, limit: int, lease_s: float) -> list[Delivery]:
+    def claim(self, limit: int, lease_s: float) -> builtins.list[Delivery]:
         """Take up to ``limit`` due pending deliveries for ``lease_s`` seconds (see module)."""
         now = self._clock()
         free = or_(webhook_deliveries.c.lease_until.is_(None),
@@ -211,7 +212,9 @@ class WebhookStore:
             conn.execute(update(webhook_deliveries)
                          .where(webhook_deliveries.c.id == delivery_id).values(**values))
 
-    def deliveries(self, state: DeliveryState | None = None, limit: int = 100) -> list[Delivery]:
+    def deliveries(
+        self, state: DeliveryState | None = None, limit: int = 100
+    ) -> builtins.list[Delivery]:
         """Newest first."""
         query = select(webhook_deliveries).order_by(webhook_deliveries.c.id.desc()).limit(limit)
         if state is not None:
