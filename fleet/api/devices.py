@@ -2,8 +2,9 @@
 
 * ``POST /v1/devices`` (admin): enroll, 201 with the token (shown once); 409 if enrolled. The
   body is read only after the admin token is checked, at most 64 KiB (:mod:`fleet.api.json_body`).
-* ``GET /v1/devices`` (admin): list with last_seen, versions, backlog
-  (``?include_revoked=true`` adds revoked ones).
+* ``GET /v1/devices`` (admin): list with last_seen, versions, backlog, ``state``
+  (online/offline/unknown) and the latest ``health`` summary (:mod:`fleet.db.health`;
+  ``?include_revoked=true`` adds revoked ones).
 * ``DELETE /v1/devices/{device_id}`` (admin): revoke, 204; 404 if not active.
 * ``PATCH /v1/devices/{device_id}/tags`` (admin): ``{"add": [tag...], "remove": [tag...]}``,
   read after the admin token is checked, at most 64 KiB
@@ -52,7 +53,8 @@ def list_devices(
     services: ServicesDep, _admin: AdminDep, include_revoked: bool = False
 ) -> DeviceList:
     found = services.devices.list(include_revoked=include_revoked)
-    return DeviceList(devices=[DeviceOut.of(d) for d in found])
+    health = services.health.all() if services.health is not None else {}
+    return DeviceList(devices=[DeviceOut.of(d, health.get(d.device_id)) for d in found])
 
 
 DeviceId = Annotated[str, Path(pattern=NAME_PATTERN)]
