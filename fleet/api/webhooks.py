@@ -19,7 +19,7 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from fleet.api.deps import AdminDep, Services, ServicesDep
-from fleet.api.json_body import ENROLL_MAX_BYTES, body_doc, read_model
+from fleet.api.json_body import ENROLL_MAX_BYTES, NO_BODY, body_doc, read_model
 from fleet.api.ops_models import DeliveryList, DeliveryOut, WebhookCreate, WebhookList, WebhookOut
 from fleet.db.webhooks import WebhookStore
 
@@ -70,10 +70,7 @@ def list_deliveries(
 
 
 @router.post("/v1/webhooks/deliveries/{delivery_id}/redeliver", response_model=DeliveryOut,
-             summary="Send a dead or delivered delivery again",
-             openapi_extra={"requestBody": {"required": False, "description": "No body.",
-                                            "content": {"application/json": {"schema": {
-                                                "type": "object", "maxProperties": 0}}}}})
+             summary="Send a dead or delivered delivery again", openapi_extra=NO_BODY)
 def redeliver(delivery_id: Id, services: ServicesDep, _admin: AdminDep) -> DeliveryOut:
     found = _store(services).redeliver(delivery_id)
     if services.events is not None:

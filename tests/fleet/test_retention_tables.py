@@ -17,7 +17,7 @@ from fleet.db.schema import aggregates, alerts
 from fleet.housekeeping import retention_for
 from fleet.settings import Settings
 from tests.fleet.conftest import enroll
-from tests.fleet.wire import T0, aggregate, alert, batch, gzip_headers, gz
+from tests.fleet.wire import T0, aggregate, alert, batch, gz, gzip_headers
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 DAY = 86400.0
