@@ -21,6 +21,7 @@ from typing import Any, Literal
 from sqlalchemy import Connection, Engine, case, insert, literal, or_, select, update
 
 from cloud_sync.health import HealthSummary
+from fleet.db.devices import Device
 from fleet.db.ops_tables import device_health
 from fleet.db.schema import UtcDateTime, devices
 
@@ -172,6 +173,22 @@ class HealthStore:
         with self._engine.connect() as conn:
             rows = conn.execute(query).all()
         return {str(r.device_id): self._health(r, now) for r in rows}
+
+    def listing(self, *, include_revoked: bool = False) -> list[tuple[Device, DeviceHealth]]:
+        """Every device (by id) with its health, in ONE query (``GET /v1/devices``)."""
+        now = self._clock()
+        query = (
+            select(devices, device_health.c.status, device_health.c.summary,
+                   device_health.c.received_at)
+            .select_from(devices.outerjoin(
+                device_health, device_health.c.device_id == devices.c.device_id))
+            .order_by(devices.c.device_id)
+        )
+        if not include_revoked:
+            query = query.where(devices.c.revoked_at.is_(None))
+        with self._engine.connect() as conn:
+            rows = conn.execute(query).all()
+        return [(Device.from_row(r), self._health(r, now)) for r in rows]
 
     def _health(self, row: Any, now: dt.datetime) -> DeviceHealth:
         contacts = [t for t in (row.last_seen, row.received_at) if t is not None]
