@@ -14,11 +14,11 @@ alerts. So a month of one-minute aggregates (43,200 rows) leaves the database as
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, Float, cast, exists, func, select, type_coerce
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.sql.elements import ColumnElement
 
 from fleet.db.schema import aggregates, alerts, devices
@@ -45,7 +45,9 @@ class SeriesQuery:
 def _epoch(engine: Engine, column: Any) -> ColumnElement[Any]:
     if engine.dialect.name == "postgresql":
         return func.extract("epoch", column)
-    return (func.julianday(column) - 2440587.5) * 86400.0  # SQLite: days since -4713
+    # SQLite: whole seconds (exact, unlike julianday's float days) plus the milliseconds
+    return (cast(func.strftime("%s", column), Float) + cast(func.strftime("%f", column), Float)
+            - cast(func.strftime("%S", column), Float))
 
 
 def series(engine: Engine, q: SeriesQuery) -> tuple[float | None, list[dict[str, Any]]]:
@@ -95,8 +97,8 @@ class AlertFilter:
 def fleet_alerts(engine: Engine, f: AlertFilter) -> list[dict[str, Any]]:
     """Alerts matching ``f`` by ``window_start`` descending (at most ``f.limit``).
 
-    A ``tag`` selects the active devices carrying it (read once from ``devices``); no such
-    device gives no alerts.
+    A ``tag`` selects the alerts of the active devices carrying it (a subquery on
+    ``devices``).
     """
     cols = (alerts.c.id, alerts.c.device_id, alerts.c.stream, alerts.c.score,
             alerts.c.threshold, alerts.c.window_start, alerts.c.model_name,
@@ -104,12 +106,9 @@ def fleet_alerts(engine: Engine, f: AlertFilter) -> list[dict[str, Any]]:
     query = select(*cols).order_by(alerts.c.window_start.desc()).limit(f.limit)
     with engine.connect() as conn:
         if f.tag is not None:
-            tagged = _tagged(conn.execute(
-                select(devices.c.device_id, devices.c.tags)
-                .where(devices.c.revoked_at.is_(None))).all(), f.tag)
-            if not tagged:
-                return []
-            query = query.where(alerts.c.device_id.in_(tagged))
+            tagged = select(devices.c.device_id).where(devices.c.revoked_at.is_(None),
+                                                       _has_tag(engine, f.tag))
+            query = query.where(alerts.c.device_id.in_(tagged.scalar_subquery()))
         if f.device_id is not None:
             query = query.where(alerts.c.device_id == f.device_id)
         if f.stream is not None:
@@ -121,5 +120,9 @@ def fleet_alerts(engine: Engine, f: AlertFilter) -> list[dict[str, Any]]:
         return [dict(r._mapping) for r in conn.execute(query).all()]
 
 
-def _tagged(rows: Sequence[Any], tag: str) -> list[str]:
-    return [str(r.device_id) for r in rows if tag in (r.tags or [])]
+def _has_tag(engine: Engine, tag: str) -> ColumnElement[bool]:
+    """``devices.tags`` holds ``tag``: ``@>`` on PostgreSQL's jsonb, ``json_each`` on SQLite."""
+    if engine.dialect.name == "postgresql":
+        return type_coerce(devices.c.tags, JSONB).contains([tag])
+    each = func.json_each(devices.c.tags).table_valued("value")
+    return exists(select(each.c.value).where(each.c.value == tag))
