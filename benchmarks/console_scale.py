@@ -80,6 +80,24 @@ def _devices(n: int) -> list[str]:
     return [f"gw{i:04d}" for i in range(n)]
 
 
+def load_health(conn: psycopg.Connection[Any], args: argparse.Namespace) -> None:
+    """(Re)write every device's health summary (a ``--reuse`` run does it again: the data are
+    from :data:`END`, so a fleet's retention would have removed them)."""
+    devices = _devices(args.devices)
+    streams = [f"s{k}" for k in range(args.streams)]
+    now = _ts(END.timestamp())
+    summary = json.dumps({"status": "green", "streams": [
+        {"stream": s, "state": "green", "reason": None} for s in streams],
+        "models": [{"stream": s, "name": "skab-wstat", "version": 3} for s in streams],
+        "backlog_alerts": 0, "backlog_aggregates": 3, "agent_version": "0.9.1",
+        "disk": {"used_bytes": 12345678, "budget_bytes": 1 << 30}, "reasons": []})
+    conn.execute("DELETE FROM device_health")
+    _copy(conn, "COPY device_health (device_id, status, state, summary, received_at, "
+          "state_since) FROM STDIN",
+          iter(["".join(f"{d}\tgreen\tonline\t{summary}\t{now}\t{now}\n"
+                        for d in devices)]), len(devices), "health")
+
+
 def load(dsn: str, args: argparse.Namespace) -> None:
     """Fill the migrated database at ``dsn`` (module docstring)."""
     devices = _devices(args.devices)
@@ -94,15 +112,7 @@ def load(dsn: str, args: argparse.Namespace) -> None:
                   f'{d}\t["line={i % 20}", "site={"ab"[i % 2]}"]\t{now}\t{now}\t0.9.1\t'
                   f"skab-wstat\t3\t0\t{i % 50}\n" for i, d in enumerate(devices))]),
               len(devices), "devices")
-        summary = json.dumps({"status": "green", "streams": [
-            {"stream": s, "state": "green", "reason": None} for s in streams],
-            "models": [{"stream": s, "name": "skab-wstat", "version": 3} for s in streams],
-            "backlog_alerts": 0, "backlog_aggregates": 3, "agent_version": "0.9.1",
-            "disk": {"used_bytes": 12345678, "budget_bytes": 1 << 30}, "reasons": []})
-        _copy(conn, "COPY device_health (device_id, status, state, summary, received_at, "
-              "state_since) FROM STDIN",
-              iter(["".join(f"{d}\tgreen\tonline\t{summary}\t{now}\t{now}\n"
-                            for d in devices)]), len(devices), "health")
+        load_health(conn, args)
         indexes = conn.execute(
             "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'aggregates' "
             "AND indexname NOT IN ('pk_aggregates', 'uq_aggregates_id')").fetchall()
@@ -165,7 +175,10 @@ def measure(url: str, args: argparse.Namespace) -> float:
     rng = random.Random(11)
     span_s = int((args.rows // (args.devices * args.streams)) * args.interval_s)
     with tempfile.TemporaryDirectory() as state:
-        settings = Settings(db_url=url, admin_token=ADMIN, state_dir=Path(state), pool_size=4)
+        # the data end at END: no offline sweep and no retention may change them while measured
+        settings = Settings(db_url=url, admin_token=ADMIN, state_dir=Path(state), pool_size=4,
+                            offline_after_s=100 * 365 * 86400.0, status_retention_days=0,
+                            retention_s={"health": 0.0, "webhook_deliveries": 0.0})
         engine = make_engine(settings)
         auth = {"Authorization": f"Bearer {ADMIN}"}
         end = int(END.timestamp())
@@ -239,6 +252,9 @@ def main() -> int:
             t0 = time.perf_counter()
             load(dsn, args)
             print(f"loaded {name} in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        else:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                load_health(conn, args)
         worst = measure(url, args)
         total = (args.rows // (args.devices * args.streams)) * args.devices * args.streams
         print(f"devices={args.devices} rows={total} p99_ms_max={worst:.1f}")

@@ -38,15 +38,17 @@ class DeviceOut(_Out):
         None, description="online / offline (silent past --offline-after) / unknown (never "
         "reported health); set by GET /v1/devices.")
     health: dict[str, Any] | None = Field(
-        None, description="The latest health summary (cloud_sync.health.HealthSummary) with "
-        "received_at, or null.")
+        None, description="The latest health summary (cloud_sync.health.HealthSummary), or "
+        "null.")
+    health_received_at: dt.datetime | None = Field(
+        None, description="When the fleet received that summary.")
 
     @classmethod
     def of(cls, device: Device, health: DeviceHealth | None = None) -> DeviceOut:
         return cls(
             state=None if health is None else health.state,
-            health=None if health is None or health.summary is None else {
-                **health.summary, "received_at": health.received_at},
+            health=None if health is None else health.summary,
+            health_received_at=None if health is None else health.received_at,
             device_id=device.device_id,
             tags=list(device.tags),
             created_at=device.created_at,
