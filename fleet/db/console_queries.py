@@ -44,7 +44,7 @@ class SeriesQuery:
 
 def _epoch(engine: Engine, column: Any) -> ColumnElement[Any]:
     if engine.dialect.name == "postgresql":
-        return func.extract("epoch", column)
+        return cast(func.extract("epoch", column), Float)  # float8 math, not numeric
     # SQLite: whole seconds (exact, unlike julianday's float days) plus the milliseconds
     return (cast(func.strftime("%s", column), Float) + cast(func.strftime("%f", column), Float)
             - cast(func.strftime("%S", column), Float))
