@@ -82,6 +82,7 @@ from agent.records import Aggregate, Alert, Float32Array, Reading, iso_utc
 from agent.secret_files import private_umask, secure_state
 from agent.services.camera import CameraStream, build_camera_stream
 from agent.services.fleet_transport import session_for
+from agent.services.health_reporter import HealthReporter, summarize
 from agent.services.model_slot import ModelSlot
 from agent.services.model_store import ModelStore
 from agent.services.package_guard import (
@@ -106,6 +107,7 @@ from agent.sources.valid_range import ValidRange
 from agent.store.parts import RepeatPolicy
 from agent.store.sqlite import Store
 from agent.systemd import Notifier, watchdog_interval_s
+from cloud_sync.health import HealthSummary
 from cloud_sync.package import TrustedKeys
 
 if TYPE_CHECKING:
@@ -278,6 +280,9 @@ class Agent:
         self.samples: SampleUploader | None = None
         if config.samples.enabled:
             self.samples = _build_samples(self)
+        self.health_reporter: HealthReporter | None = None
+        if self.uploader is not None and config.fleet.health_interval_s > 0:
+            self.health_reporter = _build_health_reporter(self)
         self.alerts_raised = 0
         self.aggregates_written = 0
         self.aggregates_dropped = 0
@@ -508,6 +513,8 @@ class Agent:
             self.samples.start()
         if self.snapshots is not None:
             self.snapshots.start()
+        if self.health_reporter is not None:
+            self.health_reporter.start()
         for s in self.streams.values():
             s.supervisor.start()
         for c in self.cameras.values():
@@ -773,6 +780,8 @@ class Agent:
             log.warning("model updater still busy at shutdown")
         if self.samples is not None:
             self.samples.stop(UPLOAD_STOP_S)
+        if self.health_reporter is not None:
+            self.health_reporter.stop(UPLOAD_STOP_S)
         self.keeper.persist_seq()
         try:
             depth, _ = self.store.outbox_stats()
@@ -888,6 +897,27 @@ def _build_samples(agent: Agent) -> SampleUploader:
                          connect_timeout_s=fc.connect_timeout_s,
                          read_timeout_s=fc.read_timeout_s, clock=agent.clock)
     return SampleUploader(client, agent.collectors, config.samples.upload_interval_s)
+
+
+def _build_health_reporter(agent: Agent) -> HealthReporter:
+    """The health reporter of ``[fleet]`` (its own client: a slow health post never holds an
+    upload connection)."""
+    from cloud_sync.client import FleetClient  # noqa: PLC0415 - requests only when enabled
+
+    fc, uploader = agent.config.fleet, agent.uploader
+    assert fc.url is not None and uploader is not None
+    client = FleetClient(fc.url, read_token(fc), session_for(fc),
+                         connect_timeout_s=fc.connect_timeout_s,
+                         read_timeout_s=fc.read_timeout_s, clock=agent.clock)
+
+    def build() -> HealthSummary:
+        models = [(n, s.package.manifest.name, s.package.manifest.version)
+                  for n, s in agent.streams.items()]
+        backlog = agent.store.upload_backlog()
+        return summarize(agent.monitor.report(), agent.config.agent.device_id, __version__,
+                         backlog, models)
+
+    return HealthReporter(client, build, fc.health_interval_s)
 
 
 def _build_uploader(

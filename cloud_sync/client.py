@@ -59,6 +59,7 @@ from cloud_sync.errors import (
     FleetRejected,
     FleetUnavailable,
 )
+from cloud_sync.health import HEALTH_PATH, HealthSummary
 from cloud_sync.protocol import (
     SNAPSHOT_KINDS,
     IngestBatch,
@@ -470,6 +471,22 @@ class FleetClient:
         )
         if resp.status_code not in (200, 204):
             self._raise_for(resp, content, "the status report")
+
+    def post_health(self, summary: HealthSummary) -> None:
+        """Post this device's health summary (one attempt; 204 = stored,
+        :mod:`cloud_sync.health`).
+
+        Raises:
+            FleetUnavailable, FleetAuthError, FleetProtocolError: as for :meth:`send`.
+            FleetRejected: 4xx; 404/405 from a fleet older than the health route.
+        """
+        resp, content = self._exchange(
+            "the health report", "POST", HEALTH_PATH,
+            data=summary.model_dump_json().encode("utf-8"),
+            headers=self._headers(**{"Content-Type": "application/json"}),
+        )
+        if resp.status_code not in (200, 204):
+            self._raise_for(resp, content, "the health report")
 
     def post_samples(self, batch: SampleBatch) -> int:
         """Upload retraining samples (one attempt): gzip JSON, like :meth:`ingest`.

@@ -3,13 +3,17 @@ repositories, metrics, routers and error handlers into one FastAPI app."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from sqlalchemy import Engine
 
 from fleet.api import (
+    console_queries,
+    device_health,
     devices,
+    docs,
     handlers,
     health,
     ingest,
@@ -17,16 +21,20 @@ from fleet.api import (
     rollouts,
     samples,
     snapshots,
+    webhooks,
 )
 from fleet.api.deps import Services
 from fleet.api.json_body import install_openapi
 from fleet.db.devices import DeviceRegistry
 from fleet.db.engine import make_engine
+from fleet.db.health import HealthStore
 from fleet.db.records import RecordStore
 from fleet.db.samples import SampleStore
 from fleet.db.snapshots import SnapshotStore
 from fleet.db.token_cache import TokenCache
-from fleet.metrics import FleetMetrics, MetricsMiddleware
+from fleet.db.webhooks import WebhookStore
+from fleet.housekeeping import Housekeeper, retention_for
+from fleet.metrics import DeviceStates, FleetMetrics, MetricsMiddleware
 from fleet.registry.wiring import build_model_loop
 from fleet.settings import Settings
 
@@ -54,13 +62,28 @@ def create_app(
     metrics = FleetMetrics()
     ttl = settings.auth_cache_ttl_s
     token_cache = TokenCache(ttl) if ttl > 0 else None
+    health_store = HealthStore(engine, settings.offline_after_s)
+    hooks = WebhookStore(engine)
+    keeper = Housekeeper(settings, health_store, hooks, retention_for(settings, engine), metrics)
+    metrics.add_scrape_collector(DeviceStates(health_store.counts))
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        keeper.start()  # offline sweep, retention, webhook deliveries (fleet.housekeeping)
+        try:
+            yield
+        finally:
+            keeper.stop()
+
     app = FastAPI(
         title="edge-fleet",
         version=API_VERSION,
-        docs_url=None,
+        docs_url=None,  # fleet.api.docs serves /docs with its own assets (no CDN)
         redoc_url=None,
         openapi_url="/openapi.json",
+        lifespan=lifespan,
     )
+    app.state.housekeeper = keeper
     app.state.services = Services(
         settings=settings,
         engine=engine,
@@ -70,11 +93,15 @@ def create_app(
         samples=SampleStore(engine),
         snapshots=SnapshotStore(engine),
         on_calibration=on_calibration,
+        health=health_store,
+        webhooks=hooks,
+        events=keeper.events,
     )
     app.state.model_loop = build_model_loop(settings, engine)
     handlers.install(app)
     install_openapi(app)
-    for module in (ingest, devices, health, samples, snapshots, registry, rollouts):
+    for module in (ingest, device_health, devices, console_queries, health, samples, snapshots,
+                   registry, rollouts, webhooks, docs):
         app.include_router(module.router)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app

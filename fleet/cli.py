@@ -7,7 +7,8 @@
                      [--status-retention-days 90]
                      [--state-dir fleet-state] [--pool-size 10] [--workers 1]
                      [--trusted-keys DIR] [--signing-key FILE] [--rollback-key FILE]
-                     [--halt-after N]
+                     [--halt-after N] [--offline-after 300] [--retention alerts=365d,...]
+                     [--webhook-max-attempts 10] [--webhook-backoff 10] [--webhook-timeout 10]
                      [--auth-cache-ttl 30] [--auto-retrain] [--base-model DIR]
                      (EDGE_FLEET_DB may replace --db)
     edge-fleet retrain --device D --stream S --signing-key F --trusted-keys DIR
@@ -20,6 +21,7 @@
     edge-fleet device revoke ID
     edge-fleet device tag ID [--add T ...] [--remove T ...]   change an enrolled device's tags
     edge-fleet keys|model|rollout ...          model rollout (see fleet/operator_cli.py)
+    edge-fleet webhook add|list|remove|deliveries|redeliver   (see fleet/webhook_cli.py)
 
 The ``device`` commands talk to the database directly (same ``--db``), not over HTTP: they work
 before the server is up and need no admin token, which is the operator's file-system access.
@@ -38,9 +40,12 @@ from __future__ import annotations
 import argparse
 import gc
 import ipaddress
+import json
 import logging
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -76,8 +81,9 @@ _ENV_HALT = "EDGE_FLEET_HALT_AFTER"
 _ENV_AUTH_TTL = "EDGE_FLEET_AUTH_CACHE_TTL"
 _ENV_TOKEN_FILE, _ENV_RETENTION = "EDGE_FLEET_ADMIN_TOKEN_FILE", "EDGE_FLEET_STATUS_RETENTION_DAYS"
 _ENV_REQUEST_TIMEOUT = "EDGE_FLEET_REQUEST_TIMEOUT"
+_ENV_OPS, _ENV_PROM = "EDGE_FLEET_OPS_SETTINGS", "PROMETHEUS_MULTIPROC_DIR"
 #: Commands that write the database, the state directory or a token.
-_PRIVATE_COMMANDS = ("serve", "db", "device", "retrain")
+_PRIVATE_COMMANDS = ("serve", "db", "device", "retrain", "webhook")
 #: Seconds uvicorn's supervisor waits for a worker's health answer (``--workers N``) before it
 #: kills and respawns the worker; uvicorn's default is 5. A worker answers only once it has
 #: imported the app (1.5-2.5 s of CPU here), so on a busy 2-core host a new worker missed 5 s,
@@ -88,7 +94,7 @@ _log = logging.getLogger("fleet")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from fleet import operator_cli  # noqa: PLC0415 (not imported by serve's worker processes)
+    from fleet import operator_cli, webhook_cli  # noqa: PLC0415 (not in the worker processes)
     from fleet.training import cli as training_cli  # noqa: PLC0415 (idem)
 
     parser = argparse.ArgumentParser(prog="edge-fleet", description=__doc__.splitlines()[0])
@@ -127,6 +133,21 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--status-retention-days", type=float,
                        default=Settings.status_retention_days, metavar="D",
                        help="delete model status reports older than D days (0: keep; default 90)")
+    serve.add_argument("--offline-after", type=float, default=Settings.offline_after_s,
+                       metavar="S", help="a device silent this long (no health report, no "
+                       "upload) is offline (default 300)")
+    serve.add_argument("--retention", default="", metavar="NAME=AGE,...",
+                       help="delete rows older than AGE per table: alerts, aggregates, "
+                       "samples, status_reports, health, audit, webhook_deliveries; AGE like "
+                       "365d, 12h, keep (e.g. alerts=365d,aggregates=90d)")
+    serve.add_argument("--webhook-max-attempts", type=int,
+                       default=Settings.webhook_max_attempts, metavar="N",
+                       help="attempts of one webhook delivery before it is dead (default 10)")
+    serve.add_argument("--webhook-backoff", type=float, default=Settings.webhook_backoff_base_s,
+                       metavar="S", help="delay after a delivery's first failure; doubles "
+                       "(with jitter) up to 1 h (default 10)")
+    serve.add_argument("--webhook-timeout", type=float, default=Settings.webhook_timeout_s,
+                       metavar="S", help="total deadline of one delivery attempt (default 10)")
     training_cli.add_arguments(serve, serve=True)
 
     retrain = sub.add_parser("retrain", parents=[common],
@@ -158,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     tag.add_argument("--remove", action="append", default=[], metavar="TAG",
                      help="remove a tag (a bare key k also removes k=...)")
     operator_cli.add_commands(sub)
+    webhook_cli.add_commands(sub, common)
     return parser
 
 
@@ -207,6 +229,10 @@ def _run(args: argparse.Namespace) -> int:
             return 0
         if args.command == "retrain":
             return training_cli.run_retrain(args, _settings(args), engine)
+        if args.command == "webhook":
+            from fleet import webhook_cli  # noqa: PLC0415
+
+            return webhook_cli.run(args, engine)
         registry = DeviceRegistry(engine)
         if args.device_command == "add":
             from cloud_sync.protocol import EnrollRequest  # noqa: PLC0415 (validation only)
@@ -247,7 +273,23 @@ def _settings(args: argparse.Namespace, admin_token: str = "") -> Settings:
             args, "status_retention_days", Settings.status_retention_days
         ),
         request_timeout_s=getattr(args, "request_timeout", Settings.request_timeout_s),
+        offline_after_s=getattr(args, "offline_after", Settings.offline_after_s),
+        retention_s=_retention(getattr(args, "retention", "")),
+        webhook_max_attempts=getattr(args, "webhook_max_attempts",
+                                     Settings.webhook_max_attempts),
+        webhook_backoff_base_s=getattr(args, "webhook_backoff", Settings.webhook_backoff_base_s),
+        webhook_timeout_s=getattr(args, "webhook_timeout", Settings.webhook_timeout_s),
     )
+
+
+def _retention(spec: str) -> dict[str, float]:
+    """Raises: ConfigError: a bad ``--retention`` (:func:`fleet.db.retention.parse_retention`)."""
+    from fleet.db.retention import parse_retention  # noqa: PLC0415
+
+    try:
+        return parse_retention(spec)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _enroll(registry: DeviceRegistry, args: argparse.Namespace) -> None:
@@ -286,6 +328,10 @@ def _serve(args: argparse.Namespace) -> int:
         raise ConfigError("--auth-cache-ttl must be 0..3600 seconds")
     if not 0 < args.request_timeout <= 3600 or not 0 <= args.status_retention_days <= 36500:
         raise ConfigError("--request-timeout must be 0..3600 s, --status-retention-days 0..36500")
+    if not 0 < args.offline_after <= 30 * 86400 or not 1 <= args.webhook_max_attempts <= 100:
+        raise ConfigError("--offline-after must be 0..2592000 s, --webhook-max-attempts 1..100")
+    if not 0 < args.webhook_backoff <= 86400 or not 0 < args.webhook_timeout <= 300:
+        raise ConfigError("--webhook-backoff must be 0..86400 s, --webhook-timeout 0..300 s")
     from_env = args.admin_token_file is None and bool(os.environ.get(ADMIN_TOKEN_ENV, "").strip())
     token = resolve_admin_token(args.state_dir, args.admin_token_file)
     os.environ.pop(ADMIN_TOKEN_ENV, None)  # no child process inherits it (module docstring)
@@ -333,6 +379,9 @@ def _serve(args: argparse.Namespace) -> int:
         _ENV_ROLLBACK: str(settings.rollback_key_file or ""),
         _ENV_HALT: str(settings.rollout_halt_failures),
         _ENV_AUTH_TTL: str(settings.auth_cache_ttl_s),
+        _ENV_OPS: json.dumps(_ops_settings(settings)),
+        # every worker counts into its own files here; /metrics sums them (fleet.metrics)
+        _ENV_PROM: tempfile.mkdtemp(prefix="edge-fleet-metrics-"),
     })
     try:
         uvicorn.run("fleet.cli:worker_app", factory=True, workers=args.workers,
@@ -340,7 +389,17 @@ def _serve(args: argparse.Namespace) -> int:
     finally:
         if copy is not None:
             remove_private_copy(copy)
+        shutil.rmtree(os.environ.pop(_ENV_PROM), ignore_errors=True)
     return 0
+
+
+#: Settings of fleet operations handed to worker processes as one JSON document.
+_OPS_FIELDS = ("offline_after_s", "retention_s", "webhook_max_attempts",
+               "webhook_backoff_base_s", "webhook_timeout_s")
+
+
+def _ops_settings(settings: Settings) -> dict[str, Any]:
+    return {name: getattr(settings, name) for name in _OPS_FIELDS}
 
 
 def _loopback(host: str) -> bool:
@@ -401,6 +460,8 @@ def worker_app() -> FastAPI:
         auth_cache_ttl_s=float(
             os.environ.get(_ENV_AUTH_TTL, str(Settings.auth_cache_ttl_s))
         ),
+        **{k: v for k, v in json.loads(os.environ.get(_ENV_OPS, "{}")).items()
+           if k in _OPS_FIELDS},
     ))
     # Everything imported and built so far lives as long as the process: move it out of the
     # cyclic GC's generations, so the collections a large ingest batch triggers (tens of

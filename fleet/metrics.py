@@ -10,15 +10,32 @@ Metrics:
         the last response byte.
     fleet_ingest_records_total{kind,status}: records by outcome (accepted/duplicate/rejected).
     fleet_ingest_batches_total{outcome}: ingest requests by outcome (ok, or the error code).
+    fleet_health_reports_total{outcome}: device health reports (ok, or the error code).
+    fleet_webhook_deliveries_total{event,outcome}: delivery attempts (delivered/retry/dead).
+    fleet_webhook_events_dropped_total{event}: events that could not be queued (database).
+    fleet_devices{state}: active devices by state (online/offline/unknown), read from the
+        database at scrape time (cached :data:`DEVICE_STATES_TTL_S`).
+
+With ``edge-fleet serve --workers N`` (N > 1) each worker process counts in its own files in
+``PROMETHEUS_MULTIPROC_DIR`` (a fresh directory ``serve`` makes) and ``/metrics`` answers the sum
+over every worker (prometheus_client's multiprocess mode, ``MultiProcessCollector``), whichever
+worker serves the scrape. Without the variable each process has its own registry.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 import time
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 _LATENCY_BUCKETS_S = (
@@ -52,9 +69,74 @@ class FleetMetrics:
             registry=self.registry,
         )
 
+        self.health_reports = Counter(
+            "fleet_health_reports", "Device health reports by outcome.", ["outcome"],
+            registry=self.registry,
+        )
+        self.webhook_deliveries = Counter(
+            "fleet_webhook_deliveries", "Webhook delivery attempts by outcome.",
+            ["event", "outcome"], registry=self.registry,
+        )
+        self.webhook_events_dropped = Counter(
+            "fleet_webhook_events_dropped", "Webhook events not queued (database failed).",
+            ["event"], registry=self.registry,
+        )
+        self._scraped: list[Collector] = []
+
+    def add_scrape_collector(self, collector: Collector) -> None:
+        """A collector read at every scrape (values from the database, not from a process)."""
+        self._scraped.append(collector)
+        if not multiprocess_dir():
+            self.registry.register(collector)
+
     def render(self) -> tuple[bytes, str]:
-        """The text exposition and its content type."""
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        """The text exposition and its content type (summed over worker processes in
+        multiprocess mode, see the module docstring)."""
+        if not multiprocess_dir():
+            return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        for collector in self._scraped:
+            registry.register(collector)
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+def multiprocess_dir() -> str | None:
+    """``PROMETHEUS_MULTIPROC_DIR`` when set (multiprocess mode), else None."""
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+#: Seconds the device-state gauge reuses its last database read.
+DEVICE_STATES_TTL_S = 5.0
+
+
+class DeviceStates(Collector):
+    """``fleet_devices{state}`` from a ``counts()`` callable (:meth:`fleet.db.health.
+    HealthStore.counts`); a failed read yields nothing for that scrape."""
+
+    def __init__(self, counts: Callable[[], Mapping[str, int]],
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._counts = counts
+        self._monotonic = monotonic
+        self._cached: tuple[float, Mapping[str, int]] | None = None
+        self._lock = threading.Lock()
+
+    def collect(self) -> Iterator[Metric]:
+        now = self._monotonic()
+        with self._lock:
+            cached = self._cached
+        if cached is None or now - cached[0] >= DEVICE_STATES_TTL_S:
+            try:
+                cached = (now, dict(self._counts()))
+            except SQLAlchemyError:
+                return
+            with self._lock:
+                self._cached = cached
+        family = GaugeMetricFamily("fleet_devices", "Active devices by state.",
+                                   labels=["state"])
+        for state, n in sorted(cached[1].items()):
+            family.add_metric([state], n)
+        yield family
 
 
 class MetricsMiddleware:

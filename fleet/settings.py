@@ -11,7 +11,7 @@ import logging
 import os
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sqlalchemy.engine import URL, make_url
@@ -60,6 +60,17 @@ class Settings:
             most hourly per process, :mod:`fleet.db.retention`); 0 keeps them forever.
         request_timeout_s: A connection that has not sent a whole request (headers and body)
             this long after it opened or began the request is closed (:mod:`fleet.conn_guard`).
+        offline_after_s: A device with no health report and no upload for this long is
+            ``offline`` (:mod:`fleet.db.health`), seconds.
+        retention_s: Age per table name of :data:`fleet.db.retention.RETENTION_TABLES` past
+            which rows are deleted, seconds (0: keep); names not given keep their defaults
+            (:data:`fleet.db.retention.DEFAULT_RETENTION_S`).
+        housekeeping_s: Seconds between two offline sweeps (retention runs hourly).
+        webhook_max_attempts: Attempts of one webhook delivery before it is dead.
+        webhook_backoff_base_s: Delay after a delivery's first failure (doubles, with jitter).
+        webhook_backoff_max_s: Largest delay between two attempts, seconds.
+        webhook_timeout_s: Total deadline of one delivery attempt, seconds.
+        webhook_poll_s: Seconds between two looks at the delivery queue when idle.
     """
 
     db_url: str
@@ -76,6 +87,14 @@ class Settings:
     auth_cache_ttl_s: float = 30.0
     status_retention_days: float = 90.0
     request_timeout_s: float = 10.0
+    offline_after_s: float = 300.0
+    retention_s: dict[str, float] = field(default_factory=dict)
+    housekeeping_s: float = 10.0
+    webhook_max_attempts: int = 10
+    webhook_backoff_base_s: float = 10.0
+    webhook_backoff_max_s: float = 3600.0
+    webhook_timeout_s: float = 10.0
+    webhook_poll_s: float = 2.0
 
 
 def default_db_url(state_dir: Path) -> str:

@@ -183,6 +183,10 @@ class FleetConfig(StrictModel):
     backoff_max_s: float = Field(
         300.0, gt=0.0, description="Longest wait between retries while the fleet is unreachable."
     )
+    health_interval_s: float = Field(
+        60.0, ge=0.0, description="Seconds between two health reports to the fleet "
+        "(POST /v1/devices/self/health: the /healthz report in short); 0 sends none.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> FleetConfig:

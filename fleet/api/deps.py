@@ -25,10 +25,13 @@ from sqlalchemy import Engine
 from starlette.concurrency import run_in_threadpool
 
 from fleet.db.devices import DeviceRegistry
+from fleet.db.health import HealthStore
 from fleet.db.records import RecordStore
 from fleet.db.samples import SampleStore
 from fleet.db.snapshots import SnapshotStore
+from fleet.db.webhooks import WebhookStore
 from fleet.errors import Forbidden, Unauthorized
+from fleet.events import Events
 from fleet.metrics import FleetMetrics
 from fleet.settings import Settings
 
@@ -52,6 +55,12 @@ class Services:
     #: Ingest requests in progress in this process, by device (event loop only; see
     #: :mod:`fleet.api.ingest`).
     ingesting: Counter[str] = field(default_factory=Counter)
+    #: Device health (``POST /v1/devices/self/health``, online/offline).
+    health: HealthStore | None = None
+    #: Webhooks and their delivery queue.
+    webhooks: WebhookStore | None = None
+    #: Queues webhook events (new alerts on ingest).
+    events: Events | None = None
 
 
 @dataclass(frozen=True)

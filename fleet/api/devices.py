@@ -2,8 +2,9 @@
 
 * ``POST /v1/devices`` (admin): enroll, 201 with the token (shown once); 409 if enrolled. The
   body is read only after the admin token is checked, at most 64 KiB (:mod:`fleet.api.json_body`).
-* ``GET /v1/devices`` (admin): list with last_seen, versions, backlog
-  (``?include_revoked=true`` adds revoked ones).
+* ``GET /v1/devices`` (admin): list with last_seen, versions, backlog, ``state``
+  (online/offline/unknown) and the latest ``health`` summary (:mod:`fleet.db.health`;
+  ``?include_revoked=true`` adds revoked ones).
 * ``DELETE /v1/devices/{device_id}`` (admin): revoke, 204; 404 if not active.
 * ``PATCH /v1/devices/{device_id}/tags`` (admin): ``{"add": [tag...], "remove": [tag...]}``,
   read after the admin token is checked, at most 64 KiB
@@ -51,9 +52,14 @@ async def enroll(request: Request, services: ServicesDep, _admin: AdminDep) -> E
 @router.get("/v1/devices", response_model=DeviceList)
 def list_devices(
     services: ServicesDep, _admin: AdminDep, include_revoked: bool = False
-) -> DeviceList:
-    found = services.devices.list(include_revoked=include_revoked)
-    return DeviceList(devices=[DeviceOut.of(d) for d in found])
+) -> Response:
+    if services.health is not None:  # one query, JSON columns passed through (fleet.db.health)
+        body = services.health.listing_json(include_revoked=include_revoked)
+    else:
+        body = DeviceList(devices=[
+            DeviceOut.of(d) for d in services.devices.list(include_revoked=include_revoked)
+        ]).model_dump_json().encode()
+    return Response(body, media_type="application/json")
 
 
 DeviceId = Annotated[str, Path(pattern=NAME_PATTERN)]

@@ -28,11 +28,13 @@ with one request at a time, never sees it.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
 from pydantic_core import to_json
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 
 from cloud_sync.protocol import MAX_BATCH_RECORDS, MAX_BODY_BYTES, IngestBatch, IngestResult
@@ -42,6 +44,7 @@ from fleet.api.json_body import body_doc
 from fleet.db.devices import utcnow
 from fleet.db.records import DeviceReport
 from fleet.errors import ApiError, Forbidden, PayloadTooLarge, Unprocessable
+from fleet.events import Events
 from fleet.ingest import (
     ColumnsInvalid,
     Envelope,
@@ -55,6 +58,7 @@ from fleet.ingest import (
 )
 
 router = APIRouter()
+_log = logging.getLogger(__name__)
 
 
 @router.post("/v1/ingest", response_model=IngestResult, openapi_extra=body_doc(IngestBatch))
@@ -165,6 +169,9 @@ def _store(services: Services, device_id: str, data: bytes) -> list[dict[str, An
     }
     cols = prepared.columns
     new = services.records.ingest(device_id, report, rows, now, cols)
+    if services.events is not None:
+        _alert_event(services, services.events, device_id,
+                     [row for row in rows.get("alert", []) if ("alert", row["id"]) in new])
     results: dict[int, dict[str, Any]] = {
         i: r.model_dump(exclude_none=True) for i, r in prepared.results.items()
     }
@@ -181,6 +188,17 @@ def _store(services: Services, device_id: str, data: bytes) -> list[dict[str, An
     ordered = [results[i] for i in range(len(records) + n_columns)]
     _count(services, records, ordered)
     return ordered
+
+
+def _alert_event(services: Services, events: Events, device_id: str,
+                 fresh: list[dict[str, Any]]) -> None:
+    """Queue the batch's ``alert`` webhook event (:mod:`fleet.events`); the batch is stored
+    already, so a failure here is logged and counted, never the device's error."""
+    try:
+        events.alerts(device_id, fresh)
+    except SQLAlchemyError as exc:
+        services.metrics.webhook_events_dropped.labels("alert").inc()
+        _log.warning("alert webhook event of %s not queued: %s", device_id, exc)
 
 
 def _count(services: Services, records: list[Any], results: list[dict[str, Any]]) -> None:

@@ -78,6 +78,14 @@ def validate(model: type[M], data: bytes) -> M:
         ]) from None
 
 
+#: ``openapi_extra`` of an action route that reads no body (``POST .../abort``): documented as
+#: an optional empty object, so every write route in ``/openapi.json`` states its body.
+NO_BODY: dict[str, Any] = {"requestBody": {
+    "required": False, "description": "No body is read (an empty object may be sent).",
+    "content": {"application/json": {"schema": {"type": "object", "maxProperties": 0}}},
+}}
+
+
 def body_doc(model: type[BaseModel]) -> dict[str, Any]:
     """``openapi_extra`` of a route whose JSON body is ``model`` (read by :func:`read_model`)."""
     _documented[model.__name__] = model

@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from cloud_sync.protocol import TEXT_PATTERN
 from fleet.db.devices import Device
+from fleet.db.health import DeviceHealth
 
 
 class _Out(BaseModel):
@@ -33,10 +34,21 @@ class DeviceOut(_Out):
     model_name: str | None
     model_version: int | None
     backlog: BacklogOut
+    state: Literal["online", "offline", "unknown"] | None = Field(
+        None, description="online / offline (silent past --offline-after) / unknown (never "
+        "reported health); set by GET /v1/devices.")
+    health: dict[str, Any] | None = Field(
+        None, description="The latest health summary (cloud_sync.health.HealthSummary), or "
+        "null.")
+    health_received_at: dt.datetime | None = Field(
+        None, description="When the fleet received that summary.")
 
     @classmethod
-    def of(cls, device: Device) -> DeviceOut:
+    def of(cls, device: Device, health: DeviceHealth | None = None) -> DeviceOut:
         return cls(
+            state=None if health is None else health.state,
+            health=None if health is None else health.summary,
+            health_received_at=None if health is None else health.received_at,
             device_id=device.device_id,
             tags=list(device.tags),
             created_at=device.created_at,

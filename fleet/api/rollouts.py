@@ -34,7 +34,13 @@ from cloud_sync.protocol import (
     ModelStatusReport,
 )
 from fleet.api.deps import AdminDep, DeviceDep
-from fleet.api.json_body import ROLLOUT_MAX_BYTES, STATUS_MAX_BYTES, body_doc, read_model
+from fleet.api.json_body import (
+    NO_BODY,
+    ROLLOUT_MAX_BYTES,
+    STATUS_MAX_BYTES,
+    body_doc,
+    read_model,
+)
 from fleet.api.model_loop import ModelLoopDep
 from fleet.registry.views import RolloutCreate, RolloutList, RolloutOut
 
@@ -61,7 +67,8 @@ def show(rollout_id: RolloutId, loop: ModelLoopDep, _admin: AdminDep) -> Rollout
     return loop.rollouts.get(rollout_id)
 
 
-@router.post("/v1/rollouts/{rollout_id}/{action}", response_model=RolloutOut)
+@router.post("/v1/rollouts/{rollout_id}/{action}", response_model=RolloutOut,
+             openapi_extra=NO_BODY)
 def act(
     rollout_id: RolloutId,
     action: Literal["promote", "pause", "resume", "abort"],

@@ -71,6 +71,8 @@ class RolloutService:
         halt_after_failures: Default failed-device threshold of a new rollout.
         clock: Wall clock (aware UTC).
         retention: Prunes old status reports after a report is stored (None: kept forever).
+        on_halt: Called inside the halting transaction with ``(connection, {"rollout_id",
+            "name", "version", "reason"})`` when a rollout halts (queues its webhook event).
     """
 
     def __init__(
@@ -82,8 +84,10 @@ class RolloutService:
         halt_after_failures: int = 1,
         clock: Callable[[], dt.datetime] = _now,
         retention: StatusRetention | None = None,
+        on_halt: Callable[[Connection, dict[str, Any]], object] | None = None,
     ) -> None:
         self._engine = engine
+        self._on_halt = on_halt
         self._retention = retention
         self._registry = registry
         self._signer = signer
@@ -337,11 +341,14 @@ class RolloutService:
         if not should_halt(len(failed), int(ro.halt_after_failures)):
             return
         why = "; ".join(f"{f.device_id}: {f.reason or 'no reason given'}" for f in failed[:5])
-        conn.execute(
+        reason = f"halted: {len(failed)} device(s) failed ({why})"[:2000]
+        halted = conn.execute(
             update(rollouts).where(rollouts.c.id == ro.id, rollouts.c.state.in_(ASSIGNING))
-            .values(state="halted", resume_state=None, updated_at=now,
-                    reason=f"halted: {len(failed)} device(s) failed ({why})"[:2000])
-        )
+            .values(state="halted", resume_state=None, updated_at=now, reason=reason)
+        ).rowcount
+        if halted and self._on_halt is not None:
+            self._on_halt(conn, {"rollout_id": int(ro.id), "name": ro.model_name,
+                                 "version": int(ro.model_version), "reason": reason})
 
 
 def _out(row: Any, members: Sequence[Any], with_devices: bool) -> RolloutOut:

@@ -11,6 +11,7 @@ from sqlalchemy import Engine
 from cloud_sync.package import KeyFileError, key_id_of, load_private_key, load_public_keys
 from fleet.api.model_loop import ModelLoop
 from fleet.db.retention import StatusRetention
+from fleet.db.webhooks import WebhookStore
 from fleet.errors import ConfigError
 from fleet.registry.rollouts import RolloutService, Signer
 from fleet.registry.store import ModelRegistry
@@ -52,8 +53,10 @@ def build_model_loop(settings: Settings, engine: Engine) -> ModelLoop:
     registry = ModelRegistry(engine, trusted)
     days = settings.status_retention_days
     retention = StatusRetention(engine, days * 86400) if days > 0 else None
+    hooks = WebhookStore(engine)
     rollouts = RolloutService(
         engine, registry, signer, halt_after_failures=settings.rollout_halt_failures,
         retention=retention,
+        on_halt=lambda conn, data: hooks.enqueue("rollout_halted", data, conn),
     )
     return ModelLoop(registry=registry, rollouts=rollouts)

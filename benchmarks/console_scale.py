@@ -1,0 +1,269 @@
+"""Console queries at fleet scale: 1,000 devices and 10 million aggregate rows on PostgreSQL.
+
+Creates a fresh PostgreSQL database (dropped at the end unless ``--keep``), migrates it, and
+loads it with COPY (the aggregates' secondary indexes are dropped for the load and built again
+after it, then ``VACUUM ANALYZE``, as a bulk load is done):
+
+* ``--devices`` devices (tags ``line=<k>``, ``site=<a|b>``) with a health summary each;
+* ``--rows`` aggregates: ``--streams`` streams per device, one aggregate every ``--interval-s``
+  seconds (default 300 s: 10,000 per stream is 35 days), time-ordered across devices as an
+  ingesting fleet writes them;
+* ``--alerts`` alerts spread over the devices and the same time span.
+
+Then it times the console's queries through the fleet's HTTP routes (the app in process, over
+ASGI, so routing, validation and JSON encoding count), ``--repeat`` times each, on random
+devices:
+
+* ``devices``: ``GET /v1/devices`` (every device with its state and health);
+* ``series_day|week|month``: ``GET /v1/devices/{id}/series?stream=&from=&to=&points=500``;
+* ``alerts``, ``alerts_device``, ``alerts_tag``, ``alerts_week``: ``GET /v1/alerts`` newest 100,
+  by device, by tag, in a one-week window.
+
+Prints p50/p99 per query (milliseconds); the last line is
+``devices=<n> rows=<n> p99_ms_max=<ms>``. The 10 M load takes minutes on two cores: run it
+once, under ``nice``; ``--rows 200000`` is a quick run::
+
+    nice -n 10 python benchmarks/console_scale.py [--devices 1000] [--rows 10000000]
+        [--streams 1] [--interval-s 300] [--alerts 100000] [--repeat 50]
+        [--pg "host=127.0.0.1 port=5432 user=postgres dbname=test"] [--keep] [--reuse DB]
+
+``--keep`` keeps the loaded database (its name is printed) and ``--reuse DB`` measures again on
+it without loading (give the same sizes), so the 10 M load is done once.
+
+This is a benchmark, not a test: it needs PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import random
+import secrets
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from fastapi.testclient import TestClient
+from tqdm import tqdm
+
+from fleet.app import create_app
+from fleet.db import migrate
+from fleet.db.engine import make_engine
+from fleet.settings import Settings
+
+END = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+ADMIN = "bench-" + "a" * 40
+CHANNELS = json.dumps([{"channel": "vib_x", "count": 600, "min": -1.0, "max": 1.5,
+                        "mean": 0.1, "std": 0.3}], separators=(",", ":"))
+
+
+def _ts(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, tz=dt.UTC).isoformat()
+
+
+def _copy(conn: psycopg.Connection[Any], sql: str, chunks: Iterator[str], total: int,
+          what: str) -> None:
+    with conn.cursor() as cur, cur.copy(sql) as copy, \
+            tqdm(total=total, desc=what, unit="row", unit_scale=True, file=sys.stderr) as bar:
+        for chunk in chunks:
+            copy.write(chunk.encode())
+            bar.update(chunk.count("\n"))
+
+
+def _devices(n: int) -> list[str]:
+    return [f"gw{i:04d}" for i in range(n)]
+
+
+def load_health(conn: psycopg.Connection[Any], args: argparse.Namespace) -> None:
+    """(Re)write every device's health summary (a ``--reuse`` run does it again: the data are
+    from :data:`END`, so a fleet's retention would have removed them)."""
+    devices = _devices(args.devices)
+    streams = [f"s{k}" for k in range(args.streams)]
+    now = _ts(END.timestamp())
+    summary = json.dumps({"status": "green", "streams": [
+        {"stream": s, "state": "green", "reason": None} for s in streams],
+        "models": [{"stream": s, "name": "skab-wstat", "version": 3} for s in streams],
+        "backlog_alerts": 0, "backlog_aggregates": 3, "agent_version": "0.9.1",
+        "disk": {"used_bytes": 12345678, "budget_bytes": 1 << 30}, "reasons": []})
+    conn.execute("DELETE FROM device_health")
+    _copy(conn, "COPY device_health (device_id, status, state, summary, received_at, "
+          "state_since) FROM STDIN",
+          iter(["".join(f"{d}\tgreen\tonline\t{summary}\t{now}\t{now}\n"
+                        for d in devices)]), len(devices), "health")
+
+
+def load(dsn: str, args: argparse.Namespace) -> None:
+    """Fill the migrated database at ``dsn`` (module docstring)."""
+    devices = _devices(args.devices)
+    streams = [f"s{k}" for k in range(args.streams)]
+    per_stream = max(1, args.rows // (len(devices) * len(streams)))
+    start = END.timestamp() - per_stream * args.interval_s
+    now = _ts(END.timestamp())
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        _copy(conn, "COPY devices (device_id, tags, created_at, last_seen, agent_version, "
+              "model_name, model_version, backlog_alerts, backlog_aggregates) FROM STDIN",
+              iter(["".join(
+                  f'{d}\t["line={i % 20}", "site={"ab"[i % 2]}"]\t{now}\t{now}\t0.9.1\t'
+                  f"skab-wstat\t3\t0\t{i % 50}\n" for i, d in enumerate(devices))]),
+              len(devices), "devices")
+        load_health(conn, args)
+        indexes = conn.execute(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'aggregates' "
+            "AND indexname NOT IN ('pk_aggregates', 'uq_aggregates_id')").fetchall()
+        for name, _ in indexes:
+            conn.execute(f'DROP INDEX "{name}"')
+        rng = random.Random(7)
+
+        def aggregate_chunks() -> Iterator[str]:
+            for i in range(per_stream):
+                t = start + i * args.interval_s
+                ms, ts = int(t * 1000), _ts(t)
+                lines = []
+                for d in devices:
+                    for s in streams:
+                        score = rng.random() * 2.0
+                        alerts = 1 if score > 1.95 else 0
+                        lines.append(f"{d}:{s}:{ms}\t{d}\t{s}\t{ts}\t{args.interval_s}\t600\t"
+                                     f"{CHANNELS}\t{score:.4f}\t12\t{alerts}\t{ts}\n")
+                yield "".join(lines)
+
+        _copy(conn, "COPY aggregates (id, device_id, stream, interval_start, interval_s, "
+              "count, channels, max_score, windows, alert_count, received_at) FROM STDIN",
+              aggregate_chunks(), per_stream * len(devices) * len(streams), "aggregates")
+        for name, ddl in indexes:
+            t0 = time.perf_counter()
+            conn.execute(ddl)
+            print(f"index {name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+
+        def alert_chunks() -> Iterator[str]:
+            span = per_stream * args.interval_s
+            lines = []
+            for k in range(args.alerts):
+                d, s = devices[k % len(devices)], streams[k % len(streams)]
+                t = start + rng.random() * span
+                payload = json.dumps({"schema": 1, "alert_id": f"{d}:{s}:{k}"})
+                lines.append(f"{d}:{s}:{k}\t{d}\t{s}\t{k}\t{2 + rng.random():.3f}\t2.0\t"
+                             f"{_ts(t)}\t{_ts(t + 10)}\t{_ts(t + 10)}\tskab-wstat\t3\t"
+                             f"{payload}\t{_ts(t + 11)}\n")
+                if len(lines) == 10_000:
+                    yield "".join(lines)
+                    lines = []
+            yield "".join(lines)
+
+        _copy(conn, "COPY alerts (id, device_id, stream, seq, score, threshold, window_start, "
+              "window_end, raised_at, model_name, model_version, payload, received_at) "
+              "FROM STDIN", alert_chunks(), args.alerts, "alerts")
+        t0 = time.perf_counter()
+        conn.execute("VACUUM ANALYZE")
+        print(f"vacuum analyze: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def measure(url: str, args: argparse.Namespace) -> float:
+    """Time the console's routes; prints one line per query, returns the largest p99 (ms)."""
+    devices = _devices(args.devices)
+    rng = random.Random(11)
+    span_s = int((args.rows // (args.devices * args.streams)) * args.interval_s)
+    with tempfile.TemporaryDirectory() as state:
+        # the data end at END: no offline sweep and no retention may change them while measured
+        settings = Settings(db_url=url, admin_token=ADMIN, state_dir=Path(state), pool_size=4,
+                            offline_after_s=100 * 365 * 86400.0, status_retention_days=0,
+                            retention_s={"health": 0.0, "webhook_deliveries": 0.0})
+        engine = make_engine(settings)
+        auth = {"Authorization": f"Bearer {ADMIN}"}
+        end = int(END.timestamp())
+        day = 86400
+
+        def series(days: int) -> str:
+            return (f"/v1/devices/{rng.choice(devices)}/series?stream=s0&from={end - days * day}"
+                    f"&to={end}&points=500")
+
+        def week(since: int) -> str:
+            return f"/v1/alerts?since={since}&until={since + 7 * day}&limit=100"
+
+        queries: dict[str, Any] = {
+            "devices": lambda: "/v1/devices",
+            "series_day": lambda: series(1),
+            "series_week": lambda: series(7),
+            "series_month": lambda: series(30),
+            "alerts": lambda: "/v1/alerts?limit=100",
+            "alerts_device": lambda: f"/v1/alerts?device={rng.choice(devices)}&limit=100",
+            "alerts_tag": lambda: f"/v1/alerts?tag=line={rng.randrange(20)}&limit=100",
+            "alerts_week": lambda: week(end - 7 * day - rng.randrange(max(1, span_s // day)) * day),
+        }
+        worst = 0.0
+        with TestClient(create_app(settings, engine)) as client:
+            for name, make in queries.items():
+                for _ in range(3):  # warm the connection pool and caches
+                    client.get(make(), headers=auth)
+                times = []
+                for _ in range(args.repeat):
+                    path = make()
+                    t0 = time.perf_counter()
+                    resp = client.get(path, headers=auth)
+                    times.append((time.perf_counter() - t0) * 1000)
+                    if resp.status_code != 200:
+                        raise SystemExit(f"{path}: HTTP {resp.status_code} {resp.text[:200]}")
+                p50, p99 = statistics.median(times), _pct(times, 0.99)
+                worst = max(worst, p99)
+                size = len(resp.content)
+                print(f"{name:14s} p50_ms={p50:7.1f} p99_ms={p99:7.1f} (n={len(times)}, "
+                      f"last answer {size} bytes)")
+        engine.dispose()
+    return worst
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", type=int, default=1000)
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--streams", type=int, default=1)
+    parser.add_argument("--interval-s", type=float, default=300.0)
+    parser.add_argument("--alerts", type=int, default=100_000)
+    parser.add_argument("--repeat", type=int, default=50)
+    parser.add_argument("--pg", default="host=127.0.0.1 port=5432 user=postgres dbname=test")
+    parser.add_argument("--keep", action="store_true", help="keep the database")
+    parser.add_argument("--reuse", metavar="DB",
+                        help="measure only, on a database a --keep run loaded (same sizes)")
+    args = parser.parse_args()
+    name = args.reuse or f"console_scale_{secrets.token_hex(4)}"
+    admin = psycopg.connect(args.pg, autocommit=True)
+    if not args.reuse:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    params = psycopg.conninfo.conninfo_to_dict(args.pg)
+    dsn = psycopg.conninfo.make_conninfo(args.pg, dbname=name)
+    user, host = params.get("user", "postgres"), params.get("host", "127.0.0.1")
+    url = f"postgresql+psycopg://{user}@{host}:{params.get('port', 5432)}/{name}"
+    try:
+        engine = make_engine(Settings(db_url=url, admin_token=ADMIN))
+        migrate.upgrade(engine)
+        engine.dispose()
+        if not args.reuse:
+            t0 = time.perf_counter()
+            load(dsn, args)
+            print(f"loaded {name} in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        else:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                load_health(conn, args)
+        worst = measure(url, args)
+        total = (args.rows // (args.devices * args.streams)) * args.devices * args.streams
+        print(f"devices={args.devices} rows={total} p99_ms_max={worst:.1f}")
+    finally:
+        if not args.keep and not args.reuse:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
