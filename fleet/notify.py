@@ -82,7 +82,7 @@ class RetryPolicy:
 
 
 def _now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
+    return dt.datetime.now(dt.timezone.utc)
 
 
 class Dispatcher:

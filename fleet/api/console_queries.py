@@ -43,7 +43,7 @@ def device_series(
     principal.check_read(device_id)
     if principal.is_admin and services.devices.get(device_id) is None:
         raise NotFound(f"no device {device_id!r}")
-    hi = parse_time(until, "to") or dt.datetime.now(dt.UTC)
+    hi = parse_time(until, "to") or dt.datetime.now(dt.timezone.utc)
     lo = parse_time(since, "from") or hi - DAY
     if hi <= lo:
         raise Unprocessable("to must be after from")

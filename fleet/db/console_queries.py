@@ -76,7 +76,7 @@ def series(engine: Engine, q: SeriesQuery) -> tuple[float | None, list[dict[str,
         rows = conn.execute(query).all()
         threshold = conn.execute(newest).scalar()
     points = [{
-        "t": dt.datetime.fromtimestamp(origin + float(r.b) * width, tz=dt.UTC),
+        "t": dt.datetime.fromtimestamp(origin + float(r.b) * width, tz=dt.timezone.utc),
         "max_score": r.max_score, "count": int(r[2] or 0), "alerts": int(r.alerts or 0),
     } for r in rows]
     return (None if threshold is None else float(threshold)), points

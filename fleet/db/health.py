@@ -43,7 +43,7 @@ DEFAULT_OFFLINE_AFTER_S = 300.0
 
 
 def _now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
+    return dt.datetime.now(dt.timezone.utc)
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ def state_of(last_contact: dt.datetime | None, reported: bool, now: dt.datetime,
              offline_after_s: float) -> State:
     """A device's state from its last contact (pure).
 
-    >>> t = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    >>> t = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
     >>> state_of(t, True, t + dt.timedelta(seconds=10), 300)
     'online'
     >>> state_of(t, False, t + dt.timedelta(seconds=301), 300)

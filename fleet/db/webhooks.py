@@ -34,7 +34,7 @@ MAX_WEBHOOKS = 64
 
 
 def _now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
+    return dt.datetime.now(dt.timezone.utc)
 
 
 def check_url(url: str) -> str:
