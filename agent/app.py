@@ -63,6 +63,7 @@ from agent.logs import ALWAYS, reset_rate_limits, setup_logging
 from agent.metrics import Metrics
 from agent.monitor import Monitor, WatchedCamera, WatchedSource
 from agent.pipeline.detector import Calibration, FeatureDeviationDetector
+from agent.pipeline.episodes import UpdateParams
 from agent.pipeline.restore import CalibrationKey, StoredCalibration, calibration_key, refusal
 from agent.pipeline.rules import RuleParams
 from agent.pipeline.stream import AlertEvent, StreamPipeline
@@ -74,9 +75,12 @@ from agent.pipeline.univariate import (
 from agent.preflight import preflight
 from agent.publish.keeper import AlertKeeper
 from agent.publish.mqtt import MqttPublisher
+from agent.publish.state import StatePublisher
+from agent.publish.stream_state import StateBoard
 from agent.records import Aggregate, Alert, Float32Array, Reading, iso_utc
 from agent.secret_files import private_umask, secure_state
 from agent.services.camera import CameraStream, build_camera_stream
+from agent.services.episode_book import EpisodeBook, recorded_identity
 from agent.services.fleet_transport import session_for
 from agent.services.model_slot import ModelSlot
 from agent.services.model_store import ModelStore
@@ -88,6 +92,7 @@ from agent.services.package_guard import (
     load_rollback_policy,
 )
 from agent.services.samples import SampleCollector, SampleUploader, config_hash
+from agent.services.stream_feed import StateFeed
 from agent.services.supervisor import SourceSupervisor
 from agent.services.updater import StreamHandle, Updater
 from agent.services.uploader import Uploader, read_token
@@ -248,6 +253,7 @@ class Agent:
         self.samples: SampleUploader | None = None
         if config.samples.enabled:
             self.samples = _build_samples(self)
+        self._lifecycle_setup(config)
         self.alerts_raised = 0
         self.aggregates_written = 0
         self.aggregates_dropped = 0
@@ -271,6 +277,32 @@ class Agent:
         )
 
     # -- construction ---------------------------------------------------------------------------
+
+    def _lifecycle_setup(self, config: AgentConfig) -> None:
+        """Episode updates, open episodes of the last run, the state board and its publisher."""
+        #: The present state of every stream (retained state, Home Assistant, Sparkplug B).
+        self.board = StateBoard(log)
+        self.feed = StateFeed(self.board, self.metrics, self.clock)
+        self.episodes = EpisodeBook({sc.name: recorded_identity(sc.source)
+                                     for sc in config.streams})
+        lifecycles = {n: s.pipeline.lifecycle for n, s in self.streams.items()}
+        lifecycles.update({n: c.pipeline.lifecycle for n, c in self.cameras.items()})
+        for sc in config.streams:
+            lifecycles[sc.name].params = UpdateParams(sc.rules.update_ratio,
+                                                      sc.rules.update_interval_s)
+        self.episodes.restore(self.store, lifecycles)
+        for n, s in self.streams.items():
+            m = s.package.manifest
+            self.feed.add(n, "sensor", m.name, m.version, s.pipeline.threshold,
+                          self.episodes.open.get(n))
+        for n, c in self.cameras.items():
+            im = c.package.manifest
+            self.feed.add(n, "camera", im.name, im.version, c.pipeline.threshold,
+                          self.episodes.open.get(n))
+        self.state_publisher: StatePublisher | None = None
+        if self.publisher is not None and config.mqtt.state:
+            self.state_publisher = StatePublisher(self.board, self.publisher, self.metrics,
+                                                  config.mqtt.state_interval_s)
 
     def _build_stream(self, sc: StreamConfig, source: Source | None = None) -> _Stream:
         if isinstance(sc.source, CameraConfig):  # built by build_camera_stream instead
@@ -463,6 +495,8 @@ class Agent:
         self._warm_up()
         if self.publisher is not None:
             self.publisher.start()
+        if self.state_publisher is not None:
+            self.state_publisher.start()
         if self.uploader is not None:
             self.uploader.start()
         if self.updater is not None:
@@ -524,7 +558,11 @@ class Agent:
 
     def _heartbeat(self) -> None:
         self.metrics.queue_depth.set(self.queue.qsize())
-        self.monitor.tick(self.alerts_raised)
+        report = self.monitor.tick(self.alerts_raised)
+        for n, c in self.cameras.items():  # cameras score in their own threads
+            self.feed.scored(n, c.last_score, c.pipeline.threshold)
+        self.feed.health({comp.name.removeprefix("source:"): comp.state
+                          for comp in report.components if comp.name.startswith("source:")})
 
     def _drain_once(self, timeout: float) -> None:
         self._drain_images()
@@ -596,7 +634,12 @@ class Agent:
                 self.metrics.read_to_score_seconds.labels(stream=name).observe(
                     time.monotonic() - mono
                 )
-        for event in out.alerts:
+        finite = out.scores[np.isfinite(out.scores)]
+        m = s.package.manifest
+        self.feed.scored(name, float(finite[-1]) if finite.size else None, out.threshold,
+                         model_name=m.name, model_version=m.version,
+                         skipping=s.pipeline.windower.hop > s.pipeline.spec.hop)
+        for event in out.events:
             self._raise(s, event)
         for agg in out.aggregates:
             self._write_aggregate(agg)
@@ -617,8 +660,13 @@ class Agent:
                 self._write_aggregate(item)
 
     def _raise(self, s: _Stream | CameraStream, event: AlertEvent) -> None:
+        """Store one episode event (raised, updated, cleared) and hand it on."""
         device = self.config.agent.device_id
         m = s.package.manifest
+        episodic = (s.pipeline.rules.params.clear_windows > 0)
+        plan = self.episodes.plan(event, episodic)
+        if plan is None:
+            return
         def make(seq: int) -> Alert:
             return Alert(
                 alert_id=f"{device}:{event.stream}:{seq}",
@@ -635,14 +683,22 @@ class Agent:
                 top_channels=event.top_channels,
                 origin=event.origin,
                 explanation=event.explanation,
+                event=event.kind,
+                episode_id=plan.episode_id,
+                peak_score=event.peak_score,
             )
 
         # A refused alert goes over MQTT from memory (or is counted lost): agent.publish.keeper.
-        alert, stored = self.keeper.add(event.stream, make)
+        alert, stored = self.keeper.add(event.stream, make, plan.mark, plan.seq)
         if alert is None:
             return
-        self.alerts_raised += 1
-        self.metrics.alerts_total.labels(stream=event.stream).inc()
+        self.episodes.stored(event, alert.alert_id, plan)
+        if plan.mark.open or plan.mark.close:
+            self.feed.episode(event.stream, self.episodes.open.get(event.stream))
+        self.metrics.alert_events_total.labels(stream=event.stream, event=event.kind).inc()
+        if event.kind == "raised":
+            self.alerts_raised += 1
+            self.metrics.alerts_total.labels(stream=event.stream).inc()
         if self.publisher is not None:
             self.publisher.notify(alert.alert_id, event.received_mono or None)
         if self.uploader is not None and stored:
@@ -711,6 +767,13 @@ class Agent:
             for agg in c.flush():
                 self.image_events.put(agg)
         self._drain_images()
+        if self.next_config is not None:  # a reload: streams leaving the config lose their state
+            kept = {sc.name for sc in self.next_config.streams}
+            for name in sorted(set(self.streams) | set(self.cameras)):
+                if name not in kept:
+                    self.board.remove(name)
+        if self.state_publisher is not None:
+            self.state_publisher.stop()
         if self.publisher is not None:
             if self.publisher.connected and not self.publisher.flush(SHUTDOWN_FLUSH_S):
                 log.warning("outbox not empty at shutdown; the rest is sent at next start")

@@ -386,6 +386,8 @@ def _alert_row(record: AlertRecord, received_at: dt.datetime) -> dict[str, Any]:
     body = record.body
     if body.alert_id != record.id:
         raise RecordRejected("body.alert_id differs from id")
+    if body.episode_id is not None and body.episode_id.split(":")[:2] != record.id.split(":")[:2]:
+        raise RecordRejected("body.episode_id names another device or stream than id")
     return {
         "id": record.id,
         "device_id": body.device_id,

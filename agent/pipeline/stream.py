@@ -27,7 +27,7 @@ interval is closed, and the alert rules' cooldown keeps counting monotonic secon
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -42,6 +42,7 @@ from agent.pipeline.detector import (
     FeatureDeviationDetector,
     ScoredBatch,
 )
+from agent.pipeline.episodes import Lifecycle, Transition
 from agent.pipeline.rules import AlertRules, RuleParams
 from agent.pipeline.timeline import ClockStep, StepDetector
 from agent.pipeline.windowing import SlidingWindower, WindowBatch
@@ -82,6 +83,9 @@ class AlertEvent:
             for sensor streams and live cameras.
         explanation: Expected value and deviation (univariate streams,
             :mod:`agent.pipeline.univariate`); None otherwise.
+        kind: The episode event (:mod:`agent.pipeline.episodes`): ``raised``, ``updated``
+            or ``cleared``; the window fields are those of the window that made it.
+        peak_score: The episode's largest score so far (``updated`` and ``cleared``).
     """
 
     stream: str
@@ -93,6 +97,8 @@ class AlertEvent:
     received_mono: float
     origin: FrameOrigin | None = None
     explanation: Explanation | None = None
+    kind: Transition = "raised"
+    peak_score: float | None = None
 
 
 @dataclass(slots=True)
@@ -103,7 +109,8 @@ class StreamOutput:
         end_index: Shape ``(K,)``, index in the block of each window's last sample.
         scores: Shape ``(K,)``, float64; NaN for windows inside the calibration period.
         threshold: Threshold in force at the end of the block (NaN while calibrating).
-        alerts: Alerts raised.
+        alerts: Alerts raised (the ``raised`` events of :attr:`events`).
+        events: Every episode event (``raised``, ``updated``, ``cleared``), in window order.
         aggregates: Intervals closed.
         calibrated: A calibration finished during this block.
         calibration_outliers: Far-out readings left out of that calibration.
@@ -116,6 +123,7 @@ class StreamOutput:
     scores: FloatArray
     threshold: float
     alerts: list[AlertEvent] = field(default_factory=list)
+    events: list[AlertEvent] = field(default_factory=list)
     aggregates: list[Aggregate] = field(default_factory=list)
     calibrated: Calibration | None = None
     calibration_outliers: int = 0
@@ -158,6 +166,8 @@ class StreamPipeline:
         self.spec = spec
         self.detector = detector
         self.rules = AlertRules(rules)
+        #: The open episode and its ``updated`` reports (params settable after construction).
+        self.lifecycle = Lifecycle(self.rules)
         self.top_channels = top_channels
         self.windower = SlidingWindower(spec.window, spec.hop, len(spec.channels))
         self.aggregator = IntervalAggregator(device_id, stream, spec.channels,
@@ -285,10 +295,16 @@ class StreamPipeline:
                 self.observer.observe(windows, scored.scores, thr)
             for j, i in enumerate(np.flatnonzero(live)):
                 rule_ts = float(batch.end_ts[i]) + self._rule_offset
-                if self.rules.update(float(scored.scores[j]), thr, rule_ts, stride):
-                    out.alerts.append(self._event(batch, int(i), scored.scores[j],
-                                                  scored.contributions[j], received_mono))
-                    alerts += 1
+                kind = self.lifecycle.step(float(scored.scores[j]), thr, rule_ts, stride)
+                if kind is not None:
+                    event = self._event(batch, int(i), scored.scores[j],
+                                        scored.contributions[j], received_mono)
+                    if kind != "raised":
+                        event = replace(event, kind=kind, peak_score=self.lifecycle.peak)
+                    else:
+                        out.alerts.append(event)
+                        alerts += 1
+                    out.events.append(event)
         self.aggregator.add_scores(scores, alerts)
         return batch.end_index, scores
 

@@ -21,6 +21,10 @@ from agent.publish.limits import SizeLimit
 from agent.publish.mqtt_config import MqttConfig
 from agent.publish.mqtt_tls import failure_of
 
+#: CONNACK reason code 0x9A (MQTT 5.0 section 3.2.2.2): the broker takes no retained messages
+#: and refuses a connection whose will is retained.
+RETAIN_NOT_SUPPORTED = 0x9A
+
 
 class PahoCallbacks:
     """The network-thread half of the publisher (attributes set by its ``__init__``)."""
@@ -44,6 +48,8 @@ class PahoCallbacks:
     _stopping: threading.Event
     _client: paho.Client
     _connected_mono: float
+    retain: bool
+    _retain_rebuild: bool
     _losses: collections.deque[float]
 
     def _on_message(self, client: paho.Client, userdata: object, msg: paho.MQTTMessage) -> None:
@@ -79,6 +85,12 @@ class PahoCallbacks:
         if client is not self._client:
             return
         if reason_code.is_failure:
+            if reason_code.value == RETAIN_NOT_SUPPORTED and self.retain:
+                self._retain_off("refused the connection: Retain not supported (its "
+                                 "retain_available is off)")
+                self._retain_rebuild = True  # the will is retained: a new client without it
+                self._wake.set()
+                return
             if self._note_failure(f"refused: {reason_code}"):
                 self._log.warning(
                     "MQTT broker %s:%d refused the connection (%s); alerts stay in the outbox, "
@@ -88,7 +100,9 @@ class PahoCallbacks:
             return
         broker_max = getattr(properties, "MaximumPacketSize", None)
         self.limit.broker_max_packet = broker_max if isinstance(broker_max, int) else None
-        client.publish(self.availability_topic, "online", qos=1, retain=True)
+        if getattr(properties, "RetainAvailable", 1) == 0 and self.retain:
+            self._retain_off("announced Retain Available 0")
+        client.publish(self.availability_topic, "online", qos=1, retain=self.retain)
         with self._state_lock:
             topics = list(self._subscriptions)
         for topic in topics:
@@ -111,6 +125,15 @@ class PahoCallbacks:
                 self.config.host, self.config.port, self._monotonic() - since, extra=ALWAYS,
             )
         self._wake.set()
+
+    def _retain_off(self, why: str) -> None:
+        """The broker takes no retained messages: availability, will and stream state go out
+        without retain from now on (alerts never were retained)."""
+        self.retain = False
+        self._log.warning(
+            "MQTT broker %s:%d %s: sending availability and stream state without retain (a "
+            "late subscriber does not see them at once); alerts are unaffected",
+            self.config.host, self.config.port, why, extra=ALWAYS)
 
     def _on_connect_fail(self, client: paho.Client, userdata: object) -> None:
         if client is not self._client:

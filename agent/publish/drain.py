@@ -42,6 +42,10 @@ REFUSED_RETRY_S = 30.0
 LOG_EVERY_S = 60.0
 
 
+def _key(item: OutboxRow | VolatileAlert) -> tuple[str, int]:
+    return ("v", item.n) if isinstance(item, VolatileAlert) else ("r", item.id)
+
+
 class OutboxDrain:
     """The drain-thread half of the publisher (attributes set by its ``__init__``)."""
 
@@ -66,6 +70,9 @@ class OutboxDrain:
     _tracked: collections.OrderedDict[str, float]
     _track_lock: threading.Lock
     _mids: dict[int, OutboxRow | VolatileAlert]
+    #: Per row (``("r", id)``) or volatile alert (``("v", n)``): PUBACKs still awaited, one per
+    #: topic it went to (:meth:`topics_for`); it is published when the last one arrives.
+    _outstanding: dict[tuple[str, int], int]
     _unsaved: list[tuple[OutboxRow, float, float]]
     _rejected: list[tuple[OutboxRow, str]]
     _guard: ProgressGuard
@@ -76,6 +83,7 @@ class OutboxDrain:
     _rejections_logged: set[int]
     _log_limits: dict[str, tuple[float, int]]
     _store_failing: bool
+    _retain_rebuild: bool
     _last_stats: float
     _wake: threading.Event
     _stopping: threading.Event
@@ -95,6 +103,12 @@ class OutboxDrain:
                 if self._take_acks(window):
                     self._guard.progress(self._monotonic())
                 self._check_losses(window)
+                if self._retain_rebuild:  # the broker refused the retained will (MQTT 5)
+                    self._retain_rebuild = False
+                    window.clear()
+                    self._mids.clear()
+                    self._outstanding.clear()
+                    self._replace_client()
                 if (self._unsaved or self._rejected) and self._monotonic() >= save_from:
                     # A store that refuses writes (disk full) must not stop the delivery, least
                     # of all of the alerts it refused (volatile): the acknowledgements stay in
@@ -134,6 +148,9 @@ class OutboxDrain:
     def _replace_client(self) -> None:
         raise NotImplementedError  # MqttPublisher's
 
+    def topics_for(self, item: OutboxRow | VolatileAlert) -> tuple[str, ...]:
+        raise NotImplementedError  # MqttPublisher's
+
     def _check_losses(self, window: set[int]) -> None:
         """Connections lost since the last pass (their durations, queued by paho's thread):
         the same alert first in flight at each of a few short connections in a row is one the
@@ -168,6 +185,7 @@ class OutboxDrain:
         )
         window.clear()
         self._mids.clear()
+        self._outstanding.clear()
         self._replace_client()
 
     def _check_progress(self, in_flight: int) -> None:
@@ -240,17 +258,23 @@ class OutboxDrain:
                     self._metrics.mqtt_oversize_total.labels(action="reduced").inc()
                     self._limited(logging.WARNING, "reduced", "alert %s: %s; sent in its "
                                   "reduced form", item.alert_id, verdict.reason)
-                info = self._client.publish(self.alerts_topic, verdict.payload, qos=1,
-                                            retain=False)
-                if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
-                    self._log.warning("paho refused to publish %s: %s", item.alert_id, info.rc)
-                    return cursor
-                # paho holds the message even on NO_CONN and re-sends it after reconnecting.
-                self._mids[info.mid] = item
-                window.add(info.mid)
+                topics = self.topics_for(item)
+                self._outstanding[_key(item)] = len(topics)
+                no_conn = False
+                for topic in topics:
+                    info = self._client.publish(topic, verdict.payload, qos=1, retain=False)
+                    if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS,
+                                       MQTTErrorCode.MQTT_ERR_NO_CONN):
+                        self._log.warning("paho refused to publish %s: %s", item.alert_id,
+                                          info.rc)
+                        return cursor
+                    # paho holds the message even on NO_CONN and re-sends it after reconnecting.
+                    self._mids[info.mid] = item
+                    window.add(info.mid)
+                    no_conn = no_conn or info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN
                 cursor = ((cursor[0], item.n) if isinstance(item, VolatileAlert)
                           else (item.id, cursor[1]))
-                if info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN:
+                if no_conn:
                     return cursor
         return cursor
 
@@ -278,8 +302,14 @@ class OutboxDrain:
             if row is None:
                 continue  # availability message, or a duplicate of a row already acknowledged
             if reason.is_failure:
+                self._outstanding.pop(_key(row), None)
                 self._broker_rejected(row, reason)
                 continue
+            left = self._outstanding.get(_key(row), 1) - 1
+            if left > 0:  # a raised event: its other topic is not acknowledged yet
+                self._outstanding[_key(row)] = left
+                continue
+            self._outstanding.pop(_key(row), None)
             if isinstance(row, VolatileAlert):
                 if self.volatile.ack(row.n):
                     self._metrics.mqtt_published_total.inc()

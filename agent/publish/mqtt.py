@@ -95,6 +95,7 @@ is warned about once (docs/security.md).
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import math
 import threading
@@ -102,7 +103,7 @@ import time
 from collections.abc import Callable
 
 import paho.mqtt.client as paho
-from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
@@ -178,11 +179,16 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
         self._log = logger if logger is not None else logging.getLogger(__name__)
         base = f"{config.topic_prefix}/{device_id}"
         self.alerts_topic = f"{base}/alerts"
+        self.base_topic = base
         self.availability_topic = f"{base}/availability"
         self.client_id = config.client_id or f"edge-agent-{device_id}"
         password = read_password(config.password_file) if config.password_file else None
 
         self._v5 = config.protocol == "5"
+        #: Retained messages are used (False: ``mqtt.retain`` off, or an MQTT 5 broker said
+        #: it takes none: CONNACK "Retain not supported" or Retain Available 0).
+        self.retain = config.retain
+        self._retain_rebuild = False  # set by paho's thread: start a client without it
         self._factory = client_factory
         self._password = password
         self._client = self._make_client()
@@ -214,6 +220,7 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
         self._track_lock = threading.Lock()
         # Owned by the drain thread (and by stop() once that thread has ended).
         self._mids: dict[int, OutboxRow | VolatileAlert] = {}
+        self._outstanding: dict[tuple[str, int], int] = {}
         self._unsaved: list[tuple[OutboxRow, float, float]] = []
         #: Rows to dead-letter (too large, or rejected by the broker) with the reason.
         self._rejected: list[tuple[OutboxRow, str]] = []
@@ -256,7 +263,7 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
             client.username_pw_set(self.config.username, self._password)
         if self.config.tls:
             client.tls_set_context(tls_context(self.config))
-        client.will_set(self.availability_topic, "offline", qos=1, retain=True)
+        client.will_set(self.availability_topic, "offline", qos=1, retain=self.retain)
         client.reconnect_delay_set(max(1, math.ceil(self.config.reconnect_min_s)),
                                    max(1, math.ceil(self.config.reconnect_max_s)))
         client.max_inflight_messages_set(self.config.max_inflight)
@@ -296,6 +303,52 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
         self._connect_client()
 
     # -- public API -----------------------------------------------------------------------------
+
+    def topics_for(self, item: OutboxRow | VolatileAlert) -> tuple[str, ...]:
+        """The topics an outbox row goes to: every event to ``<base>/<stream>/events``; a
+        ``raised`` event (and a schema-1 row stored before lifecycles) first to the
+        deprecated ``<base>/alerts`` as well."""
+        events = self.events_topic(item.stream)
+        try:
+            event = json.loads(item.payload).get("event", "raised")
+        except (ValueError, AttributeError):
+            event = "raised"
+        return (self.alerts_topic, events) if event == "raised" else (events,)
+
+    def events_topic(self, stream: str) -> str:
+        """``<prefix>/<device>/<stream>/events``: every lifecycle event of ``stream``."""
+        return f"{self.base_topic}/{stream}/events"
+
+    def state_topic(self, stream: str) -> str:
+        """``<prefix>/<device>/<stream>/state``: the stream's present state, retained."""
+        return f"{self.base_topic}/{stream}/state"
+
+    @property
+    def generation(self) -> int:
+        """Incremented on every successful connect (a state publisher sends everything again)."""
+        with self._state_lock:
+            return self._generation
+
+    def publish_latest(self, topic: str, payload: bytes) -> str:
+        """Publish a "latest value" message (QoS 1, retained when the broker takes it), not
+        through the outbox: nothing is kept for it when the connection is down.
+
+        Returns:
+            ``"published"`` (handed to paho retained), ``"retain_refused"`` (sent without
+            retain: the broker takes no retained messages; an empty payload, a removal, is
+            then not sent at all) or ``"skipped"`` (not connected, or paho refused it).
+        """
+        with self._state_lock:
+            connected = self._connected
+        if not connected:
+            return "skipped"
+        client, retain = self._client, self.retain
+        if not retain and not payload:
+            return "retain_refused"
+        info = client.publish(topic, payload, qos=1, retain=retain)
+        if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
+            return "skipped"
+        return "published" if retain else "retain_refused"
 
     @property
     def connected(self) -> bool:

@@ -41,6 +41,11 @@ Version 5 (watched camera folders):
     camera_files: one row per stream and file of a watched folder already scored
                  (:mod:`agent.store.camera_files`): ``name`` (BLOB: the name's bytes relative
                  to the folder), ``size`` (bytes), ``mtime_ns`` and ``scored_at`` (epoch s).
+
+Version 6 (alert lifecycle):
+    episodes:    one row per stream with an episode raised and not yet cleared
+                 (:mod:`agent.store.episodes`): ``episode_id``, ``peak_score``, ``reported_ts``
+                 (stream time of its last report, epoch s) and ``opened_at`` (epoch s).
 """
 
 from __future__ import annotations
@@ -180,6 +185,18 @@ MIGRATIONS: tuple[Migration, ...] = (
             mtime_ns  INTEGER NOT NULL,
             scored_at REAL    NOT NULL,
             PRIMARY KEY (stream, name)
+        )
+        """,
+    ),
+    # 5 -> 6: open alert episodes, so a restart still clears them.
+    (
+        """
+        CREATE TABLE episodes (
+            stream      TEXT PRIMARY KEY,
+            episode_id  TEXT NOT NULL,
+            peak_score  REAL NOT NULL,
+            reported_ts REAL NOT NULL,
+            opened_at   REAL NOT NULL
         )
         """,
     ),

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -96,6 +96,10 @@ class AlertOut(_Out):
     model_version: int
     payload: dict[str, Any]
     received_at: dt.datetime
+    event: Literal["raised", "updated", "cleared"] = Field(
+        "raised", description="The episode event this record is (payload schema 2; a schema-1 "
+        "alert is 'raised').")
+    episode_id: str = Field("", description="The id of the episode's 'raised' record.")
 
 
 class AggregatePage(_Out):
