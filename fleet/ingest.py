@@ -400,8 +400,9 @@ def _alert_row(record: AlertRecord, received_at: dt.datetime) -> dict[str, Any]:
         "raised_at": parse_utc(body.raised_at, "body.raised_at"),
         "model_name": body.model.name,
         "model_version": body.model.version,
-        # as sent: no "source": null (or "frame": null) added to alerts without one
-        "payload": body.model_dump(mode="json", by_alias=True, exclude_none=True),
+        # as sent: no "source": null (or "frame": null), no default "event" added
+        "payload": body.model_dump(mode="json", by_alias=True, exclude_none=True,
+                                   exclude_unset=True),
         "received_at": received_at,
     }
 

@@ -223,8 +223,8 @@ class OutboxDrain:
         acked.update(row.id for row, _ in self._rejected)
         held_rows = {m.id for m in self._mids.values() if not isinstance(m, VolatileAlert)}
         held_vol = {m.n for m in self._mids.values() if isinstance(m, VolatileAlert)}
-        while len(window) < self.config.max_inflight:
-            room = self.config.max_inflight - len(window)
+        while self._in_flight(window) < self.config.max_inflight:
+            room = self.config.max_inflight - self._in_flight(window)
             try:
                 rows = self._store.pending_alerts(room, after_id=cursor[0])
             except StoreError as exc:
@@ -277,6 +277,11 @@ class OutboxDrain:
                 if no_conn:
                     return cursor
         return cursor
+
+    def _in_flight(self, window: set[int]) -> int:
+        """Alerts (rows, volatile alerts) with a message in flight: a ``raised`` event has
+        two messages (:meth:`topics_for`) and counts once against ``max_inflight``."""
+        return len({_key(self._mids[m]) for m in window if m in self._mids})
 
     def _oversized(self, item: OutboxRow | VolatileAlert, reason: str) -> None:
         """An alert that fits no limit even reduced: dead-lettered (a stored row) or lost

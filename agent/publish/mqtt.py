@@ -266,7 +266,9 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
         client.will_set(self.availability_topic, "offline", qos=1, retain=self.retain)
         client.reconnect_delay_set(max(1, math.ceil(self.config.reconnect_min_s)),
                                    max(1, math.ceil(self.config.reconnect_max_s)))
-        client.max_inflight_messages_set(self.config.max_inflight)
+        # two messages per raised event (alerts topic and events topic): paho must not hold
+        # back the second one of an alert the drain counts as in flight
+        client.max_inflight_messages_set(2 * self.config.max_inflight)
         client.on_connect = self._on_connect
         client.on_connect_fail = self._on_connect_fail
         client.on_disconnect = self._on_disconnect

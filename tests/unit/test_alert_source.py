@@ -153,9 +153,10 @@ def _alert(origin: FrameOrigin | None = None, **kw: Any) -> Alert:
                  1714564801.0, 1714564801.02, (TopChannel("temp", 0.75),), origin=origin, **kw)
 
 
-#: The schema-1 payload of a sensor alert as it was before ``source`` existed (byte for byte).
+#: The payload of a sensor alert without ``source`` (byte for byte): schema 2, the schema-1
+#: keys after the lifecycle keys.
 SENSOR_PAYLOAD = (
-    '{"schema":1,"alert_id":"gw1:pump1:42","device_id":"gw1","stream":"pump1","seq":42,'
+    '{"schema":2,"event":"raised","episode_id":"gw1:pump1:42","alert_id":"gw1:pump1:42","device_id":"gw1","stream":"pump1","seq":42,'
     '"model":{"name":"ae","version":3},"score":2.51,"threshold":1.0,'
     '"window_start":"2024-05-01T12:00:00.000Z","window_end":"2024-05-01T12:00:01.000Z",'
     '"raised_at":"2024-05-01T12:00:01.020Z","top_channels":[{"channel":"temp","contribution":0.75}]}'

@@ -118,8 +118,19 @@ class FakeClient:
         self.on_connect_fail(self, None)
 
     def ack(self, mid: int) -> None:
+        """Acknowledge ``mid`` and, for an alert on the alerts topic, its copy on the
+        stream's events topic (a broker acknowledges every message)."""
         assert self.on_publish is not None
+        with self.lock:
+            sent = {m: (t, p) for m, t, p, _, _ in self.published}
         self.on_publish(self, None, mid, ReasonCode(PacketTypes.PUBACK, "Success"), None)
+        topic, payload = sent.get(mid, ("", b""))
+        if topic == ALERTS:
+            for m, (t, p) in sent.items():
+                if m > mid and t.endswith("/events") and p == payload:
+                    self.on_publish(self, None, m, ReasonCode(PacketTypes.PUBACK, "Success"),
+                                    None)
+                    break
 
     def alert_publishes(self) -> list[tuple[int, str]]:
         with self.lock:
@@ -190,7 +201,7 @@ def test_construction_configures_the_client(rig: Rig) -> None:
     assert c.kwargs["client_id"] == "edge-agent-gw1"
     assert c.kwargs["protocol"] == paho.MQTTv5 and "clean_session" not in c.kwargs
     assert c.will == (AVAIL, "offline", 1, True)
-    assert "max_inflight(3)" in c.calls
+    assert "max_inflight(6)" in c.calls  # max_inflight = 3 alerts, two messages per raised
     assert "reconnect_delay_set(1,30)" in c.calls
     assert rig.pub.alerts_topic == ALERTS
     rig.pub.start()
