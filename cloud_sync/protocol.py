@@ -157,7 +157,7 @@ class AlertBody(_Wire):
     """
 
     schema_: Literal[1, 2] = Field(alias="schema")
-    event: AlertEvent = "raised"
+    event: AlertEvent | None = Field(None, description="None (schema 1): raised.")
     episode_id: str | None = Field(None, pattern=ID_PATTERN)
     peak_score: float | None = None
     alert_id: str = Field(pattern=ID_PATTERN)

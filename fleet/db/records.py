@@ -193,7 +193,7 @@ class RecordStore:
         for row in rows:
             payload = row.get("payload")
             body = payload if isinstance(payload, dict) else {}
-            row["event"] = body.get("event", "raised")
+            row["event"] = body.get("event") or "raised"
             row["episode_id"] = body.get("episode_id") or row["id"]
         return rows
 
