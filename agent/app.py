@@ -686,6 +686,7 @@ class Agent:
                 event=event.kind,
                 episode_id=plan.episode_id,
                 peak_score=event.peak_score,
+                reason=event.reason,
             )
 
         # A refused alert goes over MQTT from memory (or is counted lost): agent.publish.keeper.
@@ -760,6 +761,10 @@ class Agent:
                 break
             self._drain_once(timeout=0.0)
         for s in self.streams.values():
+            if s.supervisor.done and s.supervisor.error is None:  # a recorded input ended
+                ended = s.pipeline.end_of_input()
+                if ended is not None:
+                    self._raise(s, ended)
             for agg in s.pipeline.flush():
                 self._write_aggregate(agg)
         for c in self.cameras.values():

@@ -240,6 +240,8 @@ class Alert:
             own ``alert_id``, which is what a ``raised`` event carries).
         peak_score: The episode's largest score so far (``updated``, ``cleared``); None on
             ``raised`` (its ``score`` is the peak so far).
+        reason: On ``cleared``: ``recovered`` (the hysteresis ended the episode) or
+            ``end_of_input`` (a recorded input ended while it was open); else None.
     """
 
     alert_id: str
@@ -259,12 +261,14 @@ class Alert:
     event: AlertEventKind = "raised"
     episode_id: str | None = None
     peak_score: float | None = None
+    reason: str | None = None
 
     def to_payload(self) -> dict[str, object]:
         """Return the documented JSON payload (schema version 2) for MQTT and the fleet.
 
-        Schema 2 is schema 1 plus ``event`` and ``episode_id`` (always) and ``peak_score``
-        (``updated`` and ``cleared`` only): docs/mqtt.md, "Alert lifecycle". ``window_*``,
+        Schema 2 is schema 1 plus ``event`` and ``episode_id`` (always), ``peak_score``
+        (``updated`` and ``cleared``) and ``reason`` (``cleared``): docs/mqtt.md, "Alert
+        lifecycle". ``window_*``,
         ``score`` and ``threshold`` are those of the window the event is about (the
         clearing window for ``cleared``); ``raised_at`` is when the event was produced.
         ``source`` (optional) is present only on events of recorded camera inputs,
@@ -291,6 +295,8 @@ class Alert:
         }
         if self.peak_score is not None:
             payload["peak_score"] = round(float(self.peak_score), 6)
+        if self.reason is not None:
+            payload["reason"] = self.reason
         if self.origin is not None:
             payload["source"] = self.origin.to_payload()
         if self.explanation is not None:

@@ -160,6 +160,7 @@ class AlertBody(_Wire):
     event: AlertEvent | None = Field(None, description="None (schema 1): raised.")
     episode_id: str | None = Field(None, pattern=ID_PATTERN)
     peak_score: float | None = None
+    reason: Literal["recovered", "end_of_input"] | None = None
     alert_id: str = Field(pattern=ID_PATTERN)
     device_id: str = Field(pattern=NAME_PATTERN)
     stream: str = Field(pattern=NAME_PATTERN)

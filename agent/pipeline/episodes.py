@@ -98,6 +98,15 @@ class Lifecycle:
             return "updated"
         return None
 
+    def end(self) -> bool:
+        """The input ended (a recorded file read to its end): close the open episode without
+        the hysteresis; True when one was open (the caller sends its ``cleared``)."""
+        if not self.open:
+            return False
+        self.open = False
+        self.rules.active = False
+        return True
+
     def resume(self, peak: float, reported_ts: float) -> None:
         """Continue an episode that was open before a restart (its stored peak and the stream
         time of its last report); a no-op when the rules have no episodes."""

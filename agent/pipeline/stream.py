@@ -86,6 +86,9 @@ class AlertEvent:
         kind: The episode event (:mod:`agent.pipeline.episodes`): ``raised``, ``updated``
             or ``cleared``; the window fields are those of the window that made it.
         peak_score: The episode's largest score so far (``updated`` and ``cleared``).
+        reason: Why a ``cleared`` event ended its episode: ``recovered`` (the hysteresis)
+            or ``end_of_input`` (a recorded input ended with the episode open); None for the
+            other events.
     """
 
     stream: str
@@ -99,6 +102,7 @@ class AlertEvent:
     explanation: Explanation | None = None
     kind: Transition = "raised"
     peak_score: float | None = None
+    reason: str | None = None
 
 
 @dataclass(slots=True)
@@ -190,6 +194,8 @@ class StreamPipeline:
         self.clock = StepDetector()
         # added to window end times for the alert rules: minus the sum of the steps so far
         self._rule_offset = 0.0
+        #: The last scored window: (start, end, score, received_mono), for end_of_input.
+        self._last_window: tuple[float, float, float, float] | None = None
 
     @property
     def calibrating(self) -> bool:
@@ -300,13 +306,27 @@ class StreamPipeline:
                     event = self._event(batch, int(i), scored.scores[j],
                                         scored.contributions[j], received_mono)
                     if kind != "raised":
-                        event = replace(event, kind=kind, peak_score=self.lifecycle.peak)
+                        event = replace(event, kind=kind, peak_score=self.lifecycle.peak,
+                                        reason="recovered" if kind == "cleared" else None)
                     else:
                         out.alerts.append(event)
                         alerts += 1
                     out.events.append(event)
         self.aggregator.add_scores(scores, alerts)
+        if live.any():
+            k = int(np.flatnonzero(live)[-1])
+            self._last_window = (float(batch.start_ts[k]), float(batch.end_ts[k]),
+                                 float(scores[k]), received_mono)
         return batch.end_index, scores
+
+    def end_of_input(self) -> AlertEvent | None:
+        """The input ended with an episode open (a recorded file read to its end): its
+        ``cleared`` event (reason ``end_of_input``, the last scored window), else None."""
+        if self._last_window is None or not self.lifecycle.end():
+            return None
+        start, end, score, mono = self._last_window
+        return AlertEvent(self.stream, score, self.threshold, start, end, (), mono,
+                          kind="cleared", peak_score=self.lifecycle.peak, reason="end_of_input")
 
     def _finite(self, scored: ScoredBatch, windows: Float32Array, out: StreamOutput) -> ScoredBatch:
         """Non-finite scores become OFF_SCALE (counted); such a window's contributions are each

@@ -148,7 +148,7 @@ def _array(column: tuple[Any, ...]) -> str:
 
 
 #: Keys of an alert payload that schema 1 does not have (:meth:`agent.records.Alert.to_payload`).
-_LIFECYCLE_KEYS = ("event", "episode_id", "peak_score")
+_LIFECYCLE_KEYS = ("event", "episode_id", "peak_score", "reason")
 
 
 def schema1_alert(row: WireRow) -> WireRow | None:
