@@ -303,7 +303,8 @@ def check_payload(alert: dict[str, Any]) -> None:
     assert set(alert) == {
         "schema", "event", "episode_id", "alert_id", "device_id", "stream", "seq", "model",
         "score", "threshold", "window_start", "window_end", "raised_at", "top_channels",
-    } | ({"peak_score"} if alert.get("event") in ("updated", "cleared") else set()), alert
+    } | ({"peak_score"} if alert.get("event") in ("updated", "cleared") else set()) | (
+        {"reason"} if alert.get("event") == "cleared" else set()), alert
     assert alert["schema"] == 2
     assert alert["event"] in ("raised", "updated", "cleared")
     assert alert["device_id"] == DEVICE
