@@ -3,11 +3,22 @@
 Topics (``<prefix>`` is ``mqtt.topic_prefix``, default ``edge``; ``<device_id>`` is
 ``agent.device_id``):
 
-``<prefix>/<device_id>/alerts``
-    One message per alert, QoS 1, not retained. The payload is ``Alert.to_payload()`` (schema
-    version 1) as compact JSON, UTF-8::
+``<prefix>/<device_id>/<stream>/events``
+    Every episode event of the stream (``raised``, ``updated``, ``cleared``; docs/mqtt.md,
+    "Alert lifecycle"), QoS 1, not retained, from the outbox like the alerts below.
 
-        {"schema": 1, "alert_id": "gw1:pump1:42", "device_id": "gw1", "stream": "pump1",
+``<prefix>/<device_id>/<stream>/state``
+    The stream's present state, retained, QoS 1, not through the outbox
+    (:mod:`agent.publish.state`, :meth:`MqttPublisher.publish_latest`).
+
+``<prefix>/<device_id>/alerts`` (deprecated)
+    One message per ``raised`` event, QoS 1, not retained; the same payload also goes to the
+    stream's events topic and the row leaves the outbox when both are acknowledged
+    (:meth:`MqttPublisher.topics_for`). The payload is ``Alert.to_payload()`` (schema 2: the
+    keys of schema 1 below, plus ``event`` and ``episode_id``) as compact JSON, UTF-8::
+
+        {"schema": 2, "event": "raised", "episode_id": "gw1:pump1:42",
+         "alert_id": "gw1:pump1:42", "device_id": "gw1", "stream": "pump1",
          "seq": 42, "model": {"name": "ae", "version": 3}, "score": 2.51, "threshold": 1.0,
          "window_start": "2024-05-01T12:00:00.000Z", "window_end": "2024-05-01T12:00:01.000Z",
          "raised_at": "2024-05-01T12:00:01.020Z",
@@ -31,7 +42,9 @@ Topics (``<prefix>`` is ``mqtt.topic_prefix``, default ``edge``; ``<device_id>``
 ``<prefix>/<device_id>/availability``
     Retained, QoS 1: ``online`` after every connect; ``offline`` on a clean stop, and as the
     last will, which the broker publishes when the connection dies uncleanly (crash, power cut,
-    network loss past 1.5 x keepalive).
+    network loss past 1.5 x keepalive). Not retained once the broker said it takes no
+    retained messages (MQTT 5 CONNACK "Retain not supported" 0x9A, or Retain Available 0; a
+    new client without the retained will is started) or with ``mqtt.retain = false``.
 
 Delivery guarantee (what consumers may rely on):
     * at least once: an alert is marked published in the store only when the broker's PUBACK
