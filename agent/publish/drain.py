@@ -70,9 +70,10 @@ class OutboxDrain:
     _tracked: collections.OrderedDict[str, float]
     _track_lock: threading.Lock
     _mids: dict[int, OutboxRow | VolatileAlert]
-    #: Per row (``("r", id)``) or volatile alert (``("v", n)``): PUBACKs still awaited, one per
-    #: topic it went to (:meth:`topics_for`); it is published when the last one arrives.
-    _outstanding: dict[tuple[str, int], int]
+    #: Per row (``("r", id)``) or volatile alert (``("v", n)``): the mids of its latest sending
+    #: not acknowledged yet, one per topic (:meth:`topics_for`); it is published when the last
+    #: one is acknowledged, refused when any one is refused.
+    _outstanding: dict[tuple[str, int], set[int]]
     _unsaved: list[tuple[OutboxRow, float, float]]
     _rejected: list[tuple[OutboxRow, str]]
     _guard: ProgressGuard
@@ -134,7 +135,7 @@ class OutboxDrain:
                     cursor = (0, 0)
                 if connected and not self._stopping.is_set():
                     cursor = self._fill(window, cursor, generation)
-                    self._check_progress(len(window))
+                    self._check_progress(self._in_flight(window))
                 self._update_stats()
             except StoreError as exc:
                 self._store_trouble(exc)
@@ -259,7 +260,7 @@ class OutboxDrain:
                     self._limited(logging.WARNING, "reduced", "alert %s: %s; sent in its "
                                   "reduced form", item.alert_id, verdict.reason)
                 topics = self.topics_for(item)
-                self._outstanding[_key(item)] = len(topics)
+                sent = self._outstanding[_key(item)] = set()
                 no_conn = False
                 for topic in topics:
                     info = self._client.publish(topic, verdict.payload, qos=1, retain=False)
@@ -270,6 +271,7 @@ class OutboxDrain:
                         return cursor
                     # paho holds the message even on NO_CONN and re-sends it after reconnecting.
                     self._mids[info.mid] = item
+                    sent.add(info.mid)
                     window.add(info.mid)
                     no_conn = no_conn or info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN
                 cursor = ((cursor[0], item.n) if isinstance(item, VolatileAlert)
@@ -306,15 +308,17 @@ class OutboxDrain:
             row = self._mids.pop(mid, None)
             if row is None:
                 continue  # availability message, or a duplicate of a row already acknowledged
-            if reason.is_failure:
-                self._outstanding.pop(_key(row), None)
+            current = self._outstanding.get(_key(row))
+            if current is None or mid not in current:
+                continue  # a message of an earlier sending of this alert (refused, re-sent)
+            if reason.is_failure:  # once per alert and sending, whichever message it was
+                del self._outstanding[_key(row)]
                 self._broker_rejected(row, reason)
                 continue
-            left = self._outstanding.get(_key(row), 1) - 1
-            if left > 0:  # a raised event: its other topic is not acknowledged yet
-                self._outstanding[_key(row)] = left
+            current.discard(mid)
+            if current:  # a raised event: its other topic is not acknowledged yet
                 continue
-            self._outstanding.pop(_key(row), None)
+            del self._outstanding[_key(row)]
             if isinstance(row, VolatileAlert):
                 if self.volatile.ack(row.n):
                     self._metrics.mqtt_published_total.inc()

@@ -233,7 +233,7 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
         self._track_lock = threading.Lock()
         # Owned by the drain thread (and by stop() once that thread has ended).
         self._mids: dict[int, OutboxRow | VolatileAlert] = {}
-        self._outstanding: dict[tuple[str, int], int] = {}
+        self._outstanding: dict[tuple[str, int], set[int]] = {}
         self._unsaved: list[tuple[OutboxRow, float, float]] = []
         #: Rows to dead-letter (too large, or rejected by the broker) with the reason.
         self._rejected: list[tuple[OutboxRow, str]] = []
