@@ -278,3 +278,52 @@ def test_a_broker_that_refuses_retained_messages_still_gets_every_alert(
     m = run.agent.metrics.registry
     assert (m.get_sample_value("edge_agent_mqtt_state_total",
                                {"result": "retain_refused"}) or 0) > 0
+
+
+def _two_streams(tmp_path: Path, port: int, streams: tuple[str, ...]) -> str:
+    text = f"""
+[agent]
+device_id = "gw1"
+state_dir = "{tmp_path / 'state'}"
+console_alerts = false
+[mqtt]
+enabled = true
+host = "127.0.0.1"
+port = {port}
+keepalive_s = 5
+reconnect_min_s = 1
+reconnect_max_s = 1
+"""
+    for name in streams:
+        text += f"""
+[[streams]]
+name = "{name}"
+model = "builtin:skab-wstat"
+[streams.source]
+kind = "simulator"
+"""
+    return text
+
+
+def test_a_stream_removed_by_a_reload_loses_its_retained_state(
+    tmp_path: Path, mosquitto: MosquittoBroker, subscribers: Callable[..., Subscriber],
+) -> None:
+    both = parse_config(_two_streams(tmp_path, mosquitto.port, ("pump", "fan")),
+                        env={}).resolved(tmp_path)
+    kept = parse_config(_two_streams(tmp_path, mosquitto.port, ("pump",)),
+                        env={}).resolved(tmp_path)
+    sub = subscribers(mosquitto, ["edge/gw1/+/state"])
+    agent = Agent(both, sources={"pump": SteeredSource("pump"), "fan": SteeredSource("fan")},
+                  reload=lambda: kept)
+    run = Running(agent)
+    fan = "edge/gw1/fan/state"
+    wait_until(lambda: sub.messages(fan) != [] and sub.messages(STATE) != [], 30,
+               "both states")
+    agent.request_reload()
+    run.thread.join(30)
+    assert not run.thread.is_alive() and agent.next_config is kept
+    wait_until(lambda: sub.messages(fan)[-1].payload == b"", 10, "the removal of fan's state")
+    late = subscribers(mosquitto, ["edge/gw1/+/state"])
+    wait_until(lambda: late.messages(STATE) != [], 10, "pump's retained state")
+    time.sleep(0.5)  # retained messages come right after the SUBACK, before this
+    assert late.messages(fan) == []
