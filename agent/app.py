@@ -65,6 +65,7 @@ from agent.logs import ALWAYS, reset_rate_limits, setup_logging
 from agent.metrics import Metrics
 from agent.monitor import Monitor, WatchedCamera, WatchedSource
 from agent.pipeline.detector import Calibration, FeatureDeviationDetector
+from agent.pipeline.episodes import UpdateParams
 from agent.pipeline.restore import CalibrationKey, StoredCalibration, calibration_key, refusal
 from agent.pipeline.rules import RuleParams
 from agent.pipeline.stream import AlertEvent, StreamPipeline
@@ -77,10 +78,12 @@ from agent.preflight import preflight
 from agent.publish.homeassistant import HomeAssistantDiscovery
 from agent.publish.keeper import AlertKeeper
 from agent.publish.mqtt import MqttPublisher
+from agent.publish.state import StatePublisher
 from agent.publish.stream_state import StateBoard
 from agent.records import Aggregate, Alert, Float32Array, Reading, iso_utc
 from agent.secret_files import private_umask, secure_state
 from agent.services.camera import CameraStream, build_camera_stream
+from agent.services.episode_book import EpisodeBook, recorded_identity
 from agent.services.fleet_transport import session_for
 from agent.services.health_reporter import HealthReporter, summarize
 from agent.services.model_slot import ModelSlot
@@ -94,6 +97,7 @@ from agent.services.package_guard import (
 )
 from agent.services.samples import SampleCollector, SampleUploader, config_hash
 from agent.services.snapshot_service import SnapshotService, build_snapshots
+from agent.services.stream_feed import StateFeed
 from agent.services.supervisor import SourceSupervisor
 from agent.services.updater import StreamHandle, Updater
 from agent.services.uploader import Uploader, read_token
@@ -237,8 +241,8 @@ class Agent:
             self.publisher = MqttPublisher(
                 config.mqtt, self.store, config.agent.device_id, self.metrics, clock=clock
             )
-        #: The present state of every stream, for the MQTT consumers below.
-        self.board = board if board is not None else StateBoard()
+        #: The present state of every stream (retained state, Home Assistant, Sparkplug B).
+        self.board = board if board is not None else StateBoard(log)
         names = [sc.name for sc in config.streams]
         self.discovery: HomeAssistantDiscovery | None = None
         if self.publisher is not None:  # also when disabled: it removes what it had published
@@ -283,6 +287,7 @@ class Agent:
         self.health_reporter: HealthReporter | None = None
         if self.uploader is not None and config.fleet.health_interval_s > 0:
             self.health_reporter = _build_health_reporter(self)
+        self._lifecycle_setup(config)
         self.alerts_raised = 0
         self.aggregates_written = 0
         self.aggregates_dropped = 0
@@ -311,6 +316,31 @@ class Agent:
         )
 
     # -- construction ---------------------------------------------------------------------------
+
+    def _lifecycle_setup(self, config: AgentConfig) -> None:
+        """Episode updates, open episodes of the last run, the state board and its publisher."""
+        # self.board (built with the MQTT consumers) is fed from here
+        self.feed = StateFeed(self.board, self.metrics, self.clock)
+        self.episodes = EpisodeBook({sc.name: recorded_identity(sc.source)
+                                     for sc in config.streams})
+        lifecycles = {n: s.pipeline.lifecycle for n, s in self.streams.items()}
+        lifecycles.update({n: c.pipeline.lifecycle for n, c in self.cameras.items()})
+        for sc in config.streams:
+            lifecycles[sc.name].params = UpdateParams(sc.rules.update_ratio,
+                                                      sc.rules.update_interval_s)
+        self.episodes.restore(self.store, lifecycles)
+        for n, s in self.streams.items():
+            m = s.package.manifest
+            self.feed.add(n, "sensor", m.name, m.version, s.pipeline.threshold,
+                          self.episodes.open.get(n))
+        for n, c in self.cameras.items():
+            im = c.package.manifest
+            self.feed.add(n, "camera", im.name, im.version, c.pipeline.threshold,
+                          self.episodes.open.get(n))
+        self.state_publisher: StatePublisher | None = None
+        if self.publisher is not None and config.mqtt.state:
+            self.state_publisher = StatePublisher(self.board, self.publisher, self.metrics,
+                                                  config.mqtt.state_interval_s)
 
     def _build_stream(self, sc: StreamConfig, source: Source | None = None) -> _Stream:
         if isinstance(sc.source, CameraConfig):  # built by build_camera_stream instead
@@ -505,6 +535,8 @@ class Agent:
             self.publisher.start()
         if self.sparkplug is not None:
             self.sparkplug.start()
+        if self.state_publisher is not None:
+            self.state_publisher.start()
         if self.uploader is not None:
             self.uploader.start()
         if self.updater is not None:
@@ -570,7 +602,11 @@ class Agent:
 
     def _heartbeat(self) -> None:
         self.metrics.queue_depth.set(self.queue.qsize())
-        self.monitor.tick(self.alerts_raised)
+        report = self.monitor.tick(self.alerts_raised)
+        for n, c in self.cameras.items():  # cameras score in their own threads
+            self.feed.scored(n, c.last_score, c.pipeline.threshold)
+        self.feed.health({comp.name.removeprefix("source:"): comp.state
+                          for comp in report.components if comp.name.startswith("source:")})
 
     def _drain_once(self, timeout: float) -> None:
         self._drain_images()
@@ -643,7 +679,12 @@ class Agent:
                 self.metrics.read_to_score_seconds.labels(stream=name).observe(
                     time.monotonic() - mono
                 )
-        for event in out.alerts:
+        finite = out.scores[np.isfinite(out.scores)]
+        m = s.package.manifest
+        self.feed.scored(name, float(finite[-1]) if finite.size else None, out.threshold,
+                         model_name=m.name, model_version=m.version,
+                         skipping=s.pipeline.windower.hop > s.pipeline.spec.hop)
+        for event in out.events:
             self._raise(s, event)
         for agg in out.aggregates:
             self._write_aggregate(agg)
@@ -664,10 +705,16 @@ class Agent:
                 self._write_aggregate(item)
 
     def _raise(self, s: _Stream | CameraStream, event: AlertEvent) -> None:
+        """Store one episode event (raised, updated, cleared) and hand it on."""
         device = self.config.agent.device_id
         m = s.package.manifest
+        episodic = (s.pipeline.rules.params.clear_windows > 0)
+        plan = self.episodes.plan(event, episodic)
+        if plan is None:
+            return
+        # a camera's raised event carries a snapshot of its frame (not updated / cleared)
         snaps = (self.snapshots if isinstance(s, CameraStream) and event.frame is not None
-                 else None)
+                 and event.kind == "raised" else None)
 
         def make(seq: int) -> Alert:
             return Alert(
@@ -685,16 +732,25 @@ class Agent:
                 top_channels=event.top_channels,
                 origin=event.origin,
                 explanation=event.explanation,
+                event=event.kind,
+                episode_id=plan.episode_id,
+                peak_score=event.peak_score,
+                reason=event.reason,
                 snapshot=(None if snaps is None
                           else snaps.ref(event.stream, f"{device}:{event.stream}:{seq}")),
             )
 
         # A refused alert goes over MQTT from memory (or is counted lost): agent.publish.keeper.
-        alert, stored = self.keeper.add(event.stream, make)
+        alert, stored = self.keeper.add(event.stream, make, plan.mark, plan.seq)
         if alert is None:
             return
-        self.alerts_raised += 1
-        self.metrics.alerts_total.labels(stream=event.stream).inc()
+        self.episodes.stored(event, alert.alert_id, plan)
+        if plan.mark.open or plan.mark.close:
+            self.feed.episode(event.stream, self.episodes.open.get(event.stream))
+        self.metrics.alert_events_total.labels(stream=event.stream, event=event.kind).inc()
+        if event.kind == "raised":
+            self.alerts_raised += 1
+            self.metrics.alerts_total.labels(stream=event.stream).inc()
         if snaps is not None and isinstance(s, CameraStream):
             snaps.submit(alert, event, s)
         if self.publisher is not None:
@@ -759,6 +815,10 @@ class Agent:
                 break
             self._drain_once(timeout=0.0)
         for s in self.streams.values():
+            if s.supervisor.done and s.supervisor.error is None:  # a recorded input ended
+                ended = s.pipeline.end_of_input()
+                if ended is not None:
+                    self._raise(s, ended)
             for agg in s.pipeline.flush():
                 self._write_aggregate(agg)
         for c in self.cameras.values():
@@ -766,6 +826,13 @@ class Agent:
             for agg in c.flush():
                 self.image_events.put(agg)
         self._drain_images()
+        if self.next_config is not None:  # a reload: streams leaving the config lose their state
+            kept = {sc.name for sc in self.next_config.streams}
+            for name in sorted(set(self.streams) | set(self.cameras)):
+                if name not in kept:
+                    self.board.remove(name)
+        if self.state_publisher is not None:
+            self.state_publisher.stop()
         if self.snapshots is not None:
             self.snapshots.stop()
         if self.sparkplug is not None:  # its NDEATH before the alerts' 'offline'

@@ -170,6 +170,33 @@ class Metrics:
         self.threshold = Gauge(
             "edge_agent_threshold", "Score threshold in force.", ["stream"], registry=r
         )
+        # per stream, for plotting score against threshold (agent.services.stream_feed)
+        self.stream_score = Gauge(
+            "edge_agent_stream_score",
+            "The last scored window's score (model units; not set before the first).",
+            ["stream"], registry=r,
+        )
+        self.stream_threshold = Gauge(
+            "edge_agent_stream_threshold",
+            "The threshold in force, model units (not set while calibrating).",
+            ["stream"], registry=r,
+        )
+        self.stream_anomaly_active = Gauge(
+            "edge_agent_stream_anomaly_active",
+            "1 while an alert episode of the stream is open (raised, not yet cleared).",
+            ["stream"], registry=r,
+        )
+        self.alert_events_total = Counter(
+            "edge_agent_alert_events_total",
+            "Episode events stored in the outbox, by event (raised, updated, cleared).",
+            ["stream", "event"], registry=r,
+        )
+        self.mqtt_state_total = Counter(
+            "edge_agent_mqtt_state_total",
+            "Retained stream-state messages: published, retain_refused (the broker takes no "
+            "retained messages: sent without retain), skipped (not connected).",
+            ["result"], registry=r,
+        )
         self.queue_depth = Gauge(
             "edge_agent_queue_depth", "Readings waiting for the pipeline.", registry=r
         )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -236,6 +236,14 @@ class Explanation:
                 "deviation_sigma": round(self.deviation_sigma, 4)}
 
 
+#: Version of the alert payload (:meth:`Alert.to_payload`); 1 had no lifecycle keys.
+ALERT_SCHEMA = 2
+
+AlertEventKind = Literal["raised", "updated", "cleared"]
+#: The lifecycle events of an episode, in the order they can happen.
+EVENTS: tuple[AlertEventKind, ...] = ("raised", "updated", "cleared")
+
+
 @dataclass(frozen=True, slots=True)
 class Alert:
     """An anomaly alert, as stored in the outbox and published over MQTT.
@@ -260,6 +268,15 @@ class Alert:
             ``explanation`` key).
         snapshot: A camera alert's snapshot (id and retained topics); None for sensor streams
             and cameras without snapshots (the payload then has no ``snapshot`` key).
+        event: The episode's lifecycle event this record is (:data:`EVENTS`): ``raised``
+            (the episode starts: what schema 1 called an alert), ``updated`` (its peak score
+            rose), ``cleared`` (the hysteresis ended it).
+        episode_id: The ``alert_id`` of the episode's ``raised`` event (None: this record's
+            own ``alert_id``, which is what a ``raised`` event carries).
+        peak_score: The episode's largest score so far (``updated``, ``cleared``); None on
+            ``raised`` (its ``score`` is the peak so far).
+        reason: On ``cleared``: ``recovered`` (the hysteresis ended the episode) or
+            ``end_of_input`` (a recorded input ended while it was open); else None.
     """
 
     alert_id: str
@@ -277,15 +294,26 @@ class Alert:
     origin: FrameOrigin | None = None
     explanation: Explanation | None = None
     snapshot: SnapshotRef | None = None
+    event: AlertEventKind = "raised"
+    episode_id: str | None = None
+    peak_score: float | None = None
+    reason: str | None = None
 
     def to_payload(self) -> dict[str, object]:
-        """Return the documented JSON payload (schema version 1) for MQTT and the fleet.
+        """Return the documented JSON payload (schema version 2) for MQTT and the fleet.
 
-        ``source`` (optional, additive) is present only on alerts of recorded camera inputs,
-        ``explanation`` (optional, additive) only on alerts of univariate streams.
+        Schema 2 is schema 1 plus ``event`` and ``episode_id`` (always), ``peak_score``
+        (``updated`` and ``cleared``) and ``reason`` (``cleared``): docs/mqtt.md, "Alert
+        lifecycle". ``window_*``,
+        ``score`` and ``threshold`` are those of the window the event is about (the
+        clearing window for ``cleared``); ``raised_at`` is when the event was produced.
+        ``source`` (optional) is present only on events of recorded camera inputs,
+        ``explanation`` (optional) only on events of univariate streams.
         """
         payload: dict[str, object] = {
-            "schema": 1,
+            "schema": ALERT_SCHEMA,
+            "event": self.event,
+            "episode_id": self.episode_id or self.alert_id,
             "alert_id": self.alert_id,
             "device_id": self.device_id,
             "stream": self.stream,
@@ -301,6 +329,10 @@ class Alert:
                 for t in self.top_channels
             ],
         }
+        if self.peak_score is not None:
+            payload["peak_score"] = round(float(self.peak_score), 6)
+        if self.reason is not None:
+            payload["reason"] = self.reason
         if self.origin is not None:
             payload["source"] = self.origin.to_payload()
         if self.explanation is not None:
@@ -319,6 +351,11 @@ class Alert:
         >>> a.console_line()
         'ALERT gw:cam:1 score 0.91 > threshold 0.50 at 1970-01-01T00:00:00.000Z file exp1_num_4.jpg'
         """
+        if self.event != "raised":
+            return (f"{self.event.upper()} {self.episode_id or self.alert_id} "
+                    f"({self.alert_id}) score {self.score:.2f}, peak "
+                    f"{(self.peak_score or self.score):.2f}, threshold {self.threshold:.2f} at "
+                    f"{iso_utc(self.window_end)}")
         parts = [f"ALERT {self.alert_id} score {self.score:.2f} > threshold "
                  f"{self.threshold:.2f}"]
         if self.window_start == self.window_end:

@@ -176,8 +176,9 @@ def columns_batch_json(
     ...     b',"records":[{"a":1}],"aggregates":{"ids":[]}}')
     True
     """
-    if header.schema_ != 2 or header.records or header.aggregates is not None:
-        raise ValueError("columns_batch_json: a schema-2 header without records or aggregates")
+    if header.schema_ < 2 or header.records or header.aggregates is not None:
+        raise ValueError("columns_batch_json: a schema-2/3 header without records or "
+                         "aggregates")
     head = header.model_dump_json(by_alias=True, exclude={"records", "aggregates"})
     parts = [head[:-1], ',"records":[', ",".join(records), "]"]
     if aggregates is not None:

@@ -20,7 +20,7 @@ response, an :class:`IngestResult`, says per record index whether it was ``accep
 moves it to its dead-letter table and never resends it). The device clears exactly the records
 the response names as accepted or duplicate.
 
-Schema 2 (:data:`SCHEMA_VERSION`; the fleet accepts 1 and 2, so older agents keep working) adds
+Schema 2 (the fleet accepts 1, 2 and 3, so older agents keep working) adds
 ``aggregates``, an :class:`AggregateColumns`: the batch's aggregates as columns (entry ``i`` of
 every list is aggregate ``i``; all lists of equal length), each aggregate's ``channels`` being
 the JSON text of its channel list (what the device stored; a string in the body). Record
@@ -34,6 +34,13 @@ the agent then sends schema 1 (:mod:`agent.services.uploader`). Why columns: a 5
 backlog batch is checked as a few typed arrays instead of 5,000 nested objects, and stored from
 columns without rebuilding rows or channel JSON (docs/fleet-protocol.md, "Throughput").
 
+Schema 3 (:data:`SCHEMA_VERSION`) is schema 2 whose alert records may carry schema-2 bodies: an
+episode's ``raised``, ``updated`` and ``cleared`` events (:class:`AlertBody`), each a record with
+its own id. A fleet that knows only schema 2 answers a schema-3 batch with 422 naming
+``schema``; the agent then sends schema 2 with every ``raised`` event as a schema-1 body and
+keeps ``updated``/``cleared`` on the device (marked uploaded, counted), so an older fleet sees
+what it saw before.
+
 Errors: 400 malformed body, 401 missing/unknown token, 403 a device writing another device's
 records, 413 body or batch too large, 415 wrong content type, 422 schema violation, 429/503 with
 ``Retry-After`` (seconds) when the fleet sheds load. A 5xx other than 503 is retried with backoff.
@@ -46,8 +53,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-#: Newest ingest schema (what the agent sends); the fleet also accepts 1.
-SCHEMA_VERSION = 2
+#: Newest ingest schema (what the agent sends); the fleet also accepts 1 and 2.
+SCHEMA_VERSION = 3
 #: Largest batch the fleet accepts (records); the agent sends at most this many.
 MAX_BATCH_RECORDS = 5_000
 #: Largest decompressed body the fleet accepts, bytes.
@@ -142,8 +149,18 @@ class AlertExplanationBody(_Wire):
     deviation_sigma: float = Field(allow_inf_nan=False)
 
 
+AlertEvent = Literal["raised", "updated", "cleared"]
+
+
 class AlertBody(_Wire):
-    """An alert: the MQTT payload, schema 1 (see :mod:`agent.publish.mqtt`).
+    """An alert episode's event: the MQTT payload, schema 1 or 2 (see :mod:`agent.publish.mqtt`).
+
+    Schema 2 adds ``event`` (``raised``, ``updated``, ``cleared``), ``episode_id`` (the
+    ``alert_id`` of the episode's ``raised`` event) and, on ``updated``/``cleared``,
+    ``peak_score``. A schema-1 body is a ``raised`` event that is its own episode. Bodies of
+    schema 2 travel in ingest batches of schema 3 (:data:`SCHEMA_VERSION`); an agent talking to
+    a fleet older than that sends ``raised`` events as schema 1 and keeps the others on the
+    device (:mod:`agent.services.uploader`).
 
     ``source`` is an optional, additive field (still schema 1): only alerts of a recorded camera
     input (image folder, video file) carry it. ``explanation`` likewise: only alerts of a
@@ -151,7 +168,11 @@ class AlertBody(_Wire):
     (``extra="forbid"``): upgrade the fleet first.
     """
 
-    schema_: Literal[1] = Field(alias="schema")
+    schema_: Literal[1, 2] = Field(alias="schema")
+    event: AlertEvent | None = Field(None, description="None (schema 1): raised.")
+    episode_id: str | None = Field(None, pattern=ID_PATTERN)
+    peak_score: float | None = None
+    reason: Literal["recovered", "end_of_input"] | None = None
     alert_id: str = Field(pattern=ID_PATTERN)
     device_id: str = Field(pattern=NAME_PATTERN)
     stream: str = Field(pattern=NAME_PATTERN)
@@ -225,9 +246,9 @@ class Backlog(_Wire):
 
 
 class IngestBatch(_Wire):
-    """``POST /v1/ingest`` body (``aggregates`` only with ``schema`` 2)."""
+    """``POST /v1/ingest`` body (``aggregates`` only with ``schema`` 2 or 3)."""
 
-    schema_: Literal[1, 2] = Field(1, alias="schema")
+    schema_: Literal[1, 2, 3] = Field(1, alias="schema")
     device_id: str = Field(pattern=NAME_PATTERN)
     sent_at: float = Field(description="Epoch seconds UTC when the batch was sent.")
     agent_version: str = Field("", max_length=64)

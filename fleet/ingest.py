@@ -387,6 +387,8 @@ def _alert_row(record: AlertRecord, received_at: dt.datetime) -> dict[str, Any]:
     body = record.body
     if body.alert_id != record.id:
         raise RecordRejected("body.alert_id differs from id")
+    if body.episode_id is not None and body.episode_id.split(":")[:2] != record.id.split(":")[:2]:
+        raise RecordRejected("body.episode_id names another device or stream than id")
     return {
         "id": record.id,
         "device_id": body.device_id,
@@ -399,8 +401,9 @@ def _alert_row(record: AlertRecord, received_at: dt.datetime) -> dict[str, Any]:
         "raised_at": parse_utc(body.raised_at, "body.raised_at"),
         "model_name": body.model.name,
         "model_version": body.model.version,
-        # as sent: no "source": null (or "frame": null) added to alerts without one
-        "payload": body.model_dump(mode="json", by_alias=True, exclude_none=True),
+        # as sent: no "source": null (or "frame": null), no default "event" added
+        "payload": body.model_dump(mode="json", by_alias=True, exclude_none=True,
+                                   exclude_unset=True),
         "received_at": received_at,
     }
 

@@ -167,6 +167,27 @@ class RulesConfig(StrictModel):
     top_channels: int = Field(
         3, ge=0, description="Channels with the largest contribution named in an alert (0 = none)."
     )
+    update_ratio: float = Field(
+        1.5,
+        ge=0.0,
+        description="An open episode sends an 'updated' event when its peak score reaches "
+        "update_ratio x the peak last sent (raised or updated); 0 = no 'updated' events. "
+        "Must be 0 or above 1.",
+    )
+    update_interval_s: float = Field(
+        60.0,
+        ge=0.0,
+        description="Least stream time in seconds between two events of one open episode "
+        "('raised' then 'updated', or two 'updated'); 'cleared' is never held back.",
+    )
+
+    @model_validator(mode="after")
+    def _update_ratio(self) -> RulesConfig:
+        if 0 < self.update_ratio <= 1:
+            _raise_problems("RulesConfig", [_problem(
+                "update_ratio", f"update_ratio ({self.update_ratio}) must be 0 (off) or above 1",
+                ("update_ratio",), self.update_ratio)])
+        return self
 
     @model_validator(mode="after")
     def _k_within_n(self) -> RulesConfig:

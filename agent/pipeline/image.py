@@ -23,6 +23,7 @@ import numpy as np
 
 from agent.inference.base import Backend
 from agent.pipeline.aggregates import IntervalAggregator
+from agent.pipeline.episodes import Lifecycle
 from agent.pipeline.rules import AlertRules, RuleParams
 from agent.pipeline.stream import AlertEvent
 from agent.pipeline.timeline import ClockStep, StepDetector
@@ -75,6 +76,8 @@ class ImageOutput:
     score: float
     threshold: float
     alerts: list[AlertEvent] = field(default_factory=list)
+    #: Every episode event (``raised``, ``updated``, ``cleared``); ``alerts`` are the raised.
+    events: list[AlertEvent] = field(default_factory=list)
     aggregates: list[Aggregate] = field(default_factory=list)
     #: A clock step found at this frame (:mod:`agent.pipeline.timeline`): the interval open
     #: before it is in ``aggregates``, and the rules' cooldown counts monotonic time across it.
@@ -101,6 +104,8 @@ class ImagePipeline:
         self.backend = backend
         self.threshold = threshold
         self.rules = AlertRules(rules)
+        #: The open episode and its ``updated`` reports (:mod:`agent.pipeline.episodes`).
+        self.lifecycle = Lifecycle(self.rules)
         self.aggregator = IntervalAggregator(device_id, stream, (), aggregate_interval_s)
         self.clock = StepDetector()
         self._rule_offset = 0.0  # minus the clock steps so far (rule time stays monotonic)
@@ -129,11 +134,16 @@ class ImagePipeline:
             out.aggregates = self.aggregator.flush()
             self._rule_offset -= steps[0].size_s
         out.aggregates += self.aggregator.add_readings(np.zeros((1, 0)), ts)
-        alert = self.rules.update(score, self.threshold, frame.ts + self._rule_offset)
-        if alert:
-            out.alerts.append(AlertEvent(self.stream, score, self.threshold, frame.ts, frame.ts,
-                                         (), frame.received_mono, frame.origin, frame=frame))
-        self.aggregator.add_scores(np.array([score]), int(alert))
+        kind = self.lifecycle.step(score, self.threshold, frame.ts + self._rule_offset)
+        if kind is not None:
+            event = AlertEvent(
+                self.stream, score, self.threshold, frame.ts, frame.ts, (),
+                frame.received_mono, frame.origin, frame=frame, kind=kind,
+                peak_score=None if kind == "raised" else self.lifecycle.peak)
+            out.events.append(event)
+            if kind == "raised":
+                out.alerts.append(event)
+        self.aggregator.add_scores(np.array([score]), int(kind == "raised"))
         return out
 
     def flush(self) -> list[Aggregate]:

@@ -57,8 +57,22 @@ class AlertRules:
         self._above = 0  # windows above in _recent
         self._scored_above = 0  # of those, scored windows (each counted once)
         self.active = False
+        #: True right after the :meth:`update` call whose window ended an episode (hysteresis).
+        self.ended = False
         self._below = 0
         self._last_alert_ts: float | None = None
+
+    def resume(self) -> None:
+        """Continue an episode that was open before a restart: :attr:`active`, so it ends only
+        by the hysteresis (``clear_windows`` below the clear level), as it would have.
+
+        >>> r = AlertRules(RuleParams(k=2, n=3, clear_ratio=0.5, clear_windows=2, cooldown_s=0))
+        >>> r.resume(); [(r.update(s, 1.0, t), r.ended) for t, s in enumerate([2, 0.1, 0.1])]
+        [(False, False), (False, False), (False, True)]
+        """
+        if self.params.clear_windows > 0:
+            self.active = True
+            self._below = 0
 
     def update(self, score: float, threshold: float, ts: float, stride: int = 1) -> bool:
         """Feed one window's score; return True when this window raises an alert.
@@ -83,6 +97,7 @@ class AlertRules:
         >>> [r.update(s, 1.0, t, stride=2) for t, s in enumerate([0.5, 1.2, 0.5, 1.2])]
         [False, False, False, True]
         """
+        self.ended = False
         if math.isnan(threshold):  # calibrating
             return False
         above = score > threshold
@@ -102,6 +117,7 @@ class AlertRules:
                 # a new episode needs k fresh exceedances: the debounce history still holds this
                 # episode's windows, which would otherwise start one on a below-threshold window
                 self.active = False
+                self.ended = True
                 self._below = 0
                 self._recent.clear()
                 self._above = 0

@@ -27,7 +27,7 @@ interval is closed, and the alert rules' cooldown keeps counting monotonic secon
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -42,6 +42,7 @@ from agent.pipeline.detector import (
     FeatureDeviationDetector,
     ScoredBatch,
 )
+from agent.pipeline.episodes import Lifecycle, Transition
 from agent.pipeline.rules import AlertRules, RuleParams
 from agent.pipeline.timeline import ClockStep, StepDetector
 from agent.pipeline.windowing import SlidingWindower, WindowBatch
@@ -85,6 +86,12 @@ class AlertEvent:
             :mod:`agent.pipeline.univariate`); None otherwise.
         frame: The alerting frame of a camera stream (its snapshot is made from it); None
             for sensor streams.
+        kind: The episode event (:mod:`agent.pipeline.episodes`): ``raised``, ``updated``
+            or ``cleared``; the window fields are those of the window that made it.
+        peak_score: The episode's largest score so far (``updated`` and ``cleared``).
+        reason: Why a ``cleared`` event ended its episode: ``recovered`` (the hysteresis)
+            or ``end_of_input`` (a recorded input ended with the episode open); None for the
+            other events.
     """
 
     stream: str
@@ -97,6 +104,9 @@ class AlertEvent:
     origin: FrameOrigin | None = None
     explanation: Explanation | None = None
     frame: Frame | None = field(default=None, repr=False, compare=False)
+    kind: Transition = "raised"
+    peak_score: float | None = None
+    reason: str | None = None
 
 
 @dataclass(slots=True)
@@ -107,7 +117,8 @@ class StreamOutput:
         end_index: Shape ``(K,)``, index in the block of each window's last sample.
         scores: Shape ``(K,)``, float64; NaN for windows inside the calibration period.
         threshold: Threshold in force at the end of the block (NaN while calibrating).
-        alerts: Alerts raised.
+        alerts: Alerts raised (the ``raised`` events of :attr:`events`).
+        events: Every episode event (``raised``, ``updated``, ``cleared``), in window order.
         aggregates: Intervals closed.
         calibrated: A calibration finished during this block.
         calibration_outliers: Far-out readings left out of that calibration.
@@ -120,6 +131,7 @@ class StreamOutput:
     scores: FloatArray
     threshold: float
     alerts: list[AlertEvent] = field(default_factory=list)
+    events: list[AlertEvent] = field(default_factory=list)
     aggregates: list[Aggregate] = field(default_factory=list)
     calibrated: Calibration | None = None
     calibration_outliers: int = 0
@@ -162,6 +174,8 @@ class StreamPipeline:
         self.spec = spec
         self.detector = detector
         self.rules = AlertRules(rules)
+        #: The open episode and its ``updated`` reports (params settable after construction).
+        self.lifecycle = Lifecycle(self.rules)
         self.top_channels = top_channels
         self.windower = SlidingWindower(spec.window, spec.hop, len(spec.channels))
         self.aggregator = IntervalAggregator(device_id, stream, spec.channels,
@@ -184,6 +198,8 @@ class StreamPipeline:
         self.clock = StepDetector()
         # added to window end times for the alert rules: minus the sum of the steps so far
         self._rule_offset = 0.0
+        #: The last scored window: (start, end, score, received_mono), for end_of_input.
+        self._last_window: tuple[float, float, float, float] | None = None
 
     @property
     def calibrating(self) -> bool:
@@ -289,12 +305,32 @@ class StreamPipeline:
                 self.observer.observe(windows, scored.scores, thr)
             for j, i in enumerate(np.flatnonzero(live)):
                 rule_ts = float(batch.end_ts[i]) + self._rule_offset
-                if self.rules.update(float(scored.scores[j]), thr, rule_ts, stride):
-                    out.alerts.append(self._event(batch, int(i), scored.scores[j],
-                                                  scored.contributions[j], received_mono))
-                    alerts += 1
+                kind = self.lifecycle.step(float(scored.scores[j]), thr, rule_ts, stride)
+                if kind is not None:
+                    event = self._event(batch, int(i), scored.scores[j],
+                                        scored.contributions[j], received_mono)
+                    if kind != "raised":
+                        event = replace(event, kind=kind, peak_score=self.lifecycle.peak,
+                                        reason="recovered" if kind == "cleared" else None)
+                    else:
+                        out.alerts.append(event)
+                        alerts += 1
+                    out.events.append(event)
         self.aggregator.add_scores(scores, alerts)
+        if live.any():
+            k = int(np.flatnonzero(live)[-1])
+            self._last_window = (float(batch.start_ts[k]), float(batch.end_ts[k]),
+                                 float(scores[k]), received_mono)
         return batch.end_index, scores
+
+    def end_of_input(self) -> AlertEvent | None:
+        """The input ended with an episode open (a recorded file read to its end): its
+        ``cleared`` event (reason ``end_of_input``, the last scored window), else None."""
+        if self._last_window is None or not self.lifecycle.end():
+            return None
+        start, end, score, mono = self._last_window
+        return AlertEvent(self.stream, score, self.threshold, start, end, (), mono,
+                          kind="cleared", peak_score=self.lifecycle.peak, reason="end_of_input")
 
     def _finite(self, scored: ScoredBatch, windows: Float32Array, out: StreamOutput) -> ScoredBatch:
         """Non-finite scores become OFF_SCALE (counted); such a window's contributions are each

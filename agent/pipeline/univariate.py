@@ -285,6 +285,7 @@ class UnivariatePipeline(StreamPipeline):
             ends.append(keep[out.end_index + a])
             scores.append(out.scores)
             total.alerts += out.alerts
+            total.events += out.events
             total.aggregates += out.aggregates
         if ends:
             total.end_index = np.concatenate(ends).astype(np.int64)

@@ -21,9 +21,11 @@ from agent.publish.limits import SizeLimit
 from agent.publish.mqtt_config import MqttConfig
 from agent.publish.mqtt_tls import failure_of
 
-#: MQTT 5 reason code 0x9A, Retain not supported (a CONNACK refusing a retained will).
+#: CONNACK reason code 0x9A (MQTT 5.0 section 3.2.2.2): the broker takes no retained messages
+#: and refuses a connection whose will is retained.
 RETAIN_NOT_SUPPORTED = 0x9A
-#: 3.1.1 connections in a row closed before any CONNACK before the will is sent not retained.
+#: 3.1.1 connections in a row closed before any CONNACK before the broker is taken to refuse
+#: the retained will (mosquitto ``retain_available false`` says nothing else over 3.1.1).
 NO_CONNACK_STRIKES = 3
 
 
@@ -41,8 +43,6 @@ class PahoCallbacks:
     _state_lock: threading.Lock
     _connected: bool
     _generation: int
-    retain_available: bool
-    _will_retain: bool
     _no_connack: int
     _outage_since: float | None
     _outage_cause: str | None
@@ -54,6 +54,8 @@ class PahoCallbacks:
     _stopping: threading.Event
     _client: paho.Client
     _connected_mono: float
+    retain: bool
+    _retain_rebuild: bool
     _losses: collections.deque[float]
 
     def _on_message(self, client: paho.Client, userdata: object, msg: paho.MQTTMessage) -> None:
@@ -96,8 +98,11 @@ class PahoCallbacks:
         if client is not self._client:
             return
         if reason_code.is_failure:
-            if int(reason_code.value) == RETAIN_NOT_SUPPORTED and self._will_retain:
-                self._drop_retained_will(client, f"it refused the connection ({reason_code})")
+            if reason_code.value == RETAIN_NOT_SUPPORTED and self.retain:
+                self._retain_off("refused the connection: Retain not supported (its "
+                                 "retain_available is off)")
+                self._retain_rebuild = True  # the will is retained: a new client without it
+                self._wake.set()
                 return
             if self._note_failure(f"refused: {reason_code}"):
                 self._log.warning(
@@ -108,12 +113,10 @@ class PahoCallbacks:
             return
         broker_max = getattr(properties, "MaximumPacketSize", None)
         self.limit.broker_max_packet = broker_max if isinstance(broker_max, int) else None
-        # MQTT 5 CONNACK Retain Available (3.2.2.3.5): absent = 1; 0 = a retained PUBLISH is a
-        # protocol error the broker disconnects for (agent.publish.snapshots then sends none)
-        self.retain_available = getattr(properties, "RetainAvailable", 1) != 0
-        self.retain_available = self.retain_available and self._will_retain
+        if getattr(properties, "RetainAvailable", 1) == 0 and self.retain:
+            self._retain_off("announced Retain Available 0")
         self._no_connack = 0
-        client.publish(self.availability_topic, "online", qos=1, retain=self._will_retain)
+        client.publish(self.availability_topic, "online", qos=1, retain=self.retain)
         with self._state_lock:
             topics = [*self._subscriptions, *self._filters]
             listeners = list(self._connect_listeners)
@@ -143,27 +146,26 @@ class PahoCallbacks:
                 self._log.exception("MQTT connect listener failed")
         self._wake.set()
 
-    def _drop_retained_will(self, client: paho.Client, why: str) -> None:
-        """The broker refuses retained messages: send the will and availability not retained
-        from the next connection on (paho reconnects by itself)."""
-        self._will_retain = False
-        self.retain_available = False
-        client.will_set(self.availability_topic, "offline", qos=1, retain=False)
+    def _retain_off(self, why: str) -> None:
+        """The broker takes no retained messages: availability, will and stream state go out
+        without retain from now on (alerts never were retained)."""
+        self.retain = False
         self._log.warning(
-            "MQTT broker %s:%d refuses retained messages (%s): the availability topic and the "
-            "last will go out not retained until the agent restarts; alerts are not affected",
-            self.config.host, self.config.port, why,
-        )
+            "MQTT broker %s:%d %s: sending availability and stream state without retain (a "
+            "late subscriber does not see them at once); alerts are unaffected",
+            self.config.host, self.config.port, why, extra=ALWAYS)
 
     def _no_connack_again(self, client: paho.Client) -> bool:
-        """Count a 3.1.1 connection closed before its CONNACK; True when that made the will
-        not retained (:data:`NO_CONNACK_STRIKES` in a row)."""
+        """Count a 3.1.1 connection closed before its CONNACK; True when that turned retain
+        off (:data:`NO_CONNACK_STRIKES` in a row: a new client without the retained will)."""
         self._no_connack += 1
-        if (self.config.protocol == "5" or not self._will_retain
+        if (self.config.protocol == "5" or not self.retain
                 or self._no_connack < NO_CONNACK_STRIKES):
             return False
-        self._drop_retained_will(client, f"{self._no_connack} connections closed before a "
-                                 "CONNACK, as a broker with retain_available false does")
+        self._retain_off(f"closed {self._no_connack} connections in a row before a CONNACK, as "
+                         "a broker with retain_available false does over MQTT 3.1.1")
+        self._retain_rebuild = True
+        self._wake.set()
         return True
 
     def _on_connect_fail(self, client: paho.Client, userdata: object) -> None:
@@ -209,7 +211,7 @@ class PahoCallbacks:
                         self.config.host, self.config.port, cause,
                     )
             elif self._no_connack_again(client):
-                pass  # the will goes out not retained from the next connection on
+                pass  # a new client without the retained will replaces this one
             elif self._note_failure("no CONNACK"):
                 # The TCP connection was made but no CONNACK came (paho gives up after the
                 # keepalive): logged once, like a refused connection.

@@ -42,6 +42,10 @@ REFUSED_RETRY_S = 30.0
 LOG_EVERY_S = 60.0
 
 
+def _key(item: OutboxRow | VolatileAlert) -> tuple[str, int]:
+    return ("v", item.n) if isinstance(item, VolatileAlert) else ("r", item.id)
+
+
 class OutboxDrain:
     """The drain-thread half of the publisher (attributes set by its ``__init__``)."""
 
@@ -66,6 +70,10 @@ class OutboxDrain:
     _tracked: collections.OrderedDict[str, float]
     _track_lock: threading.Lock
     _mids: dict[int, OutboxRow | VolatileAlert]
+    #: Per row (``("r", id)``) or volatile alert (``("v", n)``): the mids of its latest sending
+    #: not acknowledged yet, one per topic (:meth:`topics_for`); it is published when the last
+    #: one is acknowledged, refused when any one is refused.
+    _outstanding: dict[tuple[str, int], set[int]]
     _unsaved: list[tuple[OutboxRow, float, float]]
     _rejected: list[tuple[OutboxRow, str]]
     _guard: ProgressGuard
@@ -76,6 +84,7 @@ class OutboxDrain:
     _rejections_logged: set[int]
     _log_limits: dict[str, tuple[float, int]]
     _store_failing: bool
+    _retain_rebuild: bool
     _last_stats: float
     _wake: threading.Event
     _stopping: threading.Event
@@ -95,6 +104,12 @@ class OutboxDrain:
                 if self._take_acks(window):
                     self._guard.progress(self._monotonic())
                 self._check_losses(window)
+                if self._retain_rebuild:  # the broker refused the retained will (MQTT 5)
+                    self._retain_rebuild = False
+                    window.clear()
+                    self._mids.clear()
+                    self._outstanding.clear()
+                    self._replace_client()
                 if (self._unsaved or self._rejected) and self._monotonic() >= save_from:
                     # A store that refuses writes (disk full) must not stop the delivery, least
                     # of all of the alerts it refused (volatile): the acknowledgements stay in
@@ -120,7 +135,7 @@ class OutboxDrain:
                     cursor = (0, 0)
                 if connected and not self._stopping.is_set():
                     cursor = self._fill(window, cursor, generation)
-                    self._check_progress(len(window))
+                    self._check_progress(self._in_flight(window))
                 self._update_stats()
             except StoreError as exc:
                 self._store_trouble(exc)
@@ -132,6 +147,9 @@ class OutboxDrain:
                 self._progress.notify_all()
 
     def _replace_client(self) -> None:
+        raise NotImplementedError  # MqttPublisher's
+
+    def topics_for(self, item: OutboxRow | VolatileAlert) -> tuple[str, ...]:
         raise NotImplementedError  # MqttPublisher's
 
     def _check_losses(self, window: set[int]) -> None:
@@ -169,6 +187,7 @@ class OutboxDrain:
         )
         window.clear()
         self._mids.clear()
+        self._outstanding.clear()
         self._replace_client()
 
     def _check_progress(self, in_flight: int) -> None:
@@ -206,8 +225,8 @@ class OutboxDrain:
         acked.update(row.id for row, _ in self._rejected)
         held_rows = {m.id for m in self._mids.values() if not isinstance(m, VolatileAlert)}
         held_vol = {m.n for m in self._mids.values() if isinstance(m, VolatileAlert)}
-        while len(window) < self.config.max_inflight:
-            room = self.config.max_inflight - len(window)
+        while self._in_flight(window) < self.config.max_inflight:
+            room = self.config.max_inflight - self._in_flight(window)
             try:
                 rows = self._store.pending_alerts(room, after_id=cursor[0])
             except StoreError as exc:
@@ -241,20 +260,32 @@ class OutboxDrain:
                     self._metrics.mqtt_oversize_total.labels(action="reduced").inc()
                     self._limited(logging.WARNING, "reduced", "alert %s: %s; sent in its "
                                   "reduced form", item.alert_id, verdict.reason)
-                info = self._client.publish(self.alerts_topic, verdict.payload, qos=1,
-                                            retain=False)
-                if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
-                    self._log.warning("paho refused to publish %s: %s", item.alert_id, info.rc,
-                                      extra={"alert_id": item.alert_id, "stream": item.stream})
-                    return cursor
-                # paho holds the message even on NO_CONN and re-sends it after reconnecting.
-                self._mids[info.mid] = item
-                window.add(info.mid)
+                topics = self.topics_for(item)
+                sent = self._outstanding[_key(item)] = set()
+                no_conn = False
+                for topic in topics:
+                    info = self._client.publish(topic, verdict.payload, qos=1, retain=False)
+                    if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS,
+                                       MQTTErrorCode.MQTT_ERR_NO_CONN):
+                        self._log.warning("paho refused to publish %s: %s", item.alert_id,
+                                          info.rc, extra={"alert_id": item.alert_id,
+                                                          "stream": item.stream})
+                        return cursor
+                    # paho holds the message even on NO_CONN and re-sends it after reconnecting.
+                    self._mids[info.mid] = item
+                    sent.add(info.mid)
+                    window.add(info.mid)
+                    no_conn = no_conn or info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN
                 cursor = ((cursor[0], item.n) if isinstance(item, VolatileAlert)
                           else (item.id, cursor[1]))
-                if info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN:
+                if no_conn:
                     return cursor
         return cursor
+
+    def _in_flight(self, window: set[int]) -> int:
+        """Alerts (rows, volatile alerts) with a message in flight: a ``raised`` event has
+        two messages (:meth:`topics_for`) and counts once against ``max_inflight``."""
+        return len({_key(self._mids[m]) for m in window if m in self._mids})
 
     def _oversized(self, item: OutboxRow | VolatileAlert, reason: str) -> None:
         """An alert that fits no limit even reduced: dead-lettered (a stored row) or lost
@@ -279,9 +310,17 @@ class OutboxDrain:
             row = self._mids.pop(mid, None)
             if row is None:
                 continue  # availability message, or a duplicate of a row already acknowledged
-            if reason.is_failure:
+            current = self._outstanding.get(_key(row))
+            if current is None or mid not in current:
+                continue  # a message of an earlier sending of this alert (refused, re-sent)
+            if reason.is_failure:  # once per alert and sending, whichever message it was
+                del self._outstanding[_key(row)]
                 self._broker_rejected(row, reason)
                 continue
+            current.discard(mid)
+            if current:  # a raised event: its other topic is not acknowledged yet
+                continue
+            del self._outstanding[_key(row)]
             if isinstance(row, VolatileAlert):
                 if self.volatile.ack(row.n):
                     self._metrics.mqtt_published_total.inc()

@@ -24,6 +24,7 @@ from agent.errors import StoreError
 from agent.metrics import Metrics
 from agent.publish.mqtt import MqttPublisher
 from agent.records import Alert
+from agent.store.episodes import EpisodeMark
 from agent.store.sqlite import Store
 
 log = logging.getLogger("agent")
@@ -64,18 +65,33 @@ class AlertKeeper:
         """Refused alerts that were really lost: never handed to MQTT, or unacknowledged at stop."""
         return self.lost + (0 if self._publisher is None else self._publisher.volatile.lost)
 
-    def add(self, stream: str, make: Callable[[int], Alert]) -> tuple[Alert | None, bool]:
+    def add(self, stream: str, make: Callable[[int], Alert],
+            episode: EpisodeMark | None = None, seq: int | None = None,
+            ) -> tuple[Alert | None, bool]:
         """Store ``make(seq)`` with the stream's next sequence number, or deliver it from memory.
+
+        Args:
+            stream: Stream name.
+            make: Builds the alert from its sequence number.
+            episode: What the event does to the stream's open episode (stored with it).
+            seq: A sequence number already decided (an event of a recorded input: derived from
+                the input, :mod:`agent.pipeline.event_ids`) instead of the stream's next one;
+                an event already stored under it is not stored again (``(None, False)``).
 
         Returns:
             ``(alert, stored)``; ``alert`` is None only when no unique id could be made (the
-            store can be neither written nor read): that alert is lost and counted.
+            store can be neither written nor read): that alert is lost and counted; or when
+            an event with the decided ``seq`` is stored already (a recorded input read again).
 
         Raises:
             ValueError: The payload holds a non-finite number.
         """
+        if seq is not None:
+            return self._add_fixed(stream, make(seq), episode)
         try:
-            alert = self._store.add_new_alert(stream, make, self._floor.get(stream, 0))
+            floor = self._floor.get(stream, 0)
+            alert = (self._store.add_new_alert(stream, make, floor) if episode is None
+                     else self._store.add_new_alert(stream, make, floor, episode=episode))
         except StoreError as exc:
             return self._refused(stream, make, exc), False
         self._floor.pop(stream, None)
@@ -87,6 +103,23 @@ class AlertKeeper:
             )
             self._episode = 0
         return alert, True
+
+    def _add_fixed(self, stream: str, alert: Alert,
+                   episode: EpisodeMark | None) -> tuple[Alert | None, bool]:
+        """Store an event whose id is decided (idempotent on its id), or deliver it from
+        memory when the store refuses it."""
+        try:
+            inserted = self._store.add_alert(alert, episode)
+        except StoreError as exc:
+            self.not_stored += 1
+            payload = json.dumps(alert.to_payload(), ensure_ascii=False,
+                                 separators=(",", ":"), allow_nan=False)
+            pub = self._publisher
+            if pub is not None and pub.publish_volatile(alert.alert_id, stream, payload):
+                return alert, False
+            self._lose(f"stream {stream}: alert {alert.alert_id} not stored ({exc}): lost")
+            return alert, False
+        return (alert if inserted else None), inserted
 
     def persist_seq(self) -> None:
         """Persist the in-memory sequence continuations (after any write the store took)."""

@@ -18,9 +18,11 @@ from dataclasses import dataclass
 #: Largest Remaining Length MQTT allows (variable byte integer of 4 bytes).
 MQTT_MAX_REMAINING = 268_435_455
 
-#: Keys a reduced alert keeps: every required key of schema 1 (``top_channels`` emptied).
-_REQUIRED = ("schema", "alert_id", "device_id", "stream", "seq", "model", "score", "threshold",
-             "window_start", "window_end", "raised_at")
+#: Keys a reduced alert keeps: every required key of schema 1 (``top_channels`` emptied) and
+#: the lifecycle keys of schema 2.
+_REQUIRED = ("schema", "event", "episode_id", "alert_id", "device_id", "stream", "seq", "model",
+             "score", "threshold", "peak_score", "reason", "window_start", "window_end",
+             "raised_at")
 
 
 def varint_len(n: int) -> int:
@@ -122,9 +124,10 @@ class SizeLimit:
 
 
 def reduce_payload(payload: str) -> str | None:
-    """The reduced form of an alert payload: the required keys of schema 1 with an empty
-    ``top_channels`` and ``"reduced": true`` (additive, still schema 1); ``source`` and any
-    other optional key dropped. None when ``payload`` is not a JSON object.
+    """The reduced form of an alert payload: the required keys of schema 1 and the lifecycle
+    keys of schema 2 with an empty ``top_channels`` and ``"reduced": true`` (additive, same
+    schema); ``source``, ``explanation`` and any other optional key dropped. None when
+    ``payload`` is not a JSON object.
 
     >>> reduce_payload('{"schema":1,"alert_id":"a","top_channels":[{"channel":"x"}],"source":{}}')
     '{"schema":1,"alert_id":"a","top_channels":[],"reduced":true}'

@@ -3,11 +3,22 @@
 Topics (``<prefix>`` is ``mqtt.topic_prefix``, default ``edge``; ``<device_id>`` is
 ``agent.device_id``):
 
-``<prefix>/<device_id>/alerts``
-    One message per alert, QoS 1, not retained. The payload is ``Alert.to_payload()`` (schema
-    version 1) as compact JSON, UTF-8::
+``<prefix>/<device_id>/<stream>/events``
+    Every episode event of the stream (``raised``, ``updated``, ``cleared``; docs/mqtt.md,
+    "Alert lifecycle"), QoS 1, not retained, from the outbox like the alerts below.
 
-        {"schema": 1, "alert_id": "gw1:pump1:42", "device_id": "gw1", "stream": "pump1",
+``<prefix>/<device_id>/<stream>/state``
+    The stream's present state, retained, QoS 1, not through the outbox
+    (:mod:`agent.publish.state`, :meth:`MqttPublisher.publish_latest`).
+
+``<prefix>/<device_id>/alerts`` (deprecated)
+    One message per ``raised`` event, QoS 1, not retained; the same payload also goes to the
+    stream's events topic and the row leaves the outbox when both are acknowledged
+    (:meth:`MqttPublisher.topics_for`). The payload is ``Alert.to_payload()`` (schema 2: the
+    keys of schema 1 below, plus ``event`` and ``episode_id``) as compact JSON, UTF-8::
+
+        {"schema": 2, "event": "raised", "episode_id": "gw1:pump1:42",
+         "alert_id": "gw1:pump1:42", "device_id": "gw1", "stream": "pump1",
          "seq": 42, "model": {"name": "ae", "version": 3}, "score": 2.51, "threshold": 1.0,
          "window_start": "2024-05-01T12:00:00.000Z", "window_end": "2024-05-01T12:00:01.000Z",
          "raised_at": "2024-05-01T12:00:01.020Z",
@@ -31,12 +42,11 @@ Topics (``<prefix>`` is ``mqtt.topic_prefix``, default ``edge``; ``<device_id>``
 ``<prefix>/<device_id>/availability``
     Retained, QoS 1: ``online`` after every connect; ``offline`` on a clean stop, and as the
     last will, which the broker publishes when the connection dies uncleanly (crash, power cut,
-    network loss past 1.5 x keepalive). A broker that refuses retained messages (mosquitto
-    ``retain_available false``) refuses a connection whose will is retained: MQTT 5 with the
-    CONNACK reason Retain not supported, 3.1.1 by closing it before any CONNACK. After that
-    reason, or :data:`NO_CONNACK_STRIKES` connections in a row closed before a CONNACK on 3.1.1,
-    the will and the availability messages are sent not retained until the agent restarts (one
-    WARNING), so the alerts go out.
+    network loss past 1.5 x keepalive). Not retained once the broker said it takes no
+    retained messages (MQTT 5 CONNACK "Retain not supported" 0x9A, or Retain Available 0; over
+    3.1.1, :data:`NO_CONNACK_STRIKES` connections in a row closed before a CONNACK): a new
+    client without the retained will is started (one WARNING), so the alerts go out; or with
+    ``mqtt.retain = false``.
 
 Delivery guarantee (what consumers may rely on):
     * at least once: an alert is marked published in the store only when the broker's PUBACK
@@ -106,6 +116,7 @@ is warned about once (docs/security.md).
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import math
 import threading
@@ -113,7 +124,7 @@ import time
 from collections.abc import Callable
 
 import paho.mqtt.client as paho
-from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
@@ -190,25 +201,23 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
         self._log = logger if logger is not None else logging.getLogger(__name__)
         base = f"{config.topic_prefix}/{device_id}"
         self.alerts_topic = f"{base}/alerts"
+        self.base_topic = base
         self.availability_topic = f"{base}/availability"
         self.client_id = config.client_id or f"edge-agent-{device_id}"
         password = read_password(config.password_file) if config.password_file else None
 
         self._v5 = config.protocol == "5"
+        #: Retained messages are used (False: ``mqtt.retain`` off, or an MQTT 5 broker said
+        #: it takes none: CONNACK "Retain not supported" or Retain Available 0).
+        self.retain = config.retain
+        self._retain_rebuild = False  # set by paho's thread: start a client without it
         self._factory = client_factory
         self._password = password
-        #: The last will and availability messages are retained; False once the broker said it
-        #: refuses retained messages (:meth:`PahoCallbacks._drop_retained_will`).
-        self._will_retain = True
         self._no_connack = 0  # connections closed before any CONNACK in a row
         self._client = self._make_client()
         self._subscriptions: dict[str, Callable[[bytes], None]] = {}
         self._filters: dict[str, Callable[[str, bytes, bool], None]] = {}
         self._connect_listeners: list[Callable[[], object]] = []
-        #: False when the broker's CONNACK (MQTT 5) says it does not take retained messages
-        #: (Retain Available = 0; on 3.1.1, which cannot say, once the retained will was
-        #: dropped): consumers that publish retained messages skip them or send them plain.
-        self.retain_available = True
 
         # Shared between paho's thread and the drain thread; guarded by _state_lock.
         self._state_lock = threading.Lock()
@@ -236,6 +245,7 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
         self._track_lock = threading.Lock()
         # Owned by the drain thread (and by stop() once that thread has ended).
         self._mids: dict[int, OutboxRow | VolatileAlert] = {}
+        self._outstanding: dict[tuple[str, int], set[int]] = {}
         self._unsaved: list[tuple[OutboxRow, float, float]] = []
         #: Rows to dead-letter (too large, or rejected by the broker) with the reason.
         self._rejected: list[tuple[OutboxRow, str]] = []
@@ -278,10 +288,12 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
             client.username_pw_set(self.config.username, self._password)
         if self.config.tls:
             client.tls_set_context(tls_context(self.config))
-        client.will_set(self.availability_topic, "offline", qos=1, retain=self._will_retain)
+        client.will_set(self.availability_topic, "offline", qos=1, retain=self.retain)
         client.reconnect_delay_set(max(1, math.ceil(self.config.reconnect_min_s)),
                                    max(1, math.ceil(self.config.reconnect_max_s)))
-        client.max_inflight_messages_set(self.config.max_inflight)
+        # two messages per raised event (alerts topic and events topic): paho must not hold
+        # back the second one of an alert the drain counts as in flight
+        client.max_inflight_messages_set(2 * self.config.max_inflight)
         client.on_connect = self._on_connect
         client.on_connect_fail = self._on_connect_fail
         client.on_disconnect = self._on_disconnect
@@ -318,6 +330,60 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
         self._connect_client()
 
     # -- public API -----------------------------------------------------------------------------
+
+    def topics_for(self, item: OutboxRow | VolatileAlert) -> tuple[str, ...]:
+        """The topics an outbox row goes to: every event to ``<base>/<stream>/events``; a
+        ``raised`` event (and a schema-1 row stored before lifecycles) first to the
+        deprecated ``<base>/alerts`` as well."""
+        events = self.events_topic(item.stream)
+        try:
+            event = json.loads(item.payload).get("event", "raised")
+        except (ValueError, AttributeError):
+            event = "raised"
+        return (self.alerts_topic, events) if event == "raised" else (events,)
+
+    def events_topic(self, stream: str) -> str:
+        """``<prefix>/<device>/<stream>/events``: every lifecycle event of ``stream``."""
+        return f"{self.base_topic}/{stream}/events"
+
+    def state_topic(self, stream: str) -> str:
+        """``<prefix>/<device>/<stream>/state``: the stream's present state, retained."""
+        return f"{self.base_topic}/{stream}/state"
+
+    @property
+    def generation(self) -> int:
+        """Successful connects so far: incremented on every one (a state publisher sends
+        everything again; a change means the connection was rebuilt)."""
+        with self._state_lock:
+            return self._generation
+
+    def publish_latest(self, topic: str, payload: bytes) -> str:
+        """Publish a "latest value" message (QoS 1, retained when the broker takes it), not
+        through the outbox: nothing is kept for it when the connection is down.
+
+        Returns:
+            ``"published"`` (handed to paho retained), ``"retain_refused"`` (sent without
+            retain: the broker takes no retained messages; an empty payload, a removal, is
+            then not sent at all) or ``"skipped"`` (not connected, or paho refused it).
+        """
+        with self._state_lock:
+            connected = self._connected
+        if not connected:
+            return "skipped"
+        client, retain = self._client, self.retain
+        if not retain and not payload:
+            return "retain_refused"
+        info = client.publish(topic, payload, qos=1, retain=retain)
+        if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
+            return "skipped"
+        return "published" if retain else "retain_refused"
+
+    @property
+    def retain_available(self) -> bool:
+        """False once the broker said it takes no retained messages, or with ``mqtt.retain =
+        false`` (:attr:`retain`): consumers that publish retained messages (Home Assistant
+        discovery, snapshots) skip them or send them plain."""
+        return self.retain
 
     @property
     def connected(self) -> bool:
@@ -420,7 +486,7 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
         self._thread.join(timeout_s)
         if self.connected:
             info = self._client.publish(self.availability_topic, "offline", qos=1,
-                                        retain=self._will_retain)
+                                        retain=self.retain)
             try:
                 info.wait_for_publish(timeout=min(timeout_s, 2.0))
             except (RuntimeError, ValueError) as exc:
@@ -448,12 +514,6 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
     def v5(self) -> bool:
         """True when the connection speaks MQTT 5."""
         return self._v5
-
-    @property
-    def generation(self) -> int:
-        """Successful connects so far (a change means the connection was rebuilt)."""
-        with self._state_lock:
-            return self._generation
 
     def publish_best_effort(self, topic: str, payload: bytes, *, retain: bool,
                             properties: Properties | None = None) -> paho.MQTTMessageInfo | None:

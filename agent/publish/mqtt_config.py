@@ -163,6 +163,21 @@ class MqttConfig(StrictModel):
     reconnect_max_s: float = Field(
         30.0, gt=0.0, description="Largest reconnect delay in seconds (rounded up)."
     )
+    retain: bool = Field(
+        True, description="Use retained messages (availability, last will, stream state). "
+        "false for a broker that takes none (mosquitto retain_available false) spoken to with "
+        "MQTT 3.1.1; over MQTT 5 the agent finds out from the broker and turns retain off "
+        "itself."
+    )
+    state: bool = Field(
+        True, description="Publish each stream's present state, retained, on "
+        "<topic_prefix>/<device_id>/<stream>/state (docs/mqtt.md, 'Retained state')."
+    )
+    state_interval_s: float = Field(
+        10.0, ge=0.0, description="A stream's state whose only change is its score is "
+        "published at most once per state_interval_s seconds; a change of status, threshold, "
+        "model or episode goes out at once."
+    )
     homeassistant: HomeAssistantConfig = Field(
         default_factory=HomeAssistantConfig,
         description="Home Assistant MQTT discovery (docs/mqtt-consumers.md).",

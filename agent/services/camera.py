@@ -237,13 +237,13 @@ class CameraStream:
             if self._metrics is not None:
                 self._metrics.clock_steps_total.labels(stream=self.name,
                                                        direction=step.direction).inc()
-        for alert in out.alerts:
-            self._deliver(alert)
+        for event in out.events:  # raised, updated, cleared
+            self._deliver(event)
         for agg in out.aggregates:
             self._deliver(agg)
         mark = self.source.scored_file(frame)
         if mark is not None:  # a watched folder's file: done once its alerts are stored
-            if out.alerts:
+            if out.events:
                 self._deliver(mark)  # behind the alerts, on the same queue
             else:
                 mark.commit()

@@ -90,7 +90,7 @@ from agent.secret_files import check_secret_file
 from agent.services.fleet_transport import check_tls_fields
 from agent.sources.backoff import Backoff
 from agent.store.sqlite import RecordKind, Store
-from agent.store.wire import AggregateColumnsText, WireRow
+from agent.store.wire import AggregateColumnsText, WireRow, schema1_alert
 from cloud_sync.client import batch_json, columns_batch_json
 from cloud_sync.errors import (
     FleetAuthError,
@@ -437,7 +437,8 @@ class Uploader:
         self._in_flight: deque[_Sent] = deque()
         self._ready: _Batch | None = None
         self._at_end = False  # a short read: read no more until the pipeline is empty
-        self._schema = SCHEMA_VERSION  # 1 after a schema-1 fleet refused schema 2
+        self._schema = SCHEMA_VERSION  # lower after an older fleet refused it
+        self._lifecycle_skip_logged = False
         self._abort = abort
         self._slow_request_s = slow_request_s
         self._started_lock = threading.Lock()
@@ -662,14 +663,20 @@ class Uploader:
             n_aggregates += b.counts[1]
         schema = self._schema
         records: list[WireRow] = []  # schema 1: alerts, then aggregates, as records
-        columns: AggregateColumnsText | None = None  # schema 2: the aggregates
-        if schema == 2:
+        columns: AggregateColumnsText | None = None  # schema 2/3: the aggregates
+        if schema >= 2:
             alerts, columns = self.store.pending_upload_columns(limit, after)
             aggregate_rows = [] if columns is None else columns.row_ids
         else:
             records = self.store.pending_upload_records(limit, after)
             alerts = [r for r in records if r.kind == "alert"]
             aggregate_rows = [r.row_id for r in records[len(alerts):]]
+        if schema < 3 and alerts:  # a fleet older than lifecycles
+            kept = self._schema1_alerts(alerts)
+            if len(kept) < len(alerts) and not kept and not aggregate_rows:
+                return self._prepare(limit)  # only events it cannot take: read on
+            records = kept + records[len(alerts):]
+            alerts = kept
         if not alerts and not aggregate_rows:
             return None
         header = IngestBatch.model_validate({
@@ -683,7 +690,7 @@ class Uploader:
             },
             "records": [],
         })
-        if schema == 2:
+        if schema >= 2:
             document = columns_batch_json(
                 header, [r.json for r in alerts], None if columns is None else columns.json
             )
@@ -691,6 +698,29 @@ class Uploader:
             document = batch_json(header, [r.json for r in records])
         body = self.client.compress(document)
         return _Batch.of([r.row_id for r in alerts], aggregate_rows, body, limit, schema)
+
+    def _schema1_alerts(self, alerts: list[WireRow]) -> list[WireRow]:
+        """The alerts a fleet older than schema 3 takes (``raised`` as schema 1); the
+        ``updated``/``cleared`` events are marked uploaded without sending (they stay in the
+        store, were delivered over MQTT) and counted in
+        ``dropped_total{kind="alert_event", reason="fleet_schema"}``."""
+        kept: list[WireRow] = []
+        skipped: list[int] = []
+        for row in alerts:
+            old = schema1_alert(row)
+            if old is None:
+                skipped.append(row.row_id)
+            else:
+                kept.append(old)
+        if skipped:
+            self.store.mark_uploaded("alert", skipped, self.clock())
+            self.metrics.dropped_total.labels(kind="alert_event", reason="fleet_schema").inc(
+                len(skipped))
+            if not self._lifecycle_skip_logged:
+                self._lifecycle_skip_logged = True
+                log.warning("the fleet takes no alert lifecycle events (ingest schema < 3): "
+                            "'updated' and 'cleared' events stay on the device; upgrade the fleet")
+        return kept
 
     def _send_failed(self, batch: _Batch, exc: Exception) -> float:
         if isinstance(exc, FleetAuthError):
@@ -816,14 +846,16 @@ class Uploader:
         if exc.status not in _SPLIT_STATUSES:
             return self._failed("rejected", str(exc), None)
         self.metrics.upload_failures_total.labels(reason="rejected").inc()
-        if batch.schema == 2 and exc.status == 422 and "schema" in exc.detail:
-            # A fleet that knows only schema 1 refuses the whole schema-2 batch (422 naming the
-            # "schema" field): send schema 1 from now on (this uploader's lifetime); the rows
-            # are simply read again.
-            self._schema = 1
+        if batch.schema >= 2 and exc.status == 422 and "schema" in exc.detail:
+            # A fleet that knows only an older schema refuses the whole batch (422 naming the
+            # "schema" field): send the previous schema from now on (this uploader's
+            # lifetime); the rows are simply read again.
+            self._schema = batch.schema - 1
             log.warning(
-                "fleet refused a schema-2 batch (HTTP %d: %s); sending schema-1 batches from "
-                "now on (upgrade the fleet for the faster columnar form)", exc.status, exc.detail,
+                "fleet refused a schema-%d batch (HTTP %d: %s); sending schema-%d batches from "
+                "now on (upgrade the fleet for %s)", batch.schema, exc.status, exc.detail,
+                self._schema, "alert lifecycle events" if batch.schema == 3
+                else "the faster columnar form",
             )
             return 0.0
         if len(batch) > 1:

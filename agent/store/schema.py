@@ -46,6 +46,10 @@ Version 6 (camera alert snapshots):
     snapshots:  one row per camera alert with a snapshot: the frame (JPEG), the heatmap overlay
                  (PNG) and their MQTT and upload states (:mod:`agent.store.snapshots`); evicted
                  first when the store is over its budget.
+Version 7 (alert lifecycle):
+    episodes:    one row per stream with an episode raised and not yet cleared
+                 (:mod:`agent.store.episodes`): ``episode_id``, ``peak_score``, ``reported_ts``
+                 (stream time of its last report, epoch s) and ``opened_at`` (epoch s).
 """
 
 from __future__ import annotations
@@ -192,6 +196,18 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     # 5 -> 6: camera alert snapshots.
     snapshots.MIGRATION,
+    # 6 -> 7: open alert episodes, so a restart still clears them.
+    (
+        """
+        CREATE TABLE episodes (
+            stream      TEXT PRIMARY KEY,
+            episode_id  TEXT NOT NULL,
+            peak_score  REAL NOT NULL,
+            reported_ts REAL NOT NULL,
+            opened_at   REAL NOT NULL
+        )
+        """,
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -75,9 +75,10 @@ from agent.errors import StoreError
 from agent.metrics import Metrics
 from agent.pipeline.restore import StoredCalibration
 from agent.records import Aggregate, Alert, iso_utc
-from agent.store import calibrations, camera_files, codes, parts, snapshots, wire
+from agent.store import calibrations, camera_files, codes, episodes, parts, snapshots, wire
 from agent.store import maintenance as mt
 from agent.store.deferred import Deferred, bare_message, no_room
+from agent.store.episodes import EpisodeMark, OpenEpisode
 from agent.store.ids import IdLedger
 from agent.store.schema import migrate
 
@@ -614,8 +615,12 @@ class Store:
 
     # -- alerts / outbox ------------------------------------------------------------------------
 
-    def add_alert(self, alert: Alert) -> bool:
+    def add_alert(self, alert: Alert, episode: EpisodeMark | None = None) -> bool:
         """Store an alert in the outbox; idempotent on ``alert_id``.
+
+        ``episode``: what the event does to its stream's open episode, written in the same
+        transaction (:mod:`agent.store.episodes`); not written when the alert was already
+        stored.
 
         Returns:
             True when inserted, False when an alert with this id was already stored (unchanged).
@@ -629,11 +634,11 @@ class Store:
         )
         try:
             try:
-                inserted = self._insert_alert(alert, payload)
+                inserted = self._insert_alert(alert, payload, episode)
             except StoreError as exc:
                 if not mt.is_disk_full(exc) or not self._make_room():
                     raise
-                inserted = self._insert_alert(alert, payload)
+                inserted = self._insert_alert(alert, payload, episode)
         except StoreError:
             self._alerts_not_stored += 1
             self._maintain()
@@ -642,7 +647,8 @@ class Store:
         return inserted
 
     def add_new_alert(
-        self, stream: str, make: Callable[[int], Alert], seq_floor: int = 0
+        self, stream: str, make: Callable[[int], Alert], seq_floor: int = 0,
+        episode: EpisodeMark | None = None,
     ) -> Alert:
         """Take the next alert sequence number of ``stream`` and store ``make(seq)``, atomically.
 
@@ -655,6 +661,8 @@ class Store:
             make: Builds the alert from its sequence number.
             seq_floor: The number is above this one too (sequence numbers the caller used while
                 the store refused writes; they are persisted by this transaction).
+            episode: What the event does to its stream's open episode, written in the same
+                transaction (:mod:`agent.store.episodes`).
 
         Returns:
             The stored alert.
@@ -665,11 +673,11 @@ class Store:
         """
         try:
             try:
-                alert = self._insert_new_alert(stream, make, seq_floor)
+                alert = self._insert_new_alert(stream, make, seq_floor, episode)
             except StoreError as exc:
                 if not mt.is_disk_full(exc) or not self._make_room():
                     raise
-                alert = self._insert_new_alert(stream, make, seq_floor)
+                alert = self._insert_new_alert(stream, make, seq_floor, episode)
         except StoreError:
             self._alerts_not_stored += 1
             self._maintain()
@@ -709,7 +717,8 @@ class Store:
         self.ids.record(stream, int(floor))
 
     def _insert_new_alert(
-        self, stream: str, make: Callable[[int], Alert], seq_floor: int = 0
+        self, stream: str, make: Callable[[int], Alert], seq_floor: int = 0,
+        episode: EpisodeMark | None = None,
     ) -> Alert:
         with self._use("add_alert", transaction=True, durable=True) as conn:
             name = _ALERT_SEQ_PREFIX + stream
@@ -728,17 +737,40 @@ class Store:
                 "VALUES (?, ?, ?, ?, ?)",
                 (alert.alert_id, alert.stream, alert.seq, payload, self._clock()),
             )
+            if episode is not None:
+                episodes.apply(conn, alert, episode, self._clock())
         self.ids.record(stream, alert.seq)
         return alert
 
-    def _insert_alert(self, alert: Alert, payload: str) -> bool:
-        with self._use("add_alert", durable=True) as conn:
+    def _insert_alert(self, alert: Alert, payload: str,
+                      episode: EpisodeMark | None = None) -> bool:
+        with self._use("add_alert", transaction=True, durable=True) as conn:
             cur = conn.execute(
                 "INSERT OR IGNORE INTO alerts (alert_id, stream, seq, payload, created_at) "
                 "VALUES (?, ?, ?, ?, ?)",
                 (alert.alert_id, alert.stream, alert.seq, payload, self._clock()),
             )
+            if cur.rowcount == 1 and episode is not None:
+                episodes.apply(conn, alert, episode, self._clock())
             return cur.rowcount == 1
+
+    def open_episodes(self) -> dict[str, OpenEpisode]:
+        """Every stream's open episode (raised, not cleared), by stream.
+
+        Raises:
+            StoreError: The read failed.
+        """
+        with self._use("load_episodes") as conn:
+            return episodes.load(conn)
+
+    def forget_episode(self, stream: str) -> None:
+        """Forget ``stream``'s open episode (the stream left the config).
+
+        Raises:
+            StoreError: The write failed.
+        """
+        with self._use("forget_episode", transaction=True) as conn:
+            episodes.forget(conn, stream)
 
     def last_alert_row(self) -> int:
         """The largest alert row id (0 for none): where the outbox ends now.

@@ -152,3 +152,33 @@ def _array(column: tuple[Any, ...]) -> str:
         return to_json(column, inf_nan_mode="null").decode()
     except (PydanticSerializationError, UnicodeDecodeError, ValueError):
         return "[" + ",".join(map(value, column)) + "]"
+
+
+#: Keys of an alert payload that schema 1 does not have (:meth:`agent.records.Alert.to_payload`).
+_LIFECYCLE_KEYS = ("event", "episode_id", "peak_score", "reason")
+
+
+def schema1_alert(row: WireRow) -> WireRow | None:
+    """``row`` (an alert record) as a fleet older than lifecycles takes it: a ``raised`` event
+    with its body in schema 1 (the lifecycle keys removed), or None for an ``updated`` or
+    ``cleared`` event, which schema 1 cannot carry. A record whose body does not parse as an
+    object is returned unchanged (the fleet rejects it by index).
+
+    >>> r = WireRow("alert", 1, "d:s:1", alert_record("d:s:1", '{"schema":2,"event":"raised",'
+    ...             '"episode_id":"d:s:1","alert_id":"d:s:1"}'))
+    >>> schema1_alert(r).json
+    '{"kind":"alert","id":"d:s:1","body":{"schema":1,"alert_id":"d:s:1"}}'
+    """
+    try:
+        record = json.loads(row.json)
+    except ValueError:
+        return row
+    body = record.get("body") if isinstance(record, dict) else None
+    if not isinstance(body, dict) or body.get("schema") != 2:
+        return row
+    if body.get("event", "raised") != "raised":
+        return None
+    old = {k: v for k, v in body.items() if k not in _LIFECYCLE_KEYS}
+    old["schema"] = 1
+    text = json.dumps(old, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return WireRow(row.kind, row.row_id, row.record_id, alert_record(row.record_id, text))

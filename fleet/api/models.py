@@ -111,6 +111,10 @@ class AlertOut(_Out):
     #: The images stored for this alert (``snapshot``, ``heatmap``): each served at
     #: ``GET /v1/devices/{id}/alerts/{alert_id}/<kind>``.
     snapshots: list[str] = []
+    event: Literal["raised", "updated", "cleared"] = Field(
+        "raised", description="The episode event this record is (payload schema 2; a schema-1 "
+        "alert is 'raised').")
+    episode_id: str = Field("", description="The id of the episode's 'raised' record.")
 
 
 class AggregatePage(_Out):

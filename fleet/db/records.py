@@ -187,8 +187,15 @@ class RecordStore:
         return self._select(aggregates, aggregates.c.interval_start, query)
 
     def alerts(self, query: TimeQuery) -> list[dict[str, Any]]:
-        """Alerts by ``window_start`` (oldest first)."""
-        return self._select(alerts, alerts.c.window_start, query)
+        """Alerts by ``window_start`` (oldest first), each with its lifecycle ``event`` and
+        ``episode_id`` from the stored payload (a schema-1 alert: ``raised``, its own id)."""
+        rows = self._select(alerts, alerts.c.window_start, query)
+        for row in rows:
+            payload = row.get("payload")
+            body = payload if isinstance(payload, dict) else {}
+            row["event"] = body.get("event") or "raised"
+            row["episode_id"] = body.get("episode_id") or row["id"]
+        return rows
 
     def _select(self, table: Table, time_col: Any, query: TimeQuery) -> list[dict[str, Any]]:
         stmt = select(*[c for c in table.c if c.name != "pk"]).where(

@@ -74,7 +74,8 @@ def _alerts(tmp_path: Path, source: str, rules: str = "") -> int:
     assert agent.cameras["cam1"].scored == len(PATTERN)
     db = sqlite3.connect(tmp_path / "state" / "agent.db")
     try:
-        return int(db.execute("select count(*) from alerts").fetchone()[0])
+        return int(db.execute("select count(*) from alerts where "
+                              "json_extract(payload, '$.event') = 'raised'").fetchone()[0])
     finally:
         db.close()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -118,8 +119,19 @@ class FakeClient:
         self.on_connect_fail(self, None)
 
     def ack(self, mid: int) -> None:
+        """Acknowledge ``mid`` and, for an alert on the alerts topic, its copy on the
+        stream's events topic (a broker acknowledges every message)."""
         assert self.on_publish is not None
+        with self.lock:
+            sent = {m: (t, p) for m, t, p, _, _ in self.published}
         self.on_publish(self, None, mid, ReasonCode(PacketTypes.PUBACK, "Success"), None)
+        topic, payload = sent.get(mid, ("", b""))
+        if topic == ALERTS:
+            for m, (t, p) in sent.items():
+                if m > mid and t.endswith("/events") and p == payload:
+                    self.on_publish(self, None, m, ReasonCode(PacketTypes.PUBACK, "Success"),
+                                    None)
+                    break
 
     def alert_publishes(self) -> list[tuple[int, str]]:
         with self.lock:
@@ -190,7 +202,7 @@ def test_construction_configures_the_client(rig: Rig) -> None:
     assert c.kwargs["client_id"] == "edge-agent-gw1"
     assert c.kwargs["protocol"] == paho.MQTTv5 and "clean_session" not in c.kwargs
     assert c.will == (AVAIL, "offline", 1, True)
-    assert "max_inflight(3)" in c.calls
+    assert "max_inflight(6)" in c.calls  # max_inflight = 3 alerts, two messages per raised
     assert "reconnect_delay_set(1,30)" in c.calls
     assert rig.pub.alerts_topic == ALERTS
     rig.pub.start()
@@ -460,3 +472,68 @@ def test_a_password_over_plain_tcp_to_a_remote_broker_is_warned_about_once(
     texts = [r.getMessage() for r in caplog.records if "plain TCP" in r.getMessage()]
     assert len(texts) == 1 and "broker.plant.example" in texts[0], texts
     assert "secret" not in texts[0]
+
+
+def test_retain_off_sends_availability_and_state_without_retain(store: Store) -> None:
+    r = Rig(store, retain=False)
+    try:
+        assert r.client.will == (AVAIL, "offline", 1, False)
+        assert r.pub.publish_latest("edge/gw1/pump1/state", b"{}") == "skipped"  # not connected
+        r.pub.start()
+        r.client.fire_connect()
+        assert r.pub.publish_latest("edge/gw1/pump1/state", b"{}") == "retain_refused"
+        assert r.pub.publish_latest("edge/gw1/pump1/state", b"") == "retain_refused"  # no removal
+        sent = [(t, p, retain) for _, t, p, _, retain in r.client.published]
+        assert (AVAIL, b"online", False) in sent
+        assert ("edge/gw1/pump1/state", b"{}", False) in sent
+        assert ("edge/gw1/pump1/state", b"", False) not in sent
+    finally:
+        r.pub.stop()
+
+
+def test_a_broker_announcing_no_retain_turns_retain_off(rig: Rig) -> None:
+    rig.pub.start()
+    c = rig.client
+    assert c.on_connect is not None
+    props = type("Props", (), {"RetainAvailable": 0})()
+    c.is_up = True
+    c.on_connect(c, None, ConnectFlags(False), ReasonCode(PacketTypes.CONNACK, "Success"), props)
+    assert rig.pub.retain is False
+    assert rig.pub.publish_latest("edge/gw1/pump1/state", b"{}") == "retain_refused"
+    assert (AVAIL, b"online", False) in [(t, p, ret) for _, t, p, _, ret in c.published]
+
+
+def test_a_raised_event_goes_to_both_topics_and_leaves_the_outbox_on_both_acks(
+    rig: Rig,
+) -> None:
+    rig.pub.start()
+    rig.client.fire_connect()
+    rig.add(1)
+    events = "edge/gw1/pump1/events"
+    wait_until(lambda: len(rig.client.published) >= 3, what="availability and two copies")
+    mids = {t: m for m, t, _, _, _ in rig.client.published}
+    assert set(mids) >= {ALERTS, events}
+    assert rig.client.on_publish is not None
+    rig.client.on_publish(rig.client, None, mids[events],
+                          ReasonCode(PacketTypes.PUBACK, "Success"), None)
+    assert not rig.pub.flush(0.3)  # the alerts topic's copy is not acknowledged yet
+    rig.client.on_publish(rig.client, None, mids[ALERTS],
+                          ReasonCode(PacketTypes.PUBACK, "Success"), None)
+    assert rig.pub.flush(3.0)
+
+
+def test_updated_and_cleared_go_to_the_events_topic_only(rig: Rig) -> None:
+    rig.pub.start()
+    rig.client.fire_connect()
+    for seq, event in ((2, "updated"), (3, "cleared")):
+        rig.store.add_alert(dataclasses.replace(alert(seq), event=event,
+                                                episode_id="gw1:pump1:1", peak_score=3.0))
+        rig.pub.notify(f"gw1:pump1:{seq}", None)
+    events = "edge/gw1/pump1/events"
+    wait_until(lambda: len([1 for _, t, *_ in rig.client.published if t == events]) == 2,
+               what="two events")
+    assert rig.client.alert_publishes() == []
+    for m, t, *_ in list(rig.client.published):
+        if t == events:
+            rig.client.ack(m)
+    assert rig.pub.flush(3.0)

@@ -180,7 +180,7 @@ def _alert(explanation: Explanation | None) -> Alert:
 def test_multichannel_payload_is_unchanged_and_univariate_adds_explanation() -> None:
     plain = _alert(None).to_payload()
     assert json.dumps(plain, separators=(",", ":")) == (
-        '{"schema":1,"alert_id":"d:s:1","device_id":"d","stream":"s","seq":1,'
+        '{"schema":2,"event":"raised","episode_id":"d:s:1","alert_id":"d:s:1","device_id":"d","stream":"s","seq":1,'
         '"model":{"name":"m","version":1},"score":3.0,"threshold":2.0,'
         '"window_start":"1970-01-01T00:00:00.000Z","window_end":"1970-01-01T00:00:01.000Z",'
         '"raised_at":"1970-01-01T00:00:02.000Z","top_channels":[{"channel":"a",'

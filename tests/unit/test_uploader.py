@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 import time
@@ -218,21 +219,23 @@ def test_fleet_config_rules(tmp_path: Path) -> None:
 def test_a_schema_1_fleet_gets_schema_1_batches_and_nothing_is_dead_lettered(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # what a fleet that only knows schema 1 answers to a schema-2 batch (its 422 detail)
+    # what a fleet that only knows schema 1 answers to a schema-2 (and a schema-3) batch
     store, client, up, _m = setup(tmp_path, batch_records=4, max_in_flight=1)
     for i in range(6):
         store.add_aggregate(make_aggregate(60.0 * i))
     store.add_alert(make_alert(1))
-    client.fail = [FleetRejected(
+    refusal = FleetRejected(
         422, "[{'loc': ['schema'], 'msg': 'Input should be 1'}, {'loc': ['aggregates'], "
-             "'msg': 'Extra inputs are not permitted'}]")]
+             "'msg': 'Extra inputs are not permitted'}]")
+    client.fail = [refusal, refusal]
     assert up.run_once() == 0.0
     while store.upload_backlog() != (0, 0):
         assert up.run_once() in (0.0, up.interval_s)
-    assert [b.schema_ for b in client.batches] == [2, 1, 1]
+    assert [b.schema_ for b in client.batches] == [3, 2, 1, 1]
     assert client.batches[0].aggregates is not None
-    assert all(b.aggregates is None for b in client.batches[1:])
-    assert [len(b.all_records()) for b in client.batches] == [4, 4, 3]
+    assert all(b.aggregates is None for b in client.batches[2:])
+    assert [len(b.all_records()) for b in client.batches] == [4, 4, 4, 3]
+    assert client.batches[2].records[0].body.schema_ == 1  # the alert, as schema 1
     assert store.dead_letters() == []
     assert sum("schema-1 batches" in r.getMessage() for r in caplog.records) == 1
 
@@ -247,7 +250,7 @@ def test_schema_2_batches_carry_alerts_as_records_and_aggregates_as_columns(
     client.statuses = {"gw1:pump1:120000": "rejected"}
     assert up.run_once() == up.interval_s
     sent = client.batches[0]
-    assert sent.schema_ == 2 and [r.kind for r in sent.records] == ["alert"]
+    assert sent.schema_ == 3 and [r.kind for r in sent.records] == ["alert"]
     assert sent.aggregates is not None and len(sent.aggregates.ids) == 3
     assert store.upload_backlog() == (0, 0)
     assert [d["record_id"] for d in store.dead_letters()] == ["gw1:pump1:120000"]
@@ -293,3 +296,32 @@ def test_an_unexpected_error_does_not_end_the_upload_thread(tmp_path: Path) -> N
                                            {"reason": "internal"}) == 1
     finally:
         up.stop()
+
+
+def test_a_fleet_older_than_lifecycles_gets_raised_as_schema_1_and_keeps_the_rest(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # what a schema-2 fleet answers to a schema-3 batch; its AlertBody takes schema 1 only
+    store, client, up, m = setup(tmp_path, batch_records=10, max_in_flight=1)
+    raised = make_alert(1)
+    store.add_alert(raised)
+    store.add_alert(dataclasses.replace(raised, alert_id="gw1:pump1:2", seq=2, event="updated",
+                                        episode_id=raised.alert_id, peak_score=9.0))
+    store.add_alert(dataclasses.replace(raised, alert_id="gw1:pump1:3", seq=3, event="cleared",
+                                        episode_id=raised.alert_id, peak_score=9.0))
+    client.fail = [FleetRejected(422, "[{'loc': ['schema'], 'msg': 'Input should be 1 or 2'}]")]
+    assert up.run_once() == 0.0
+    while store.upload_backlog() != (0, 0):
+        assert up.run_once() in (0.0, up.interval_s)
+    assert [b.schema_ for b in client.batches] == [3, 2]
+    assert [r.id for r in client.batches[0].records] == [
+        "gw1:pump1:1", "gw1:pump1:2", "gw1:pump1:3"]
+    old = client.batches[1].records
+    assert [r.id for r in old] == ["gw1:pump1:1"]
+    body = old[0].body.model_dump(by_alias=True, exclude_unset=True)
+    assert body["schema"] == 1 and "event" not in body and "episode_id" not in body
+    assert store.dead_letters() == []
+    dropped = m.registry.get_sample_value(
+        "edge_agent_dropped_total", {"kind": "alert_event", "reason": "fleet_schema"})
+    assert dropped == 2
+    assert sum("lifecycle events" in r.getMessage() for r in caplog.records) >= 1
