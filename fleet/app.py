@@ -8,9 +8,22 @@ from collections.abc import Callable
 from fastapi import FastAPI
 from sqlalchemy import Engine
 
-from fleet.api import devices, handlers, health, ingest, registry, rollouts, samples
+from fleet.accounts.service import build_accounts
+from fleet.api import (
+    accounts,
+    console_data,
+    devices,
+    handlers,
+    health,
+    ingest,
+    registry,
+    rollouts,
+    samples,
+)
 from fleet.api.deps import Services
 from fleet.api.json_body import install_openapi
+from fleet.console import routes as console
+from fleet.db.console_queries import ConsoleQueries
 from fleet.db.devices import DeviceRegistry
 from fleet.db.engine import make_engine
 from fleet.db.records import RecordStore
@@ -61,9 +74,12 @@ def create_app(
         on_calibration=on_calibration,
     )
     app.state.model_loop = build_model_loop(settings, engine)
+    app.state.accounts = build_accounts(engine, settings.session_ttl_s)
+    app.state.console_queries = ConsoleQueries(engine)
     handlers.install(app)
     install_openapi(app)
-    for module in (ingest, devices, health, samples, registry, rollouts):
+    for module in (ingest, devices, health, samples, registry, rollouts, accounts, console_data,
+                   console):
         app.include_router(module.router)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app
