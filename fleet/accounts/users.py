@@ -106,7 +106,7 @@ class UserStore:
         self._engine = engine
         self._hasher = hasher or PasswordHasher()
         self._clock = clock
-        self._dummy_hash = self._hasher.hash(secrets.token_urlsafe(16))
+        self._dummy_hash: str | None = None  # made at the first login (app start stays cheap)
 
     # --- users ---------------------------------------------------------------------------------
 
@@ -194,8 +194,10 @@ class UserStore:
             row = conn.execute(select(users.c.password_hash, users.c.disabled_at)
                                .where(users.c.username == username)).first()
         stored = row.password_hash if row is not None and row.password_hash else None
+        if stored is None and self._dummy_hash is None:
+            self._dummy_hash = self._hasher.hash(secrets.token_urlsafe(16))
         try:
-            self._hasher.verify(stored or self._dummy_hash, password)
+            self._hasher.verify(stored or self._dummy_hash or "", password)
         except (VerificationError, InvalidHashError):
             return None
         if stored is None or row is None or row.disabled_at is not None:
