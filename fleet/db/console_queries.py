@@ -212,8 +212,9 @@ class ConsoleQueries:
             return [{k: v for k, v in row._mapping.items() if k != "pk"} for row in rows]
 
     def running(self) -> list[dict[str, Any]]:
-        """Where each model runs: active devices' last reports in state ``active``, and the
-        model their last upload named (``stream`` None). Sorted by model, version, device."""
+        """Where each model runs: active devices' last reports in state ``active``, and, for a
+        device without such a report, the model its last upload named (``stream`` None).
+        Sorted by model, version, device, stream."""
         found: dict[tuple[str, int, str, str | None], dict[str, Any]] = {}
         with self._engine.connect() as conn:
             for (dev, stream), rep in self._latest_reports(conn, None).items():
@@ -224,8 +225,9 @@ class ConsoleQueries:
             rows = conn.execute(select(devices.c.device_id, devices.c.model_name,
                                        devices.c.model_version).where(and_(
                 devices.c.revoked_at.is_(None), devices.c.model_name.is_not(None))))
+            reported = {k[2] for k in found}
             for row in rows:
-                if row.model_version is None:
+                if row.model_version is None or row.device_id in reported:
                     continue
                 key = (row.model_name, int(row.model_version), row.device_id, None)
                 found.setdefault(key, {"name": row.model_name, "version": row.model_version,
