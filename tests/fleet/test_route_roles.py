@@ -96,7 +96,7 @@ def allowed(minimum: str, caller: str) -> bool:
         return False  # no token logs out: only a console session (tests/fleet/test_accounts.py)
     if caller == "device":
         return minimum == "viewer|device"
-    return _RANK[caller] >= _RANK[minimum.split("|")[0]]
+    return _RANK[caller] >= _RANK[minimum.split("|", maxsplit=1)[0]]
 
 
 def test_every_route_is_in_the_table(client: TestClient) -> None:

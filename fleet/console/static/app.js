@@ -161,7 +161,7 @@ function plot(series) {
   root.append(svg("line", { class: "axis", x1: L, y1: T, x2: L, y2: H - B }));
   for (let i = 0; i <= 4; i++) {
     const t = series.since + (i / 4) * (series.until - series.since);
-    const label = svg("text", { x: x(t) - 40, y: H - 10 });
+    const label = svg("text", { x: x(t), y: H - 10, "text-anchor": i === 0 ? "start" : i === 4 ? "end" : "middle" });
     label.textContent = fmtEpoch(t);
     root.append(label);
     const v = (i / 4) * top;
