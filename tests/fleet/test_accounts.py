@@ -222,3 +222,17 @@ def test_audit_log_records_who_what_target_and_address(
     older = client.get(f"/v1/audit?before={entries[1]['id']}").json()["entries"]
     assert [e["action"] for e in older] == ["device.enroll", "session.login",
                                             "session.login_failed"]
+
+
+def test_over_tls_the_cookies_are_secure_and_host_prefixed(
+    settings: Settings, engine: Engine
+) -> None:
+    add_user(engine, "olga", "viewer")
+    with TestClient(create_app(settings, engine), base_url="https://fleet.example") as tc:
+        resp = tc.post("/v1/session", json={"username": "olga", "password": PASSWORD})
+        assert resp.status_code == 200, resp.text
+        cookies = resp.headers.get_list("set-cookie")
+        session = next(c for c in cookies if c.startswith("__Host-edge_fleet_session="))
+        assert "Secure" in session and "HttpOnly" in session and "Path=/" in session
+        assert any(c.startswith("__Host-edge_fleet_csrf=") and "Secure" in c for c in cookies)
+        assert tc.get("/v1/session").json()["username"] == "olga"
