@@ -3,9 +3,17 @@ act over the API with the roles they were given; every change is in the audit lo
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
+import requests
 from fastapi.testclient import TestClient
 
 from fleet.app import create_app
@@ -68,3 +76,51 @@ def test_user_and_token_commands(tmp_path: Path, capsys: pytest.CaptureFixture[s
         ("user.change", "cli", "root"), ("token.revoke", "cli", "bot"),
     ]
     assert ("device.enroll", "token", "gw1") in actions
+
+
+def test_serve_without_the_bootstrap_token(tmp_path: Path) -> None:
+    """``serve --no-admin-token`` generates no token file and accepts only accounts."""
+    db = f"sqlite:///{tmp_path / 'fleet.db'}"
+    state = tmp_path / "state"
+    pw = tmp_path / "pw"
+    pw.write_text(PASSWORD)
+    assert main(["user", "add", "root", "--role", "admin", "--password-file", str(pw),
+                 "--db", db, "--state-dir", str(state)]) == 0
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    exe = shutil.which("edge-fleet")
+    cmd = [exe] if exe else [sys.executable, "-m", "fleet.cli"]
+    env = {k: v for k, v in os.environ.items() if k != "EDGE_FLEET_ADMIN_TOKEN"}
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([*cmd, "serve", "--db", db, "--port", str(port), "--state-dir",
+                                 str(state), "--no-admin-token"], stdout=out,
+                                stderr=subprocess.STDOUT, env=env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if requests.get(f"{base}/healthz", timeout=1).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        assert not (state / "admin.token").exists()
+        with requests.Session() as http:
+            assert http.get(f"{base}/v1/devices", timeout=10).status_code == 401
+            resp = http.post(f"{base}/v1/session", json={"username": "root",
+                                                         "password": PASSWORD}, timeout=10)
+            assert resp.status_code == 200, resp.text
+            assert http.get(f"{base}/v1/users", timeout=10).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert "Traceback" not in log.read_text()
