@@ -61,6 +61,8 @@ class Fleet:
     admin: dict[str, str]
     tokens: dict[str, str]
     shots: Path
+    #: A signed package archive of skab-wstat@8, not pushed yet.
+    archive_v8: Path
 
 
 def _free_port() -> int:
@@ -84,7 +86,7 @@ def _feed(base: str, admin: dict[str, str], tmp: Path, key: Path) -> dict[str, s
                           headers=admin, timeout=10)
         assert r.status_code == 201, r.text
         tokens[dev] = r.json()["token"]
-    now = time.time()
+    now = float(int(time.time()))  # whole seconds: record ids are interval_start in ms
     recent = [aggregate("gw1", "pump1", now - 60 * (N_AGGREGATES - i), max_score=0.2 + 0.01 * i)
               for i in range(N_AGGREGATES)]
     old = [aggregate("gw1", "pump1", now - 2 * 86400 - 60 * i, max_score=0.3)
@@ -94,7 +96,8 @@ def _feed(base: str, admin: dict[str, str], tmp: Path, key: Path) -> dict[str, s
     client = FleetClient(base, tokens["gw1"])
     doc = batch("gw1", [*recent, *old, hostile], agent_version=XSS, sent_at=now)
     result = client.ingest(IngestBatch.model_validate(doc))
-    assert {r.status for r in result.results} == {"accepted"}
+    assert {r.status for r in result.results} == {"accepted"}, [
+        r for r in result.results if r.status != "accepted"][:3]
     other = FleetClient(base, tokens["gw2"])
     other.ingest(IngestBatch.model_validate(
         batch("gw2", [aggregate("gw2", "fan", now - 120)], sent_at=now)))
@@ -141,7 +144,9 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
         tokens = _feed(base, admin, tmp_path, key)
         shots = tmp_path / "screenshots"
         shots.mkdir()
-        yield Fleet(base=base, admin=admin, tokens=tokens, shots=shots)
+        v8 = tmp_path / "skab-wstat-8.tar.gz"
+        v8.write_bytes(archive(tmp_path, 8, key))
+        yield Fleet(base=base, admin=admin, tokens=tokens, shots=shots, archive_v8=v8)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -230,9 +235,16 @@ def test_operator_starts_and_aborts_a_rollout_viewer_is_refused(
     browser: Any, fleet: Fleet
 ) -> None:
     op = _login(browser, fleet, "otto")
+    op.goto(f"{fleet.base}/console/#/registry")
+    op.wait_for_selector("#push-form")
+    op.set_input_files("#push-form input[name=archive]", str(fleet.archive_v8))
+    op.click("#push-submit")
+    expect(op.locator("#flash")).to_contain_text("Pushed skab-wstat@8")
+    expect(op.locator("#models")).to_contain_text("otto")
+    _shot(op, fleet, "registry-pushed")
     op.goto(f"{fleet.base}/console/#/rollouts")
     op.wait_for_selector("#rollout-form")
-    op.fill("#rollout-form input[name=version]", "7")
+    op.fill("#rollout-form input[name=version]", "8")
     op.fill("#rollout-form input[name=target]", "line=1")
     op.fill("#rollout-form input[name=canary]", "50")
     op.click("#rollout-create")
@@ -248,9 +260,9 @@ def test_operator_starts_and_aborts_a_rollout_viewer_is_refused(
     canary = next(d["device_id"] for d in detail["devices"] if d["canary"])
     device = FleetClient(fleet.base, fleet.tokens[canary])
     assigned = device.assignment("pump1")
-    assert assigned is not None and assigned.version == 7
+    assert assigned is not None and assigned.version == 8
     device.report_status(ModelStatusReport(device_id=canary, stream="pump1", name="skab-wstat",
-                                           version=7, rollout_id=rollout_id, state="active",
+                                           version=8, rollout_id=rollout_id, state="active",
                                            at=time.time()))
     device.close()
 

@@ -326,7 +326,22 @@ async function registryPage() {
   const [models, running] = await Promise.all([api("GET", "/v1/models"), api("GET", "/v1/models/running")]);
   const where = {};
   for (const r of running.running) (where[`${r.name}@${r.version}`] ||= []).push(r.stream ? `${r.device_id}/${r.stream}` : r.device_id);
-  view(el("h1", {}, "Model registry"), table("models", ["Model", "Version", "Signer (key id)", "Size",
+  const push = el("form", { class: "controls", id: "push-form", onsubmit: async (ev) => {
+    ev.preventDefault();
+    const file = ev.target.elements.archive.files[0];
+    if (!file) return;
+    try {
+      const resp = await fetch("/v1/models", { method: "POST", credentials: "same-origin", body: file,
+        headers: { "Content-Type": "application/gzip", "X-CSRF-Token": csrfToken() } });
+      const doc = await resp.json();
+      if (!resp.ok) throw new ApiError(resp.status, doc.detail);
+      await registryPage();
+      flash(`Pushed ${doc.name}@${doc.version} (signed by ${doc.key_id}).`, true);
+    } catch (err) { refused(err); }
+  } }, el("label", {}, "Signed package (.tar.gz: edge-fleet model sign, then model pack)",
+    el("input", { type: "file", name: "archive", accept: ".tar.gz,.tgz,application/gzip", required: true })),
+  el("button", { type: "submit", id: "push-submit" }, "Push"));
+  view(el("h1", {}, "Model registry"), el("h2", {}, "Push a package"), push, table("models", ["Model", "Version", "Signer (key id)", "Size",
     "Uploaded (UTC)", "By", "Description", "Running on"], models.models.map((m) => [
     m.name, m.version, m.key_id, `${(m.size / 1024).toFixed(1)} KiB`, when(m.uploaded_at), m.uploaded_by,
     m.description, (where[`${m.name}@${m.version}`] || []).join(", ") || "-"])));
