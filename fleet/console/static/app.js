@@ -245,6 +245,26 @@ function alertTable(items, reload) {
   ]));
 }
 
+function timeline(items) {
+  // one mark per alert on a time axis (filled: not acknowledged), newest on the right
+  const W = 860, H = 56, L = 10, R = 10;
+  const times = items.map((a) => Date.parse(a.window_start) / 1000);
+  const root = svg("svg", { class: "plot", id: "alert-timeline", width: W, height: H,
+    viewBox: `0 0 ${W} ${H}`, "data-alerts": items.length, role: "img" });
+  root.append(svg("line", { class: "axis", x1: L, y1: 24, x2: W - R, y2: 24 }));
+  if (!items.length) return root;
+  const lo = Math.min(...times), hi = Math.max(...times, lo + 60);
+  const x = (t) => L + ((t - lo) / (hi - lo)) * (W - L - R);
+  items.forEach((a, i) => root.append(svg("circle", { class: a.acked_by ? "acked" : "alert-mark",
+    cx: x(times[i]).toFixed(1), cy: 24, r: 4 })));
+  for (const [t, anchor] of [[lo, "start"], [hi, "end"]]) {
+    const label = svg("text", { x: x(t), y: 50, "text-anchor": anchor });
+    label.textContent = fmtEpoch(t);
+    root.append(label);
+  }
+  return root;
+}
+
 async function alertsPage(params) {
   const q = new URLSearchParams(params);
   const since = q.get("since_s");
@@ -267,7 +287,8 @@ async function alertsPage(params) {
     el("option", { value: "false", selected: q.get("acked") === "false" }, "unacknowledged"),
     el("option", { value: "true", selected: q.get("acked") === "true" }, "acknowledged"))),
   el("button", { type: "submit" }, "Filter"));
-  view(el("h1", {}, `Alerts (${found.items.length})`), form, alertTable(found.items, () => alertsPage(params)));
+  view(el("h1", {}, `Alerts (${found.items.length})`), form, timeline(found.items),
+    alertTable(found.items, () => alertsPage(params)));
 }
 
 async function rolloutsPage() {
@@ -376,6 +397,7 @@ async function route() {
   } catch (err) {
     if (err.status !== 401) refused(err);
   }
+  document.getElementById("view").dataset.route = location.hash;  // this page is drawn
 }
 
 async function start() {
