@@ -9,8 +9,10 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from sqlalchemy import Engine
 
+from fleet.accounts.service import build_accounts
 from fleet.api import (
-    console_queries,
+    accounts,
+    console_data,
     device_health,
     devices,
     docs,
@@ -25,6 +27,8 @@ from fleet.api import (
 )
 from fleet.api.deps import Services
 from fleet.api.json_body import install_openapi
+from fleet.console import routes as console
+from fleet.db.console_queries import ConsoleQueries
 from fleet.db.devices import DeviceRegistry
 from fleet.db.engine import make_engine
 from fleet.db.health import HealthStore
@@ -98,10 +102,12 @@ def create_app(
         events=keeper.events,
     )
     app.state.model_loop = build_model_loop(settings, engine)
+    app.state.accounts = build_accounts(engine, settings.session_ttl_s)
+    app.state.console_queries = ConsoleQueries(engine)
     handlers.install(app)
     install_openapi(app)
-    for module in (ingest, device_health, devices, console_queries, health, samples, snapshots,
-                   registry, rollouts, webhooks, docs):
+    for module in (ingest, device_health, devices, health, samples, snapshots, registry, rollouts,
+                   webhooks, accounts, console_data, console, docs):
         app.include_router(module.router)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app

@@ -9,6 +9,7 @@
                      [--trusted-keys DIR] [--signing-key FILE] [--rollback-key FILE]
                      [--halt-after N] [--offline-after 300] [--retention alerts=365d,...]
                      [--webhook-max-attempts 10] [--webhook-backoff 10] [--webhook-timeout 10]
+                     [--no-admin-token] [--session-hours 12]
                      [--auth-cache-ttl 30] [--auto-retrain] [--base-model DIR]
                      (EDGE_FLEET_DB may replace --db)
     edge-fleet retrain --device D --stream S --signing-key F --trusted-keys DIR
@@ -22,6 +23,8 @@
     edge-fleet device tag ID [--add T ...] [--remove T ...]   change an enrolled device's tags
     edge-fleet keys|model|rollout ...          model rollout (see fleet/operator_cli.py)
     edge-fleet webhook add|list|remove|deliveries|redeliver   (see fleet/webhook_cli.py)
+    edge-fleet user|token ...                  operator accounts and API tokens
+                                               (see fleet/accounts/cli.py)
 
 The ``device`` commands talk to the database directly (same ``--db``), not over HTTP: they work
 before the server is up and need no admin token, which is the operator's file-system access.
@@ -82,8 +85,9 @@ _ENV_AUTH_TTL = "EDGE_FLEET_AUTH_CACHE_TTL"
 _ENV_TOKEN_FILE, _ENV_RETENTION = "EDGE_FLEET_ADMIN_TOKEN_FILE", "EDGE_FLEET_STATUS_RETENTION_DAYS"
 _ENV_REQUEST_TIMEOUT = "EDGE_FLEET_REQUEST_TIMEOUT"
 _ENV_OPS, _ENV_PROM = "EDGE_FLEET_OPS_SETTINGS", "PROMETHEUS_MULTIPROC_DIR"
+_ENV_NO_ADMIN, _ENV_SESSION = "EDGE_FLEET_NO_ADMIN_TOKEN", "EDGE_FLEET_SESSION_S"
 #: Commands that write the database, the state directory or a token.
-_PRIVATE_COMMANDS = ("serve", "db", "device", "retrain", "webhook")
+_PRIVATE_COMMANDS = ("serve", "db", "device", "retrain", "webhook", "user", "token")
 #: Seconds uvicorn's supervisor waits for a worker's health answer (``--workers N``) before it
 #: kills and respawns the worker; uvicorn's default is 5. A worker answers only once it has
 #: imported the app (1.5-2.5 s of CPU here), so on a busy 2-core host a new worker missed 5 s,
@@ -95,6 +99,7 @@ _log = logging.getLogger("fleet")
 
 def build_parser() -> argparse.ArgumentParser:
     from fleet import operator_cli, webhook_cli  # noqa: PLC0415 (not in the worker processes)
+    from fleet.accounts import cli as accounts_cli  # noqa: PLC0415 (idem)
     from fleet.training import cli as training_cli  # noqa: PLC0415 (idem)
 
     parser = argparse.ArgumentParser(prog="edge-fleet", description=__doc__.splitlines()[0])
@@ -148,6 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
                        "(with jitter) up to 1 h (default 10)")
     serve.add_argument("--webhook-timeout", type=float, default=Settings.webhook_timeout_s,
                        metavar="S", help="total deadline of one delivery attempt (default 10)")
+    serve.add_argument("--no-admin-token", action="store_true",
+                       help="refuse the bootstrap admin token: operators use accounts and "
+                            "personal API tokens only (docs/console.md)")
+    serve.add_argument("--session-hours", type=float, default=Settings.session_ttl_s / 3600,
+                       metavar="H", help="console session lifetime from login (default 12)")
     training_cli.add_arguments(serve, serve=True)
 
     retrain = sub.add_parser("retrain", parents=[common],
@@ -180,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="remove a tag (a bare key k also removes k=...)")
     operator_cli.add_commands(sub)
     webhook_cli.add_commands(sub, common)
+    accounts_cli.add_commands(sub, common)
     return parser
 
 
@@ -213,6 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from fleet import operator_cli  # noqa: PLC0415 (see build_parser)
+    from fleet.accounts import cli as accounts_cli  # noqa: PLC0415 (idem)
     from fleet.db import migrate  # noqa: PLC0415 (alembic: not in the worker processes)
     from fleet.training import cli as training_cli  # noqa: PLC0415
 
@@ -233,6 +245,8 @@ def _run(args: argparse.Namespace) -> int:
             from fleet import webhook_cli  # noqa: PLC0415
 
             return webhook_cli.run(args, engine)
+        if args.command in accounts_cli.COMMANDS:
+            return accounts_cli.run(args, engine, _settings(args).session_ttl_s)
         registry = DeviceRegistry(engine)
         if args.device_command == "add":
             from cloud_sync.protocol import EnrollRequest  # noqa: PLC0415 (validation only)
@@ -279,6 +293,7 @@ def _settings(args: argparse.Namespace, admin_token: str = "") -> Settings:
                                      Settings.webhook_max_attempts),
         webhook_backoff_base_s=getattr(args, "webhook_backoff", Settings.webhook_backoff_base_s),
         webhook_timeout_s=getattr(args, "webhook_timeout", Settings.webhook_timeout_s),
+        session_ttl_s=getattr(args, "session_hours", Settings.session_ttl_s / 3600) * 3600,
     )
 
 
@@ -333,7 +348,13 @@ def _serve(args: argparse.Namespace) -> int:
     if not 0 < args.webhook_backoff <= 86400 or not 0 < args.webhook_timeout <= 300:
         raise ConfigError("--webhook-backoff must be 0..86400 s, --webhook-timeout 0..300 s")
     from_env = args.admin_token_file is None and bool(os.environ.get(ADMIN_TOKEN_ENV, "").strip())
-    token = resolve_admin_token(args.state_dir, args.admin_token_file)
+    if not 0 < args.session_hours <= 24 * 90:
+        raise ConfigError("--session-hours must be 0..2160")
+    if args.no_admin_token:
+        token = ""
+        _log.info("bootstrap admin token off (--no-admin-token): accounts and API tokens only")
+    else:
+        token = resolve_admin_token(args.state_dir, args.admin_token_file)
     os.environ.pop(ADMIN_TOKEN_ENV, None)  # no child process inherits it (module docstring)
     settings = _settings(args, token)
     options = _server_options(args)
@@ -365,7 +386,7 @@ def _serve(args: argparse.Namespace) -> int:
     # Worker processes import the app by name: hand them the resolved settings by environment,
     # and the admin token as a file path (a private copy when it came in the environment).
     engine.dispose()
-    copy = private_copy(token, "admin.token") if from_env else None
+    copy = private_copy(token, "admin.token") if from_env and token else None
     token_file = copy or args.admin_token_file or args.state_dir / "admin.token"
     os.environ.update({
         _ENV_DB: settings.db_url,
@@ -382,6 +403,8 @@ def _serve(args: argparse.Namespace) -> int:
         _ENV_OPS: json.dumps(_ops_settings(settings)),
         # every worker counts into its own files here; /metrics sums them (fleet.metrics)
         _ENV_PROM: tempfile.mkdtemp(prefix="edge-fleet-metrics-"),
+        _ENV_NO_ADMIN: "1" if not token else "",
+        _ENV_SESSION: str(settings.session_ttl_s),
     })
     try:
         uvicorn.run("fleet.cli:worker_app", factory=True, workers=args.workers,
@@ -440,9 +463,12 @@ def worker_app() -> FastAPI:
     state_dir = Path(os.environ[_ENV_STATE])
     timeout = float(os.environ.get(_ENV_REQUEST_TIMEOUT, str(Settings.request_timeout_s)))
     conn_guard.configure(timeout)
+    no_admin = bool(os.environ.get(_ENV_NO_ADMIN))
     app = create_app(Settings(
         db_url=os.environ[_ENV_DB],
-        admin_token=resolve_admin_token(state_dir, Path(os.environ[_ENV_TOKEN_FILE])),
+        admin_token="" if no_admin else resolve_admin_token(
+            state_dir, Path(os.environ[_ENV_TOKEN_FILE])),
+        session_ttl_s=float(os.environ.get(_ENV_SESSION, str(Settings.session_ttl_s))),
         request_timeout_s=timeout,
         status_retention_days=float(
             os.environ.get(_ENV_RETENTION, str(Settings.status_retention_days))

@@ -15,7 +15,8 @@
         ├── Conflict                409 (device already enrolled)
         ├── PayloadTooLarge         413 body or batch over the limits of cloud_sync.protocol
         ├── UnsupportedMediaType    415 wrong Content-Type or Content-Encoding
-        └── Unprocessable           422 schema violation of the envelope or a query parameter
+        ├── Unprocessable           422 schema violation of the envelope or a query parameter
+        └── TooManyRequests         429 login attempts too fast (``Retry-After``)
 
 ``retryable`` is a class property: clients may retry only what says so. API errors render as
 ``{"error": <code>, "detail": <text or list>}`` (see :mod:`fleet.api.handlers`).
@@ -112,3 +113,14 @@ class UnsupportedMediaType(ApiError):
 class Unprocessable(ApiError):
     status = 422
     code = "unprocessable"
+
+
+class TooManyRequests(ApiError):
+    """Too many failed logins for this user from this address; retry after ``Retry-After``."""
+
+    status = 429
+    code = "too_many_requests"
+
+    def __init__(self, detail: Any, *, retry_after_s: int) -> None:
+        super().__init__(detail, headers={"Retry-After": str(retry_after_s)})
+        self.retry_after_s = retry_after_s

@@ -4,6 +4,8 @@
 
     edge-fleet keys generate --out DIR [--key-id ID]    writes ID.key (0600) and ID.pub
     edge-fleet model sign PACKAGE_DIR --key FILE         signs manifest.json in place
+    edge-fleet model pack PACKAGE_DIR --out FILE         the canonical .tar.gz (to push from
+                                                         the web console, docs/console.md)
     edge-fleet model push PACKAGE_DIR                    packs and uploads (admin token)
     edge-fleet model list
     edge-fleet rollout create NAME VERSION (--tag T | --device D ...) [--canary PCT]
@@ -12,9 +14,10 @@
     edge-fleet rollout show ID                           per-device states
     edge-fleet rollout promote|pause|resume|abort ID
 
-``keys`` and ``model sign`` work offline on files. The others speak HTTP to ``--url`` (default
-``$EDGE_FLEET_URL`` or ``http://127.0.0.1:8700``) with the admin token from
-``--admin-token-file`` or ``$EDGE_FLEET_ADMIN_TOKEN``. Exit codes: 0 ok, 1 refused by the fleet
+``keys``, ``model sign`` and ``model pack`` work offline on files. The others speak HTTP to
+``--url`` (default ``$EDGE_FLEET_URL`` or ``http://127.0.0.1:8700``) with the admin token, or a
+personal API token (docs/console.md), from ``--admin-token-file`` or
+``$EDGE_FLEET_ADMIN_TOKEN``. Exit codes: 0 ok, 1 refused by the fleet
 (the reason is printed), 69 fleet unreachable, 78 bad configuration (no token, bad key file).
 """
 
@@ -65,6 +68,9 @@ def add_commands(sub: Any) -> None:
     sign = msub.add_parser("sign", help="sign PACKAGE_DIR/manifest.json in place")
     sign.add_argument("package_dir", type=Path)
     sign.add_argument("--key", type=Path, required=True, help="private key file (ID.key)")
+    pk = msub.add_parser("pack", help="write PACKAGE_DIR as the canonical .tar.gz")
+    pk.add_argument("package_dir", type=Path)
+    pk.add_argument("--out", type=Path, required=True, help="archive to write (.tar.gz)")
     push = msub.add_parser("push", parents=[http], help="pack and upload a signed package")
     push.add_argument("package_dir", type=Path)
     msub.add_parser("list", parents=[http], help="table of stored packages")
@@ -97,6 +103,9 @@ def run(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
             kid = _sign_dir(args.package_dir, args.key)
             _, m = read_manifest(args.package_dir)
             out(f"signed {m.name}@{m.version} with key {kid}")
+        elif args.command == "model" and args.model_command == "pack":
+            sha = pack(args.package_dir, args.out)
+            out(f"packed {args.out} sha256 {sha}")
         elif args.command == "model":
             _model(args, out)
         else:

@@ -33,7 +33,8 @@ class Settings:
 
     Attributes:
         db_url: SQLAlchemy URL (``sqlite:///path`` or ``postgresql+psycopg://...``).
-        admin_token: The operator token (plaintext, compared in constant time).
+        admin_token: The bootstrap admin token (plaintext, compared in constant time); empty
+            turns it off (``serve --no-admin-token``: operators use accounts only).
         state_dir: Holds the default SQLite file and the generated admin token.
         pool_size: PostgreSQL connection pool size (per process).
         max_overflow: Extra connections above ``pool_size`` under bursts. Default 0: a burst
@@ -58,6 +59,7 @@ class Settings:
             the worker that handles the revoke refuses it at once (:mod:`fleet.db.token_cache`).
         status_retention_days: Model status reports older than this are deleted (checked at
             most hourly per process, :mod:`fleet.db.retention`); 0 keeps them forever.
+        session_ttl_s: Lifetime of a console session from its login, seconds (absolute).
         request_timeout_s: A connection that has not sent a whole request (headers and body)
             this long after it opened or began the request is closed (:mod:`fleet.conn_guard`).
         offline_after_s: A device with no health report and no upload for this long is
@@ -95,6 +97,7 @@ class Settings:
     webhook_backoff_max_s: float = 3600.0
     webhook_timeout_s: float = 10.0
     webhook_poll_s: float = 2.0
+    session_ttl_s: float = 12 * 3600.0
 
 
 def default_db_url(state_dir: Path) -> str:

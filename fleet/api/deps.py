@@ -1,11 +1,15 @@
-"""Request dependencies: the app's services and the bearer-token principal.
+"""Request dependencies: the app's services and the principal (who calls, with which role).
 
-Tokens arrive as ``Authorization: Bearer <token>``. The admin token is compared with
-:func:`hmac.compare_digest`; a device token is looked up by its sha256 (see
-:mod:`fleet.db.devices`), first in the process's token cache (:mod:`fleet.db.token_cache`:
-a revoked token keeps working in other worker processes for at most
-``Settings.auth_cache_ttl_s``). Admin and device tokens are disjoint roles: the admin token
-cannot ingest, a device token cannot manage devices.
+Credentials, in order: ``Authorization: Bearer <token>``, else the console's session cookie
+(:mod:`fleet.accounts.sessions`; an unsafe method also needs ``X-CSRF-Token`` equal to the
+session's, compared with :func:`hmac.compare_digest`). A bearer token is the bootstrap admin
+token (compared with :func:`hmac.compare_digest`; ``Settings.admin_token`` empty turns it off),
+a personal API token (``efu_...``, :mod:`fleet.accounts.users`), or a device token looked up by
+its sha256 (see :mod:`fleet.db.devices`), first in the process's token cache
+(:mod:`fleet.db.token_cache`: a revoked token keeps working in other worker processes for at
+most ``Settings.auth_cache_ttl_s``). Operators and devices are disjoint: no operator role can
+ingest, a device token cannot reach an operator route. Operator routes need a minimum role
+(:mod:`fleet.accounts.roles`): :data:`ViewerDep`, :data:`OperatorDep`, :data:`AdminDep`.
 
 The dependencies are ``async``: FastAPI runs a plain ``def`` dependency in the thread pool, one
 thread hand-off each (a measurable share of an ingest request's CPU); here only a token-cache
@@ -16,7 +20,7 @@ from __future__ import annotations
 
 import hmac
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -24,6 +28,15 @@ from fastapi import Depends, Request
 from sqlalchemy import Engine
 from starlette.concurrency import run_in_threadpool
 
+from fleet.accounts.roles import Role, at_least
+from fleet.accounts.service import (
+    CSRF_HEADER,
+    SESSION_COOKIE,
+    Accounts,
+    cookie_name,
+    get_accounts,
+)
+from fleet.accounts.users import TOKEN_PREFIX
 from fleet.db.devices import DeviceRegistry
 from fleet.db.health import HealthStore
 from fleet.db.records import RecordStore
@@ -65,22 +78,42 @@ class Services:
 
 @dataclass(frozen=True)
 class Principal:
-    """Who is calling: the admin, or one device."""
+    """Who is calling: one device, or an operator with a role.
+
+    Attributes:
+        device_id: The device of a device token (then ``role`` is None).
+        username: The operator (``bootstrap`` for the bootstrap admin token).
+        role: The operator's role for this request (a token's role is at most its user's).
+        via: ``device``, ``bootstrap``, ``token`` (personal API token) or ``session`` (cookie).
+    """
 
     device_id: str | None = None
+    username: str | None = None
+    role: Role | None = None
+    via: str = "device"
 
     @property
     def is_admin(self) -> bool:
-        return self.device_id is None
+        return self.role == "admin"
+
+    @property
+    def actor(self) -> str:
+        """The name the audit log records."""
+        return self.username or self.device_id or "?"
 
     def check_read(self, device_id: str) -> None:
-        """Allow the admin or the device itself.
+        """Allow any operator, or the device itself.
 
         Raises:
             Forbidden: A device asked for another device's data.
         """
-        if not self.is_admin and self.device_id != device_id:
+        if self.device_id is not None and self.device_id != device_id:
             raise Forbidden("a device token can only read its own records")
+
+
+#: The bootstrap admin token's principal.
+BOOTSTRAP = Principal(username="bootstrap", role="admin", via="bootstrap")
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 async def get_services(request: Request) -> Services:
@@ -102,16 +135,29 @@ def _bearer(request: Request) -> str:
 
 
 async def get_principal(request: Request, services: ServicesDep) -> Principal:
-    """The admin or the device owning the bearer token.
+    """The caller: a bearer token (bootstrap admin, personal API token, device), else the
+    console's session cookie; unsafe methods on a session need the CSRF header.
 
     Raises:
-        Unauthorized: No token, or an unknown/revoked one.
+        Unauthorized: No credentials, or unknown/revoked/expired ones.
+        Forbidden: A session's unsafe request without the matching ``X-CSRF-Token``.
         sqlalchemy.exc.OperationalError: The database failed (503).
     """
+    accounts = get_accounts(request)
+    if "authorization" not in request.headers:
+        secure = request.url.scheme == "https"
+        cookie = request.cookies.get(cookie_name(SESSION_COOKIE, secure))
+        if cookie:
+            return await _session_principal(request, accounts, cookie)
     token = _bearer(request)
     admin = services.settings.admin_token
-    if hmac.compare_digest(token.encode("utf-8"), admin.encode("utf-8")):
-        return Principal()
+    if admin and hmac.compare_digest(token.encode("utf-8"), admin.encode("utf-8")):
+        return BOOTSTRAP
+    if token.startswith(TOKEN_PREFIX):
+        found = await run_in_threadpool(accounts.users.authenticate_token, token)
+        if found is None:
+            raise Unauthorized("unknown or revoked token")
+        return Principal(username=found.username, role=found.role, via="token")
     device_id = services.devices.authenticate_cached(token)
     if device_id is None:
         device_id = await run_in_threadpool(services.devices.authenticate, token)
@@ -120,22 +166,39 @@ async def get_principal(request: Request, services: ServicesDep) -> Principal:
     return Principal(device_id=device_id)
 
 
+async def _session_principal(request: Request, accounts: Accounts, cookie: str) -> Principal:
+    info = await run_in_threadpool(accounts.sessions.lookup, cookie)
+    if info is None:
+        raise Unauthorized("session expired or logged out: log in again")
+    if request.method not in _SAFE_METHODS:
+        sent = request.headers.get(CSRF_HEADER, "")
+        if not hmac.compare_digest(sent.encode("utf-8"), info.csrf_token.encode("utf-8")):
+            raise Forbidden("missing or wrong CSRF token (X-CSRF-Token)")
+    return Principal(username=info.username, role=info.role, via="session")
+
+
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
 
 
-async def require_admin(principal: PrincipalDep) -> Principal:
-    """Raises: Forbidden: not the admin token."""
-    if not principal.is_admin:
-        raise Forbidden("this endpoint needs the admin token")
-    return principal
+def _needs(minimum: Role) -> Callable[[Principal], Awaitable[Principal]]:
+    async def check(principal: PrincipalDep) -> Principal:
+        if principal.role is None or not at_least(principal.role, minimum):
+            raise Forbidden(f"this endpoint needs the {minimum} role")
+        return principal
+
+    check.__name__ = f"require_{minimum}"
+    return check
 
 
 async def require_device(principal: PrincipalDep) -> str:
-    """The calling device's id. Raises: Forbidden: the admin token (it is no device)."""
+    """The calling device's id. Raises: Forbidden: an operator (it is no device)."""
     if principal.device_id is None:
-        raise Forbidden("ingest needs a device token, not the admin token")
+        raise Forbidden("this endpoint needs a device token, not an operator's")
     return principal.device_id
 
 
-AdminDep = Annotated[Principal, Depends(require_admin)]
+#: An operator of at least this role (a device token is refused: 403).
+ViewerDep = Annotated[Principal, Depends(_needs("viewer"))]
+OperatorDep = Annotated[Principal, Depends(_needs("operator"))]
+AdminDep = Annotated[Principal, Depends(_needs("admin"))]
 DeviceDep = Annotated[str, Depends(require_device)]

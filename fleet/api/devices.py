@@ -1,16 +1,19 @@
 """Operator and query routes: enroll, list, revoke devices; read a device's records.
 
-* ``POST /v1/devices`` (admin): enroll, 201 with the token (shown once); 409 if enrolled. The
-  body is read only after the admin token is checked, at most 64 KiB (:mod:`fleet.api.json_body`).
-* ``GET /v1/devices`` (admin): list with last_seen, versions, backlog, ``state``
+Minimum roles (:mod:`fleet.accounts.roles`): reads need viewer, changes operator; every change
+is recorded in the audit log.
+
+* ``POST /v1/devices`` (operator): enroll, 201 with the token (shown once); 409 if enrolled. The
+  body is read only after the token is checked, at most 64 KiB (:mod:`fleet.api.json_body`).
+* ``GET /v1/devices`` (viewer): list with last_seen, versions, backlog, ``state``
   (online/offline/unknown) and the latest ``health`` summary (:mod:`fleet.db.health`;
   ``?include_revoked=true`` adds revoked ones).
-* ``DELETE /v1/devices/{device_id}`` (admin): revoke, 204; 404 if not active.
-* ``PATCH /v1/devices/{device_id}/tags`` (admin): ``{"add": [tag...], "remove": [tag...]}``,
-  read after the admin token is checked, at most 64 KiB
+* ``DELETE /v1/devices/{device_id}`` (operator): revoke, 204; 404 if not active.
+* ``PATCH /v1/devices/{device_id}/tags`` (operator): ``{"add": [tag...], "remove": [tag...]}``,
+  read after the token is checked, at most 64 KiB
   (:func:`fleet.db.devices.change_tags`), 200 with the device; 404 if not active, 422 for a bad
   tag. Rollouts created afterwards target the new tags.
-* ``GET /v1/devices/{device_id}/aggregates`` and ``/alerts`` (admin, or that device's token):
+* ``GET /v1/devices/{device_id}/aggregates`` and ``/alerts`` (viewer, or that device's token):
   ``stream``, ``since`` (inclusive), ``until`` (exclusive) as epoch seconds or ISO 8601 with a
   timezone, ``limit`` (1..settings.query_limit_max, default 1000). Aggregates are timed by
   ``interval_start``, alerts by ``window_start``. One interval of a stream may come as several
@@ -31,7 +34,8 @@ from starlette.concurrency import run_in_threadpool
 
 from cloud_sync.isotime import fromisoformat
 from cloud_sync.protocol import NAME_PATTERN, EnrollRequest, EnrollResponse
-from fleet.api.deps import AdminDep, PrincipalDep, ServicesDep
+from fleet.api.auditing import arecord, record
+from fleet.api.deps import OperatorDep, PrincipalDep, ServicesDep, ViewerDep
 from fleet.api.json_body import ENROLL_MAX_BYTES, body_doc, read_model
 from fleet.api.models import AggregatePage, AlertPage, DeviceList, DeviceOut, TagsChange
 from fleet.db.records import TimeQuery
@@ -43,15 +47,16 @@ _NAME = re.compile(NAME_PATTERN)
 
 @router.post("/v1/devices", status_code=201, response_model=EnrollResponse,
              openapi_extra=body_doc(EnrollRequest))
-async def enroll(request: Request, services: ServicesDep, _admin: AdminDep) -> EnrollResponse:
+async def enroll(request: Request, services: ServicesDep, who: OperatorDep) -> EnrollResponse:
     body = await read_model(request, EnrollRequest, ENROLL_MAX_BYTES)  # after the token check
     token = await run_in_threadpool(services.devices.enroll, body.device_id, body.tags)
+    await arecord(request, who, "device.enroll", body.device_id, {"tags": body.tags})
     return EnrollResponse(device_id=body.device_id, token=token)
 
 
 @router.get("/v1/devices", response_model=DeviceList)
 def list_devices(
-    services: ServicesDep, _admin: AdminDep, include_revoked: bool = False
+    services: ServicesDep, _viewer: ViewerDep, include_revoked: bool = False
 ) -> Response:
     if services.health is not None:  # one query, JSON columns passed through (fleet.db.health)
         body = services.health.listing_json(include_revoked=include_revoked)
@@ -66,19 +71,24 @@ DeviceId = Annotated[str, Path(pattern=NAME_PATTERN)]
 
 
 @router.delete("/v1/devices/{device_id}", status_code=204)
-def revoke(device_id: DeviceId, services: ServicesDep, _admin: AdminDep) -> Response:
+def revoke(
+    device_id: DeviceId, request: Request, services: ServicesDep, who: OperatorDep
+) -> Response:
     services.devices.revoke(device_id)
+    record(request, who, "device.revoke", device_id)
     return Response(status_code=204)
 
 
 @router.patch("/v1/devices/{device_id}/tags", response_model=DeviceOut,
               openapi_extra=body_doc(TagsChange))
 async def change_tags(
-    device_id: DeviceId, request: Request, services: ServicesDep, _admin: AdminDep
+    device_id: DeviceId, request: Request, services: ServicesDep, who: OperatorDep
 ) -> DeviceOut:
     change = await read_model(request, TagsChange, ENROLL_MAX_BYTES)  # after the token check
     device = await run_in_threadpool(services.devices.set_tags, device_id, change.add,
                                      change.remove)
+    await arecord(request, who, "device.tag", device_id,
+                  {"add": change.add, "remove": change.remove})
     return DeviceOut.of(device)
 
 
@@ -140,7 +150,7 @@ def _query(
     """
     principal.check_read(device_id)
     if not _NAME.match(device_id) or (
-        principal.is_admin and services.devices.get(device_id) is None
+        principal.device_id is None and services.devices.get(device_id) is None
     ):
         raise NotFound(f"no device {device_id!r}")
     if limit > services.settings.query_limit_max:

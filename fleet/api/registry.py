@@ -1,12 +1,13 @@
 """Model registry routes.
 
-* ``POST /v1/models`` (admin): body = a package archive (tar.gz, ``Content-Type:
+* ``POST /v1/models`` (operator; recorded in the audit log, ``uploaded_by`` = the operator):
+  body = a package archive (tar.gz, ``Content-Type:
   application/gzip`` or ``application/octet-stream``, at most 64 MiB). 201 with the stored
   package; 422 when it is not a valid package, unsigned, signed by an untrusted key or an
   artefact hash differs (``detail`` starts with the error class: ``PackageFormatError``,
   ``SignatureError``, ``HashMismatch``); 409 when the version exists; 413 too large.
-* ``GET /v1/models`` (admin): every package (``?name=`` filters).
-* ``GET /v1/models/{name}/{version}/package`` (admin, or a device the package is assigned to:
+* ``GET /v1/models`` (viewer): every package (``?name=`` filters).
+* ``GET /v1/models/{name}/{version}/package`` (viewer, or a device the package is assigned to:
   one of its rollouts assigns it now, or an abort sends it back to it; any other package, stored
   or not, is 403 for a device): the archive.
   ``ETag: "<sha256>"``, ``Accept-Ranges: bytes``. ``Range: bytes=a-b | a- | -n`` (one range,
@@ -24,7 +25,8 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from cloud_sync.protocol import INT64_MAX, NAME_PATTERN
-from fleet.api.deps import AdminDep, PrincipalDep
+from fleet.api.auditing import arecord
+from fleet.api.deps import OperatorDep, PrincipalDep, ViewerDep
 from fleet.api.handlers import error_response
 from fleet.api.model_loop import ModelLoopDep
 from fleet.errors import Forbidden, PayloadTooLarge, UnsupportedMediaType
@@ -49,7 +51,7 @@ _ARCHIVE_BODY = {"requestBody": {"required": True, "content": {
 
 
 @router.post("/v1/models", status_code=201, response_model=ModelOut, openapi_extra=_ARCHIVE_BODY)
-async def upload(request: Request, loop: ModelLoopDep, _admin: AdminDep) -> ModelOut:
+async def upload(request: Request, loop: ModelLoopDep, who: OperatorDep) -> ModelOut:
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype not in _TYPES:
         raise UnsupportedMediaType(f"send the archive as application/gzip, not {ctype}")
@@ -64,13 +66,15 @@ async def upload(request: Request, loop: ModelLoopDep, _admin: AdminDep) -> Mode
         if size > limit:
             raise PayloadTooLarge(f"package archive over {limit} bytes")
         chunks.append(chunk)
-    rec = await run_in_threadpool(loop.registry.add, b"".join(chunks), "admin")
+    rec = await run_in_threadpool(loop.registry.add, b"".join(chunks), who.actor)
+    await arecord(request, who, "model.push", f"{rec.name}@{rec.version}",
+                  {"sha256": rec.archive_sha256, "key_id": rec.key_id})
     return _out(rec)
 
 
 @router.get("/v1/models", response_model=ModelList)
 def list_models(
-    loop: ModelLoopDep, _admin: AdminDep,
+    loop: ModelLoopDep, _viewer: ViewerDep,
     name: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
 ) -> ModelList:
     return ModelList(models=[_out(r) for r in loop.registry.list(name)])

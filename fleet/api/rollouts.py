@@ -1,6 +1,6 @@
 """Rollout routes (operator) and the device side of the model loop.
 
-Operator (admin token):
+Operator (reads: viewer; create and actions: operator, recorded in the audit log):
 
 * ``POST /v1/rollouts`` (:class:`~fleet.registry.views.RolloutCreate`) → 201 RolloutOut; 404
   unknown package; 422 empty target, unknown devices or a bad body.
@@ -33,7 +33,8 @@ from cloud_sync.protocol import (
     ModelAssignment,
     ModelStatusReport,
 )
-from fleet.api.deps import AdminDep, DeviceDep
+from fleet.api.auditing import arecord, record
+from fleet.api.deps import DeviceDep, OperatorDep, ViewerDep
 from fleet.api.json_body import (
     NO_BODY,
     ROLLOUT_MAX_BYTES,
@@ -52,18 +53,21 @@ RolloutId = Annotated[int, Path(ge=1, le=INT64_MAX)]
 
 @router.post("/v1/rollouts", status_code=201, response_model=RolloutOut,
              openapi_extra=body_doc(RolloutCreate))
-async def create(request: Request, loop: ModelLoopDep, _admin: AdminDep) -> RolloutOut:
+async def create(request: Request, loop: ModelLoopDep, who: OperatorDep) -> RolloutOut:
     req = await read_model(request, RolloutCreate, ROLLOUT_MAX_BYTES)  # after the token check
-    return await run_in_threadpool(loop.rollouts.create, req)
+    out = await run_in_threadpool(loop.rollouts.create, req)
+    await arecord(request, who, "rollout.create", str(out.id),
+                  req.model_dump(mode="json", exclude_none=True, exclude={"devices"}))
+    return out
 
 
 @router.get("/v1/rollouts", response_model=RolloutList)
-def list_rollouts(loop: ModelLoopDep, _admin: AdminDep) -> RolloutList:
+def list_rollouts(loop: ModelLoopDep, _viewer: ViewerDep) -> RolloutList:
     return RolloutList(rollouts=loop.rollouts.list())
 
 
 @router.get("/v1/rollouts/{rollout_id}", response_model=RolloutOut)
-def show(rollout_id: RolloutId, loop: ModelLoopDep, _admin: AdminDep) -> RolloutOut:
+def show(rollout_id: RolloutId, loop: ModelLoopDep, _viewer: ViewerDep) -> RolloutOut:
     return loop.rollouts.get(rollout_id)
 
 
@@ -73,9 +77,12 @@ def act(
     rollout_id: RolloutId,
     action: Literal["promote", "pause", "resume", "abort"],
     loop: ModelLoopDep,
-    _admin: AdminDep,
+    request: Request,
+    who: OperatorDep,
 ) -> RolloutOut:
-    return loop.rollouts.act(rollout_id, action)
+    out = loop.rollouts.act(rollout_id, action)
+    record(request, who, f"rollout.{action}", str(rollout_id), {"state": out.state})
+    return out
 
 
 @router.get("/v1/models/assignment", response_model=ModelAssignment)

@@ -19,6 +19,7 @@ import pytest
 import requests
 from sqlalchemy import Engine
 
+from cloud_sync.package import pack
 from fleet.settings import Settings
 from tests.fleet.model_pkg import SHIPPED
 
@@ -131,3 +132,15 @@ def test_operator_rollout_flow(server: tuple[str, Path], keys: Path, tmp_path: P
     no_token = subprocess.run([*CMD, "model", "list", "--url", base], check=False,
                               capture_output=True, text=True, env=ENV, timeout=60)
     assert no_token.returncode == 78
+
+
+def test_model_pack_writes_the_archive_push_sends(tmp_path: Path) -> None:
+    """``model pack`` (for a push from the web console) writes the same bytes as ``pack``."""
+    out = tmp_path / "pkg.tar.gz"
+    done = cli("model", "pack", SHIPPED, "--out", out)
+    assert f"packed {out} sha256 " in done.stdout
+    pack(SHIPPED, tmp_path / "ref.tar.gz")
+    assert out.read_bytes() == (tmp_path / "ref.tar.gz").read_bytes()
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    assert cli("model", "pack", broken, "--out", tmp_path / "x.tar.gz", ok=False).returncode == 78

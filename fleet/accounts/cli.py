@@ -1,0 +1,172 @@
+"""``edge-fleet user|token``: operator accounts and personal API tokens, on the database.
+
+::
+
+    edge-fleet user add NAME --role viewer|operator|admin [--password-file F | --no-password]
+                                  without either, the password is asked twice on the terminal
+    edge-fleet user list
+    edge-fleet user set NAME [--role R] [--password-file F | --ask-password] [--disable|--enable]
+    edge-fleet token create --user NAME --role R [--label L] [--token-file F]
+                                  prints the token once (or writes it to a NEW 0600 file)
+    edge-fleet token list [--user NAME]
+    edge-fleet token revoke ID
+
+Like ``edge-fleet device``, these talk to the database (same ``--db``) and need no token: file
+system access to the fleet's database is the operator's authority. Each change is recorded in the
+audit log as ``cli:<login name>`` via ``cli``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine
+
+from fleet.accounts.audit import AuditLog
+from fleet.accounts.roles import ROLES, Role, parse_role
+from fleet.accounts.sessions import SessionStore
+from fleet.accounts.users import UserStore
+from fleet.errors import ConfigError
+from fleet.secret_files import create_secret_file
+
+COMMANDS = ("user", "token")
+
+
+def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    """Add ``user`` and ``token`` to the ``edge-fleet`` parser (``common``: --db, --state-dir)."""
+    user = sub.add_parser("user", help="operator accounts (viewer, operator, admin)")
+    usub = user.add_subparsers(dest="user_command", required=True)
+    add = usub.add_parser("add", parents=[common], help="create an account")
+    add.add_argument("username")
+    add.add_argument("--role", required=True, choices=ROLES)
+    pw = add.add_mutually_exclusive_group()
+    pw.add_argument("--password-file", type=Path, help="read the password from this file")
+    pw.add_argument("--no-password", action="store_true",
+                    help="no console login: API tokens only")
+    usub.add_parser("list", parents=[common], help="table of accounts")
+    set_ = usub.add_parser("set", parents=[common], help="change role, password, disabled")
+    set_.add_argument("username")
+    set_.add_argument("--role", choices=ROLES)
+    pw = set_.add_mutually_exclusive_group()
+    pw.add_argument("--password-file", type=Path)
+    pw.add_argument("--ask-password", action="store_true", help="ask a new password twice")
+    state = set_.add_mutually_exclusive_group()
+    state.add_argument("--disable", action="store_true", help="no login, tokens stop working")
+    state.add_argument("--enable", action="store_true")
+
+    token = sub.add_parser("token", help="personal API tokens for the CLI and scripts")
+    tsub = token.add_subparsers(dest="token_command", required=True)
+    create = tsub.add_parser("create", parents=[common], help="new token; printed once")
+    create.add_argument("--user", required=True)
+    create.add_argument("--role", required=True, choices=ROLES,
+                        help="the token's role (at most the user's)")
+    create.add_argument("--label", default="", help="what the token is for")
+    create.add_argument("--token-file", type=Path,
+                        help="write the token to this NEW file (mode 0600) instead of stdout")
+    lst = tsub.add_parser("list", parents=[common], help="table of tokens")
+    lst.add_argument("--user")
+    rev = tsub.add_parser("revoke", parents=[common], help="revoke a token by id")
+    rev.add_argument("token_id", type=int)
+
+
+def _password(path: Path | None, ask: bool) -> str | None:
+    if path is not None:
+        try:
+            return path.read_text(encoding="utf-8").rstrip("\r\n")
+        except OSError as exc:
+            raise ConfigError(f"cannot read password file {path}: {exc}") from None
+    if not ask:
+        return None
+    if not sys.stdin.isatty():
+        raise ConfigError("no terminal to ask the password: use --password-file")
+    first = getpass.getpass("password: ")
+    if first != getpass.getpass("again: "):
+        raise ConfigError("the passwords differ")
+    return first
+
+
+def _actor() -> str:
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):
+        return f"cli:uid{os.getuid()}"
+
+
+def run(args: argparse.Namespace, engine: Engine, session_ttl_s: float) -> int:
+    """Run a ``user`` or ``token`` command on a migrated database; returns the exit code.
+
+    Raises:
+        ConfigError: Unreadable password file, no terminal to ask, passwords differ.
+        ApiError: Refused (exists, unknown user, role above the user's, bad password).
+    """
+    users, audit = UserStore(engine), AuditLog(engine)
+    actor = _actor()
+    if args.command == "user":
+        if args.user_command == "add":
+            role: Role = parse_role(args.role)
+            password = _password(args.password_file, not args.no_password)
+            users.add(args.username, role, password)
+            audit.record(actor, "cli", "user.create", args.username, None, {"role": role})
+            print(f"user {args.username} ({role}) created")
+        elif args.user_command == "list":
+            rows: list[tuple[str, ...]] = [("USER", "ROLE", "LOGIN", "STATE")]
+            rows += [
+                (u.username, u.role, "password" if u.has_password else "tokens only",
+                 "disabled" if u.disabled_at else "active") for u in users.list_users()]
+            print(_table(rows))
+        else:
+            password = _password(args.password_file, args.ask_password)
+            disabled = True if args.disable else (False if args.enable else None)
+            changed = users.update(args.username, role=args.role, password=password,
+                                   disabled=disabled)
+            SessionStore(engine, session_ttl_s).delete_user(args.username)
+            detail: dict[str, object] = {"role": args.role, "disabled": disabled}
+            if password is not None:
+                detail["password"] = "changed"  # noqa: S105 (audit text)
+            audit.record(actor, "cli", "user.change", args.username, None,
+                         {k: v for k, v in detail.items() if v is not None})
+            print(f"user {changed.username}: {changed.role}, "
+                  f"{'disabled' if changed.disabled_at else 'active'}")
+        return 0
+    sub_command = args.token_command
+    if sub_command == "create":
+        token_role = parse_role(args.role)
+        if args.token_file is not None:
+            with create_secret_file(args.token_file) as fh:
+                try:
+                    token_id, token = users.create_token(args.user, token_role, args.label)
+                except BaseException:
+                    args.token_file.unlink(missing_ok=True)
+                    raise
+                fh.write(token + "\n")
+            print(f"token {token_id} for {args.user} ({token_role}) written to "
+                  f"{args.token_file} (mode 0600)")
+        else:
+            token_id, token = users.create_token(args.user, token_role, args.label)
+            print(token)
+        audit.record(actor, "cli", "token.create", args.user, None,
+                     {"id": token_id, "role": token_role, "label": args.label})
+    elif sub_command == "list":
+        table: list[tuple[str, ...]] = [("ID", "USER", "ROLE", "LABEL", "LAST USED (UTC)",
+                                         "STATE")]
+        table += [
+            (str(t.id), t.username, t.role, t.label or "-",
+             t.last_used_at.strftime("%Y-%m-%d %H:%M") if t.last_used_at else "never",
+             "revoked" if t.revoked_at else "active") for t in users.list_tokens(args.user)]
+        print(_table(table))
+    else:
+        owner = users.revoke_token(args.token_id)
+        audit.record(actor, "cli", "token.revoke", owner, None, {"id": args.token_id})
+        print(f"revoked token {args.token_id} of {owner}")
+    return 0
+
+
+def _table(rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                     for r in rows)

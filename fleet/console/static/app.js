@@ -1,0 +1,421 @@
+// edge-fleet console: a small single-page app over the fleet's JSON API.
+// Every text from the fleet (device-supplied strings are hostile) goes into the page through
+// text nodes, element.textContent or setAttribute on a fixed attribute name: never as HTML.
+"use strict";
+
+const HEALTH_OK_S = 120;      // last contact within 2 min: green
+const HEALTH_STALE_S = 900;   // within 15 min: amber; older or never: red
+const RANGES = [["6 h", 6 * 3600], ["24 h", 86400], ["7 d", 7 * 86400], ["28 d", 28 * 86400]];
+const SVG = "http://www.w3.org/2000/svg";
+let me = null;
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === "onclick" || k === "onchange" || k === "onsubmit") node.addEventListener(k.slice(2), v);
+    else node.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function svg(tag, attrs) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, String(v));
+  return node;
+}
+
+function csrfToken() {
+  for (const part of document.cookie.split(";")) {
+    const [k, ...v] = part.trim().split("=");
+    if (k === "edge_fleet_csrf" || k === "__Host-edge_fleet_csrf") return v.join("=");
+  }
+  return "";
+}
+
+class ApiError extends Error {
+  constructor(status, detail) {
+    super(typeof detail === "string" ? detail : JSON.stringify(detail));
+    this.status = status;
+  }
+}
+
+async function api(method, path, body) {
+  const headers = { "Accept": "application/json" };
+  if (method !== "GET") headers["X-CSRF-Token"] = csrfToken();
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const resp = await fetch(path, {
+    method, headers, credentials: "same-origin",
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  if (resp.status === 204) return null;
+  let doc = null;
+  try { doc = await resp.json(); } catch (e) { doc = null; }
+  if (resp.status === 401 && path !== "/v1/session") { showLogin(); }
+  if (!resp.ok) throw new ApiError(resp.status, doc && doc.detail ? doc.detail : resp.statusText);
+  return doc;
+}
+
+function flash(text, ok) {
+  const box = document.getElementById("flash");
+  box.textContent = text;
+  box.className = ok ? "ok" : "";
+  box.hidden = false;
+}
+
+function refused(err) {
+  flash(err.status === 403 ? `Refused (403): ${err.message}` : `Error ${err.status || ""}: ${err.message}`);
+}
+
+function when(iso) { return iso ? iso.replace("T", " ").replace(/\.\d+/, "").replace("+00:00", "Z") : "never"; }
+function fmtEpoch(s) { return new Date(s * 1000).toISOString().slice(0, 16).replace("T", " ") + "Z"; }
+
+function health(lastSeen) {
+  if (!lastSeen) return ["down", "never seen"];
+  const age = (Date.now() - Date.parse(lastSeen)) / 1000;
+  if (age <= HEALTH_OK_S) return ["ok", "online"];
+  if (age <= HEALTH_STALE_S) return ["stale", "late"];
+  return ["down", "silent"];
+}
+
+function table(id, headers, rows) {
+  return el("table", { id },
+    el("thead", {}, el("tr", {}, headers.map((h) => el("th", {}, h)))),
+    el("tbody", {}, rows.map((r) => el("tr", {}, r.map((c) => el("td", {}, c))))));
+}
+
+function view(...children) {
+  const main = document.getElementById("view");
+  main.replaceChildren(...children);
+}
+
+// --- login ------------------------------------------------------------------------------------
+
+function showLogin() {
+  me = null;
+  document.getElementById("top").hidden = true;
+  document.getElementById("login").hidden = false;
+  view();
+}
+
+async function login(ev) {
+  ev.preventDefault();
+  const error = document.getElementById("login-error");
+  error.textContent = "";
+  try {
+    await api("POST", "/v1/session", {
+      username: document.getElementById("login-user").value,
+      password: document.getElementById("login-password").value,
+    });
+    document.getElementById("login-password").value = "";
+    await start();
+  } catch (err) {
+    error.textContent = err.status === 429 ? `Too many attempts: ${err.message}` : "Wrong username or password.";
+  }
+}
+
+async function logout() {
+  try { await api("DELETE", "/v1/session"); } catch (err) { /* already gone */ }
+  showLogin();
+}
+
+// --- pages ------------------------------------------------------------------------------------
+
+async function devicesPage() {
+  const [list, running] = await Promise.all([api("GET", "/v1/devices"), api("GET", "/v1/models/running")]);
+  const perDevice = {};
+  for (const r of running.running) {
+    (perDevice[r.device_id] ||= []).push(`${r.stream || "(all)"}: ${r.name}@${r.version}`);
+  }
+  const rows = list.devices.map((d) => {
+    const [cls, label] = health(d.last_seen);
+    return [
+      el("a", { href: `#/device/${encodeURIComponent(d.device_id)}`, class: "device-link" }, d.device_id),
+      el("span", {}, el("span", { class: `health health-${cls}`, title: label }), " ", label),
+      when(d.last_seen), d.agent_version || "-",
+      (perDevice[d.device_id] || [d.model_name ? `${d.model_name}@${d.model_version}` : "-"]).join(", "),
+      `${d.backlog.alerts ?? "-"} / ${d.backlog.aggregates ?? "-"}`,
+      d.tags.join(", ") || "-",
+    ];
+  });
+  view(el("h1", {}, `Devices (${list.devices.length})`),
+    table("devices", ["Device", "Health", "Last contact (UTC)", "Agent", "Model per stream",
+      "Backlog alerts / aggregates", "Tags"], rows));
+}
+
+function plot(series) {
+  const W = 860, H = 260, L = 50, R = 10, T = 10, B = 30;
+  const scores = series.points.filter((p) => p[1] !== null);
+  const thr = series.thresholds.map((t) => t[1]);
+  if (series.last_threshold !== null) thr.push(series.last_threshold);
+  const top = Math.max(1e-9, ...scores.map((p) => p[1]), ...thr) * 1.1;
+  const x = (t) => L + ((t - series.since) / (series.until - series.since)) * (W - L - R);
+  const y = (v) => T + (1 - v / top) * (H - T - B);
+  const root = svg("svg", { class: "plot", id: "score-plot", width: W, height: H,
+    viewBox: `0 0 ${W} ${H}`, "data-points": scores.length, role: "img" });
+  root.append(svg("line", { class: "axis", x1: L, y1: H - B, x2: W - R, y2: H - B }));
+  root.append(svg("line", { class: "axis", x1: L, y1: T, x2: L, y2: H - B }));
+  for (let i = 0; i <= 4; i++) {
+    const t = series.since + (i / 4) * (series.until - series.since);
+    const label = svg("text", { x: x(t), y: H - 10, "text-anchor": i === 0 ? "start" : i === 4 ? "end" : "middle" });
+    label.textContent = fmtEpoch(t);
+    root.append(label);
+    const v = (i / 4) * top;
+    const yl = svg("text", { x: 2, y: y(v) + 4 });
+    yl.textContent = v.toPrecision(3);
+    root.append(yl);
+  }
+  const line = svg("polyline", { class: "score",
+    points: scores.map((p) => `${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`).join(" ") });
+  root.append(line);
+  if (scores.length < 60) {
+    for (const p of scores) root.append(svg("circle", { class: "dot", cx: x(p[0]), cy: y(p[1]), r: 2 }));
+  }
+  if (thr.length) {
+    const steps = [];
+    let current = series.thresholds.length ? series.thresholds[0][1] : series.last_threshold;
+    steps.push(`${x(series.since)},${y(current)}`);
+    for (const [t, v] of series.thresholds) {
+      steps.push(`${x(t)},${y(current)}`, `${x(t)},${y(v)}`);
+      current = v;
+    }
+    steps.push(`${x(series.until)},${y(current)}`);
+    root.append(svg("polyline", { class: "threshold", points: steps.join(" ") }));
+  }
+  return root;
+}
+
+async function devicePage(id) {
+  const enc = encodeURIComponent(id);
+  const [streams, alerts, models] = await Promise.all([
+    api("GET", `/v1/devices/${enc}/streams`),
+    api("GET", `/v1/alerts?device=${enc}&limit=50`),
+    api("GET", `/v1/devices/${enc}/models?limit=50`),
+  ]);
+  const plotBox = el("div", { id: "plot-box" });
+  const rangeBar = el("div", { class: "controls", id: "ranges" });
+  let stream = streams.length ? streams[0].stream : null;
+  let range = 86400;
+  async function draw() {
+    if (stream === null) { plotBox.replaceChildren(el("p", { class: "muted" }, "No aggregates yet.")); return; }
+    const until = Date.now() / 1000;
+    const s = await api("GET", `/v1/devices/${enc}/series?stream=${encodeURIComponent(stream)}` +
+      `&since=${until - range}&until=${until}`);
+    plotBox.replaceChildren(el("p", {}, `Max score per interval of ${stream}` +
+      (s.bucket_s ? ` (buckets of ${Math.round(s.bucket_s)} s)` : "") + "; dashed: threshold"), plot(s));
+  }
+  for (const [label, secs] of RANGES) {
+    rangeBar.append(el("button", { type: "button", "data-range": secs, class: secs === range ? "active" : null,
+      onclick: async (ev) => {
+        range = secs;
+        for (const b of rangeBar.children) b.className = b === ev.target ? "active" : "";
+        await draw();
+      } }, label));
+  }
+  const streamRows = streams.map((s) => [
+    el("a", { href: "#", onclick: async (ev) => { ev.preventDefault(); stream = s.stream; await draw(); } }, s.stream),
+    s.model_name ? `${s.model_name}@${s.model_version}` : "-", s.model_state || "-",
+  ]);
+  view(el("h1", {}, `Device ${id}`),
+    el("h2", {}, "Streams"), table("streams", ["Stream", "Model", "State"], streamRows),
+    el("h2", {}, "Score and threshold"), rangeBar, plotBox,
+    el("h2", {}, "Recent alerts"), alertTable(alerts.items, () => devicePage(id)),
+    el("h2", {}, "Model history"),
+    table("model-history", ["Received (UTC)", "Stream", "Model", "State", "Reason", "Rollout"],
+      models.reports.map((r) => [when(r.received_at), r.stream || "(all)", `${r.name}@${r.version}`,
+        r.state, r.reason || "", r.rollout_id ?? "-"])));
+  await draw();
+}
+
+function alertTable(items, reload) {
+  return table("alerts", ["Window start (UTC)", "Device", "Stream", "Score", "Threshold", "Model",
+    "Top channels", "Acknowledged"], items.map((a) => [
+    when(a.window_start), a.device_id, a.stream, a.score.toPrecision(4), a.threshold.toPrecision(4),
+    `${a.model_name}@${a.model_version}`,
+    (a.payload.top_channels || []).map((c) => c.channel).join(", "),
+    a.acked_by ? `${a.acked_by} at ${when(a.acked_at)}` :
+      el("button", { type: "button", class: "ack", onclick: async () => {
+        try { await api("POST", `/v1/alerts/${encodeURIComponent(a.id)}/ack`, {}); flash("Acknowledged.", true); await reload(); }
+        catch (err) { refused(err); }
+      } }, "Acknowledge"),
+  ]));
+}
+
+function timeline(items) {
+  // one mark per alert on a time axis (filled: not acknowledged), newest on the right
+  const W = 860, H = 56, L = 10, R = 10;
+  const times = items.map((a) => Date.parse(a.window_start) / 1000);
+  const root = svg("svg", { class: "plot", id: "alert-timeline", width: W, height: H,
+    viewBox: `0 0 ${W} ${H}`, "data-alerts": items.length, role: "img" });
+  root.append(svg("line", { class: "axis", x1: L, y1: 24, x2: W - R, y2: 24 }));
+  if (!items.length) return root;
+  const lo = Math.min(...times), hi = Math.max(...times, lo + 60);
+  const x = (t) => L + ((t - lo) / (hi - lo)) * (W - L - R);
+  items.forEach((a, i) => root.append(svg("circle", { class: a.acked_by ? "acked" : "alert-mark",
+    cx: x(times[i]).toFixed(1), cy: 24, r: 4 })));
+  for (const [t, anchor] of [[lo, "start"], [hi, "end"]]) {
+    const label = svg("text", { x: x(t), y: 50, "text-anchor": anchor });
+    label.textContent = fmtEpoch(t);
+    root.append(label);
+  }
+  return root;
+}
+
+async function alertsPage(params) {
+  const q = new URLSearchParams(params);
+  const since = q.get("since_s");
+  const query = new URLSearchParams();
+  for (const k of ["device", "stream", "tag"]) if (q.get(k)) query.set(k, q.get(k));
+  if (since) query.set("since", String(Date.now() / 1000 - Number(since)));
+  if (q.get("acked")) query.set("acked", q.get("acked"));
+  query.set("limit", "500");
+  const found = await api("GET", `/v1/alerts?${query}`);
+  const field = (name, label) => el("label", {}, label, el("input", { name, value: q.get(name) || "" }));
+  const form = el("form", { class: "controls", id: "alert-filters", onsubmit: (ev) => {
+    ev.preventDefault();
+    const data = new URLSearchParams(new FormData(ev.target));
+    for (const [k, v] of [...data]) if (!v) data.delete(k);
+    location.hash = `#/alerts?${data}`;
+  } }, field("device", "Device"), field("stream", "Stream"), field("tag", "Tag"),
+  el("label", {}, "Since", el("select", { name: "since_s" }, el("option", { value: "" }, "any time"),
+    RANGES.map(([label, s]) => el("option", { value: s, selected: String(s) === since }, `last ${label}`)))),
+  el("label", {}, "State", el("select", { name: "acked" }, el("option", { value: "" }, "all"),
+    el("option", { value: "false", selected: q.get("acked") === "false" }, "unacknowledged"),
+    el("option", { value: "true", selected: q.get("acked") === "true" }, "acknowledged"))),
+  el("button", { type: "submit" }, "Filter"));
+  view(el("h1", {}, `Alerts (${found.items.length})`), form, timeline(found.items),
+    alertTable(found.items, () => alertsPage(params)));
+}
+
+async function rolloutsPage() {
+  const [list, models] = await Promise.all([api("GET", "/v1/rollouts"), api("GET", "/v1/models")]);
+  const names = [...new Set(models.models.map((m) => m.name))];
+  const form = el("form", { class: "controls", id: "rollout-form", onsubmit: async (ev) => {
+    ev.preventDefault();
+    const f = new FormData(ev.target);
+    const body = { name: f.get("name"), version: Number(f.get("version")) };
+    const target = String(f.get("target") || "").trim();
+    if (f.get("target_kind") === "tag") body.tag = target;
+    else body.devices = target.split(/[\s,]+/).filter(Boolean);
+    if (f.get("canary")) body.canary_percent = Number(f.get("canary"));
+    if (f.get("stream")) body.stream = f.get("stream");
+    try {
+      const r = await api("POST", "/v1/rollouts", body);
+      flash(`Rollout ${r.id} created (${r.state}).`, true);
+      location.hash = `#/rollout/${r.id}`;
+    } catch (err) { refused(err); }
+  } },
+  el("label", {}, "Model", el("select", { name: "name" }, names.map((n) => el("option", { value: n }, n)))),
+  el("label", {}, "Version", el("input", { name: "version", type: "number", min: 1, required: true })),
+  el("label", {}, "Target", el("select", { name: "target_kind" }, el("option", { value: "tag" }, "tag"),
+    el("option", { value: "devices" }, "devices"))),
+  el("label", {}, "Tag or device ids", el("input", { name: "target", required: true })),
+  el("label", {}, "Canary %", el("input", { name: "canary", type: "number", min: 0.1, max: 100, step: "any" })),
+  el("label", {}, "Stream (empty: all)", el("input", { name: "stream" })),
+  el("button", { type: "submit", id: "rollout-create" }, "Create rollout"));
+  const rows = list.rollouts.map((r) => [
+    el("a", { href: `#/rollout/${r.id}` }, String(r.id)), `${r.name}@${r.version}`,
+    r.target_tag ? `tag ${r.target_tag}` : `${r.target_devices.length} device(s)`, r.stream || "(all)",
+    r.state, Object.entries(r.counts).map(([k, v]) => `${k}: ${v}`).join(", "), r.reason || "", when(r.updated_at)]);
+  view(el("h1", {}, "Rollouts"), el("h2", {}, "New rollout"), form,
+    table("rollouts", ["Id", "Model", "Target", "Stream", "State", "Devices", "Reason", "Updated (UTC)"], rows));
+}
+
+async function rolloutPage(id) {
+  const r = await api("GET", `/v1/rollouts/${encodeURIComponent(id)}`);
+  const act = (action) => el("button", { type: "button", id: `rollout-${action}`, onclick: async () => {
+    if (action === "abort" && !window.confirm(`Abort rollout ${r.id} (${r.name}@${r.version})? ` +
+      "Devices fall back to the version they ran before.")) return;
+    try { await api("POST", `/v1/rollouts/${r.id}/${action}`); flash(`Rollout ${r.id}: ${action} done.`, true); await rolloutPage(id); }
+    catch (err) { refused(err); }
+  } }, action);
+  view(el("h1", {}, `Rollout ${r.id}: ${r.name}@${r.version}`),
+    el("p", {}, "State: ", el("strong", { id: "rollout-state" }, r.state), r.reason ? ` (${r.reason})` : "",
+      ` · target ${r.target_tag ? "tag " + r.target_tag : "devices"} · stream ${r.stream || "(all)"}` +
+      ` · canary ${r.canary_percent ?? 100} % · halts after ${r.halt_after_failures} failure(s)`),
+    el("div", { class: "controls" }, ["promote", "pause", "resume", "abort"].map(act)),
+    table("rollout-devices", ["Device", "Canary", "Assigned", "Previous version", "State", "Reason", "Reported (UTC)"],
+      r.devices.map((d) => [d.device_id, d.canary ? "yes" : "no", d.assigned ? "yes" : "no",
+        d.previous_version ?? "-", d.state || "none", d.reason || "", when(d.reported_at)])));
+}
+
+async function registryPage() {
+  const [models, running] = await Promise.all([api("GET", "/v1/models"), api("GET", "/v1/models/running")]);
+  const where = {};
+  for (const r of running.running) (where[`${r.name}@${r.version}`] ||= []).push(r.stream ? `${r.device_id}/${r.stream}` : r.device_id);
+  const push = el("form", { class: "controls", id: "push-form", onsubmit: async (ev) => {
+    ev.preventDefault();
+    const file = ev.target.elements.archive.files[0];
+    if (!file) return;
+    try {
+      const resp = await fetch("/v1/models", { method: "POST", credentials: "same-origin", body: file,
+        headers: { "Content-Type": "application/gzip", "X-CSRF-Token": csrfToken() } });
+      const doc = await resp.json();
+      if (!resp.ok) throw new ApiError(resp.status, doc.detail);
+      await registryPage();
+      flash(`Pushed ${doc.name}@${doc.version} (signed by ${doc.key_id}).`, true);
+    } catch (err) { refused(err); }
+  } }, el("label", {}, "Signed package (.tar.gz: edge-fleet model sign, then model pack)",
+    el("input", { type: "file", name: "archive", accept: ".tar.gz,.tgz,application/gzip", required: true })),
+  el("button", { type: "submit", id: "push-submit" }, "Push"));
+  view(el("h1", {}, "Model registry"), el("h2", {}, "Push a package"), push, table("models", ["Model", "Version", "Signer (key id)", "Size",
+    "Uploaded (UTC)", "By", "Description", "Running on"], models.models.map((m) => [
+    m.name, m.version, m.key_id, `${(m.size / 1024).toFixed(1)} KiB`, when(m.uploaded_at), m.uploaded_by,
+    m.description, (where[`${m.name}@${m.version}`] || []).join(", ") || "-"])));
+}
+
+async function auditPage(params) {
+  const q = new URLSearchParams(params);
+  const before = q.get("before");
+  const page = await api("GET", `/v1/audit?limit=100${before ? "&before=" + encodeURIComponent(before) : ""}`);
+  const last = page.entries.length ? page.entries[page.entries.length - 1].id : null;
+  view(el("h1", {}, "Audit log"), table("audit", ["When (UTC)", "Who", "Via", "Action", "Target", "From", "Detail"],
+    page.entries.map((e) => [when(e.at), e.actor, e.via, e.action, e.target || "", e.address || "",
+      JSON.stringify(e.detail)])),
+  last !== null && page.entries.length === 100 ? el("a", { href: `#/audit?before=${last}` }, "Older entries") : null);
+}
+
+// --- router -----------------------------------------------------------------------------------
+
+async function route() {
+  if (me === null) return;
+  document.getElementById("flash").hidden = true;
+  const [path, query] = (location.hash.slice(1) || "/devices").split("?");
+  const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  try {
+    if (parts[0] === "device" && parts[1]) await devicePage(parts[1]);
+    else if (parts[0] === "alerts") await alertsPage(query || "");
+    else if (parts[0] === "rollouts") await rolloutsPage();
+    else if (parts[0] === "rollout" && parts[1]) await rolloutPage(parts[1]);
+    else if (parts[0] === "registry") await registryPage();
+    else if (parts[0] === "audit") await auditPage(query || "");
+    else await devicesPage();
+  } catch (err) {
+    if (err.status !== 401) refused(err);
+  }
+  document.getElementById("view").dataset.route = location.hash;  // this page is drawn
+}
+
+async function start() {
+  try {
+    me = await api("GET", "/v1/session");
+  } catch (err) {
+    showLogin();
+    return;
+  }
+  document.getElementById("login").hidden = true;
+  document.getElementById("top").hidden = false;
+  document.getElementById("whoami").textContent = `${me.username} (${me.role})`;
+  await route();
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  document.getElementById("login-form").addEventListener("submit", login);
+  document.getElementById("logout").addEventListener("click", logout);
+  window.addEventListener("hashchange", route);
+  start();
+});

@@ -1,0 +1,314 @@
+"""The console in a real browser: Debian's chromium driven by Playwright, against a real
+``edge-fleet serve`` process fed by the real device client (:class:`cloud_sync.client.
+FleetClient`) and set up with the real CLI (``edge-fleet user add``).
+
+Playwright's own browser builds are never installed or downloaded: the test launches
+``/usr/bin/chromium`` (``apt-get install chromium``; CI installs it) and skips, with that
+reason, only when it is absent. Screenshots go to the test's tmp dir (the paths are printed).
+Runs on SQLite (the routes the console calls run on both databases in
+tests/fleet/test_console_data.py and test_accounts.py).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from cloud_sync.client import FleetClient
+from cloud_sync.protocol import IngestBatch, ModelStatusReport
+from tests.fleet.model_pkg import archive, make_keys
+from tests.fleet.wire import aggregate, alert, batch
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+EXE = shutil.which("edge-fleet")
+CMD = [EXE] if EXE else [sys.executable, "-m", "fleet.cli"]
+ENV = {k: v for k, v in os.environ.items() if k != "EDGE_FLEET_ADMIN_TOKEN"}
+PASSWORD = "console test password"
+XSS = "<img src=x onerror=window.__xss=1>"
+#: Aggregates of gw1/pump1, one a minute, the newest a minute ago (all within the last 6 h).
+N_AGGREGATES = 90
+#: Older ones, 2..3 days ago: seen only when the plot zooms out to 7 days.
+N_OLD = 20
+
+try:
+    from playwright.sync_api import expect
+except ImportError:  # the test extra is not installed: the module is skipped below
+    expect = None
+
+pytestmark = pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK),
+                                reason=f"{CHROMIUM} is absent (apt-get install chromium)")
+# Waits use Playwright's locator assertions: page.wait_for_function evaluates a string, which
+# the console's Content-Security-Policy (no 'unsafe-eval') refuses, as it should.
+
+
+@dataclass
+class Fleet:
+    base: str
+    admin: dict[str, str]
+    tokens: dict[str, str]
+    shots: Path
+    #: A signed package archive of skab-wstat@8, not pushed yet.
+    archive_v8: Path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _cli(*args: Any) -> str:
+    out = subprocess.run([*CMD, *map(str, args)], capture_output=True, text=True, env=ENV,
+                         timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def _feed(base: str, admin: dict[str, str], tmp: Path, key: Path) -> dict[str, str]:
+    """Enroll gw1, gw2 (tag line=1), upload through the device client, push a package."""
+    tokens = {}
+    for dev in ("gw1", "gw2"):
+        r = requests.post(f"{base}/v1/devices", json={"device_id": dev, "tags": ["line=1"]},
+                          headers=admin, timeout=10)
+        assert r.status_code == 201, r.text
+        tokens[dev] = r.json()["token"]
+    now = float(int(time.time()))  # whole seconds: record ids are interval_start in ms
+    recent = [aggregate("gw1", "pump1", now - 60 * (N_AGGREGATES - i), max_score=0.2 + 0.01 * i)
+              for i in range(N_AGGREGATES)]
+    old = [aggregate("gw1", "pump1", now - 2 * 86400 - 60 * i, max_score=0.3)
+           for i in range(N_OLD)]
+    hostile = alert("gw1", "pump1", 1, now - 1800, threshold=0.9,
+                    top_channels=[{"channel": XSS, "contribution": 0.9}])
+    client = FleetClient(base, tokens["gw1"])
+    doc = batch("gw1", [*recent, *old, hostile], agent_version=XSS, sent_at=now)
+    result = client.ingest(IngestBatch.model_validate(doc))
+    assert {r.status for r in result.results} == {"accepted"}, [
+        r for r in result.results if r.status != "accepted"][:3]
+    other = FleetClient(base, tokens["gw2"])
+    other.ingest(IngestBatch.model_validate(
+        batch("gw2", [aggregate("gw2", "fan", now - 120)], sent_at=now)))
+    client.close()
+    other.close()
+    pkg = archive(tmp, 7, key)
+    r = requests.post(f"{base}/v1/models", data=pkg, timeout=30,
+                      headers={**admin, "Content-Type": "application/gzip"})
+    assert r.status_code == 201, r.text
+    return tokens
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[Fleet]:
+    port = _free_port()
+    state = tmp_path / "state"
+    db = f"sqlite:///{tmp_path / 'fleet.db'}"
+    key, trusted = make_keys(tmp_path / "keys")
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [*CMD, "serve", "--db", db, "--port", str(port), "--state-dir", str(state),
+             "--trusted-keys", str(trusted)],
+            stdout=out, stderr=subprocess.STDOUT, env=ENV,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if requests.get(f"{base}/healthz", timeout=1).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        admin = {"Authorization": f"Bearer {(state / 'admin.token').read_text().strip()}"}
+        pw = tmp_path / "pw"
+        pw.write_text(PASSWORD + "\n")
+        for name, role in (("vera", "viewer"), ("otto", "operator")):
+            _cli("user", "add", name, "--role", role, "--password-file", pw, "--db", db,
+                 "--state-dir", state)
+        tokens = _feed(base, admin, tmp_path, key)
+        shots = tmp_path / "screenshots"
+        shots.mkdir()
+        v8 = tmp_path / "skab-wstat-8.tar.gz"
+        v8.write_bytes(archive(tmp_path, 8, key))
+        yield Fleet(base=base, admin=admin, tokens=tokens, shots=shots, archive_v8=v8)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert "Traceback" not in log.read_text()
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright  # noqa: PLC0415 (test extra)
+
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def _shot(page: Any, fleet: Fleet, name: str) -> None:
+    path = fleet.shots / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    print(f"screenshot: {path}")
+
+
+def _login(browser: Any, fleet: Fleet, user: str) -> Any:
+    page = browser.new_context().new_page()
+    page.set_default_timeout(30_000)
+    page.goto(f"{fleet.base}/console/")
+    page.fill("#login-user", user)
+    page.fill("#login-password", PASSWORD)
+    page.click("#login-submit")
+    page.wait_for_selector("#devices")
+    assert page.text_content("#whoami") is not None
+    return page
+
+
+def _device_ids(page: Any) -> list[str]:
+    return [t.strip() for t in page.locator("#devices a.device-link").all_text_contents()]
+
+
+def test_viewer_sees_devices_and_reads_the_plot(browser: Any, fleet: Fleet) -> None:
+    page = browser.new_context().new_page()
+    page.set_default_timeout(30_000)
+    page.goto(f"{fleet.base}/console/")
+    page.fill("#login-user", "vera")
+    page.fill("#login-password", "not the password")
+    page.click("#login-submit")
+    expect(page.locator("#login-error")).to_have_text("Wrong username or password.")
+    _shot(page, fleet, "login-refused")
+
+    page = _login(browser, fleet, "vera")
+    assert page.text_content("#whoami") == "vera (viewer)"
+    assert _device_ids(page) == ["gw1", "gw2"]
+    row = page.locator("#devices tbody tr").first
+    cells = row.locator("td").all_text_contents()
+    assert cells[3] == XSS  # hostile agent version shown as text
+    assert "online" in cells[1] and "line=1" in cells[6]
+    assert page.locator("#devices img").count() == 0
+    _shot(page, fleet, "devices")
+
+    page.click("#devices a.device-link >> text=gw1")
+    page.wait_for_selector("#score-plot")
+    assert page.get_attribute("#score-plot", "data-points") == str(N_AGGREGATES)
+    assert page.locator("#score-plot polyline.threshold").count() == 1
+    alerts_text = page.text_content("#alerts")
+    assert alerts_text is not None and XSS in alerts_text  # hostile channel name, as text
+    assert page.locator("#alerts img").count() == 0
+    _shot(page, fleet, "device-24h")
+    page.click("#ranges button >> text=7 d")
+    expect(page.locator("#score-plot")).to_have_attribute("data-points",
+                                                          str(N_AGGREGATES + N_OLD))
+    _shot(page, fleet, "device-7d")
+    assert page.evaluate("window.__xss === undefined")
+
+    page.goto(f"{fleet.base}/console/#/alerts")
+    page.wait_for_selector("#alert-filters")
+    page.fill("#alert-filters input[name=device]", "gw1")
+    page.select_option("#alert-filters select[name=since_s]", str(86400))
+    page.click("#alert-filters button[type=submit]")
+    drawn = expect(page.locator("#view"))
+    drawn.to_have_attribute("data-route", "#/alerts?device=gw1&since_s=86400")
+    expect(page.locator("#alert-timeline")).to_have_attribute("data-alerts", "1")
+    page.fill("#alert-filters input[name=device]", "gw2")
+    page.click("#alert-filters button[type=submit]")
+    drawn.to_have_attribute("data-route", "#/alerts?device=gw2&since_s=86400")
+    expect(page.locator("#alert-timeline")).to_have_attribute("data-alerts", "0")
+    _shot(page, fleet, "alerts-filtered")
+
+    page.goto(f"{fleet.base}/console/#/registry")
+    page.wait_for_selector("#models")
+    assert "skab-wstat" in (page.text_content("#models") or "")
+
+
+def test_operator_starts_and_aborts_a_rollout_viewer_is_refused(
+    browser: Any, fleet: Fleet
+) -> None:
+    op = _login(browser, fleet, "otto")
+    op.goto(f"{fleet.base}/console/#/registry")
+    op.wait_for_selector("#push-form")
+    op.set_input_files("#push-form input[name=archive]", str(fleet.archive_v8))
+    op.click("#push-submit")
+    expect(op.locator("#flash")).to_contain_text("Pushed skab-wstat@8")
+    expect(op.locator("#models")).to_contain_text("otto")
+    _shot(op, fleet, "registry-pushed")
+    op.goto(f"{fleet.base}/console/#/rollouts")
+    op.wait_for_selector("#rollout-form")
+    op.fill("#rollout-form input[name=version]", "8")
+    op.fill("#rollout-form input[name=target]", "line=1")
+    op.fill("#rollout-form input[name=canary]", "50")
+    op.click("#rollout-create")
+    op.wait_for_selector("#rollout-state")
+    assert op.text_content("#rollout-state") == "canary"
+    rollout_url = op.url
+    _shot(op, fleet, "rollout-created")
+
+    # the canary device takes it and reports, through the real device client
+    rollout_id = int(rollout_url.rsplit("/", 1)[1])
+    detail = requests.get(f"{fleet.base}/v1/rollouts/{rollout_id}", headers=fleet.admin,
+                          timeout=10).json()
+    canary = next(d["device_id"] for d in detail["devices"] if d["canary"])
+    device = FleetClient(fleet.base, fleet.tokens[canary])
+    assigned = device.assignment("pump1")
+    assert assigned is not None and assigned.version == 8
+    device.report_status(ModelStatusReport(device_id=canary, stream="pump1", name="skab-wstat",
+                                           version=8, rollout_id=rollout_id, state="active",
+                                           at=time.time()))
+    device.close()
+
+    viewer = _login(browser, fleet, "vera")
+    viewer.goto(rollout_url)
+    viewer.wait_for_selector("#rollout-state")
+    viewer.once("dialog", lambda dialog: dialog.accept())
+    viewer.click("#rollout-abort")
+    expect(viewer.locator("#flash")).to_contain_text("Refused (403)")
+    assert viewer.text_content("#rollout-state") == "canary"
+    _shot(viewer, fleet, "rollout-viewer-refused")
+
+    op.reload()
+    op.wait_for_selector("#rollout-devices")
+    assert "active" in (op.text_content("#rollout-devices") or "")
+    dialogs: list[str] = []
+
+    def dismiss(dialog: Any) -> None:
+        dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    op.once("dialog", dismiss)
+    op.click("#rollout-abort")
+    assert dialogs and "Abort rollout" in dialogs[0]
+    assert op.text_content("#rollout-state") == "canary"  # dismissed: nothing happened
+    op.once("dialog", lambda dialog: dialog.accept())
+    op.click("#rollout-abort")
+    expect(op.locator("#rollout-state")).to_have_text("aborted")
+    _shot(op, fleet, "rollout-aborted")
+
+    op.goto(f"{fleet.base}/console/#/audit")
+    op.wait_for_selector("#audit")
+    audit = op.text_content("#audit") or ""
+    assert "rollout.create" in audit and "rollout.abort" in audit and "otto" in audit
+    _shot(op, fleet, "audit")
