@@ -51,7 +51,7 @@ CASES: list[tuple[str, bytes, dict[str, str], int]] = [
                                                          '"sent_at": NaN').encode(), JSON_CT, 422),
     ("missing backlog", json.dumps({"device_id": "gw1", "sent_at": 1, "records": []}).encode(),
      JSON_CT, 422),
-    ("unknown schema", json.dumps(batch("gw1", [], schema=3)).encode(), JSON_CT, 422),
+    ("unknown schema", json.dumps(batch("gw1", [], schema=99)).encode(), JSON_CT, 422),
     ("NUL in agent_version", json.dumps(batch("gw1", [], agent_version="a\x00")).encode(),
      JSON_CT, 422),
     ("too many records",
