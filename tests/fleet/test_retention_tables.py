@@ -9,6 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, func, insert, select
 
+from fleet.db.account_tables import audit_log
 from fleet.db.model_tables import model_status_reports
 from fleet.db.ops_tables import device_health, webhook_deliveries, webhooks
 from fleet.db.retention import Retention, parse_retention
@@ -60,6 +61,8 @@ def _fill(client: TestClient, engine: Engine) -> None:
                 conn.execute(insert(webhook_deliveries).values(
                     webhook_id=hook, event="alert", body=json.dumps({}), state=state,
                     attempts=1, next_attempt_at=t, created_at=t))
+        conn.execute(insert(audit_log).values(
+            at=old[1], actor="alice", via="session", action="rollout.abort", detail={}))
         conn.execute(insert(device_health).values(
             device_id="gw1", status="green", state="online", summary={}, received_at=old[0],
             state_since=old[0]))
@@ -73,7 +76,7 @@ def test_retention_deletes_by_age_per_table_in_batches(client: TestClient,
     retention = Retention(engine, ages, batch_rows=2, clock=lambda: NOW)
     done = retention.run()
     assert done == {"alerts": 5, "aggregates": 10, "samples": 1, "status_reports": 2,
-                    "health": 1, "webhook_deliveries": 2}  # no audit table here: skipped
+                    "health": 1, "webhook_deliveries": 2, "audit": 1}
     assert _count(engine, alerts) == 10 and _count(engine, aggregates) == 5
     assert _count(engine, samples) == 2 and _count(engine, model_status_reports) == 1
     assert _count(engine, device_health) == 0
