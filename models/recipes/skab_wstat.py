@@ -163,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
                              "this recipe builds the window-statistics package only")
         args.window, args.top_k = int(chosen["window"]), int(chosen["param"])
         args.threshold_factor, args.holdout = float(chosen["factor"]), float(chosen["holdout"])
-        args.selection = str(args.selection)
+        # the choice itself goes into the lineage, not the path of a file that may be gone
+        args.selection = {"procedure": "models/recipes/skab_select.py", "chosen": chosen}
     rng = np.random.default_rng(args.seed)
 
     src = anomaly_free_file(args.data)
