@@ -337,7 +337,8 @@ def test_archive_with_a_wrong_sha256_is_rejected_after_bounded_tries(
             return sum(path == served.url for _, path, _ in fleet.state.requests)
 
     with _running(agent, finish):
-        _assert_refused_and_old_model_scores(agent, fleet, NEXT, "download failed its check 3 times")
+        _assert_refused_and_old_model_scores(agent, fleet, NEXT,
+                                             "download failed its check 3 times")
         assert downloads() == 3  # more polls have passed (the helper waits): no fourth download
     rejected = _reports(fleet, "rejected")
     assert "sha256" in str(rejected[0]["reason"]) and rejected[0]["rollout_id"] == 1
