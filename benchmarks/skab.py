@@ -168,18 +168,31 @@ def main(argv: list[str] | None = None) -> int:
 
 def grouped(data: Path, families: list[str], package) -> None:
     """Print the grouped selection report and whether the package's defaults are its choice."""
-    from skab_select import Candidate, Study, describe, load, report  # noqa: PLC0415
+    from skab_select import (  # noqa: PLC0415
+        FLOOR_FRAC,
+        Candidate,
+        Study,
+        describe,
+        load,
+        load_floors,
+        report,
+    )
 
     print("\ngrouped model selection (models/recipes/skab_select.py; FP32 NumPy references; "
           "F1 / FAR % / MAR %)")
     files, floor, ffloors = load(data)
-    choice = report(Study(files, floor, ffloors, families), families)
+    choice = report(Study(files, floor, ffloors, families, load_floors(data, families)),
+                    families)
     m = package.manifest
+    args = (m.lineage or {}).get("args") or {}
+    # the recipe's --floor-frac (= --feature-floor-frac when the selection set it)
+    frac = float(args.get("floor_frac", FLOOR_FRAC))
     shipped = Candidate("wstat", m.input.window, float(m.score.top_k),
-                        m.score.threshold.holdout, m.score.threshold.factor)
+                        m.score.threshold.holdout, m.score.threshold.factor, frac)
     same = (shipped.detector, shipped.window, shipped.param, shipped.holdout,
-            shipped.factor) == (choice.detector, choice.window, float(choice.param),
-                                choice.holdout, choice.factor)
+            shipped.factor, shipped.floor) == (choice.detector, choice.window,
+                                               float(choice.param), choice.holdout,
+                                               choice.factor, choice.floor)
     verdict = "the procedure's choice" if same else "NOT the procedure's choice"
     print(f"package {package.label}: {describe(shipped)}: {verdict}")
 

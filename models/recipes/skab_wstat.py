@@ -169,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--holdout", type=float, default=0.0,
                     help="fraction of the calibration samples held out for the threshold base")
     ap.add_argument("--selection", type=Path,
-                    help="skab_select.py --json output: sets window, top-k, factor, hold-out")
+                    help="skab_select.py --json output: sets window, top-k, factor, hold-out, "
+                         "floors")
     ap.add_argument("--quant-windows", type=int, default=4000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--calibration-method", choices=list(METHODS), default="minmax")
@@ -184,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
                              "this recipe builds the window-statistics package only")
         args.window, args.top_k = int(chosen["window"]), int(chosen["param"])
         args.threshold_factor, args.holdout = float(chosen["factor"]), float(chosen["holdout"])
+        if "floor" in chosen:  # one fraction for both floors (skab_select.GRID)
+            args.floor_frac = args.feature_floor_frac = float(chosen["floor"])
         # the choice itself goes into the lineage, not the path of a file that may be gone
         args.selection = {"procedure": "models/recipes/skab_select.py", "chosen": chosen}
     rng = np.random.default_rng(args.seed)
