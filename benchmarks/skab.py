@@ -1,6 +1,7 @@
 """SKAB benchmark of the agent's own detector, with the published protocol.
 
     python benchmarks/skab.py --data ../shared/datasets/skab [--model models/skab-wstat]
+        [--families wstat,pca,mset] [--group valve1|other]
 
 For EACH labelled file separately: calibrate (scaler, feature statistics, threshold) on the first
 400 rows with no labels, score every later row (the window ending at that row), then pool all
@@ -119,10 +120,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", type=Path, default=ROOT / "models" / "skab-wstat")
     ap.add_argument("--families", default="wstat,pca,mset",
                     help="candidate families of the grouped selection ('' = skip it)")
+    ap.add_argument("--group", help="score only this group's files (valve1, other): a package "
+                                    "built with the choice made on the other group gives that "
+                                    "group's held-out INT8 figure")
     args = ap.parse_args(argv)
-    files = labelled_files(args.data)
+    files = [p for p in labelled_files(args.data) if args.group in (None, p.parent.name)]
     if not files:
-        raise SystemExit(f"no labelled SKAB files under {args.data}")
+        raise SystemExit(f"no labelled SKAB files under {args.data}"
+                         + (f" in group {args.group!r}" if args.group else ""))
     package = load_package(args.model)
     n = package.manifest.preprocessing.calibration_samples
     t0 = time.perf_counter()
