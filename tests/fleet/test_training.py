@@ -7,6 +7,7 @@ import datetime as dt
 import json
 import logging
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -122,8 +123,26 @@ def _spiked_and_drifting(spike: float) -> np.ndarray:
     return x
 
 
+@pytest.fixture(scope="module")
+def short_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A base package with fixed, short-window settings (W 5, top-k 3, held-out 25 % base,
+    × 1.25, floors 0.1), built by the package recipe on SKAB's anomaly-free recording, so the
+    gate test below does not depend on the settings the shipped package happens to have."""
+    skab = Path(__file__).resolve().parents[3] / "shared" / "datasets" / "skab"
+    if not (skab / "anomaly-free").is_dir():
+        pytest.skip("needs ../shared/datasets/skab")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "models" / "recipes"))
+    import skab_wstat  # noqa: PLC0415 - a recipe, not a package
+
+    out = tmp_path_factory.mktemp("short-base")
+    skab_wstat.main(["--data", str(skab), "--out", str(out), "--window", "5", "--top-k", "3",
+                     "--holdout", "0.25", "--threshold-factor", "1.25"])
+    return out
+
+
+@pytest.mark.dataset
 def test_retrained_model_worse_than_the_base_on_held_out_windows_is_gated(
-        tmp_path: Path) -> None:
+        tmp_path: Path, short_base: Path) -> None:
     """One gross reading in the uploaded calibration samples stretches the retrained model's
     per-tensor int8 input scale, so every channel loses resolution; on the held-out calibration
     tail, where the machine drifts, it raises more false alarms than the base package
@@ -131,18 +150,18 @@ def test_retrained_model_worse_than_the_base_on_held_out_windows_is_gated(
     base comparison alone decides: without it this model would be published."""
     lax = TrainOptions(min_decision_agreement=0.9)
     with pytest.raises(GateFailed, match="worse than the base model") as info:
-        train_wstat(DeviceData("gw1", "pump", CHANNELS, _spiked_and_drifting(10_000.0)), BASE,
-                    tmp_path / "bad", name="skab-wstat", version=NEXT, options=lax)
+        train_wstat(DeviceData("gw1", "pump", CHANNELS, _spiked_and_drifting(10_000.0)),
+                    short_base, tmp_path / "bad", name="skab-wstat", version=2, options=lax)
     g = info.value.report
     assert len(g.reasons) == 1 and "worse than the base model" in g.reasons[0]
-    assert g.compare_source == "calibration tail" and g.compare_windows == 100 - WINDOW + 1
+    assert g.compare_source == "calibration tail" and g.compare_windows == 100 - 5 + 1
     assert g.retrained_false_alarm_rate > g.base_false_alarm_rate
     assert f"{g.retrained_false_alarm_rate:.2%} retrained vs {g.base_false_alarm_rate:.2%} base" \
         in g.reasons[0]
     assert not (tmp_path / "bad" / "manifest.json").exists()
     # the same drift without the gross reading: the retrained model is as good; published
-    ok = train_wstat(DeviceData("gw1", "pump", CHANNELS, _spiked_and_drifting(0.0)), BASE,
-                     tmp_path / "ok", name="skab-wstat", version=NEXT, options=lax)
+    ok = train_wstat(DeviceData("gw1", "pump", CHANNELS, _spiked_and_drifting(0.0)),
+                     short_base, tmp_path / "ok", name="skab-wstat", version=2, options=lax)
     assert ok.gate.passed
     assert ok.gate.retrained_false_alarm_rate <= ok.gate.base_false_alarm_rate
     assert ok.manifest["lineage"]["gate"]["base_false_alarm_rate"] == \
