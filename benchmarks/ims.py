@@ -14,7 +14,8 @@ from the healthy rows (:func:`fleet.training.wstat.build_graph`, quantized with
 :func:`fleet.training.wstat.quantize_int8` on the healthy windows amplified ×4, the fleet's
 headroom for faults), then the agent's :class:`agent.pipeline.stream.StreamPipeline` and
 :class:`agent.pipeline.rules.AlertRules` with their default rule parameters (k of n, hysteresis,
-cooldown). Scale and feature floors are 0.1 × the healthy rows' std, as the SKAB recipe fits them.
+cooldown). Scale and feature floors are f × the healthy rows' std, f the SKAB package's floor
+fraction (its recipe's ``floor_frac``, chosen by the grouped selection; 0.1 when not recorded).
 
 Printed: every alert (time, score, threshold), the alerts inside the healthy rows when they are
 re-scored with the fitted calibration, and last ``first_alarm=<ISO time> healthy_alarms=<n>``.
@@ -86,21 +87,23 @@ def main(argv: list[str] | None = None) -> int:
     fit = (ts >= FIT_FROM.timestamp()) & (ts <= FIT_TO.timestamp())
     start, stop = int(np.argmax(fit)), int(len(fit) - np.argmax(fit[::-1]))
     healthy = values[start:stop]
-    base = load_package(args.model).detector_spec()
+    package = load_package(args.model)
+    base = package.detector_spec()
     w = base.window
-    floor = 0.1 * healthy.std(0)
+    frac = float(((package.manifest.lineage or {}).get("args") or {}).get("floor_frac", 0.1))
+    floor = frac * healthy.std(0)
     feats = window_features(((sliding_windows(healthy, w) - healthy.mean(0))
                              / np.maximum(healthy.std(0), floor)).astype(np.float32))
     spec = DetectorSpec(
         channels=tuple(channels), window=w, hop=1, calibration_samples=healthy.shape[0],
         scale_floor=floor, n_features=len(FEATURES), top_k=base.top_k,
-        feature_std_floor=0.1 * feats.astype(np.float64).std(0),
+        feature_std_floor=frac * feats.astype(np.float64).std(0),
         threshold_quantile=base.threshold_quantile, threshold_factor=base.threshold_factor,
         threshold_holdout=base.threshold_holdout)
     print(f"{args.data / FILE}: {len(ts)} rows; fit on rows {start}..{stop - 1} "
           f"({iso(ts[start])} .. {iso(ts[stop - 1])}); detector defaults of {args.model.name}: "
           f"W={w} top_k={spec.top_k} q={spec.threshold_quantile} factor={spec.threshold_factor} "
-          f"holdout={spec.threshold_holdout}; rules {RuleParams()}")
+          f"holdout={spec.threshold_holdout} floor={frac:g}; rules {RuleParams()}")
     with tempfile.TemporaryDirectory(prefix="ims-") as tmp:
         backend = build_backend("onnxruntime", build_model(healthy, w, floor, Path(tmp)), "int8")
         detector = FeatureDeviationDetector(spec, backend)

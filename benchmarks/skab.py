@@ -1,6 +1,7 @@
 """SKAB benchmark of the agent's own detector, with the published protocol.
 
     python benchmarks/skab.py --data ../shared/datasets/skab [--model models/skab-wstat]
+        [--families wstat,pca,mset] [--group valve1|other]
 
 For EACH labelled file separately: calibrate (scaler, feature statistics, threshold) on the first
 400 rows with no labels, score every later row (the window ending at that row), then pool all
@@ -125,10 +126,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", type=Path, default=ROOT / "models" / "skab-wstat")
     ap.add_argument("--families", default="wstat,pca,mset",
                     help="candidate families of the grouped selection ('' = skip it)")
+    ap.add_argument("--group", help="score only this group's files (valve1, other): a package "
+                                    "built with the choice made on the other group gives that "
+                                    "group's held-out INT8 figure")
     args = ap.parse_args(argv)
-    files = labelled_files(args.data)
+    files = [p for p in labelled_files(args.data) if args.group in (None, p.parent.name)]
     if not files:
-        raise SystemExit(f"no labelled SKAB files under {args.data}")
+        raise SystemExit(f"no labelled SKAB files under {args.data}"
+                         + (f" in group {args.group!r}" if args.group else ""))
     package = load_package(args.model)
     n = package.manifest.preprocessing.calibration_samples
     t0 = time.perf_counter()
@@ -175,18 +180,31 @@ def main(argv: list[str] | None = None) -> int:
 
 def grouped(data: Path, families: list[str], package) -> None:
     """Print the grouped selection report and whether the package's defaults are its choice."""
-    from skab_select import Candidate, Study, describe, load, report  # noqa: PLC0415
+    from skab_select import (  # noqa: PLC0415
+        FLOOR_FRAC,
+        Candidate,
+        Study,
+        describe,
+        load,
+        load_floors,
+        report,
+    )
 
     print("\ngrouped model selection (models/recipes/skab_select.py; FP32 NumPy references; "
           "F1 / FAR % / MAR %)")
     files, floor, ffloors = load(data)
-    choice = report(Study(files, floor, ffloors, families), families)
+    choice = report(Study(files, floor, ffloors, families, load_floors(data, families)),
+                    families)
     m = package.manifest
+    args = (m.lineage or {}).get("args") or {}
+    # the recipe's --floor-frac (= --feature-floor-frac when the selection set it)
+    frac = float(args.get("floor_frac", FLOOR_FRAC))
     shipped = Candidate("wstat", m.input.window, float(m.score.top_k),
-                        m.score.threshold.holdout, m.score.threshold.factor)
+                        m.score.threshold.holdout, m.score.threshold.factor, frac)
     same = (shipped.detector, shipped.window, shipped.param, shipped.holdout,
-            shipped.factor) == (choice.detector, choice.window, float(choice.param),
-                                choice.holdout, choice.factor)
+            shipped.factor, shipped.floor) == (choice.detector, choice.window,
+                                               float(choice.param), choice.holdout,
+                                               choice.factor, choice.floor)
     verdict = "the procedure's choice" if same else "NOT the procedure's choice"
     print(f"package {package.label}: {describe(shipped)}: {verdict}")
 

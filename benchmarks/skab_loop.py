@@ -30,6 +30,11 @@ What runs (all real code, real processes where the product has them):
    are those of the model the loop delivered. All files pooled: F1 = TP/(TP+(FP+FN)/2),
    FAR % = FP/(FP+TN)·100, MAR % = FN/(FN+TP)·100 (Katser & Kozitsin, SKAB, 2020).
 
+Before the figures it prints the fleet's gate verdict per device: ``published``, or ``gated``
+with the retrained and the base model's false-alarm rates on that device's held-out windows
+(the calibration tail: the last 25 % of its 400 rows, held out of quantization and threshold
+fitting; :func:`fleet.training.train.train_wstat`, step 5).
+
 The last line is ``F1=<0..1> FAR=<percent> MAR=<percent>``.
 """
 
@@ -38,6 +43,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -171,6 +177,17 @@ def predict(readings: list[Reading], package_dir: Path) -> np.ndarray:
     return pred
 
 
+_GATE = re.compile(r"retrain \S+: (?:published \S+@\d+|\S+@\d+ not published \(gated)")
+
+
+def gate_lines(log: str) -> list[str]:
+    """The fleet's retraining verdicts in its log, one per retraining: ``retrain <device>/
+    <stream>: published <name>@<version> (...)`` or ``retrain <device>/<stream>:
+    <name>@<version> not published (gated; held-out false-alarm rate retrained X %, base Y %
+    (...)): <reasons>``."""
+    return [ln[ln.find("retrain "):].strip() for ln in log.splitlines() if _GATE.search(ln)]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="SKAB through the closed model loop")
     ap.add_argument("--data", type=Path, required=True, help="SKAB root directory")
@@ -198,13 +215,14 @@ def main(argv: list[str] | None = None) -> int:
             stdout=log, stderr=subprocess.STDOUT,
         )
         try:
-            for _ in range(200):
+            up_by = time.monotonic() + 120.0  # a loaded 2-core machine took over 20 s
+            while True:
                 with contextlib.suppress(requests.RequestException):
                     if requests.get(f"{url}/healthz", timeout=1).status_code == 200:
                         break
+                if time.monotonic() > up_by or fleet.poll() is not None:
+                    raise SystemExit(f"edge-fleet did not come up; see {tmp / 'fleet.log'}")
                 time.sleep(0.1)
-            else:
-                raise SystemExit(f"edge-fleet did not come up; see {tmp / 'fleet.log'}")
             t0 = time.perf_counter()
             totals = np.zeros(4, dtype=np.int64)
             delivered = 0
@@ -227,12 +245,14 @@ def main(argv: list[str] | None = None) -> int:
             fleet.terminate()
             fleet.wait(30)
             log.close()
-        refused = [ln.strip() for ln in (tmp / "fleet.log").read_text().splitlines()
-                   if "not published" in ln]
-        for line in refused:
-            print(f"fleet: {line[line.find('retrain'):]}")
+        gate = gate_lines((tmp / "fleet.log").read_text())
+        for line in gate:
+            print(f"fleet: {line}")
+        gated = sum("gated" in line for line in gate)
         f1, far, mar = rates(*(int(v) for v in totals))
-        print(f"\n{delivered} of {len(files)} devices run a model retrained for them; "
+        print(f"\n{delivered} of {len(files)} devices run a model retrained for them; gate: "
+              f"{len(gate) - gated} published, {gated} gated (a retrained model is published "
+              f"only if not worse than the base on the device's held-out windows); "
               f"{time.perf_counter() - t0:.1f} s")
         print(f"{'pooled':<26}{'F1':>6}{'FAR %':>8}{'MAR %':>8}")
         print(f"{'closed loop, INT8':<26}{f1:>6.3f}{far:>8.2f}{mar:>8.2f}")

@@ -9,7 +9,8 @@ Talks to the database directly (like ``device add``): reads the device's newest 
 samples and reservoir windows, trains and quantizes with progress bars (tqdm, on stderr), gates,
 signs with ``--signing-key`` (its public key must be in ``--trusted-keys``, which the registry
 checks as for any upload), publishes the next version and creates a rollout for that device and
-stream. Exit codes: 0 published, 1 refused (gate failed: the reasons are printed; no samples),
+stream. Exit codes: 0 published, 1 refused (gated: the reasons and the retrained and base
+models' held-out false-alarm rates are printed; no samples),
 78 bad configuration (key files, base model).
 
 Also builds the :class:`~fleet.training.retrain.AutoRetrainer` of ``serve --auto-retrain``.
@@ -112,12 +113,14 @@ def run_retrain(args: argparse.Namespace, settings: Settings, engine: Engine) ->
     steps.update(steps.total - steps.n)
     steps.close()
     if not outcome.published:
-        print(f"not published: {outcome.name}@{outcome.version}: {outcome.reason}")
+        print(f"gated, not published: {outcome.name}@{outcome.version}: {outcome.reason}"
+              + (f" ({outcome.figures()})" if outcome.figures() else ""))
         return 1
     g = outcome.gate
     assert g is not None
     print(f"published {outcome.name}@{outcome.version} for {args.device}/{args.stream}, rollout "
           f"{outcome.rollout_id}; gate on {g.heldout_windows} held-out windows "
           f"({g.heldout_source}): FAR {100 * g.false_alarm_rate:.1f} %, FP32/INT8 agreement "
-          f"{100 * g.decision_agreement:.1f} %, max |delta| {g.max_abs_err:.3f}")
+          f"{100 * g.decision_agreement:.1f} %, max |delta| {g.max_abs_err:.3f}; "
+          f"{outcome.figures()}")
     return 0

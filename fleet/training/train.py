@@ -22,8 +22,19 @@
    gate's own calibration fit): FP32 vs INT8 max |Δ feature| ≤ ``max_abs_err``; the same
    above-threshold decision (each precision with its own calibration) on ≥
    ``min_decision_agreement`` of the windows; INT8 false-alarm rate (held-out windows above the
-   threshold; they are normal operation) ≤ ``max_false_alarm_rate``. A failed gate raises
-   :class:`GateFailed` with the report: nothing is signed or published.
+   threshold; they are normal operation) ≤ ``max_false_alarm_rate``.
+   **Not worse than the base model**: on the device's held-out time range (``heldout`` if
+   given, else the calibration tail, which then is left out of quantization too) the retrained
+   INT8 model and the base package's INT8 artefact are each calibrated on the same rows before
+   it, by the base package's rule, and the retrained model's false-alarm rate must not exceed
+   the base model's by more than ``max_far_excess``. The reservoir is not used for this: the
+   device's running base model chose those windows as normal, which favours the base. A failed
+   gate raises :class:`GateFailed` with the report (both rates): nothing is signed or
+   published.
+
+   Every other choice (window, top-k, threshold base and factor, floors) is the base package's,
+   i.e. what the grouped selection (``models/recipes/skab_select.py``) chose for it; with no
+   labels on a device there is nothing to choose them on per device.
 6. Write golden vectors (held-out windows, FP32 outputs), artefact hashes and the manifest with
    the fitted calibration and lineage. Signing and publishing: :mod:`fleet.training.retrain`.
 """
@@ -33,7 +44,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +89,8 @@ class TrainOptions:
         max_abs_err: Gate: largest FP32-vs-INT8 feature difference (scaled units).
         min_decision_agreement: Gate: share of held-out windows with the same decision.
         max_false_alarm_rate: Gate: share of held-out (normal) windows above the threshold.
+        max_far_excess: Gate: how much the retrained model's false-alarm rate on the held-out
+            time range may exceed the base model's (0: not worse).
         golden: Golden vectors written.
     """
 
@@ -87,12 +100,18 @@ class TrainOptions:
     max_abs_err: float = 0.5
     min_decision_agreement: float = 0.99
     max_false_alarm_rate: float = 0.25
+    max_far_excess: float = 0.0
     golden: int = 8
 
 
 @dataclass(frozen=True)
 class GateReport:
-    """What the gate measured (stored in the manifest's lineage)."""
+    """What the gate measured (stored in the manifest's lineage).
+
+    ``compare_*`` are the not-worse-than-the-base check's: its held-out source (``heldout`` or
+    ``calibration tail``), window count, and the false-alarm rates (shares of those windows
+    above the threshold) of the retrained and of the base model.
+    """
 
     passed: bool
     reasons: tuple[str, ...]
@@ -103,6 +122,10 @@ class GateReport:
     decision_agreement: float
     false_alarm_rate: float
     fp32_false_alarm_rate: float
+    compare_source: str = ""
+    compare_windows: int = 0
+    retrained_false_alarm_rate: float = 0.0
+    base_false_alarm_rate: float = 0.0
 
 
 class GateFailed(FleetError):
@@ -208,20 +231,25 @@ def train_wstat(
     samples = _reorder(data.samples, order)
     assert samples is not None
     w, c = base.input.window, len(chans)
-    if samples.ndim != 2 or samples.shape[0] < 2 * (w + 1):
-        raise ValueError(f"need at least {2 * (w + 1)} calibration samples, got {samples.shape}")
+    least = min_samples(w, base.score.threshold.holdout, opt.holdout_frac)
+    if samples.ndim != 2 or samples.shape[0] < least:
+        raise ValueError(f"need at least {least} calibration samples, got {samples.shape}")
     reservoir, heldout = _reorder(data.reservoir, order), _reorder(data.heldout, order)
     for what, arr in (("reservoir", reservoir), ("heldout", heldout)):
         if arr is not None and (arr.ndim != 3 or arr.shape[1:] != (w, c)):
             raise ValueError(f"{what} windows must be (K, {w}, {c}), got {arr.shape}")
+    n_hold = max(w + 1, round(opt.holdout_frac * samples.shape[0]))
     if heldout is not None and len(heldout):
         source, fit_rows, held = "heldout", samples, heldout
-    elif reservoir is not None and len(reservoir):
-        source, fit_rows, held = "reservoir", samples, reservoir
+        train_rows, cmp_source, cmp_held = samples, "heldout", heldout
     else:
-        n_hold = max(w + 1, round(opt.holdout_frac * samples.shape[0]))
-        source, fit_rows = "calibration tail", samples[:-n_hold]
-        held = sliding_windows(samples[-n_hold:], w)
+        # the calibration tail is the time range the base comparison holds out: never trained on
+        train_rows, cmp_source = samples[:-n_hold], "calibration tail"
+        cmp_held = sliding_windows(samples[-n_hold:], w)
+        if reservoir is not None and len(reservoir):
+            source, fit_rows, held = "reservoir", samples, reservoir
+        else:
+            source, fit_rows, held = "calibration tail", train_rows, cmp_held
     floor = np.asarray(base.preprocessing.scale_floor, np.float64)
     ffloor = np.asarray(base.score.feature_std_floor, np.float64)
     thr = base.score.threshold
@@ -239,8 +267,8 @@ def train_wstat(
     onnx.save(build_graph(w, c), fp32_path)
 
     step("int8 quantization")
-    scaler = fit_scaler(fit_rows, floor)
-    z = scaler.apply(sliding_windows(fit_rows, w))
+    scaler = fit_scaler(train_rows, floor)
+    z = scaler.apply(sliding_windows(train_rows, w))
     quant = np.concatenate([z, (z * opt.headroom).astype(np.float32)])
     quantize_int8(fp32_path, int8_path, quant, method=opt.quant_method, on_batch=on_quant_batch)
     fp32, int8 = _runner(session_runner(fp32_path)), _runner(session_runner(int8_path))
@@ -251,6 +279,10 @@ def train_wstat(
     step("gate")
     gate = _gate(opt, source, held, calibrate(fit_rows, int8), calibrate(fit_rows, fp32),
                  int8, fp32, base.score.top_k)
+    base_int8 = _runner(session_runner(_base_int8(base, base_package_dir)))
+    gate = _compare_with_base(opt, gate, cmp_source, cmp_held, calibrate(train_rows, int8),
+                              calibrate(train_rows, base_int8), int8, base_int8,
+                              base.score.top_k)
     if not gate.passed:
         raise GateFailed(gate)
 
@@ -280,7 +312,7 @@ def train_wstat(
             "base": f"{base.name}@{base.version}",
             "training_data": {"device_id": data.device_id, "stream": data.stream,
                               "calibration_samples": int(samples.shape[0]),
-                              "quantization_rows": int(fit_rows.shape[0]),
+                              "quantization_rows": int(train_rows.shape[0]),
                               "reservoir_windows": 0 if reservoir is None else len(reservoir),
                               "data_start": data.data_start, "data_end": data.data_end},
             "quantization": {"tool": f"onnxruntime.quantization {ort_version()}",
@@ -340,3 +372,62 @@ def _gate(
         mean_abs_err=float(err.mean()), decision_agreement=agree, false_alarm_rate=far,
         fp32_false_alarm_rate=far32,
     )
+
+
+def min_samples(window: int, threshold_holdout: float, holdout_frac: float) -> int:
+    """The fewest calibration samples :func:`train_wstat` can use: at least 2·(W + 1), and
+    they, and the same rows less the held-out tail (``holdout_frac``), must each be a
+    calibration: W + 1 rows, and with a threshold hold-out
+    (:func:`cloud_sync.calibration.holdout_scores`) at least 2·W fit and W held-out rows.
+
+    >>> min_samples(5, 0.25, 0.25), min_samples(10, 0.0, 0.25)
+    (25, 22)
+    """
+
+    def fits(n: int) -> bool:
+        if n < window + 1:
+            return False
+        if threshold_holdout <= 0:
+            return True
+        fit = round(n * (1.0 - threshold_holdout))
+        return fit >= 2 * window and n - fit >= window
+
+    n = 2 * (window + 1)
+    while not (fits(n) and fits(n - max(window + 1, round(holdout_frac * n)))):
+        n += 1
+    return n
+
+
+def _base_int8(base: Manifest, base_dir: Path) -> Path:
+    """The base package's ONNX Runtime INT8 artefact (what the device runs before retraining).
+
+    Raises:
+        ValueError: the base package has none.
+    """
+    for art in base.artefacts:
+        if art.runtime == "onnxruntime" and art.precision == "int8":
+            return base_dir / art.path
+    raise ValueError(f"base package {base.name}@{base.version} has no onnxruntime INT8 artefact")
+
+
+def _false_alarm_rate(held: FloatArray, cal: CalibrationFit, model: FeatureFn,
+                      top_k: int) -> float:
+    """Share of the held-out (normal) raw windows ``(K, W, C)`` scored above the threshold."""
+    feats = np.asarray(model(cal.scaler.apply(held.astype(np.float32))), np.float64)
+    return float(np.mean(deviation_scores(feats, cal.features, top_k)[0] > cal.threshold))
+
+
+def _compare_with_base(
+    opt: TrainOptions, gate: GateReport, source: str, held: FloatArray, cal_new: CalibrationFit,
+    cal_base: CalibrationFit, new: FeatureFn, base: FeatureFn, top_k: int,
+) -> GateReport:
+    """``gate`` plus the not-worse-than-the-base check (module docstring, step 5)."""
+    far_new = _false_alarm_rate(held, cal_new, new, top_k)
+    far_base = _false_alarm_rate(held, cal_base, base, top_k)
+    reasons = list(gate.reasons)
+    if far_new > far_base + opt.max_far_excess:
+        reasons.append(f"worse than the base model on {len(held)} held-out windows ({source}): "
+                       f"false-alarm rate {far_new:.2%} retrained vs {far_base:.2%} base")
+    return replace(gate, passed=not reasons, reasons=tuple(reasons), compare_source=source,
+                   compare_windows=len(held), retrained_false_alarm_rate=far_new,
+                   base_false_alarm_rate=far_base)

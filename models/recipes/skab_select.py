@@ -3,8 +3,8 @@
     python models/recipes/skab_select.py --data ../shared/datasets/skab [--json OUT]
 
 Every choice of the shipped sensor detector (detector family, window W, its parameter, the
-threshold base and margin) is made here, by a rule that is fixed before any file is scored and
-never looks at the files a figure is reported on:
+input and feature floors, the threshold base and margin) is made here, by a rule that is fixed
+before any file is scored and never looks at the files a figure is reported on:
 
 * **Objective** on a set of files (pooled rows, SKAB's metrics): J = F1 − 0.02·max(0, FAR − 10)
   − 0.01·max(0, MAR − 25), FAR and MAR in %. It rewards F1 and charges false alarms above 10 %
@@ -45,36 +45,53 @@ from skab_detectors import FileScores, file_scores
 from fleet.training.wstat import scaled_windows
 
 N = 400
+#: The floor fraction of a family whose grid has no ``floor`` axis (PCA, MSET: studied, not
+#: shipped); the window-statistics family chooses it.
 FLOOR_FRAC = 0.1
-FEATURE_FLOOR_FRAC = 0.1
-#: Per family: axis name -> values (ordered; neighbours are adjacent values).
+#: Per family: axis name -> values (ordered; neighbours are adjacent values). ``floor`` = f sets
+#: the input scale floor to f × the anomaly-free recording's std per channel and each feature's
+#: std floor to f × that feature's std over emulated calibrations of it (the package recipe's
+#: ``--floor-frac`` and ``--feature-floor-frac``). Its values are the range package v1's floors
+#: had been picked from by hand, with every labelled file in view; here the procedure picks.
 GRID: dict[str, dict[str, tuple[float, ...]]] = {
     "wstat": {"window": (5, 10, 20, 30), "param": (1, 2, 3, 4),
-              "holdout": (0.0, 0.25, 0.5), "factor": (1.0, 1.1, 1.25, 1.5, 1.75, 2.0)},
+              "holdout": (0.0, 0.25, 0.5), "factor": (1.0, 1.1, 1.25, 1.5, 1.75, 2.0),
+              "floor": (0.05, 0.1, 0.2)},
     "pca": {"window": (1, 5, 10, 20), "param": (0.8, 0.9, 0.95, 0.99),
             "holdout": (0.0, 0.25, 0.5), "factor": (1.0, 1.1, 1.25, 1.5, 1.75, 2.0)},
     "mset": {"window": (1, 5, 10), "param": (50, 100, 200),
              "holdout": (0.0, 0.25, 0.5), "factor": (1.0, 1.25, 1.5, 2.0, 3.0, 4.0)},
 }
-AXES = ("window", "param", "holdout", "factor")
+AXES = ("window", "param", "holdout", "factor", "floor")
 #: Families the agent ships as a device-independent INT8 artefact calibrated on the device. PCA's
 #: basis and MSET's memory are fitted per device, so they have no artefact to ship before the
 #: fleet builds per-device models of them; they are studied side by side as references.
 SHIPPABLE = ("wstat",)
 #: The axes along which a rating is smoothed; the threshold base (``holdout``) is a different
 #: rule, not a nearby value, so it is not one of them.
-SMOOTH_AXES = ("window", "param", "factor")
+SMOOTH_AXES = ("window", "param", "factor", "floor")
+
+#: Floors per floor fraction: ``{f: (input floor (C,), {W: feature floor (3·C,)})}``.
+Floors = dict[float, tuple[np.ndarray, dict[int, np.ndarray]]]
+
+
+def axis_values(family: str, axis: str) -> tuple[float, ...]:
+    """The grid's values of ``axis`` for ``family`` (``floor``: (:data:`FLOOR_FRAC`,) when the
+    family has no floor axis)."""
+    return GRID[family].get(axis, (FLOOR_FRAC,) if axis == "floor" else ())
 
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """One point of :data:`GRID`: threshold = max(base scores) × ``factor``."""
+    """One point of :data:`GRID`: threshold = max(base scores) × ``factor``; floors at
+    ``floor`` × the anomaly-free recording's (see :data:`GRID`)."""
 
     detector: str
     window: int
     param: float
     holdout: float
     factor: float
+    floor: float = FLOOR_FRAC
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,31 +125,41 @@ class Study:
     Args:
         files: ``{name: (values (T, C), labels (T,))}``; the group is the name's first part
             (``valve1/3`` → ``valve1``).
-        floor: Input scale floor ``(C,)``; feature_floors: W -> ``(3·C,)`` feature std floor.
+        floor: Input scale floor ``(C,)``; feature_floors: W -> ``(3·C,)`` feature std floor:
+            the floors at :data:`FLOOR_FRAC`.
         families: The detector families to study.
+        floors: The floors of every fraction of a ``floor`` axis (:func:`load_floors`); None:
+            only ``floor``/``feature_floors``, at :data:`FLOOR_FRAC`.
+
+    Raises:
+        KeyError: a family's floor fraction has no floors.
     """
 
     def __init__(self, files: dict[str, tuple[np.ndarray, np.ndarray]], floor: np.ndarray,
-                 feature_floors: dict[int, np.ndarray], families: Sequence[str]) -> None:
+                 feature_floors: dict[int, np.ndarray], families: Sequence[str],
+                 floors: Floors | None = None) -> None:
         self.files = files
         self.labels = {k: v[1][N:] == 1 for k, v in files.items()}
         self.groups = sorted({k.split("/")[0] for k in files})
         self.candidates: list[Candidate] = []
-        self._scores: dict[tuple[str, int, float, float, str], FileScores] = {}
+        self._scores: dict[tuple[str, int, float, float, float, str], FileScores] = {}
+        by_frac = floors if floors is not None else {FLOOR_FRAC: (floor, feature_floors)}
         for fam in families:
             g = GRID[fam]
-            for w, p, h in itertools.product(g["window"], g["param"], g["holdout"]):
+            for w, p, h, fl in itertools.product(g["window"], g["param"], g["holdout"],
+                                                 axis_values(fam, "floor")):
+                inp, feat = by_frac[fl]
                 for name, (values, _) in files.items():
-                    self._scores[(fam, int(w), p, h, name)] = file_scores(
-                        fam, values, N, int(w), p, h, floor, feature_floors.get(int(w), floor))
-                self.candidates += [Candidate(fam, int(w), p, h, f) for f in g["factor"]]
+                    self._scores[(fam, int(w), p, h, fl, name)] = file_scores(
+                        fam, values, N, int(w), p, h, inp, feat.get(int(w), inp))
+                self.candidates += [Candidate(fam, int(w), p, h, f, fl) for f in g["factor"]]
         self._counts: dict[tuple[Candidate, str], np.ndarray] = {}
 
     def counts(self, c: Candidate, name: str) -> np.ndarray:
         """(TP, FP, FN, TN) of candidate ``c`` on one file."""
         key = (c, name)
         if key not in self._counts:
-            s = self._scores[(c.detector, c.window, c.param, c.holdout, name)]
+            s = self._scores[(c.detector, c.window, c.param, c.holdout, c.floor, name)]
             pred = s.test > float(s.base.max()) * c.factor
             lab = self.labels[name]
             self._counts[key] = np.array([(pred & lab).sum(), (pred & ~lab).sum(),
@@ -146,10 +173,9 @@ class Study:
     def neighbours(self, c: Candidate) -> list[Candidate]:
         """``c`` and the candidates one grid step from it along one of :data:`SMOOTH_AXES`
         (same family and threshold base)."""
-        g = GRID[c.detector]
         out = [c]
         for axis in SMOOTH_AXES:
-            vals = g[axis]
+            vals = axis_values(c.detector, axis)
             i = vals.index(getattr(c, axis))
             for j in (i - 1, i + 1):
                 if 0 <= j < len(vals):
@@ -217,17 +243,33 @@ def load(root: Path) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], np.ndarr
         f = read_skab(p)
         assert f.anomaly is not None
         files[f"{p.parent.name}/{p.stem}"] = (f.values, f.anomaly)
+    return files, floor, floors_at(af.values, FLOOR_FRAC)[1]
+
+
+def floors_at(normal: np.ndarray, frac: float) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+    """Input floor ``frac`` × std ``(C,)`` of the normal recording ``(T, C)``, and per W of
+    :data:`GRID` the feature floors ``frac`` × each feature's std over emulated calibrations
+    of it (as ``skab_wstat.py`` fits them)."""
+    floor = frac * normal.std(0)
     ffloors = {}
     for w in sorted({int(w) for g in GRID.values() for w in g["window"] if w > 1}):
-        _, feats = scaled_windows(af.values, w, N, floor, step=100, span=N + 600)
-        ffloors[w] = FEATURE_FLOOR_FRAC * feats.std(0)
-    return files, floor, ffloors
+        _, feats = scaled_windows(normal, w, N, floor, step=100, span=N + 600)
+        ffloors[w] = frac * feats.std(0)
+    return floor, ffloors
+
+
+def load_floors(root: Path, families: Sequence[str]) -> Floors:
+    """:func:`floors_at` for every floor fraction of ``families``' grids (anomaly-free
+    recording only: no labelled file)."""
+    normal = read_skab(anomaly_free_file(root)).values
+    fracs = sorted({f for fam in families for f in axis_values(fam, "floor")})
+    return {f: floors_at(normal, f) for f in fracs}
 
 
 def describe(c: Candidate) -> str:
     par = {"wstat": "top_k", "pca": "var", "mset": "memory"}[c.detector]
     return (f"{c.detector} W={c.window} {par}={c.param:g} holdout={c.holdout:g} "
-            f"factor={c.factor:g}")
+            f"factor={c.factor:g} floor={c.floor:g}")
 
 
 def report(study: Study, families: Sequence[str], log: Callable[[str], None] = print
@@ -287,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     files, floor, ffloors = load(args.data)
     fams = [f for f in args.families.split(",") if f]
-    study = Study(files, floor, ffloors, fams)
+    study = Study(files, floor, ffloors, fams, load_floors(args.data, fams))
     choice = report(study, fams)
     if args.json:
         args.json.write_text(json.dumps(asdict(choice), indent=1) + "\n")

@@ -7,6 +7,7 @@ import datetime as dt
 import json
 import logging
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,20 +31,32 @@ from fleet.db.samples import SampleStore
 from fleet.registry.wiring import build_model_loop
 from fleet.settings import Settings
 from fleet.training.retrain import AutoRetrainer, Retrainer
-from fleet.training.train import DeviceData, GateFailed, train_wstat
+from fleet.training.train import DeviceData, GateFailed, TrainOptions, train_wstat
 
 BASE = Path(__file__).resolve().parents[2] / "models" / "skab-wstat"
-CHANNELS: list[str] = json.loads((BASE / "manifest.json").read_text())["input"]["channels"]
+_BASE_MANIFEST = json.loads((BASE / "manifest.json").read_text())
+CHANNELS: list[str] = _BASE_MANIFEST["input"]["channels"]
+#: The base package's window and version; a retrained model is numbered above it.
+WINDOW: int = _BASE_MANIFEST["input"]["window"]
+NEXT: int = _BASE_MANIFEST["version"] + 1
 
 
 def device_samples(n: int = 400, seed: int = 1) -> np.ndarray:
-    """A pump-like device: per-channel level and noise, a slow oscillation."""
+    """A pump-like device: per-channel level and noise (:func:`device_noise`), a slow
+    oscillation."""
     rng = np.random.default_rng(seed)
     c = len(CHANNELS)
     level = rng.uniform(0.5, 90.0, c)
     noise = rng.uniform(0.01, 0.5, c) * level / 10
     t = np.arange(n)[:, None]
     return level + noise * (rng.normal(size=(n, c)) + 0.5 * np.sin(t / 17.0))
+
+
+def device_noise(seed: int = 1) -> np.ndarray:
+    """The per-channel noise amplitude of :func:`device_samples` with ``seed``, channel units."""
+    rng = np.random.default_rng(seed)
+    level = rng.uniform(0.5, 90.0, len(CHANNELS))
+    return np.asarray(rng.uniform(0.01, 0.5, len(CHANNELS)) * level / 10)
 
 
 def _keys(tmp_path: Path) -> tuple[Path, Path]:
@@ -54,12 +67,15 @@ def _keys(tmp_path: Path) -> tuple[Path, Path]:
 def test_trained_package_verifies_and_its_calibration_is_the_devices(tmp_path: Path) -> None:
     samples = device_samples()
     res = train_wstat(DeviceData("gw1", "pump", CHANNELS, samples), BASE, tmp_path / "pkg",
-                      name="skab-wstat", version=2)
+                      name="skab-wstat", version=NEXT)
     assert res.gate.passed and res.gate.heldout_source == "calibration tail"
+    assert res.gate.compare_source == "calibration tail" and res.gate.compare_windows > 0
+    assert res.gate.retrained_false_alarm_rate <= res.gate.base_false_alarm_rate
     key, keydir = _keys(tmp_path)
     sign_package_dir(res.package_dir, key)
-    manifest = verify_package_dir(res.package_dir, load_public_keys(keydir), installed_version=1)
-    assert manifest.version == 2 and manifest.calibration is not None
+    manifest = verify_package_dir(res.package_dir, load_public_keys(keydir),
+                                  installed_version=NEXT - 1)
+    assert manifest.version == NEXT and manifest.calibration is not None
     assert manifest.calibration.fitted_on.device_id == "gw1"
     # the agent loads it: hashes, and the INT8 artefact passes its golden vectors
     pkg = load_package(res.package_dir)
@@ -81,7 +97,7 @@ def test_channels_are_reordered_to_the_base_order(tmp_path: Path) -> None:
     order = list(reversed(range(len(CHANNELS))))
     res = train_wstat(
         DeviceData("gw1", "pump", [CHANNELS[i] for i in order], samples[:, order]), BASE,
-        tmp_path / "pkg", name="skab-wstat", version=2,
+        tmp_path / "pkg", name="skab-wstat", version=NEXT,
     )
     assert res.manifest["input"]["channels"] == CHANNELS
     np.testing.assert_allclose(res.calibration.scaler.mean, samples.mean(0), rtol=1e-9)
@@ -90,12 +106,66 @@ def test_channels_are_reordered_to_the_base_order(tmp_path: Path) -> None:
 def test_gate_rejects_when_heldout_data_disagrees(tmp_path: Path) -> None:
     samples = device_samples()
     shifted = device_samples(200, seed=2)  # another machine: other levels
-    idx = np.arange(191)[:, None] + np.arange(10)[None, :]
+    idx = np.arange(200 - WINDOW + 1)[:, None] + np.arange(WINDOW)[None, :]
     with pytest.raises(GateFailed, match="false-alarm rate") as info:
         train_wstat(DeviceData("gw1", "pump", CHANNELS, samples, heldout=shifted[idx]), BASE,
                     tmp_path / "pkg", name="skab-wstat", version=2)
     assert info.value.report.false_alarm_rate > 0.25
     assert not (tmp_path / "pkg" / "manifest.json").exists()
+
+
+def _spiked_and_drifting(spike: float) -> np.ndarray:
+    """:func:`device_samples` with one reading of channel 0 ``spike`` × its noise high (row 50)
+    and a drift of all channels to 2 × their noise over the last 100 rows (the held-out tail)."""
+    x, noise = device_samples(), device_noise()
+    x[50, 0] += spike * noise[0]
+    x[300:] += 2.0 * noise * np.linspace(0.0, 1.0, 100)[:, None]
+    return x
+
+
+@pytest.fixture(scope="module")
+def short_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A base package with fixed, short-window settings (W 5, top-k 3, held-out 25 % base,
+    × 1.25, floors 0.1), built by the package recipe on SKAB's anomaly-free recording, so the
+    gate test below does not depend on the settings the shipped package happens to have."""
+    skab = Path(__file__).resolve().parents[3] / "shared" / "datasets" / "skab"
+    if not (skab / "anomaly-free").is_dir():
+        pytest.skip("needs ../shared/datasets/skab")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "models" / "recipes"))
+    import skab_wstat  # noqa: PLC0415 - a recipe, not a package
+
+    out = tmp_path_factory.mktemp("short-base")
+    skab_wstat.main(["--data", str(skab), "--out", str(out), "--window", "5", "--top-k", "3",
+                     "--holdout", "0.25", "--threshold-factor", "1.25"])
+    return out
+
+
+@pytest.mark.dataset
+def test_retrained_model_worse_than_the_base_on_held_out_windows_is_gated(
+        tmp_path: Path, short_base: Path) -> None:
+    """One gross reading in the uploaded calibration samples stretches the retrained model's
+    per-tensor int8 input scale, so every channel loses resolution; on the held-out calibration
+    tail, where the machine drifts, it raises more false alarms than the base package
+    calibrated on the same rows. The FP32/INT8 agreement floor is relaxed (0.9) so that the
+    base comparison alone decides: without it this model would be published."""
+    lax = TrainOptions(min_decision_agreement=0.9)
+    with pytest.raises(GateFailed, match="worse than the base model") as info:
+        train_wstat(DeviceData("gw1", "pump", CHANNELS, _spiked_and_drifting(10_000.0)),
+                    short_base, tmp_path / "bad", name="skab-wstat", version=2, options=lax)
+    g = info.value.report
+    assert len(g.reasons) == 1 and "worse than the base model" in g.reasons[0]
+    assert g.compare_source == "calibration tail" and g.compare_windows == 100 - 5 + 1
+    assert g.retrained_false_alarm_rate > g.base_false_alarm_rate
+    assert f"{g.retrained_false_alarm_rate:.2%} retrained vs {g.base_false_alarm_rate:.2%} base" \
+        in g.reasons[0]
+    assert not (tmp_path / "bad" / "manifest.json").exists()
+    # the same drift without the gross reading: the retrained model is as good; published
+    ok = train_wstat(DeviceData("gw1", "pump", CHANNELS, _spiked_and_drifting(0.0)),
+                     short_base, tmp_path / "ok", name="skab-wstat", version=2, options=lax)
+    assert ok.gate.passed
+    assert ok.gate.retrained_false_alarm_rate <= ok.gate.base_false_alarm_rate
+    assert ok.manifest["lineage"]["gate"]["base_false_alarm_rate"] == \
+        ok.gate.base_false_alarm_rate
 
 
 def test_too_few_samples_or_missing_channels_are_refused(tmp_path: Path) -> None:
@@ -189,7 +259,7 @@ def test_gate_failure_is_logged_and_not_published(
     h = _auth(enrolled["gw1"])
     assert client.post("/v1/samples", json=_batch(), headers=h).status_code == 200
     other = device_samples(200, seed=2)
-    idx = np.arange(191)[:, None] + np.arange(10)[None, :]
+    idx = np.arange(200 - WINDOW + 1)[:, None] + np.arange(WINDOW)[None, :]
     res = _batch(kind="reservoir")
     res["windows"] = other[idx].tolist()
     assert client.post("/v1/samples", json=res, headers=h).status_code == 200
@@ -199,6 +269,7 @@ def test_gate_failure_is_logged_and_not_published(
     with caplog.at_level(logging.WARNING, "fleet.training"):
         out = retrainer.retrain("gw1", "pump")
     assert not out.published and out.reason is not None and "false-alarm" in out.reason
+    assert out.status == "gated"
     assert "not published" in caplog.text
     assert loop.registry.list() == []
 
@@ -216,10 +287,11 @@ def test_auto_retrain_publishes_a_candidate_for_that_device(
             assert tc.post("/v1/samples", json=_batch(), headers=h).status_code == 200
             assert auto.wait_idle(120)
             [outcome] = auto.outcomes
-            assert outcome.published and outcome.version == 2, outcome.reason
+            assert outcome.published and outcome.version == NEXT, outcome.reason
+            assert outcome.status == "published" and "base" in outcome.figures()
             resp = tc.get("/v1/models/assignment", params={"stream": "pump"}, headers=h)
             assert resp.status_code == 200, resp.text
-            assert (resp.json()["name"], resp.json()["version"]) == ("skab-wstat", 2)
+            assert (resp.json()["name"], resp.json()["version"]) == ("skab-wstat", NEXT)
             other = tc.get("/v1/models/assignment", params={"stream": "pump"},
                            headers=_auth(enrolled["gw2"]))
             assert other.status_code == 204

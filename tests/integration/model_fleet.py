@@ -31,6 +31,8 @@ from cloud_sync.package import pack, sign_package_dir
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 SOURCE_PACKAGE = MODELS / "skab-wstat"
+#: The version of ``builtin:skab-wstat`` (the shipped package): updates are numbered above it.
+BUILTIN_VERSION: int = json.loads((SOURCE_PACKAGE / "manifest.json").read_text())["version"]
 
 
 def make_package(

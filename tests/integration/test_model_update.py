@@ -2,7 +2,7 @@
 
 The server is :class:`tests.integration.model_fleet.FakeFleet` (``http.server`` implementing the
 device side of the model-loop contract with Range support and fault injection); packages are
-signed copies of ``models/skab-wstat`` with bumped versions.
+signed copies of ``models/skab-wstat`` with bumped versions (``NEXT``: the builtin's + 1).
 """
 
 from __future__ import annotations
@@ -27,9 +27,18 @@ from agent.errors import SourceExhausted
 from agent.records import Reading
 from cloud_sync.package import generate_keypair, key_id_of, load_private_key, sign_rollback
 from tests.integration.fleet_peer import FleetProcess
-from tests.integration.model_fleet import SOURCE_PACKAGE, FakeFleet, flip_byte, make_package
+from tests.integration.model_fleet import (
+    BUILTIN_VERSION,
+    SOURCE_PACKAGE,
+    FakeFleet,
+    flip_byte,
+    make_package,
+)
 
 pytestmark = pytest.mark.integration
+
+#: The version an update carries: one above ``builtin:skab-wstat``'s.
+NEXT = BUILTIN_VERSION + 1
 
 CHANNELS = tuple(json.loads((SOURCE_PACKAGE / "manifest.json").read_text())["input"]["channels"])
 CALIBRATION = 400
@@ -155,7 +164,7 @@ def _windows_scored(agent: Agent) -> float:
 def test_shadow_then_swap_while_readings_flow_drops_nothing(
     tmp_path: Path, fleet: FakeFleet, keys: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """v1 (builtin) → v2 through every state, without a dropped reading or a broken alert id."""
+    """builtin → NEXT through every state, without a dropped reading or a broken alert id."""
     priv, trusted = keys
     finish = threading.Event()
     source = FlowingSource("pump", finish)
@@ -163,10 +172,10 @@ def test_shadow_then_swap_while_readings_flow_drops_nothing(
     thread = threading.Thread(target=agent.run, daemon=True)
     thread.start()
     _wait_for(lambda: (agent.metrics.registry.get_sample_value(
-        "edge_agent_alerts_total", {"stream": "pump"}) or 0) >= 1)  # an alert on v1 first
-    fleet.publish(make_package(tmp_path, 2, priv), tmp_path)
-    _wait_for(lambda: (2, "active") in fleet.states())
-    time.sleep(1.0)  # the post-swap watch and more alerts on v2
+        "edge_agent_alerts_total", {"stream": "pump"}) or 0) >= 1)  # an alert on the builtin first
+    fleet.publish(make_package(tmp_path, NEXT, priv), tmp_path)
+    _wait_for(lambda: (NEXT, "active") in fleet.states())
+    time.sleep(1.0)  # the post-swap watch and more alerts on NEXT
     finish.set()
     thread.join(30)
     assert not thread.is_alive()
@@ -180,11 +189,12 @@ def test_shadow_then_swap_while_readings_flow_drops_nothing(
     assert [r[1] for r in rows] == list(range(1, len(rows) + 1))
     assert [r[0] for r in rows] == [f"gw1:pump:{r[1]}" for r in rows]
     versions = [json.loads(r[2])["model"]["version"] for r in rows]
-    assert versions == sorted(versions) and versions[-1] == 2 and versions[0] == 1
+    assert versions == sorted(versions) and versions[-1] == NEXT
+    assert versions[0] == BUILTIN_VERSION
     state = json.loads((tmp_path / "state" / "models" / "active.json").read_text())
-    assert state["streams"]["pump"]["active"]["version"] == 2
+    assert state["streams"]["pump"]["active"]["version"] == NEXT
     assert agent.metrics.registry.get_sample_value(
-        "edge_agent_model_version", {"stream": "pump"}) == 2
+        "edge_agent_model_version", {"stream": "pump"}) == NEXT
 
 
 @contextmanager
@@ -205,7 +215,7 @@ def _reports(fleet: FakeFleet, state: str) -> list[dict[str, object]]:
 
 
 def _assert_refused_and_old_model_scores(
-    agent: Agent, fleet: FakeFleet, version: int, reason: str, old_version: int = 1
+    agent: Agent, fleet: FakeFleet, version: int, reason: str, old_version: int = BUILTIN_VERSION
 ) -> None:
     """Rejected with ``reason``; the old model keeps scoring, its version unchanged."""
     _wait_for(lambda: bool(_reports(fleet, "rejected")))
@@ -230,12 +240,12 @@ def test_package_with_one_byte_flipped_is_refused(
     priv, trusted = keys
     finish = threading.Event()
     agent = _agent(tmp_path, fleet, trusted, FlowingSource("pump", finish), monkeypatch)
-    pkg = make_package(tmp_path, 2, priv)
+    pkg = make_package(tmp_path, NEXT, priv)
     flip_byte(pkg)
     fleet.publish(pkg, tmp_path, checked=False)
     with _running(agent, finish):
-        _assert_refused_and_old_model_scores(agent, fleet, 2, "HashMismatch")
-    assert not (tmp_path / "state" / "models" / "skab-wstat-2").exists()
+        _assert_refused_and_old_model_scores(agent, fleet, NEXT, "HashMismatch")
+    assert not (tmp_path / "state" / "models" / f"skab-wstat-{NEXT}").exists()
 
 
 def test_package_signed_by_an_unknown_key_is_refused(
@@ -245,9 +255,9 @@ def test_package_signed_by_an_unknown_key_is_refused(
     stranger, _ = generate_keypair(tmp_path / "stranger")
     finish = threading.Event()
     agent = _agent(tmp_path, fleet, trusted, FlowingSource("pump", finish), monkeypatch)
-    fleet.publish(make_package(tmp_path, 2, stranger), tmp_path)
+    fleet.publish(make_package(tmp_path, NEXT, stranger), tmp_path)
     with _running(agent, finish):
-        _assert_refused_and_old_model_scores(agent, fleet, 2, "not trusted")
+        _assert_refused_and_old_model_scores(agent, fleet, NEXT, "not trusted")
 
 
 def test_older_version_is_refused_then_accepted_with_a_signed_rollback(
@@ -297,10 +307,10 @@ def test_interrupted_download_resumes_with_range(
     priv, trusted = keys
     finish = threading.Event()
     agent = _agent(tmp_path, fleet, trusted, FlowingSource("pump", finish), monkeypatch)
-    served = fleet.publish(make_package(tmp_path, 2, priv), tmp_path)
+    served = fleet.publish(make_package(tmp_path, NEXT, priv), tmp_path)
     fleet.state.drop_after = 2000
     with _running(agent, finish):
-        _wait_for(lambda: (2, "active") in fleet.states())
+        _wait_for(lambda: (NEXT, "active") in fleet.states())
     with fleet.state.lock:
         gets = [h.get("Range") for m, path, h in fleet.state.requests if path == served.url]
     assert gets == [None, "bytes=2000-"]
@@ -317,7 +327,7 @@ def test_archive_with_a_wrong_sha256_is_rejected_after_bounded_tries(
     finish = threading.Event()
     agent = _agent(tmp_path, fleet, trusted, FlowingSource("pump", finish), monkeypatch,
                    updater="download_tries = 3\ndownload_backoff_s = 0.2")
-    served = fleet.publish(make_package(tmp_path, 2, priv), tmp_path)
+    served = fleet.publish(make_package(tmp_path, NEXT, priv), tmp_path)
     with fleet.state.lock:
         assert fleet.state.assignment is not None
         fleet.state.assignment["archive_sha256"] = "0" * 64
@@ -327,7 +337,8 @@ def test_archive_with_a_wrong_sha256_is_rejected_after_bounded_tries(
             return sum(path == served.url for _, path, _ in fleet.state.requests)
 
     with _running(agent, finish):
-        _assert_refused_and_old_model_scores(agent, fleet, 2, "download failed its check 3 times")
+        _assert_refused_and_old_model_scores(agent, fleet, NEXT,
+                                             "download failed its check 3 times")
         assert downloads() == 3  # more polls have passed (the helper waits): no fourth download
     rejected = _reports(fleet, "rejected")
     assert "sha256" in str(rejected[0]["reason"]) and rejected[0]["rollout_id"] == 1
@@ -371,9 +382,9 @@ def test_update_on_a_full_disk_is_rejected_after_bounded_tries(
     finish = threading.Event()
     agent = _agent(tmp_path, fleet, trusted, FlowingSource("pump", finish), monkeypatch,
                    updater="download_tries = 3\ndownload_backoff_s = 0.2")
-    fleet.publish(make_package(tmp_path, 2, priv), tmp_path)
+    fleet.publish(make_package(tmp_path, NEXT, priv), tmp_path)
     with _running(agent, finish):
-        _assert_refused_and_old_model_scores(agent, fleet, 2, reason)
+        _assert_refused_and_old_model_scores(agent, fleet, NEXT, reason)
     assert "No space left on device" in str(_reports(fleet, "rejected")[0]["reason"])
     assert [s for _, s in fleet.states()] == ["downloaded"] * downloaded + ["rejected"]
     assert not list((small_models_dir / "incoming").iterdir())
@@ -382,7 +393,7 @@ def test_update_on_a_full_disk_is_rejected_after_bounded_tries(
 def test_start_reports_the_running_package(
     tmp_path: Path, fleet: FakeFleet, keys: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The first pass tells the fleet what each stream runs: the configured v1 (builtin)."""
+    """The first pass tells the fleet what each stream runs: the configured builtin."""
     _priv, trusted = keys
     finish = threading.Event()
     agent = _agent(tmp_path, fleet, trusted, FlowingSource("pump", finish), monkeypatch)
@@ -394,7 +405,7 @@ def test_start_reports_the_running_package(
     assert len(reports) == 1
     r = reports[0]
     assert (r["device_id"], r["stream"], r["name"], r["version"], r["state"]) == (
-        "gw1", "pump", "skab-wstat", 1, "active")
+        "gw1", "pump", "skab-wstat", BUILTIN_VERSION, "active")
     assert r["rollout_id"] is None and r["details"] == {"origin": "configured"}
 
 
@@ -412,9 +423,9 @@ def test_model_failing_acceptance_is_rejected(
     priv, trusted = keys
     finish = threading.Event()
     agent = _agent(tmp_path, fleet, trusted, FlowingSource("pump", finish), monkeypatch)
-    fleet.publish(make_package(tmp_path, 2, priv, **tamper), tmp_path)  # type: ignore[arg-type]
+    fleet.publish(make_package(tmp_path, NEXT, priv, **tamper), tmp_path)  # type: ignore[arg-type]
     with _running(agent, finish):
-        _assert_refused_and_old_model_scores(agent, fleet, 2, reason)
+        _assert_refused_and_old_model_scores(agent, fleet, NEXT, reason)
     assert [s for _, s in fleet.states()] == ["downloaded", "verified", "rejected"]
 
 
@@ -424,13 +435,13 @@ def test_restart_comes_back_on_the_installed_model(
     priv, trusted = keys
     finish = threading.Event()
     agent = _agent(tmp_path, fleet, trusted, FlowingSource("pump", finish), monkeypatch)
-    fleet.publish(make_package(tmp_path, 2, priv), tmp_path)
+    fleet.publish(make_package(tmp_path, NEXT, priv), tmp_path)
     with _running(agent, finish):
-        _wait_for(lambda: (2, "active") in fleet.states())
+        _wait_for(lambda: (NEXT, "active") in fleet.states())
     swapped_in = agent.streams["pump"].pipeline.threshold
     again = _agent(tmp_path, fleet, trusted, FlowingSource("pump", threading.Event()), monkeypatch)
-    assert again.streams["pump"].package.manifest.version == 2
-    # the calibration v2 was swapped in with is stored: restored, with the calibration readings
+    assert again.streams["pump"].package.manifest.version == NEXT
+    # the calibration NEXT was swapped in with is stored: restored, with the calibration readings
     # a later update calibrates its candidate on
     pipeline = again.streams["pump"].pipeline
     assert not pipeline.calibrating and pipeline.threshold == swapped_in
@@ -438,10 +449,10 @@ def test_restart_comes_back_on_the_installed_model(
     assert pipeline.calibration_samples.shape == (CALIBRATION, len(CHANNELS))
     again.store.close()
     # an installed package tampered with on disk is never loaded: the configured one is used,
-    # and the stored calibration (of v2) does not fit it
-    flip_byte(tmp_path / "state" / "models" / "skab-wstat-2")
+    # and the stored calibration (of NEXT) does not fit it
+    flip_byte(tmp_path / "state" / "models" / f"skab-wstat-{NEXT}")
     third = _agent(tmp_path, fleet, trusted, FlowingSource("pump", threading.Event()), monkeypatch)
-    assert third.streams["pump"].package.manifest.version == 1
+    assert third.streams["pump"].package.manifest.version == BUILTIN_VERSION
     assert third.streams["pump"].pipeline.calibrating
     third.store.close()
 
@@ -458,7 +469,7 @@ def _rss_bytes() -> int:
 def test_memory_does_not_grow_across_100_swaps(
     tmp_path: Path, fleet: FakeFleet, keys: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """100 full updates (download, verify, accept, shadow, swap, watch), v2 … v101.
+    """100 full updates (download, verify, accept, shadow, swap, watch), NEXT … NEXT + 99.
 
     RSS growth from swap 10 to swap 100 must stay under 20 MB. Measured (/proc/self/statm, psutil
     not installed; 3 runs): 131.6 → 136.7, 132.6 → 138.2, 132.0 → 137.3 MB, i.e. 5.1-5.6 MB over
@@ -470,11 +481,11 @@ def test_memory_does_not_grow_across_100_swaps(
                    shadow=10, poll_s=0.05)
     # a generous latency budget: this test is about memory, not a loaded CI machine's jitter
     packages = [make_package(tmp_path / "pkgs", v, priv, latency_budget_ms=100.0)
-                for v in range(2, 102)]
+                for v in range(NEXT, NEXT + 100)]
     rss: dict[int, int] = {}
     with _running(agent, finish):
         for n, pkg in enumerate(packages, start=1):
-            version = n + 1
+            version = BUILTIN_VERSION + n
             fleet.publish(pkg, tmp_path / "archives")
             _wait_for(lambda v=version: (v, "active") in fleet.states(), timeout_s=60)  # type: ignore[misc]
             _wait_for(lambda: agent.updater is not None and not _busy(agent), timeout_s=60)
@@ -485,10 +496,11 @@ def test_memory_does_not_grow_across_100_swaps(
     print(f"RSS after swap 10: {rss[10] / 1e6:.1f} MB, after swap 100: {rss[100] / 1e6:.1f} MB, "
           f"growth {growth_mb:.2f} MB")
     assert growth_mb < 20.0
-    assert agent.streams["pump"].package.manifest.version == 101
+    last = BUILTIN_VERSION + 100
+    assert agent.streams["pump"].package.manifest.version == last
     installed = sorted(p.name for p in (tmp_path / "state" / "models").iterdir())
-    assert installed == ["active.json", "high_water.json", "incoming", "skab-wstat-100",
-                         "skab-wstat-101"]
+    assert installed == sorted(["active.json", "high_water.json", "incoming",
+                                f"skab-wstat-{last - 1}", f"skab-wstat-{last}"])
     assert len(_reports(fleet, "rejected")) == 0
 
 

@@ -3,7 +3,8 @@
 ``edge-fleet serve`` runs with trusted package keys and a rollback signing key; the operator's
 commands are the ``edge-fleet`` CLI (``model push``, ``rollout create``, ``rollout abort``); the
 agent (in this process, readings flowing) polls the fleet, downloads, verifies, shadows and
-swaps. Packages are signed copies of ``models/skab-wstat`` (v1 is the builtin one, signed).
+swaps. Packages are signed copies of ``models/skab-wstat``: B (the builtin version, signed), B + 1
+and B + 2, written v1, v2, v3 below.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import requests
 from agent.app import Agent
 from cloud_sync.package import generate_keypair
 from tests.integration.fleet_peer import ADMIN_TOKEN, FleetProcess
-from tests.integration.model_fleet import make_package
+from tests.integration.model_fleet import BUILTIN_VERSION, make_package
 from tests.integration.test_model_update import (
     CALIBRATION,
     FlowingSource,
@@ -33,6 +34,8 @@ from tests.integration.test_model_update import (
 )
 
 pytestmark = pytest.mark.integration
+
+V1, V2, V3 = BUILTIN_VERSION, BUILTIN_VERSION + 1, BUILTIN_VERSION + 2
 
 
 @pytest.fixture
@@ -66,7 +69,7 @@ def rfleet(tmp_path: Path, fleet_keys: tuple[Path, Path, Path, Path]
     ])
     proc.start()
     try:
-        for v in (1, 2, 3):
+        for v in (V1, V2, V3):
             pushed = proc.cli("model", "push", str(make_package(tmp_path / "pkgs", v, ops)))
             assert f"pushed skab-wstat@{v}" in pushed
         yield proc
@@ -132,7 +135,7 @@ def _downloads(fleet: FleetProcess) -> dict[tuple[str, int], int]:
     tokens = {"gw1": fleet.token, "gw2": out.strip().splitlines()[-1].strip()}
     return {(d, v): requests.get(f"{fleet.url}/v1/models/skab-wstat/{v}/package", timeout=10,
                                  headers={"Authorization": f"Bearer {t}"}).status_code
-            for d, t in tokens.items() for v in (1, 2, 3)}
+            for d, t in tokens.items() for v in (V1, V2, V3)}
 
 
 _STEPS = ["downloaded", "verified", "accepted", "shadow", "active"]
@@ -166,16 +169,16 @@ def test_abort_of_the_first_rollout_goes_back_to_the_builtin_version(
     agent = _agent(tmp_path, rfleet, fleet_keys[2], source, monkeypatch, token=rfleet.token,
                    rollback_keys=fleet_keys[3])
     with _running(agent, finish):
-        _wait_for(lambda: _device_model(rfleet) == ("skab-wstat", 1))  # the start report
-        rid = _activate(rfleet, agent, 2)
-        assert _member(rfleet, rid)["previous_version"] == 1
-        shown = _abort_and_wait(rfleet, agent, rid, back_to=1)
-        assert "back to skab-wstat@1: gw1" in shown
+        _wait_for(lambda: _device_model(rfleet) == ("skab-wstat", V1))  # the start report
+        rid = _activate(rfleet, agent, V2)
+        assert _member(rfleet, rid)["previous_version"] == V1
+        shown = _abort_and_wait(rfleet, agent, rid, back_to=V1)
+        assert f"back to skab-wstat@{V1}: gw1" in shown
         assert "PREV" in shown and "aborted" in shown
     assert _reports(rfleet) == [
-        (None, 1, "active"), *((rid, 2, s) for s in _STEPS), *((rid, 1, s) for s in _STEPS)]
-    assert _device_model(rfleet) == ("skab-wstat", 1)
-    _check_agent_after(agent, source, tmp_path, active=1, previous=2)
+        (None, V1, "active"), *((rid, V2, s) for s in _STEPS), *((rid, V1, s) for s in _STEPS)]
+    assert _device_model(rfleet) == ("skab-wstat", V1)
+    _check_agent_after(agent, source, tmp_path, active=V1, previous=V2)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
@@ -191,20 +194,20 @@ def test_v1_v2_v3_abort_back_to_the_kept_v2(
     agent = _agent(tmp_path, rfleet, fleet_keys[2], source, monkeypatch, token=rfleet.token,
                    rollback_keys=fleet_keys[3])
     with _running(agent, finish):
-        _wait_for(lambda: _device_model(rfleet) == ("skab-wstat", 1))
-        r2 = _activate(rfleet, agent, 2)
-        r3 = _activate(rfleet, agent, 3)
+        _wait_for(lambda: _device_model(rfleet) == ("skab-wstat", V1))
+        r2 = _activate(rfleet, agent, V2)
+        r3 = _activate(rfleet, agent, V3)
         assert (_member(rfleet, r2)["previous_version"], _member(rfleet, r3)["previous_version"]
-                ) == (1, 2)
-        assert (tmp_path / "state" / "models" / "skab-wstat-2").is_dir()  # kept as previous
-        assert _downloads(rfleet) == {("gw1", 1): 403, ("gw1", 2): 403, ("gw1", 3): 200,
-                                      ("gw2", 1): 403, ("gw2", 2): 403, ("gw2", 3): 403}
-        shown = _abort_and_wait(rfleet, agent, r3, back_to=2)
-        assert "back to skab-wstat@2: gw1" in shown
+                ) == (V1, V2)
+        assert (tmp_path / "state" / "models" / f"skab-wstat-{V2}").is_dir()  # kept as previous
+        assert _downloads(rfleet) == {("gw1", V1): 403, ("gw1", V2): 403, ("gw1", V3): 200,
+                                      ("gw2", V1): 403, ("gw2", V2): 403, ("gw2", V3): 403}
+        shown = _abort_and_wait(rfleet, agent, r3, back_to=V2)
+        assert f"back to skab-wstat@{V2}: gw1" in shown
         assert _admin_get(rfleet, f"/v1/rollouts/{r2}")["state"] == "promoted"
     assert _reports(rfleet) == [
-        (None, 1, "active"), *((r2, 2, s) for s in _STEPS), *((r3, 3, s) for s in _STEPS),
-        *((r3, 2, s) for s in _STEPS)]
-    assert _device_model(rfleet) == ("skab-wstat", 2)
-    _check_agent_after(agent, source, tmp_path, active=2, previous=3)
+        (None, V1, "active"), *((r2, V2, s) for s in _STEPS), *((r3, V3, s) for s in _STEPS),
+        *((r3, V2, s) for s in _STEPS)]
+    assert _device_model(rfleet) == ("skab-wstat", V2)
+    _check_agent_after(agent, source, tmp_path, active=V2, previous=V3)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

@@ -9,6 +9,7 @@ checkout, ``edge-agent run`` to its first ALERT; about a minute): only with
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -61,7 +62,7 @@ def test_unpacked_wheel_resolves_builtin(wheel: Path, tmp_path: Path) -> None:
         "from agent.inference.package import load_package\n"
         "path = resolve_model_path('builtin:skab-wstat', Path.cwd())\n"
         "pkg = load_package(path)\n"
-        "print(agent.__file__, path, pkg.manifest.name, sep='\\n')\n"
+        "print(agent.__file__, path, pkg.manifest.name, pkg.manifest.version, sep='\\n')\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "EDGE_AGENT_MODELS_DIR"}
     env["PYTHONPATH"] = str(site)
@@ -72,6 +73,8 @@ def test_unpacked_wheel_resolves_builtin(wheel: Path, tmp_path: Path) -> None:
     assert lines[0] == str(site / "agent" / "__init__.py")
     assert lines[1] == str(site / "agent" / "builtin_models" / "skab-wstat")
     assert lines[2] == "skab-wstat"
+    shipped = json.loads((REPO / "models" / "skab-wstat" / "manifest.json").read_text())
+    assert int(lines[3]) == shipped["version"]  # the wheel carries the checkout's package
 
 
 @pytest.mark.skipif(os.environ.get("EDGE_AGENT_WHEEL_CHECK") != "1",

@@ -173,18 +173,19 @@ def test_other_model_version_or_contents_is_not_restored() -> None:
     rec = _stored()
     m = load_package(SHIPPED).manifest
     spec = load_package(SHIPPED).detector_spec()
-    v2 = calibration_key(m.model_copy(update={"version": 2}), spec, "int8")
-    assert refusal(rec, v2, NOW, None) == "model changed (skab-wstat@1 → skab-wstat@2)"
+    v = m.version
+    newer = calibration_key(m.model_copy(update={"version": v + 1}), spec, "int8")
+    assert refusal(rec, newer, NOW, None) == f"model changed (skab-wstat@{v} → skab-wstat@{v + 1})"
     edited = calibration_key(m.model_copy(update={"description": "rebuilt"}), spec, "int8")
     why = refusal(rec, edited, NOW, None)
-    assert why == "model package changed (skab-wstat@1 with other contents)"
+    assert why == f"model package changed (skab-wstat@{v} with other contents)"
 
 
 # -- the agent ------------------------------------------------------------------------------------
 
 
 READINGS = 500
-WINDOW = 10
+WINDOW = load_package(SHIPPED).manifest.input.window  # the simulator stream's default model
 
 
 def _agent(tmp_path: Path, extra: str = "", clock: float | None = None) -> Agent:

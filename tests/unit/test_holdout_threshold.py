@@ -89,10 +89,16 @@ def test_package_holdout_reaches_the_device_calibration(tmp_path: Path) -> None:
     assert cal.threshold == pytest.approx(held.max() * spec.threshold_factor)
 
 
-def test_packages_without_holdout_keep_their_hash_and_calibration_key() -> None:
+def test_packages_without_holdout_keep_their_hash_and_calibration_key(tmp_path: Path) -> None:
     """The field's default leaves the package hash and the calibration key of a package built
-    before it unchanged, so its stored calibrations are still restored after an upgrade."""
-    package = load_package(SHIPPED)
+    before it (such as ``skab-wstat@1``) unchanged, so its stored calibrations are still
+    restored after an upgrade."""
+    pkg = tmp_path / "before-holdout"
+    shutil.copytree(SHIPPED, pkg)
+    raw = json.loads((pkg / "manifest.json").read_text())
+    del raw["score"]["threshold"]["holdout"]
+    (pkg / "manifest.json").write_text(json.dumps(raw))
+    package = load_package(pkg)
     m = package.manifest
     assert m.score.threshold.holdout == 0.0
     data = m.model_dump(mode="json")

@@ -6,6 +6,7 @@ chosen without reading any of that group's (fold's) files.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -115,3 +116,23 @@ def test_figures_follow_skab_definitions() -> None:
     assert f.f1 == pytest.approx(6 / (6 + 2))
     assert f.far == pytest.approx(20.0)
     assert f.mar == pytest.approx(25.0)
+
+
+def test_floor_is_an_axis_of_the_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The floors are chosen by the procedure, not fixed: each fraction has its own scores, and
+    the neighbourhood steps along it."""
+    grid = {"wstat": {"window": (5,), "param": (1, 2), "holdout": (0.0,),
+                      "factor": (1.0, 1.5), "floor": (0.05, 0.5)}}
+    monkeypatch.setattr(skab_select, "GRID", grid)
+    files = {f"a/{i}": _file(i, 0.0) for i in range(2)}
+    files |= {f"b/{i}": _file(10 + i, 1.5) for i in range(2)}
+    floors = {f: (np.full(C, f), {5: np.full(3 * C, f)}) for f in (0.05, 0.5)}
+    study = Study(files, floors[0.05][0], floors[0.05][1], ["wstat"], floors)
+    assert {c.floor for c in study.candidates} == {0.05, 0.5}
+    c = Candidate("wstat", 5, 1, 0.0, 1.0, 0.05)
+    assert dataclasses.replace(c, floor=0.5) in study.neighbours(c)
+    # a ten times larger feature floor divides the deviations: the floor reaches the scores
+    low = study._scores[("wstat", 5, 1, 0.0, 0.05, "a/0")].test
+    high = study._scores[("wstat", 5, 1, 0.0, 0.5, "a/0")].test
+    assert high.max() < low.max()
+    assert study.choose(list(files)).floor in (0.05, 0.5)

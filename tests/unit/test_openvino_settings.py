@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,8 @@ from agent.inference.openvino import OpenVinoBackend, OpenVinoConfig
 pytest.importorskip("openvino")
 
 IR = Path(__file__).resolve().parents[2] / "models" / "skab-wstat" / "model.int8.xml"
+#: The shipped package's window (the IR's fixed input length).
+WINDOW = json.loads((IR.parent / "manifest.json").read_text())["input"]["window"]
 
 
 def test_threads_are_not_pinned_by_default() -> None:
@@ -41,7 +44,7 @@ def test_an_unusable_cache_dir_compiles_without_cache(
         first = OpenVinoBackend(IR, "int8", OpenVinoConfig(cache_dir=blocked))
         second = OpenVinoBackend(IR, "int8", OpenVinoConfig(cache_dir=blocked))
     assert first.cache_dir is None and second.cache_dir is None
-    assert first.run(np.zeros((1, 10, 8), np.float32)).shape[0] == 1
+    assert first.run(np.zeros((1, WINDOW, 8), np.float32)).shape[0] == 1
     warnings = [r.getMessage() for r in caplog.records if "not usable" in r.getMessage()]
     assert len(warnings) == 1 and str(blocked) in warnings[0]
 

@@ -16,6 +16,10 @@ from agent.errors import ModelError
 from agent.inference.package import MANIFEST, load_package, open_backend
 
 SHIPPED = Path(__file__).resolve().parents[2] / "models" / "skab-wstat"
+_SHIPPED_MANIFEST = json.loads((SHIPPED / MANIFEST).read_text())
+#: The shipped package's label and fixed window (``builtin:skab-wstat``).
+LABEL = f"skab-wstat@{_SHIPPED_MANIFEST['version']}"
+WINDOW = int(_SHIPPED_MANIFEST["input"]["window"])
 
 
 @pytest.fixture
@@ -33,13 +37,13 @@ def edit_manifest(pkg: Path, change: Callable[[dict[str, Any]], None]) -> None:
 
 def test_shipped_copy_loads(pkg: Path) -> None:
     p = load_package(pkg)
-    assert p.label == "skab-wstat@1"
+    assert p.label == LABEL
     assert p.path == pkg
     assert {(a.runtime, a.precision) for a in p.manifest.artefacts} == {
         ("onnxruntime", "int8"), ("onnxruntime", "fp32"), ("openvino", "int8"), ("litert", "int8")
     }
     spec = p.detector_spec()
-    assert spec.window == 10 and len(spec.channels) == 8
+    assert spec.window == WINDOW and len(spec.channels) == 8
     assert spec.feature_std_floor.shape == (24,)
     assert spec.calibration_samples == 400
 
@@ -141,14 +145,14 @@ def test_tampered_golden_outputs_fail_open_backend(pkg: Path, precision: str) ->
     p = load_package(pkg)  # the package itself verifies ...
     with pytest.raises(ModelError, match="golden vectors differ") as err:
         open_backend(p, precision)  # ... but its artefact does not reproduce the outputs
-    assert precision in str(err.value) and "skab-wstat@1" in str(err.value)
+    assert precision in str(err.value) and LABEL in str(err.value)
 
 
 def test_open_backend_on_an_intact_copy(pkg: Path) -> None:
     pytest.importorskip("onnxruntime")
     b = open_backend(load_package(pkg), "int8")
     assert b.precision == "int8"
-    assert b.run(np.zeros((1, 10, 8), np.float32)).shape == (1, 24)
+    assert b.run(np.zeros((1, WINDOW, 8), np.float32)).shape == (1, 24)
 
 
 def test_unknown_precision_artefact(pkg: Path) -> None:
@@ -197,7 +201,7 @@ def test_symlink_out_of_the_directory_is_rejected(pkg: Path) -> None:
 
 def test_detector_spec_rejects_window_override(pkg: Path) -> None:
     p = load_package(pkg)
-    with pytest.raises(ModelError, match="fixed window 10"):
-        p.detector_spec(window=20)
-    spec = p.detector_spec(window=10, hop=5, calibration_samples=1000, threshold_factor=2.0)
+    with pytest.raises(ModelError, match=f"fixed window {WINDOW}"):
+        p.detector_spec(window=WINDOW + 1)
+    spec = p.detector_spec(window=WINDOW, hop=5, calibration_samples=1000, threshold_factor=2.0)
     assert (spec.hop, spec.calibration_samples, spec.threshold_factor) == (5, 1000, 2.0)

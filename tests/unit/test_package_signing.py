@@ -92,7 +92,8 @@ def test_sign_verify_round_trip(keys: tuple[Path, Path]) -> None:
 def test_signed_shipped_copy_verifies(signed: Path, keys: tuple[Path, Path]) -> None:
     trusted = load_public_keys(keys[0].parent)
     m = verify_package_dir(signed, trusted, installed_version=None)
-    assert (m.name, m.version) == ("skab-wstat", 1)
+    shipped = json.loads((SHIPPED / MANIFEST).read_text())
+    assert (m.name, m.version) == ("skab-wstat", shipped["version"])
     assert m.signature is not None
 
 
@@ -127,7 +128,7 @@ def test_byte_flip_after_pack_unpack_is_hash_mismatch(
 
 def test_changed_manifest_field_is_signature_error(signed: Path, keys: tuple[Path, Path]) -> None:
     raw = json.loads((signed / MANIFEST).read_text())
-    raw["score"]["top_k"] = 3
+    raw["score"]["top_k"] += 1
     (signed / MANIFEST).write_text(json.dumps(raw))
     with pytest.raises(SignatureError, match="does not verify"):
         verify_package_dir(signed, load_public_keys(keys[0].parent), None)
@@ -146,6 +147,7 @@ def test_same_key_id_different_key_fails(signed: Path, tmp_path: Path) -> None:
 
 
 def test_anti_rollback(signed: Path, keys: tuple[Path, Path], tmp_path: Path) -> None:
+    set_version(signed, 1, keys[0])
     trusted = load_public_keys(keys[0].parent)
     rb_priv, _ = generate_keypair(tmp_path / "rollback-keys", "fleet-rb")
     policy = RollbackPolicy(load_public_keys(tmp_path / "rollback-keys"), max_age_s=600.0)

@@ -23,14 +23,17 @@ from cloud_sync.calibration import fit_calibration, window_features
 from cloud_sync.manifest import Manifest
 
 SHIPPED = Path(__file__).resolve().parents[2] / "models" / "skab-wstat"
+_SPEC = json.loads((SHIPPED / MANIFEST).read_text())
+#: The shipped package's window and top-k, which a calibration for it is fitted with.
+WINDOW, TOP_K = int(_SPEC["input"]["window"]), int(_SPEC["score"]["top_k"])
 
 
 def _fitted(c: int, seed: int = 0) -> tuple[np.ndarray, dict[str, Any]]:
     rng = np.random.default_rng(seed)
     samples = rng.normal(size=(400, c)) * np.arange(1, c + 1) + 10.0
     fit = fit_calibration(
-        samples, window_features, window=10, scale_floor=np.full(c, 0.01),
-        feature_std_floor=np.full(3 * c, 0.01), top_k=2, quantile=1.0, factor=1.5,
+        samples, window_features, window=WINDOW, scale_floor=np.full(c, 0.01),
+        feature_std_floor=np.full(3 * c, 0.01), top_k=TOP_K, quantile=1.0, factor=1.5,
     )
     cal = {
         "mean": fit.scaler.mean.tolist(), "scale": fit.scaler.scale.tolist(),
@@ -107,7 +110,7 @@ def test_pipeline_with_preset_scores_from_the_first_window(pkg: Path) -> None:
     assert not np.isnan(out.scores).any()
     assert out.threshold == cal["threshold"]
     assert preset is not None
-    first = det.score(samples[None, :10].astype(np.float32), preset).scores
+    first = det.score(samples[None, :WINDOW].astype(np.float32), preset).scores
     np.testing.assert_allclose(first, out.scores[:1])
 
 
