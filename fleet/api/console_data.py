@@ -149,7 +149,7 @@ def device_series(
     points: Annotated[int, Query(ge=10, le=2000)] = 500,
 ) -> SeriesOut:
     _known(services, device_id)
-    hi = parse_time(until, "until") or dt.datetime.now(dt.UTC)
+    hi = parse_time(until, "until") or dt.datetime.now(dt.timezone.utc)
     lo = parse_time(since, "since") or hi - dt.timedelta(hours=24)
     if hi <= lo:
         raise Unprocessable("until must be after since")
