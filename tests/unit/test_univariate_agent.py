@@ -23,7 +23,8 @@ from agent.systemd import Notifier
 PACKAGE = Path(__file__).resolve().parents[2] / "models" / "univariate-wstat"
 
 
-def _agent(tmp_path: Path, channel: str | None, columns: tuple[str, ...]) -> Agent:
+def _agent(tmp_path: Path, channel: str | None, columns: tuple[str, ...],
+           rules: tuple[str, ...] = ()) -> Agent:
     csv = tmp_path / "plant.csv"
     rows = [",".join(("timestamp", *columns))]
     rows += [",".join((str(1_700_000_000 + i), *("1.0" for _ in columns))) for i in range(5)]
@@ -34,6 +35,7 @@ def _agent(tmp_path: Path, channel: str | None, columns: tuple[str, ...]) -> Age
         "[[streams]]", 'name = "temp"', 'model = "builtin:univariate-wstat"',
         'backend = "onnxruntime"', *([f'channel = "{channel}"'] if channel else []),
         "[streams.source]", 'kind = "replay"', f'path = "{csv}"', 'time_column = "timestamp"',
+        *(("[streams.rules]", *rules) if rules else ()),
     ]) + "\n"
     return Agent(parse_config(text, env={}), Metrics(), console=None, notifier=Notifier(""))
 
@@ -63,6 +65,23 @@ def test_a_single_channel_source_needs_no_mapping(tmp_path: Path) -> None:
         assert isinstance(pipe, UnivariatePipeline) and pipe.channel_label == "current"
     finally:
         agent.shutdown()
+
+
+def test_a_stream_without_rule_keys_uses_the_package_rule(tmp_path: Path) -> None:
+    u = load_package(PACKAGE).manifest.univariate
+    assert u is not None and (u.rule_k, u.rule_n) != (7, 10)  # else this test proves nothing
+    cases = {(): (u.rule_k, u.rule_n), ("top_channels = 1",): (u.rule_k, u.rule_n),
+             ("k = 7", "n = 10"): (7, 10), ("cooldown_s = 5.0",): (7, 10)}
+    for i, (rules, want) in enumerate(cases.items()):
+        (tmp_path / str(i)).mkdir()
+        agent = _agent(tmp_path / str(i), None, ("current",), rules)
+        try:
+            p = agent.streams["temp"].pipeline.rules.params
+            assert (p.k, p.n) == want, rules
+            assert (p.clear_ratio, p.clear_windows) == (0.9, 5)
+            assert p.cooldown_s == (5.0 if "cooldown_s = 5.0" in rules else 60.0)
+        finally:
+            agent.shutdown()
 
 
 def test_an_ambiguous_or_wrong_mapping_is_a_config_error(tmp_path: Path) -> None:
