@@ -24,7 +24,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "models" / "univariate-wstat"
 
 
 def _agent(tmp_path: Path, channel: str | None, columns: tuple[str, ...],
-           rules: tuple[str, ...] = ()) -> Agent:
+           rules: tuple[str, ...] = (), model: str = "builtin:univariate-wstat") -> Agent:
     csv = tmp_path / "plant.csv"
     rows = [",".join(("timestamp", *columns))]
     rows += [",".join((str(1_700_000_000 + i), *("1.0" for _ in columns))) for i in range(5)]
@@ -32,7 +32,7 @@ def _agent(tmp_path: Path, channel: str | None, columns: tuple[str, ...],
     text = "\n".join([
         "[agent]", 'device_id = "gw1"', f'state_dir = "{tmp_path / "state"}"',
         "console_alerts = false",
-        "[[streams]]", 'name = "temp"', 'model = "builtin:univariate-wstat"',
+        "[[streams]]", 'name = "temp"', f'model = "{model}"',
         'backend = "onnxruntime"', *([f'channel = "{channel}"'] if channel else []),
         "[streams.source]", 'kind = "replay"', f'path = "{csv}"', 'time_column = "timestamp"',
         *(("[streams.rules]", *rules) if rules else ()),
@@ -68,13 +68,16 @@ def test_a_single_channel_source_needs_no_mapping(tmp_path: Path) -> None:
 
 
 def test_a_stream_without_rule_keys_uses_the_package_rule(tmp_path: Path) -> None:
-    u = load_package(PACKAGE).manifest.univariate
-    assert u is not None and (u.rule_k, u.rule_n) != (7, 10)  # else this test proves nothing
-    cases = {(): (u.rule_k, u.rule_n), ("top_channels = 1",): (u.rule_k, u.rule_n),
-             ("k = 7", "n = 10"): (7, 10), ("cooldown_s = 5.0",): (7, 10)}
+    pkg = tmp_path / "pkg"  # the shipped package with a rule unlike the agent's 7 of 10
+    shutil.copytree(PACKAGE, pkg)
+    manifest = json.loads((pkg / "manifest.json").read_text())
+    manifest["univariate"].update(rule_k=4, rule_n=6)
+    (pkg / "manifest.json").write_text(json.dumps(manifest))
+    cases = {(): (4, 6), ("top_channels = 1",): (4, 6), ("k = 7", "n = 10"): (7, 10),
+             ("cooldown_s = 5.0",): (7, 10)}
     for i, (rules, want) in enumerate(cases.items()):
         (tmp_path / str(i)).mkdir()
-        agent = _agent(tmp_path / str(i), None, ("current",), rules)
+        agent = _agent(tmp_path / str(i), None, ("current",), rules, str(pkg))
         try:
             p = agent.streams["temp"].pipeline.rules.params
             assert (p.k, p.n) == want, rules
