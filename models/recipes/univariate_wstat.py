@@ -1,8 +1,8 @@
 """Recipe: build the ``univariate-wstat`` one-channel INT8 window-statistics package.
 
-    python models/recipes/univariate_select.py --data ../shared/datasets/skab --json uni.json
+    nice python models/recipes/univariate_select.py --data ../shared/datasets/skab --json uni.json
     python models/recipes/univariate_wstat.py --data ../shared/datasets/skab \
-        --out models/univariate-wstat --selection uni.json --version 1
+        --out models/univariate-wstat --selection uni.json --version 2
 
 The window, top_k, threshold factor and hold-out, the drift adaptation (rate, bound) and the
 alert rule come from the grouped selection on univariate series (``--selection``, written by
