@@ -67,7 +67,6 @@ from agent.monitor import Monitor, WatchedCamera, WatchedSource
 from agent.pipeline.detector import Calibration, FeatureDeviationDetector
 from agent.pipeline.episodes import UpdateParams
 from agent.pipeline.restore import CalibrationKey, StoredCalibration, calibration_key, refusal
-from agent.pipeline.rules import RuleParams
 from agent.pipeline.stream import AlertEvent, StreamPipeline
 from agent.pipeline.univariate import (
     UnivariatePipeline,
@@ -98,6 +97,7 @@ from agent.services.package_guard import (
 from agent.services.samples import SampleCollector, SampleUploader, config_hash
 from agent.services.snapshot_service import SnapshotService, build_snapshots
 from agent.services.stream_feed import StateFeed
+from agent.services.stream_rules import stream_rule_params
 from agent.services.supervisor import SourceSupervisor
 from agent.services.updater import StreamHandle, Updater
 from agent.services.uploader import Uploader, read_token
@@ -392,7 +392,7 @@ class Agent:
         restored = None if preset is not None else self._restore_calibration(
             sc, calibration_key(package.manifest, spec, backend.precision))
         start_cal = preset if restored is None else restored.calibration
-        rule_params = RuleParams(r.k, r.n, r.clear_ratio, r.clear_windows, r.cooldown_s)
+        rule_params = stream_rule_params(r, package.manifest.univariate)
         timed = _TimedBackend(backend, hist.observe)
         pipeline: StreamPipeline
         if univariate is not None:

@@ -7,18 +7,19 @@ Every ``*.csv`` under DIR (recursively) with a header holding ``timestamp`` and 
 stream order, ``--block`` rows at a time, through the univariate package: the agent's
 :class:`agent.pipeline.univariate.UnivariatePipeline` (a :class:`StreamPipeline`: windows,
 calibration, detector, gaps, bounded drift adaptation) and :class:`agent.pipeline.rules.AlertRules`
-with the package's selected k of n (other rule parameters: the agent's defaults). No labels are
-read. ``OUT/<same relative path>`` gets ``timestamp,value,score,alarm``:
+with the rule a deployed stream whose ``[streams.rules]`` gives no key runs
+(:func:`agent.services.stream_rules.stream_rule_params`: the package's selected k of n, the
+agent's defaults for the other rule parameters). No labels are read. ``OUT/<same relative
+path>`` gets ``timestamp,value,score,alarm``:
 
 * ``score``: the score of the window ending at the row; **empty** while calibrating, before the
   first window after a gap is complete, and on rejected rows;
 * ``alarm``: 1 on the row where the alert rules raise an alert, else 0;
 * rejected rows (value or timestamp not a number, timestamp before the previous row's) are
   kept as they were with an empty score and alarm 0;
-* calibration: the first n = min(N, max(n_min, ⌊f·T⌋)) accepted rows, T the file's accepted
-  rows, N the package's ``calibration_samples`` and f its ``univariate.calibration_fraction``;
-  n_min is the fewest rows the threshold hold-out can use (:func:`calibration_length`). A file
-  with fewer than n_min + W rows is written unscored (all scores empty).
+* calibration: the first N accepted rows, N the package's ``calibration_samples``, as on a
+  device (which cannot know how long its stream will be). A file with fewer than N + W accepted
+  rows is written unscored (all scores empty).
 
 The last line printed is ``files=… rows=… rejected=… unscored_files=… alarms=…``.
 """
@@ -30,7 +31,6 @@ import csv
 import datetime as dt
 import math
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +38,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from agent.config.schema import RulesConfig  # noqa: E402
 from agent.inference.base import Backend  # noqa: E402
 from agent.inference.package import (  # noqa: E402
     ModelPackage,
@@ -53,6 +54,7 @@ from agent.pipeline.univariate import (  # noqa: E402
     UnivariatePipeline,
     accepted_rows,
 )
+from agent.services.stream_rules import stream_rule_params  # noqa: E402
 
 DEFAULT_MODEL = ROOT / "models" / "univariate-wstat"
 
@@ -106,21 +108,6 @@ def read_csv(path: Path) -> tuple[list[list[str]], np.ndarray, np.ndarray]:
             np.array([parse_value(r[1]) for r in out], np.float64))
 
 
-def calibration_length(rows: int, n: int, fraction: float, window: int, holdout: float) -> int:
-    """Calibration rows of a file of ``rows`` rows: min(N, max(n_min, ⌊fraction·rows⌋)), n_min
-    = W + 1 in-sample, or the fewest rows whose hold-out h leaves 2·W fit and W held-out rows.
-
-    >>> calibration_length(10000, 400, 0.15, 10, 0.25), calibration_length(1000, 400, 0.15, 10,
-    ...     0.25), calibration_length(100, 400, 0.15, 10, 0.25)
-    (400, 150, 41)
-    """
-    n_min = window + 1
-    if holdout > 0:
-        n_min = max(n_min, math.ceil(2 * window / (1 - holdout)) + 1, math.ceil(window / holdout)
-                    + 1)
-    return min(n, max(n_min, int(fraction * rows)))
-
-
 def score_series(ts: np.ndarray, values: np.ndarray, spec: DetectorSpec, backend: Backend,
                  rules: RuleParams, params: UnivariateParams, block: int = 1,
                  fallback: tuple[Backend | None, tuple[float, float] | None] = (None, None),
@@ -156,22 +143,18 @@ def run_file(path: Path, out: Path, package: ModelPackage, backend: Backend,
              ) -> tuple[int, int, int, bool]:
     """Score one file into ``out``; returns (rows, rejected, alarms, scored)."""
     rows, ts, values = read_csv(path)
-    base = package.detector_spec()
+    spec = package.detector_spec()
     params = package.univariate_params()
-    u = package.manifest.univariate
-    if params is None or u is None:
+    if params is None:
         raise SystemExit(f"{package.label} is not a univariate package")
     good = accepted_rows(values[:, None], ts)
-    n_cal = calibration_length(int(good.sum()), base.calibration_samples,
-                               u.calibration_fraction, base.window, base.threshold_holdout)
     scores = np.full(len(rows), math.nan)
     alarms = np.zeros(len(rows), np.int8)
-    scored = int(good.sum()) >= n_cal + base.window
+    scored = int(good.sum()) >= spec.calibration_samples + spec.window
     if scored:
-        spec = replace(base, calibration_samples=n_cal)
-        scores, alarms, _ = score_series(ts, values, spec, backend,
-                                      RuleParams(k=u.rule_k, n=u.rule_n), params, block,
-                                      fallback)
+        rules = stream_rule_params(RulesConfig(), package.manifest.univariate)
+        scores, alarms, _ = score_series(ts, values, spec, backend, rules, params, block,
+                                         fallback)
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh, lineterminator="\n")

@@ -145,8 +145,9 @@ class UnivariateSpec(_Strict):
     * bounded drift adaptation: after each scored window whose score is below ``adapt_below``
       × threshold, the baseline level μ ← μ + ``adapt_rate`` · (window mean − μ), then clipped
       to μ_cal ± ``drift_bound`` · σ_cal;
-    * ``rule_k`` of ``rule_n``: the alert rule the grouped selection chose (the stream's
-      ``[streams.rules]`` decides on the device; benchmarks use these).
+    * ``rule_k`` of ``rule_n``: the alert rule the grouped selection chose; a stream whose
+      ``[streams.rules]`` gives no rule key runs it, and so does ``benchmarks/univariate.py``
+      (:func:`agent.services.stream_rules.stream_rule_params`).
     """
 
     gap_factor: float = Field(gt=1, description="Gap = interval > gap_factor x median interval.")
@@ -155,9 +156,9 @@ class UnivariateSpec(_Strict):
     adapt_below: float = Field(gt=0, le=1, description="Only windows below this x threshold "
                                "move the baseline.")
     drift_bound: float = Field(ge=0, description="Largest baseline move, in calibration sigmas.")
-    calibration_fraction: float = Field(gt=0, lt=1, description="Benchmarks: a file shorter "
-                                        "than calibration_samples / fraction calibrates on "
-                                        "this fraction of its rows.")
+    calibration_fraction: float | None = Field(
+        None, gt=0, lt=1, description="Not read (packages before version 2 carry it): "
+        "benchmarks calibrate on the first calibration_samples rows, as a device does.")
     rule_k: int = Field(ge=1, description="Selected alert rule: k of ...")
     rule_n: int = Field(ge=1, description="... the last n windows.")
 

@@ -315,7 +315,8 @@ class StreamConfig(StrictModel):
         default_factory=RulesConfig, description="Alert rules of this stream. A camera stream "
         "whose table gives no key has defaults of its own (agent/services/camera_rules.py): "
         "every anomalous image of a folder alerts; a video or live camera alerts once per "
-        "run of anomalous frames."
+        "run of anomalous frames. A univariate stream whose table gives no rule key runs "
+        "its package's selected k of n (agent/services/stream_rules.py)."
     )
 
     @field_validator("model")

@@ -236,7 +236,9 @@ class UnivariatePipeline(StreamPipeline):
         for i, t in enumerate(ts.tolist()):
             if prev is not None:
                 dt = t - prev
+                # median >= min: an interval within gap_factor x min is no gap (no median needed)
                 if len(self._intervals) >= MIN_INTERVALS and dt > self.params.gap_factor * max(
+                        min(self._intervals), 1e-9) and dt > self.params.gap_factor * max(
                         float(np.median(self._intervals)), 1e-9):
                     cuts.append(i)
                 else:

@@ -1,8 +1,8 @@
 """Recipe: build the ``univariate-wstat`` one-channel INT8 window-statistics package.
 
-    python models/recipes/univariate_select.py --data ../shared/datasets/skab --json uni.json
+    nice python models/recipes/univariate_select.py --data ../shared/datasets/skab --json uni.json
     python models/recipes/univariate_wstat.py --data ../shared/datasets/skab \
-        --out models/univariate-wstat --selection uni.json --version 1
+        --out models/univariate-wstat --selection uni.json --version 2
 
 The window, top_k, threshold factor and hold-out, the drift adaptation (rate, bound) and the
 alert rule come from the grouped selection on univariate series (``--selection``, written by
@@ -106,7 +106,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gap-factor", type=float, default=5.0)
     ap.add_argument("--scale-floor-rel", type=float, default=1e-3)
     ap.add_argument("--adapt-below", type=float, default=0.5)
-    ap.add_argument("--calibration-fraction", type=float, default=0.15)
     ap.add_argument("--headroom", type=float, default=1.0)
     ap.add_argument("--quant-windows", type=int, default=4000)
     ap.add_argument("--seed", type=int, default=0)
@@ -159,7 +158,6 @@ def main(argv: list[str] | None = None) -> int:
                        "adapt_rate": float(chosen["adapt_rate"]),
                        "adapt_below": args.adapt_below,
                        "drift_bound": float(chosen["drift_bound"]),
-                       "calibration_fraction": args.calibration_fraction,
                        "rule_k": int(chosen["rule_k"]), "rule_n": int(chosen["rule_n"])},
         "artefacts": artefacts,
         "golden": {"inputs": golden_x.round(6).tolist(), "outputs": golden_y.round(6).tolist(),

@@ -23,7 +23,8 @@ from agent.systemd import Notifier
 PACKAGE = Path(__file__).resolve().parents[2] / "models" / "univariate-wstat"
 
 
-def _agent(tmp_path: Path, channel: str | None, columns: tuple[str, ...]) -> Agent:
+def _agent(tmp_path: Path, channel: str | None, columns: tuple[str, ...],
+           rules: tuple[str, ...] = (), model: str = "builtin:univariate-wstat") -> Agent:
     csv = tmp_path / "plant.csv"
     rows = [",".join(("timestamp", *columns))]
     rows += [",".join((str(1_700_000_000 + i), *("1.0" for _ in columns))) for i in range(5)]
@@ -31,9 +32,10 @@ def _agent(tmp_path: Path, channel: str | None, columns: tuple[str, ...]) -> Age
     text = "\n".join([
         "[agent]", 'device_id = "gw1"', f'state_dir = "{tmp_path / "state"}"',
         "console_alerts = false",
-        "[[streams]]", 'name = "temp"', 'model = "builtin:univariate-wstat"',
+        "[[streams]]", 'name = "temp"', f'model = "{model}"',
         'backend = "onnxruntime"', *([f'channel = "{channel}"'] if channel else []),
         "[streams.source]", 'kind = "replay"', f'path = "{csv}"', 'time_column = "timestamp"',
+        *(("[streams.rules]", *rules) if rules else ()),
     ]) + "\n"
     return Agent(parse_config(text, env={}), Metrics(), console=None, notifier=Notifier(""))
 
@@ -63,6 +65,26 @@ def test_a_single_channel_source_needs_no_mapping(tmp_path: Path) -> None:
         assert isinstance(pipe, UnivariatePipeline) and pipe.channel_label == "current"
     finally:
         agent.shutdown()
+
+
+def test_a_stream_without_rule_keys_uses_the_package_rule(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"  # the shipped package with a rule unlike the agent's 7 of 10
+    shutil.copytree(PACKAGE, pkg)
+    manifest = json.loads((pkg / "manifest.json").read_text())
+    manifest["univariate"].update(rule_k=4, rule_n=6)
+    (pkg / "manifest.json").write_text(json.dumps(manifest))
+    cases = {(): (4, 6), ("top_channels = 1",): (4, 6), ("k = 7", "n = 10"): (7, 10),
+             ("cooldown_s = 5.0",): (7, 10)}
+    for i, (rules, want) in enumerate(cases.items()):
+        (tmp_path / str(i)).mkdir()
+        agent = _agent(tmp_path / str(i), None, ("current",), rules, str(pkg))
+        try:
+            p = agent.streams["temp"].pipeline.rules.params
+            assert (p.k, p.n) == want, rules
+            assert (p.clear_ratio, p.clear_windows) == (0.9, 5)
+            assert p.cooldown_s == (5.0 if "cooldown_s = 5.0" in rules else 60.0)
+        finally:
+            agent.shutdown()
 
 
 def test_an_ambiguous_or_wrong_mapping_is_a_config_error(tmp_path: Path) -> None:

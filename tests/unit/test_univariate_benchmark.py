@@ -55,9 +55,9 @@ def test_benchmark_reads_and_writes_every_csv(tmp_path: Path) -> None:
     _write(tmp_path / "data" / "short.csv", [
         ((t0 + dt.timedelta(minutes=i)).strftime("%Y-%m-%d %H:%M:%S"), f"{v:.4f}")
         for i, v in enumerate(rng.normal(size=150))])
-    garbage = [(str(1396310400 + 60 * i), f"{v:.4f}") for i, v in enumerate(rng.normal(size=300))]
+    garbage = [(str(1396310400 + 60 * i), f"{v:.4f}") for i, v in enumerate(rng.normal(size=700))]
     garbage[150] = (garbage[150][0], "n/a")
-    garbage[200] = ("yesterday", "1.0")
+    garbage[600] = ("yesterday", "1.0")
     _write(tmp_path / "data" / "sub" / "epoch.csv", garbage)
     (tmp_path / "data" / "wrong.csv").write_text("time,reading\n1,2\n", encoding="utf-8")
     lines = _run(tmp_path / "data", tmp_path / "out")
@@ -70,18 +70,21 @@ def test_benchmark_reads_and_writes_every_csv(tmp_path: Path) -> None:
     assert {r["alarm"] for r in out} <= {"0", "1"}
     alarms = [i for i, r in enumerate(out) if r["alarm"] == "1"]
     assert any(2000 <= i < 2300 for i in alarms), alarms  # the sustained shift is alarmed
-    n_cal = sum(r["score"] == "" for r in out[:500])
-    assert 0 < n_cal < 500 and all(r["score"] != "" for r in out[n_cal:])
+    # calibration: the first N = 400 rows whatever the file's length (what a device does)
+    n_cal = sum(r["score"] == "" for r in out[:1000])
+    assert 400 <= n_cal < 450 and all(r["score"] != "" for r in out[n_cal:])
 
-    short = _read(tmp_path / "out" / "short.csv")  # 150 rows < N: calibrated on part of them
-    assert len(short) == 150 and any(r["score"] != "" for r in short)
+    short = _read(tmp_path / "out" / "short.csv")  # 150 rows < N + W: written unscored
+    assert len(short) == 150 and all(r["score"] == "" for r in short)
+    assert re.search(r"^short\.csv: .*too short to calibrate", "\n".join(lines), re.M)
 
     epoch = _read(tmp_path / "out" / "sub" / "epoch.csv")
-    assert len(epoch) == 300
-    for i in (150, 200):  # kept as they were, unscored, never an alarm
+    assert len(epoch) == 700 and any(r["score"] != "" for r in epoch)
+    for i in (150, 600):  # kept as they were, unscored, never an alarm
         assert epoch[i]["score"] == "" and epoch[i]["alarm"] == "0"
-    assert epoch[150]["value"] == "n/a" and epoch[200]["timestamp"] == "yesterday"
-    assert re.search(r"^sub/epoch\.csv: rows=300 rejected=2 ", "\n".join(lines), re.M)
+    assert epoch[150]["value"] == "n/a" and epoch[600]["timestamp"] == "yesterday"
+    assert epoch[601]["score"] != ""
+    assert re.search(r"^sub/epoch\.csv: rows=700 rejected=2 ", "\n".join(lines), re.M)
 
 
 def test_a_file_too_short_to_calibrate_is_written_unscored(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
-"""The univariate grouped selection (models/recipes/univariate_select.py): event counting, and
-that a group's held-out figure comes from a choice that never read that group."""
+"""The univariate grouped selection (models/recipes/univariate_select.py): event counting, the
+false-alarm charge per normal time, the rule replay, and that a group's held-out figure comes
+from a choice that never read that group."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def test_events_alarms_and_delay_are_counted_per_labelled_run() -> None:
     alarms[[10, 45, 50]] = 1  # one false alarm, event 1 found 5 rows in, event 2 missed
     r = sel.rate(alarms, labels, scored_from=20)
     assert (r.alarms, r.hits, r.events, r.detected) == (3, 2, 2, 1)
+    assert r.false_alarms == 1 and r.normal == 80 - 30  # label-0 rows from row 20 on
     assert r.delay == pytest.approx(5 / 20)
     assert r.precision == pytest.approx(2 / 3) and r.recall == pytest.approx(0.5)
     # an event that ends inside the calibration is not counted
@@ -40,7 +42,7 @@ def _series(seed: int, shift_at: int | None) -> tuple[np.ndarray, np.ndarray]:
 
 def test_held_out_choice_never_reads_the_held_out_group(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sel, "GRID", {"window": (5, 10), "top_k": (2,), "factor": (1.25, 2.0),
-                                      "adapt": ((0.0, 0.0), (0.01, 3.0)),
+                                      "adapt": ((0.0, 0.0), (0.01, 3.0)), "holdout": (0.25,),
                                       "rule": ((5, 10), (7, 10))})
     monkeypatch.setattr(sel, "AXES", tuple(sel.GRID))
     floors = {w: np.array([0.15, 0.03, 0.045]) for w in (5, 10)}
@@ -56,3 +58,51 @@ def test_held_out_choice_never_reads_the_held_out_group(monkeypatch: pytest.Monk
     sel.report(study, lines.append)
     assert any(line.startswith("held-out group a") for line in lines)
     assert any(line.startswith("pooled, chosen on all") for line in lines)
+
+
+def test_false_alarms_are_charged_per_normal_time() -> None:
+    one = sel.Rated(alarms=3, hits=1, events=1, detected=1, delay=0.0, normal=10_000)
+    assert one.fa_rate == pytest.approx(2.0)  # 2 false alarms in 10,000 normal rows
+    assert one.objective == pytest.approx(1.0 - sel.FA_PENALTY * (2.0 - sel.FA_BUDGET))
+    within = sel.Rated(alarms=3, hits=1, events=1, detected=1, delay=0.0, normal=20_000)
+    assert within.fa_rate == pytest.approx(1.0) and within.objective == pytest.approx(1.0)
+
+
+def test_the_rule_replay_skips_nothing_that_matters() -> None:
+    rng = np.random.default_rng(4)
+    scores = rng.normal(size=3000)
+    scores[[5, 700, 1500]] = np.nan
+    scores[1000:1030] += 3.0
+    for rule in ((1, 1), (3, 5), (7, 10), (10, 10)):
+        r = sel.AlertRules(sel.RuleParams(k=rule[0], n=rule[1]))
+        want = np.array([0 if np.isnan(s) else r.update(float(s), 1.5, float(i))
+                         for i, s in enumerate(scores)], np.int8)
+        assert np.array_equal(sel.replay_rules(scores, 1.5, rule), want), rule
+
+
+def _noisy_normal(seed: int) -> np.ndarray:
+    """Normal operation with brief harmless blips (3 rows at +5 sigma every 500 rows)."""
+    x = np.random.default_rng(seed).normal(size=6000)
+    for a in range(900, 6000, 500):
+        x[a : a + 3] += 5.0
+    return x
+
+
+def test_a_rule_that_cries_wolf_on_normal_time_is_not_chosen(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sel, "GRID", {"window": (5,), "top_k": (2,), "factor": (1.25,),
+                                      "adapt": ((0.01, 3.0),), "holdout": (0.25,),
+                                      "rule": ((1, 1), (8, 10))})
+    monkeypatch.setattr(sel, "AXES", tuple(sel.GRID))
+    floors = {5: np.array([0.15, 0.03, 0.045])}
+    series = {"a/1/x": _series(0, 600), "b/1/x": _series(2, 700),
+              "free/x": (_noisy_normal(5), np.zeros(6000, np.int8))}
+    study = sel.Study(series, floors)
+    names = sorted(series)
+    loud = (5, 2, 1.25, (0.01, 3.0), 0.25, (1, 1))
+    quiet = (*loud[:5], (8, 10))
+    assert study.evaluate(loud, ["free/x"]).fa_rate > sel.FA_BUDGET
+    assert study.evaluate(quiet, ["free/x"]).fa_rate <= sel.FA_BUDGET
+    assert study.evaluate(quiet, names).objective > study.evaluate(loud, names).objective
+    monkeypatch.setattr(sel, "FA_PENALTY", 0.0)  # without the charge the loud rule wins
+    assert study.evaluate(loud, names).objective > study.evaluate(quiet, names).objective
