@@ -552,6 +552,8 @@ class Agent:
         for c in self.cameras.values():
             c.start()
         self.notifier.ready(f"running {len(self.streams) + len(self.cameras)} stream(s)")
+        log.info("store %s (alerts, aggregates%s)", os.path.abspath(self.store.path),
+                 ", snapshots" if self.snapshots is not None else "", extra=ALWAYS)
         log.info("agent %s running as device %s", __version__, self.config.agent.device_id,
                  extra=ALWAYS)
         # Tick at least twice per watchdog interval, so pings are never more than 1.5 apart.

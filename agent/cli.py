@@ -197,11 +197,13 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
         return _report_config_error(exc, config_file, sys.stderr)
     from agent.preflight import preflight  # noqa: PLC0415 - loads the model code
 
-    problems = preflight(config.resolved(config_file.resolve().parent))
+    resolved = config.resolved(config_file.resolve().parent)
+    problems = preflight(resolved)
     if problems:
         error = ConfigError(f"{len(problems)} problem(s)", problems=problems)
         return _report_config_error(error, config_file, sys.stderr)
     print(f"OK: {summarize(config)}")
+    print(f"store: {resolved.store.path}")  # where run keeps alerts and aggregates
     return EX_OK
 
 

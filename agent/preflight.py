@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING
 from agent.config.builtin_models import not_found_problem
 from agent.config.schema import AgentConfig, resolve_model_path
 from agent.errors import ConfigError, ModelError, SourceError
+from agent.extras import missing_module
 
 if TYPE_CHECKING:
+    from agent.sources.camera import CameraConfig
     from agent.sources.replay import ReplayConfig
 
 
@@ -41,6 +43,7 @@ def preflight(config: AgentConfig) -> list[str]:
         if isinstance(source, ReplayConfig) and not Path(source.path).is_file():
             problems.append(f"{key}.source.path: no such file {source.path!r}")
         if isinstance(source, CameraConfig):
+            problems.extend(_camera_modules(key, source, config.snapshots.enabled))
             if source.path is not None and not Path(source.path).is_file():
                 problems.append(f"{key}.source.path: no such video file {source.path!r}")
             # a watched folder may be a share mounted later: an outage at run time, not a
@@ -84,6 +87,24 @@ def preflight(config: AgentConfig) -> list[str]:
             problems.append(f"{name}: no such file {value!r}")
     problems.extend(_credentials(config))
     problems.extend(_mqtt_consumers(config))
+    return problems
+
+
+def _camera_modules(key: str, source: CameraConfig, snapshots: bool) -> list[str]:
+    """The camera extra's modules a camera stream imports at start: OpenCV always (imported as
+    ``run`` does, :func:`agent.sources.camera.quiet_opencv`), Pillow for an image folder and for
+    snapshots. Without them ``run`` would pass the config and then end the stream (exit 69)."""
+    from agent.sources.camera import quiet_opencv  # noqa: PLC0415
+
+    problems: list[str] = []
+    try:
+        quiet_opencv()
+    except SourceError as exc:
+        problems.append(f"{key}.source: {exc}")
+    needs_pillow = [why for why, needed in (("an image folder", source.folder is not None),
+                                            ("[snapshots]", snapshots)) if needed]
+    if needs_pillow and (missing := missing_module("PIL", "Pillow", "camera")):
+        problems.append(f"{key}.source: {missing} (needed by {' and '.join(needs_pillow)})")
     return problems
 
 

@@ -30,7 +30,8 @@ The ``device`` commands talk to the database directly (same ``--db``), not over 
 before the server is up and need no admin token, which is the operator's file-system access.
 ``serve`` migrates the schema before it listens. Without ``--db`` the database is
 ``sqlite:///<state dir>/fleet.db`` (WAL). Exit codes: 0 ok, 1 refused (unknown or already
-enrolled device), 69 database unreachable (EX_UNAVAILABLE), 70 migration failed
+enrolled device), 69 database unreachable (EX_UNAVAILABLE; also the console script without
+the fleet extra, :mod:`fleet.entry`), 70 migration failed
 (EX_SOFTWARE), 78 bad configuration (EX_CONFIG).
 
 What these commands write (database, state directory, token files) is owner-only (umask 077,

@@ -2,7 +2,8 @@
 
 ::
 
-    edge-fleet keys generate --out DIR [--key-id ID]    writes ID.key (0600) and ID.pub
+    edge-fleet keys generate --out DIR [--key-id ID] [--role package|rollback]
+                                                         writes ID.key (0600) and ID.pub
     edge-fleet model sign PACKAGE_DIR --key FILE         signs manifest.json in place
     edge-fleet model pack PACKAGE_DIR --out FILE         the canonical .tar.gz (to push from
                                                          the web console, docs/console.md)
@@ -38,6 +39,8 @@ from cloud_sync.package import sign_package_dir as _sign_dir
 from fleet.settings import ADMIN_TOKEN_ENV, DEFAULT_PORT
 
 COMMANDS = ("keys", "model", "rollout")
+#: ``keys generate --role``: what a key signs (:func:`key_role`).
+KEY_ROLES = ("package", "rollback")
 URL_ENV = "EDGE_FLEET_URL"
 EX_REFUSED, EX_UNAVAILABLE, EX_CONFIG = 1, 69, 78
 _TIMEOUT_S = 60.0
@@ -62,6 +65,10 @@ def add_commands(sub: Any) -> None:
     gen = ksub.add_parser("generate", help="new key pair: ID.key (0600) and ID.pub")
     gen.add_argument("--out", type=Path, required=True)
     gen.add_argument("--key-id", help="default: first 16 hex of sha256(raw public key)")
+    gen.add_argument("--role", choices=KEY_ROLES,
+                     help="what the key signs: 'package' (model packages; the default) or "
+                          "'rollback' (the fleet's rollbacks on abort: serve --rollback-key); "
+                          "default 'rollback' when the key id contains 'rollback'")
 
     model = sub.add_parser("model", help="sign, push, list model packages")
     msub = model.add_subparsers(dest="model_command", required=True)
@@ -92,13 +99,41 @@ def add_commands(sub: Any) -> None:
         p.add_argument("rollout_id", type=int)
 
 
+def key_role(role: str | None, key_id: str) -> str:
+    """The role of a new key: ``role`` when given, else ``"rollback"`` for a key id that
+    contains "rollback" (``fleet-rollback``, the name docs/rollouts.md uses), else ``"package"``.
+
+    >>> key_role(None, "fleet-rollback"), key_role(None, "ops"), key_role("rollback", "r1")
+    ('rollback', 'package', 'rollback')
+    """
+    if role is not None:
+        return role
+    return "rollback" if "rollback" in key_id.lower() else "package"
+
+
+def key_hint(role: str, priv: Path, pub: Path) -> str:
+    """What ``keys generate`` prints: the key id, both files and where each goes for ``role``.
+
+    A package key's ``.pub`` goes to the fleet's ``--trusted-keys`` dir and the agents'
+    ``[updater] trusted_keys_dir``; a rollback key's ``.pub`` only to the agents' ``[updater]
+    rollback_keys_dir`` (never among the trusted keys: it must not sign packages) and its private
+    key to ``edge-fleet serve --rollback-key`` (docs/rollouts.md).
+    """
+    head = f"key id {priv.stem} ({role} key)\nprivate {priv} (mode 0600: keep it secret)"
+    if role == "rollback":
+        return (f"{head}; give it to edge-fleet serve --rollback-key {priv}\n"
+                f"public  {pub} (copy to the agents' [updater] rollback_keys_dir only; never to "
+                "--trusted-keys or the agents' trusted keys: a rollback key signs no package)")
+    return (f"{head}\npublic  {pub} (copy to the fleet's --trusted-keys dir and the agents' "
+            "[updater] trusted_keys_dir)")
+
+
 def run(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
     """Run one operator command; returns the exit code (errors go to stderr)."""
     try:
         if args.command == "keys":
             priv, pub = generate_keypair(args.out, args.key_id)
-            out(f"key id {priv.stem}\nprivate {priv} (mode 0600: keep it secret)\npublic  {pub} "
-                "(copy to the fleet's --trusted-keys dir and the agents' trusted keys)")
+            out(key_hint(key_role(args.role, priv.stem), priv, pub))
         elif args.command == "model" and args.model_command == "sign":
             kid = _sign_dir(args.package_dir, args.key)
             _, m = read_manifest(args.package_dir)

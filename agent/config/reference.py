@@ -50,7 +50,8 @@ exit 78), e.g. `streams[0].source.baudrate: Input should be greater than 0` or
 embedded default config as commented TOML.
 
 * **Paths** are relative to the config file's directory; `store.path` is relative to
-  `agent.state_dir`. A model `builtin:<name>` is a package shipped with the agent
+  `agent.state_dir` (`check-config` prints the resulting `store: …` path, `run` logs it at
+  start). A model `builtin:<name>` is a package shipped with the agent
   (`edge-agent models` lists them; [install.md](install.md)).
 * **Environment**: string values may use `${VAR}` and `${VAR:-default}`.
 * **Secrets** (MQTT password, fleet token, key passwords) are read from files named in the

@@ -70,7 +70,8 @@ class SnapshotService:
         if event.frame is None:
             return False
         return self.worker.submit(SnapshotJob(alert, event.frame, camera.package,
-                                              camera.pipeline.spec))
+                                              camera.pipeline.spec,
+                                              finite=camera.source.config.finite))
 
     def start(self) -> None:
         """Start every part's thread."""

@@ -18,7 +18,9 @@ stored as usual by the agent's main loop, its payload naming the snapshot
 Nothing here can hold up an alert: the alert is stored and queued for MQTT before the snapshot
 is even rendered. What does not become a snapshot is counted in
 ``edge_agent_dropped_total{kind="snapshot", reason}``: ``queue_full`` (more alerting frames than
-the worker keeps up with: :data:`QUEUE_LIMIT` waiting), ``render_error`` (the frame could not be
+the worker keeps up with: :data:`QUEUE_LIMIT` waiting; the snapshot is skipped, the alert kept:
+a WARNING with the count on a live stream, one INFO line with the count at the end for a
+recorded file or folder), ``render_error`` (the frame could not be
 encoded), ``store_error`` (the store refused the write); and ``budget`` when the store evicts
 one. A heatmap the model cannot give (no ONNX artefact, ``onnx`` not installed, a model whose
 score is not a patch maximum) is logged once per stream: the snapshots of that stream are the
@@ -90,6 +92,10 @@ class SnapshotJob:
     frame: Frame
     package: ImagePackage
     spec: ImageSpec
+    #: The stream reads a recorded file or folder that ends
+    #: (:attr:`agent.sources.camera.CameraConfig.finite`): it is read as fast as it scores, so
+    #: skipped snapshots are reported once when the worker stops, not as a warning.
+    finite: bool = False
 
 
 MapOpener = Callable[["ImagePackage"], "PatchMapModel"]
@@ -155,6 +161,10 @@ class SnapshotWorker:
         self._thread = threading.Thread(target=self._run, name="camera-snapshots", daemon=True)
         #: Snapshots stored by this worker.
         self.stored = 0
+        #: Alert snapshots skipped because the queue was full, per stream (since the last
+        #: :meth:`stop`; the alerts themselves are stored).
+        self.skipped: dict[str, int] = {}
+        self._finite: set[str] = set()
 
     def on_stored(self, hook: Callable[[], None]) -> None:
         """Call ``hook()`` (the worker's thread; must not block) after each stored snapshot."""
@@ -165,23 +175,42 @@ class SnapshotWorker:
         self._thread.start()
 
     def submit(self, job: SnapshotJob) -> bool:
-        """Queue one alerting frame (any thread, never blocks); False when the queue is full
-        (counted ``dropped_total{kind="snapshot", reason="queue_full"}``)."""
+        """Queue one alerting frame (the main loop's thread, never blocks); False when the queue
+        is full: the snapshot is skipped (the alert is stored), counted in
+        ``dropped_total{kind="snapshot", reason="queue_full"}`` and :attr:`skipped`. A live
+        stream logs a WARNING with the count (once a minute); a finite one (``job.finite``) one
+        INFO line with its count when the worker stops."""
         try:
             self._queue.put_nowait(job)
         except queue.Full:
-            self._drop(job.alert.stream, "queue_full", "snapshot queue full (more alerting "
-                       "frames than the worker keeps up with)")
+            stream = job.alert.stream
+            skipped = self.skipped[stream] = self.skipped.get(stream, 0) + 1
+            if job.finite:
+                self._finite.add(stream)
+                self._metrics.dropped_total.labels(kind="snapshot", reason="queue_full").inc()
+            else:
+                self._drop(stream, "queue_full",
+                           f"{skipped} alert snapshot(s) skipped so far: alerts come faster than "
+                           f"snapshots render ({QUEUE_LIMIT} wait); the alerts are kept. To "
+                           "keep up: [snapshots] heatmap = false or a smaller max_edge")
             return False
         return True
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Finish the queued snapshots (within ``timeout_s``) and end the thread."""
-        if not self._thread.is_alive():
-            return
-        with contextlib.suppress(queue.Full):
-            self._queue.put(None, timeout=timeout_s)
-        self._thread.join(timeout_s)
+        """Finish the queued snapshots (within ``timeout_s``), end the thread, and log one INFO
+        line per stream whose snapshots were skipped (:attr:`skipped`, then reset)."""
+        if self._thread.is_alive():
+            with contextlib.suppress(queue.Full):
+                self._queue.put(None, timeout=timeout_s)
+            self._thread.join(timeout_s)
+        for stream, count in sorted(self.skipped.items()):
+            why = ("the recorded input was read faster than snapshots render"
+                   if stream in self._finite else "alerts came faster than snapshots render")
+            log.info("stream %s: %d alert snapshot(s) skipped (%s; at most %d wait); every "
+                     "alert is stored. Counted in edge_agent_dropped_total{kind=\"snapshot\","
+                     "reason=\"queue_full\"}", stream, count, why, QUEUE_LIMIT)
+        self.skipped.clear()
+        self._finite.clear()
 
     def process(self, job: SnapshotJob) -> bool:
         """Render and store one snapshot (the worker's thread; tests call it directly).

@@ -57,7 +57,7 @@ converted to the model's input (a channel count other than 1, 3 or 4) (``bad_ima
 own log lines are silenced (:func:`quiet_opencv`): the agent reports each rejection itself.
 
 OpenCV (and Pillow, for folders) is imported only when a camera stream is built
-(``pip install -e '.[camera]'``).
+(the ``camera`` extra: :func:`agent.extras.install_hint`).
 """
 
 from __future__ import annotations
@@ -79,6 +79,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from agent.config.base import StrictModel
 from agent.errors import RecordError, SourceError, SourceExhausted, SourceFailed
+from agent.extras import install_hint
 from agent.records import Frame, FrameOrigin
 from agent.sources.backoff import Backoff
 from agent.sources.base import SourcePlugin, StatusListener
@@ -241,7 +242,7 @@ def quiet_opencv() -> None:
     try:
         import cv2  # noqa: PLC0415 - lazy: only with a camera stream
     except ImportError as exc:
-        raise SourceError("OpenCV is not installed: pip install -e '.[camera]'") from exc
+        raise SourceError(f"OpenCV is not installed: {install_hint('camera')}") from exc
     if user_level is None:  # the variable only counts at OpenCV's first import
         cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
 

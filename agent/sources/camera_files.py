@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import RecordError, SourceError
+from agent.extras import install_hint
 from agent.records import FrameOrigin
 from agent.sources.image_file import read_image_file
 
@@ -82,7 +83,7 @@ class FolderCapture:
         try:
             import PIL  # noqa: F401, PLC0415 - checked here, used by read_image_file
         except ImportError as exc:
-            raise SourceError("Pillow is not installed: pip install -e '.[camera]'") from exc
+            raise SourceError(f"Pillow is not installed: {install_hint('camera')}") from exc
         if not folder.is_dir():
             raise SourceError("camera folder does not exist", path=str(folder))
         names = names if names is not None else ImageNames()

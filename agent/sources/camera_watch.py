@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agent.errors import RecordError, SourceError, StoreError
+from agent.extras import install_hint
 from agent.records import FrameOrigin
 from agent.sources.camera_files import ImageNames
 from agent.sources.image_file import read_image_file
@@ -214,7 +215,7 @@ class WatchFolderCapture:
         try:
             import PIL  # noqa: F401, PLC0415 - checked here, used by read_image_file
         except ImportError as exc:
-            raise SourceError("Pillow is not installed: pip install -e '.[camera]'") from exc
+            raise SourceError(f"Pillow is not installed: {install_hint('camera')}") from exc
         # A missing folder is not an error here: a share mounted after the agent starts is
         # listed by a later poll; until then each poll fails as an outage (red, one WARNING).
         self._folder = folder

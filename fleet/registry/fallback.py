@@ -129,7 +129,8 @@ def abort_outcome(
             why = (f"keep {label} ({ro.model_name}@{prev} is not in the registry: push it "
                    "signed)")
         elif not can_sign:
-            why = f"keep {label} (the fleet has no --rollback-key to sign the rollback)"
+            why = (f"keep {label} (the fleet has no --rollback-key to sign the rollback: "
+                   f"start edge-fleet serve with --rollback-key; docs/rollouts.md)")
         else:
             why = f"back to {ro.model_name}@{prev}"
         groups.setdefault(why, []).append(str(m.device_id))

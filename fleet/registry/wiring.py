@@ -45,9 +45,10 @@ def build_model_loop(settings: Settings, engine: Engine) -> ModelLoop:
             ):
                 raise ConfigError("the rollback key and the package signing key are the same "
                                   "key; use separate keys (separate roles on the devices)")
-        elif settings.signing_key_file is not None:
-            _log.warning("no --rollback-key: an aborted rollout only stops assigning (the "
-                         "package signing key never signs rollbacks)")
+        elif settings.signing_key_file is not None or settings.trusted_keys_dir is not None:
+            _log.warning("no --rollback-key: an aborted rollout only stops assigning, devices "
+                         "keep the aborted version (the package signing key never signs "
+                         "rollbacks; docs/rollouts.md)")
     except KeyFileError as exc:
         raise ConfigError(str(exc)) from None
     registry = ModelRegistry(engine, trusted)

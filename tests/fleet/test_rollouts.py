@@ -307,6 +307,30 @@ def test_abort_of_the_first_rollout_from_a_builtin_model(
     assert assigned(mclient, fleet["gw1"], "pump") is None
 
 
+def test_abort_without_rollback_key_names_the_fix(
+    settings: Settings, engine: Engine, admin: dict[str, str], keys: tuple[Path, Path],
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A fleet served without --rollback-key (the quick start as it was): the abort keeps the
+    device on v2 and its reason says how to fix that; serve warns at start."""
+    s = Settings(**{**settings.__dict__, "trusted_keys_dir": keys[1]})
+    with caplog.at_level("WARNING", logger="fleet"), TestClient(create_app(s, engine)) as tc:
+        assert any("no --rollback-key" in r.getMessage() for r in caplog.records)
+        for v in (1, 2):
+            assert push(tc, admin, archive(tmp_path, v, keys[0])).status_code == 201
+        auth = {"Authorization": f"Bearer {enroll(tc, 'gw1', ['line1'])}"}
+        report(tc, auth, "gw1", "active", version=1, rollout_id=None, stream="pump")
+        ro = tc.post("/v1/rollouts", headers=admin,
+                     json={"name": "skab-wstat", "version": 2, "tag": "line1"}).json()
+        assert report(tc, auth, "gw1", "active", rollout_id=ro["id"]).status_code == 204
+        r = tc.post(f"/v1/rollouts/{ro['id']}/abort", headers=admin).json()
+        assert r["state"] == "aborted"
+        assert r["reason"] == (
+            "aborted by the operator: keep skab-wstat@2 (the fleet has no --rollback-key to sign "
+            "the rollback: start edge-fleet serve with --rollback-key; docs/rollouts.md): gw1")
+        assert assigned(tc, auth, "pump") is None
+
+
 def test_device_reports_only_for_itself(
     mclient: TestClient, admin: dict[str, str], fleet: dict[str, dict[str, str]]
 ) -> None:

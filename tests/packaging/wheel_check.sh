@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Self-contained install check: build the wheel from a copy of the checkout, install it into a
 # clean virtualenv outside the checkout (dependencies from the package index or pip's cache; no
-# optional extras), run `edge-agent run` on its embedded defaults from an empty directory outside
-# the checkout, and pass on its first ALERT line.
+# optional extras), check that edge-fleet and a camera config name the missing extras, run
+# `edge-agent run` on its embedded defaults from an empty directory outside the checkout, and
+# pass on its first ALERT line.
 #
 # Usage: bash tests/packaging/wheel_check.sh [--build-only | --unit-tests] [WORK_DIR]
 #   --build-only only step 1: build the wheel into WORK_DIR/dist (tests/packaging/test_wheel.py)
@@ -103,6 +104,37 @@ if where.is_relative_to(repo) or model.is_relative_to(repo):
 EOF
 
 (cd "${work}" && "${venv}/bin/edge-agent" models)
+
+# 2b. What a gateway install lacks is named with the wheel's install command, not a traceback:
+#     edge-fleet without the fleet extra (one line, exit 69), a camera config without the
+#     camera extra (check-config: a problem, exit 78). Skipped when the venv has the module.
+if ! "${venv}/bin/python" -c 'import sqlalchemy' 2>/dev/null; then
+    (cd "${work}" && "${venv}/bin/edge-fleet" device list) >"${work}/fleet.out" 2>&1 \
+        && rc=0 || rc=$?
+    if [[ ${rc} -ne 69 ]] || [[ $(wc -l <"${work}/fleet.out") -ne 1 ]] \
+        || ! grep -q "^edge-fleet needs the fleet extra: pip install 'edge-anomaly-agent\[fleet\]'" \
+            "${work}/fleet.out"; then
+        echo "edge-fleet without the fleet extra: expected one line and exit 69, got ${rc}:" >&2
+        cat "${work}/fleet.out" >&2
+        exit 1
+    fi
+    echo "edge-fleet without the fleet extra: $(cat "${work}/fleet.out")"
+fi
+if ! "${venv}/bin/python" -c 'import cv2' 2>/dev/null; then
+    mkdir -p "${work}/camera/frames"
+    # (the wheel ships no image model: its default sensor model is a second problem here)
+    printf '[[streams]]\nname = "cam1"\n[streams.source]\nkind = "camera"\nfolder = "frames"\n' \
+        >"${work}/camera/agent.toml"
+    (cd "${work}/camera" && "${venv}/bin/edge-agent" check-config agent.toml) \
+        >"${work}/camera.out" 2>&1 && rc=0 || rc=$?
+    if [[ ${rc} -ne 78 ]] || ! grep -q "OpenCV is not installed.*pip install 'edge-anomaly-agent\[camera\]'" \
+            "${work}/camera.out"; then
+        echo "check-config of a camera config without OpenCV: expected exit 78 naming it, got ${rc}:" >&2
+        cat "${work}/camera.out" >&2
+        exit 1
+    fi
+    echo "check-config without the camera extra: $(grep -m1 OpenCV "${work}/camera.out")"
+fi
 
 # 3. `edge-agent run` on the embedded defaults, from an empty directory outside the checkout.
 run_dir="${work}/run"

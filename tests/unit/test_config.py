@@ -394,7 +394,7 @@ token_env = "EDGE_FLEET_TOKEN"
 """
     assert main(["check-config", str(write(tmp_path, text))]) == 0
     out = capsys.readouterr().out
-    assert out.rstrip().endswith("fleet http://fleet.example:8700, model updates off"), out
+    assert out.splitlines()[0].endswith("fleet http://fleet.example:8700, model updates off"), out
 
 
 def test_cli_check_config_broken(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

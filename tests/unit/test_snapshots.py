@@ -249,3 +249,79 @@ def test_uploader_keeps_snapshots_an_older_fleet_does_not_take(tmp_path: Path) -
                                        {"status": "refused"}) == 1
     assert m.registry.get_sample_value("edge_agent_snapshot_uploads_total",
                                        {"status": "failed"}) == 1
+
+
+def _full_worker(tmp_path: Path, m: Metrics) -> tuple[SnapshotWorker, SnapshotJob, Store]:
+    """A worker whose thread is not started, its queue filled to the limit."""
+    pkg = load_image_package(PACKAGE)
+    inp = pkg.manifest.input
+    spec = ImageSpec(inp.height, inp.width, inp.channels, tuple(inp.mean), tuple(inp.std))
+    frame = Frame("tiles", 1_700_000_000.0, defect_image())
+    store = Store(tmp_path / "s.db")
+    worker = SnapshotWorker(SnapshotConfig(), store, m)
+    job = SnapshotJob(make_alert(1, stream="tiles"), frame, pkg, spec)
+    for _ in range(snapshot_worker.QUEUE_LIMIT):
+        assert worker.submit(job)
+    return worker, job, store
+
+
+def _queue_full(m: Metrics) -> float | None:
+    return m.registry.get_sample_value(
+        "edge_agent_dropped_total", {"kind": "snapshot", "reason": "queue_full"})
+
+
+def test_finite_replay_reports_skipped_snapshots_once_at_the_end(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    m = Metrics()
+    worker, job, store = _full_worker(tmp_path, m)
+    finite = SnapshotJob(job.alert, job.frame, job.package, job.spec, finite=True)
+    with store, caplog.at_level("INFO", logger="agent.snapshots"):
+        assert [worker.submit(finite) for _ in range(3)] == [False] * 3
+        assert [r for r in caplog.records if r.name == "agent.snapshots"] == []
+        assert _queue_full(m) == 3 and worker.skipped == {"tiles": 3}
+        worker.stop(timeout_s=1.0)
+    (record,) = [r for r in caplog.records if r.name == "agent.snapshots"]
+    assert record.levelname == "INFO"
+    message = record.getMessage()
+    assert message.startswith("stream tiles: 3 alert snapshot(s) skipped (the recorded input")
+    assert "every alert is stored" in message and "reason=\"queue_full\"" in message
+    assert worker.skipped == {}
+
+
+def test_live_stream_warns_with_the_count_and_what_to_do(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    m = Metrics()
+    worker, job, store = _full_worker(tmp_path, m)
+    with store, caplog.at_level("INFO", logger="agent.snapshots"):
+        assert not worker.submit(job)
+        assert not worker.submit(job)  # within the minute: counted, not logged again
+        warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warnings) == 1
+        message = warnings[0].getMessage()
+        assert "stream tiles: 1 alert snapshot(s) skipped so far" in message
+        assert "the alerts are kept" in message and "heatmap = false" in message
+        assert _queue_full(m) == 2
+        worker.stop(timeout_s=1.0)
+    (summary,) = [r for r in caplog.records if r.levelname == "INFO"]
+    assert "stream tiles: 2 alert snapshot(s) skipped (alerts came faster" in summary.getMessage()
+
+
+@pytest.mark.parametrize(("source", "finite"), [
+    ({"folder": "frames"}, True), ({"folder": "frames", "watch": True}, False),
+    ({"url": "rtsp://cam.test/1"}, False)])
+def test_service_tells_the_worker_whether_the_stream_ends(
+        source: dict[str, object], finite: bool) -> None:
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from agent.services.snapshot_service import SnapshotService  # noqa: PLC0415
+    from agent.sources.camera import CameraConfig  # noqa: PLC0415
+
+    jobs: list[SnapshotJob] = []
+    worker = SimpleNamespace(submit=lambda job: jobs.append(job) or True, config=SnapshotConfig())
+    service = SnapshotService(worker, None, None, None, "gw1")  # type: ignore[arg-type]
+    camera = SimpleNamespace(package="pkg", pipeline=SimpleNamespace(spec="spec"),
+                             source=SimpleNamespace(config=CameraConfig.model_validate(
+                                 {"kind": "camera", **source})))
+    event = SimpleNamespace(frame="frame")
+    assert service.submit(make_alert(1, stream="tiles"), event, camera)  # type: ignore[arg-type]
+    assert [job.finite for job in jobs] == [finite]
