@@ -69,7 +69,7 @@ class OpcuaPeer:
         self._server: Any = None
         self._vars: dict[str, Any] = {}
 
-    def _call(self, coro: Coroutine[Any, Any, Any], timeout: float = 20.0) -> Any:
+    def _call(self, coro: Coroutine[Any, Any, Any], timeout: float = 60.0) -> Any:
         assert self._loop is not None
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
@@ -77,7 +77,9 @@ class OpcuaPeer:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
-        self._call(self._start())
+        # asyncua builds its standard address space at start: seconds of CPU, far more on a
+        # loaded 2-core machine running the suite in several workers
+        self._call(self._start(), timeout=120.0)
         return self
 
     async def _start(self) -> None:
