@@ -37,17 +37,13 @@ reporter, Sparkplug B) :mod:`agent.compose`; alert raising and aggregates
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import queue
-import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, TextIO
 
 import numpy as np
@@ -63,24 +59,21 @@ from agent.compose import (
 )
 from agent.config.schema import AgentConfig, StreamConfig
 from agent.disk_budget import DiskBudget, default_parts
-from agent.errors import AgentError, ConfigError, ModelError, StoreError
+from agent.errors import ConfigError, StoreError
 from agent.exitcodes import EX_OK, EX_UNAVAILABLE
-from agent.httpd import OpsServer
 from agent.inference.package import ModelPackage
-from agent.logs import ALWAYS, reset_rate_limits, setup_logging
+from agent.logs import ALWAYS
 from agent.metrics import Metrics
 from agent.monitor import Monitor, WatchedCamera, WatchedSource
 from agent.pipeline.episodes import UpdateParams
 from agent.pipeline.stream import AlertEvent
-from agent.preflight import preflight
 from agent.publish.homeassistant import HomeAssistantDiscovery
 from agent.publish.keeper import AlertKeeper
 from agent.publish.mqtt import MqttPublisher
 from agent.publish.state import StatePublisher
 from agent.publish.stream_state import StateBoard
 from agent.records import Aggregate, Reading, iso_utc
-from agent.reload import check_reload
-from agent.secret_files import private_umask, secure_state
+from agent.reload import check_reload, run_with_reload
 from agent.sensor_streams import SensorStream, build_sensor_stream, save_calibration
 from agent.services.alerting import Alerting
 from agent.services.camera import CameraStream, build_camera_stream
@@ -100,6 +93,10 @@ from agent.systemd import Notifier, watchdog_interval_s
 
 if TYPE_CHECKING:
     from agent.publish.sparkplug_edge import SparkplugEdgeNode
+
+#: The public names; check_reload, lock_state_dir and repeat_policy live in their own modules
+#: (module docstring) and keep this import path.
+__all__ = ["Agent", "check_reload", "lock_state_dir", "repeat_policy", "run"]
 
 log = logging.getLogger("agent")
 
@@ -644,90 +641,10 @@ def run(config: AgentConfig, config_dir: Path, config_file: Path | None = None) 
     """CLI entry: resolve paths, set up logging, signals and /metrics, run the agent.
 
     SIGTERM and SIGINT stop; SIGHUP reloads ``config_file`` (see the module docstring; without
-    a file, SIGHUP is logged and ignored).
+    a file, SIGHUP is logged and ignored). The process around the agents:
+    :func:`agent.reload.run_with_reload`.
 
     Raises:
         ConfigError, ModelError, StoreError: start-up failed (the CLI maps them to exit codes).
     """
-    config = config.resolved(config_dir)
-    problems = preflight(config)
-    if problems:
-        raise ConfigError(f"{len(problems)} problem(s) in the configuration", problems=problems)
-    setup_logging(config.agent.log_level, config.agent.log_format)
-    state_lock = lock_state_dir(Path(config.agent.state_dir))  # held until the process exits
-    metrics = Metrics()
-    notifier = Notifier()
-    current: list[Agent] = []
-    server: OpsServer | None = None
-    if config.agent.metrics_port is not None:
-        address, port = config.agent.metrics_address, config.agent.metrics_port
-        try:
-            server = OpsServer(
-                metrics.registry,
-                lambda: current[-1].monitor.report(),  # noqa: PLW0108 - the agent changes
-                address,
-                port,
-            )
-        except OSError as exc:
-            raise AgentError(f"cannot serve /metrics on {address}:{port}: {exc}") from exc
-    stopping = threading.Event()
-
-    def _stop(signum: int, _frame: FrameType | None) -> None:
-        name = signal.Signals(signum).name
-        log.info("signal %s received; stopping", name, extra=ALWAYS)
-        stopping.set()
-        if current:
-            current[-1].request_stop(f"stopping on {name}")
-
-    def _hup(signum: int, _frame: FrameType | None) -> None:
-        if config_file is None:
-            log.warning("SIGHUP ignored: running on the embedded default config (no file)",
-                        extra=ALWAYS)
-        elif current:
-            log.info("SIGHUP received; checking %s", config_file, extra=ALWAYS)
-            current[-1].request_reload()
-
-    reload = (lambda: check_reload(config_file)) if config_file is not None else None
-    previous: dict[signal.Signals, object] = {}
-    for sig, handler in ((signal.SIGTERM, _stop), (signal.SIGINT, _stop),
-                         (signal.SIGHUP, _hup)):
-        previous[sig] = signal.signal(sig, handler)
-    umask = private_umask()  # what the agent writes is 0600/0700 (agent.secret_files)
-    secure_state(Path(config.agent.state_dir), Path(config.store.path))
-    try:
-        try:
-            current.append(Agent(config, metrics, notifier=notifier, reload=reload))
-        except (ModelError, StoreError) as exc:
-            log.error("cannot start: %s", exc)
-            raise
-        if server is not None:
-            server.start()
-        while True:
-            agent = current[-1]
-            if stopping.is_set():
-                agent.request_stop("stopping on a signal received during the reload")
-            code = agent.run()
-            new = agent.next_config
-            if new is None or stopping.is_set():
-                if new is not None:
-                    notifier.stopping()
-                return code
-            notifier.watchdog()  # the old agent stopped in time: progress
-            reset_rate_limits()  # the restarted components' start lines are new events
-            try:
-                current.append(Agent(new, metrics, notifier=notifier, reload=reload))
-                config = new
-            except AgentError as exc:
-                log.error("reload failed (%s); starting again with the previous config", exc,
-                          extra=ALWAYS)
-                current.append(Agent(config, metrics, notifier=notifier, reload=reload))
-            del current[:-1]
-    finally:
-        if server is not None:
-            server.stop()
-        notifier.close()
-        with contextlib.suppress(OSError):  # nothing buffered; the flock goes either way
-            state_lock.close()  # releases the flock
-        os.umask(umask)
-        for sig, old_handler in previous.items():
-            signal.signal(sig, old_handler)  # type: ignore[arg-type]
+    return run_with_reload(config, config_dir, config_file, Agent)
