@@ -72,7 +72,7 @@ from agent.publish.keeper import AlertKeeper
 from agent.publish.mqtt import MqttPublisher
 from agent.publish.state import StatePublisher
 from agent.publish.stream_state import StateBoard
-from agent.records import Aggregate, Reading, iso_utc
+from agent.records import Aggregate, Reading
 from agent.reload import check_reload, run_with_reload
 from agent.sensor_streams import SensorStream, build_sensor_stream, save_calibration
 from agent.services.alerting import Alerting
@@ -80,6 +80,7 @@ from agent.services.camera import CameraStream, build_camera_stream
 from agent.services.episode_book import EpisodeBook, recorded_identity
 from agent.services.health_reporter import HealthReporter
 from agent.services.samples import SampleCollector, SampleUploader
+from agent.services.scoring import BlockScorer
 from agent.services.snapshot_service import SnapshotService, build_snapshots
 from agent.services.stream_feed import StateFeed
 from agent.services.updater import Updater
@@ -254,6 +255,9 @@ class Agent:
             config.agent.device_id, clock, self.store, self.keeper, self.episodes, self.feed,
             self.metrics, self._repeat, snapshots=self.snapshots, publisher=self.publisher,
             uploader=self.uploader, console=self.console)
+        #: Scores the sensor streams' blocks of readings (:meth:`_drain_once`).
+        self.scorer = BlockScorer(self.metrics, self.feed, self.alerting, self.store, clock,
+                                  self.collectors, self.samples)
         #: The one disk budget (store, models, OpenVINO cache; snapshots: add_part).
         self.disk = DiskBudget(config.storage.disk_budget_bytes, self.store,
                                default_parts(state_dir), self.metrics,
@@ -461,70 +465,7 @@ class Agent:
             self.streams[r.stream].pending.append(r)
         for s in self.streams.values():
             if s.pending:
-                self._process(s)
-
-    def _process(self, s: SensorStream) -> None:
-        readings, s.pending = s.pending, []
-        values = np.stack([r.values for r in readings])[:, s.order]
-        ts = np.fromiter((r.ts for r in readings), dtype=np.float64, count=len(readings))
-        mono = readings[-1].received_mono
-        received = np.fromiter((r.received_mono for r in readings), dtype=np.float64,
-                               count=len(readings))
-        was_calibrating = s.pipeline.calibrating
-        if s.slot is not None:  # model updates happen here, between two blocks
-            s.package = s.slot.sync(s.pipeline)
-        out = s.pipeline.process_block(values, ts, mono, received)
-        if s.slot is not None:  # a new model that failed at run time was swapped back
-            s.package = s.slot.sync(s.pipeline)
-        name = s.config.name
-        for step in out.clock_steps:
-            self.metrics.clock_steps_total.labels(stream=name, direction=step.direction).inc()
-            log.warning("stream %s: timestamps stepped %s by %.1f s at %s (wall clock set by NTP "
-                        "or a missing RTC, or a gap in the input); the open aggregate interval "
-                        "was closed and alert cooldowns count monotonic time across the step",
-                        name, step.direction, abs(step.size_s), iso_utc(step.at_ts),
-                        extra={**ALWAYS, "stream": name})
-        if was_calibrating and out.calibrated is not None:
-            self.metrics.calibrating.labels(stream=name).set(0)
-            self.metrics.threshold.labels(stream=name).set(out.calibrated.threshold)
-            fitted = s.pipeline.calibration_samples
-            log.info("stream %s: calibrated on %d readings, threshold %.3f", name,
-                     s.pipeline.spec.calibration_samples if fitted is None else len(fitted),
-                     out.calibrated.threshold, extra={"stream": name})
-            if out.calibration_outliers:
-                self.metrics.calibration_outliers_total.labels(stream=name).inc(
-                    out.calibration_outliers)
-                log.warning("stream %s: %d far-out reading(s) left out of the calibration",
-                            name, out.calibration_outliers, extra=ALWAYS)
-            save_calibration(self.store, s, s.package, self.clock)
-        collector = self.collectors.get(name)
-        if collector is not None:  # retraining samples: calibration block, normal windows
-            if out.calibrated is not None and s.pipeline.calibration_samples is not None:
-                collector.add_calibration(s.pipeline.calibration_samples)
-                if self.samples is not None:
-                    self.samples.notify()
-            collector.observe(values, out.end_index, out.scores, out.threshold)
-        if out.nonfinite_scores:
-            self.metrics.nonfinite_scores_total.labels(stream=name).inc(out.nonfinite_scores)
-            log.warning("stream %s: %d window(s) scored non-finite (a reading the model cannot "
-                        "represent); scored off-scale", name, out.nonfinite_scores,
-                        extra={"stream": name})
-        n_scored = int(np.count_nonzero(~np.isnan(out.scores)))
-        if n_scored:
-            self.metrics.windows_total.labels(stream=name).inc(n_scored)
-            if mono:
-                self.metrics.read_to_score_seconds.labels(stream=name).observe(
-                    time.monotonic() - mono
-                )
-        finite = out.scores[np.isfinite(out.scores)]
-        m = s.package.manifest
-        self.feed.scored(name, float(finite[-1]) if finite.size else None, out.threshold,
-                         model_name=m.name, model_version=m.version,
-                         skipping=s.pipeline.windower.hop > s.pipeline.spec.hop)
-        for event in out.events:
-            self.alerting.raise_event(s, event)
-        for agg in out.aggregates:
-            self.alerting.write_aggregate(agg)
+                self.scorer.process(s)
 
     def _drain_images(self) -> None:
         """Store the alerts and aggregates the camera streams produced, then mark the watched
