@@ -64,6 +64,10 @@ look (``/healthz`` shows the uploader yellow with it): a request in flight for l
 ``slow_request_s``, or the last failure being such a deadline, until an upload succeeds again.
 A batch cut off at its deadline is retried in halves (a slow link), doubled back after each
 success.
+
+Parts: the ``[fleet]`` config and the device token :mod:`agent.services.fleet_config`; batches,
+the client interface and the token bucket :mod:`agent.services.upload_batch`; backoff and the
+log-once state of failure episodes :mod:`agent.services.upload_failures`.
 """
 
 from __future__ import annotations
@@ -75,10 +79,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 from agent import __version__
-from agent.errors import ConfigError, StoreError
+from agent.errors import StoreError
 from agent.metrics import Metrics
 from agent.services.fleet_config import (
     DEFAULT_MAX_IN_FLIGHT,
@@ -87,6 +90,7 @@ from agent.services.fleet_config import (
     read_token,
 )
 from agent.services.upload_batch import Batch, IngestClient, Sent, TokenBucket
+from agent.services.upload_failures import UploadFailures, failure_reason
 from agent.sources.backoff import Backoff
 from agent.store.sqlite import RecordKind, Store
 from agent.store.wire import AggregateColumnsText, WireRow, schema1_alert
@@ -117,32 +121,9 @@ log = logging.getLogger("agent.uploader")
 
 #: Least seconds between two refreshes of the backlog gauges (two COUNTs over the store).
 BACKLOG_REFRESH_S = 2.0
-#: Distinct rejection reasons remembered for log-once (then every new one is logged again).
-REASONS_REMEMBERED = 256
 #: Seconds :meth:`Uploader.stop` waits for the loop after cutting its requests short.
 ABORT_JOIN_S = 2.0
 _SPLIT_STATUSES = (400, 413, 422)
-
-
-def _reason(exc: Exception) -> str:
-    """The ``upload_failures_total`` reason of a fleet error (as :meth:`Uploader._send_failed`)."""
-    if isinstance(exc, FleetAuthError):
-        return "auth"
-    if isinstance(exc, FleetRejected):
-        return "rejected"
-    if isinstance(exc, FleetUnavailable):
-        return "unavailable"
-    return "protocol"
-
-
-@dataclass
-class _Outage:
-    """Log-once state of a failure episode."""
-
-    since: float | None = None
-    attempts: int = 0
-    auth_logged: bool = False
-    reasons: set[str] = field(default_factory=set)
 
 
 class Uploader:
@@ -213,15 +194,15 @@ class Uploader:
         self.clock = clock
         self.monotonic = monotonic
         self.stop_event = stop_event if stop_event is not None else threading.Event()
-        self._backoff = Backoff(backoff_initial_s, backoff_max_s, jitter=1.0, rng=rng)
-        self._refresh_token = refresh_token
+        #: Backoff, log-once state and token refresh of a failure episode.
+        self.failures = UploadFailures(
+            Backoff(backoff_initial_s, backoff_max_s, jitter=1.0, rng=rng), metrics,
+            device_id, clock, self._refresh_gauges, refresh_token)
         self._bucket = (
             TokenBucket(max_bytes_per_s, monotonic=monotonic) if max_bytes_per_s else None
         )
         self._wake = threading.Event()
         self._limit = batch_records
-        self._failing = False
-        self._outage = _Outage()
         self._backlog = (0, 0)
         self._backlog_at = -BACKLOG_REFRESH_S
         self._thread: threading.Thread | None = None
@@ -236,7 +217,6 @@ class Uploader:
         self._started_lock = threading.Lock()
         self._started: dict[int, float] = {}  # request number -> monotonic start
         self._requests = 0
-        self._deadline_failure: str | None = None
 
     # -- thread ---------------------------------------------------------------------------------
 
@@ -282,7 +262,7 @@ class Uploader:
             return (f"an upload request has been in flight for {now - oldest:.0f} s (slower "
                     f"than {self._slow_request_s:g} s): the fleet answers slowly or hangs; "
                     "the request is cut off at its total deadline")
-        return self._deadline_failure
+        return self.failures.deadline_failure
 
     def close(self) -> None:
         """Forget batches in flight and prepared, end the sender threads (the loop does this on
@@ -304,15 +284,15 @@ class Uploader:
             except Exception as exc:  # the loop must survive anything: rows stay in the store
                 log.exception("upload step failed unexpectedly; records stay in the store")
                 self.close()  # a fresh sender pool; batches in flight are sent again
-                delay = self._failed("internal", f"{type(exc).__name__}: {exc}", None)
+                delay = self.failures.failed("internal", f"{type(exc).__name__}: {exc}", None)
             if delay <= 0:
                 continue
-            if self._failing:
+            if self.failures.failing:
                 self.stop_event.wait(delay)
             else:
                 self._wake.wait(delay)
                 self._wake.clear()
-        if not self._failing:
+        if not self.failures.failing:
             self.run_once()  # final attempt: what arrived during the last idle wait
         self._settle()
         self.close()
@@ -333,7 +313,7 @@ class Uploader:
             self._fill()
         except StoreError as exc:
             if not self._in_flight:
-                return self._failed("store", f"cannot read the upload queue: {exc}", None)
+                return self.failures.failed("store", f"cannot read the upload queue: {exc}", None)
         if not self._in_flight:
             self._at_end = False
             self._refresh_gauges(force=True)
@@ -357,8 +337,8 @@ class Uploader:
         except StoreError as exc:
             # The fleet has the records; they stay pending here and come back as duplicates.
             self._settle()
-            return self._failed("store", f"cannot record the fleet's answer: {exc}", None)
-        self._recovered()
+            return self.failures.failed("store", f"cannot record the fleet's answer: {exc}", None)
+        self.failures.recovered()
         self._limit = min(self.batch_records, self._limit * 2)
         if self._in_flight or self._ready is not None or not head.batch.short:
             return 0.0
@@ -428,7 +408,7 @@ class Uploader:
                 result = sent.future.result()
             except (FleetAuthError, FleetRejected, FleetUnavailable, FleetProtocolError) as exc:
                 # counted like any failed request; the backoff is the oldest batch's
-                self.metrics.upload_failures_total.labels(reason=_reason(exc)).inc()
+                self.metrics.upload_failures_total.labels(reason=failure_reason(exc)).inc()
                 log.debug("a batch in flight failed too (%s); its rows are sent again", exc)
                 continue
             try:
@@ -516,15 +496,16 @@ class Uploader:
 
     def _send_failed(self, batch: Batch, exc: Exception) -> float:
         if isinstance(exc, FleetAuthError):
-            return self._auth_failed(exc)
+            return self.failures.auth_failed(exc)
         if isinstance(exc, FleetRejected):
             return self._rejected_batch(batch, exc)
         if isinstance(exc, FleetDeadlineExceeded):
-            self._deadline_failure = f"the last upload was cut off: {exc}; retrying with backoff"
+            self.failures.deadline_failure = (
+                f"the last upload was cut off: {exc}; retrying with backoff")
             self._limit = max(1, len(batch) // 2)  # a slow link: smaller batches (doubled back)
         if isinstance(exc, FleetUnavailable):
-            return self._failed("unavailable", str(exc), exc.retry_after_s)
-        return self._failed("protocol", str(exc), None)
+            return self.failures.failed("unavailable", str(exc), exc.retry_after_s)
+        return self.failures.failed("protocol", str(exc), None)
 
     def _apply(self, batch: Batch, result: IngestResult) -> None:
         now = self.clock()
@@ -567,76 +548,15 @@ class Uploader:
         self.store.dead_letter(kind, row_ids, reason)
         self.metrics.dropped_total.labels(kind=kind, reason="rejected").inc(len(row_ids))
         key = f"{kind}:{reason}"
-        if key not in self._outage.reasons:
-            if len(self._outage.reasons) >= REASONS_REMEMBERED:
-                self._outage.reasons.clear()
-            self._outage.reasons.add(key)
+        if self.failures.first_rejection(key):
             log.warning(
                 "fleet rejected %d %s record(s): %s (moved to the dead-letter table; this "
                 "reason is logged once)", len(row_ids), kind, reason,
             )
 
-    # -- failures -------------------------------------------------------------------------------
-
-    def _failed(self, reason: str, message: str, retry_after_s: float | None) -> float:
-        self.metrics.upload_failures_total.labels(reason=reason).inc()
-        o = self._outage
-        o.attempts += 1
-        if o.since is None:
-            o.since = self.clock()
-            log.warning(
-                "upload failed (%s): %s; records stay in the store, retrying with backoff",
-                reason, message,
-            )
-        self._failing = True
-        delay = self._backoff.next_delay()
-        if retry_after_s is not None:
-            delay = max(delay, retry_after_s)
-        self._refresh_gauges()
-        return delay
-
-    def _auth_failed(self, exc: FleetAuthError) -> float:
-        self.metrics.upload_failures_total.labels(reason="auth").inc()
-        o = self._outage
-        o.attempts += 1
-        if o.since is None:
-            o.since = self.clock()
-        if self._refresh_token is not None:
-            try:
-                changed = self._refresh_token()
-            except ConfigError as cfg_exc:
-                changed = False
-                if not o.auth_logged:
-                    log.error("fleet: cannot read the device token again: %s", cfg_exc)
-            if changed:
-                log.warning("fleet: the device token was refused (HTTP %d); a new token was "
-                            "found and is used from the next attempt", exc.status)
-                o.auth_logged = False
-                self._failing = True
-                self._refresh_gauges()
-                return self._backoff.initial_s
-        if not o.auth_logged and exc.status == 403 and "device_id" in exc.detail:
-            o.auth_logged = True  # the token is valid; the config's device_id is not its device
-            log.error(
-                "fleet refused batches of device_id %r (HTTP 403): %s; re-enrolling does not "
-                "help; retrying every %.0f s (the config is read again on SIGHUP)",
-                self.device_id, exc.detail, self._backoff.max_s,
-            )
-        if not o.auth_logged:
-            o.auth_logged = True
-            log.error(
-                "fleet refused the device token (HTTP %d: %s); re-enroll the device "
-                "(edge-fleet device add) and update the token (read again at every retry, "
-                "or at once on SIGHUP); retrying every %.0f s",
-                exc.status, exc.detail, self._backoff.max_s,
-            )
-        self._failing = True
-        self._refresh_gauges()
-        return self._backoff.max_s
-
     def _rejected_batch(self, batch: Batch, exc: FleetRejected) -> float:
         if exc.status not in _SPLIT_STATUSES:
-            return self._failed("rejected", str(exc), None)
+            return self.failures.failed("rejected", str(exc), None)
         self.metrics.upload_failures_total.labels(reason="rejected").inc()
         if batch.schema >= 2 and exc.status == 422 and "schema" in exc.detail:
             # A fleet that knows only an older schema refuses the whole batch (422 naming the
@@ -657,18 +577,6 @@ class Uploader:
         kind, row_id = batch.row(0)
         self._dead_letter(kind, [row_id], f"HTTP {exc.status}: {exc.detail}")
         return 0.0
-
-    def _recovered(self) -> None:
-        o = self._outage
-        if o.since is not None:
-            log.warning(
-                "upload recovered after %.1f s and %d failed attempt(s)",
-                self.clock() - o.since, o.attempts,
-            )
-        self._outage = _Outage(reasons=o.reasons)
-        self._deadline_failure = None
-        self._failing = False
-        self._backoff.reset()
 
     # -- gauges ---------------------------------------------------------------------------------
 
