@@ -64,30 +64,33 @@ look (``/healthz`` shows the uploader yellow with it): a request in flight for l
 ``slow_request_s``, or the last failure being such a deadline, until an upload succeeds again.
 A batch cut off at its deadline is retried in halves (a slow link), doubled back after each
 success.
+
+Parts: the ``[fleet]`` config and the device token :mod:`agent.services.fleet_config`; batches,
+the client interface and the token bucket :mod:`agent.services.upload_batch`; backoff and the
+log-once state of failure episodes :mod:`agent.services.upload_failures`.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Protocol
-
-from pydantic import Field, model_validator
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from agent import __version__
-from agent.config.base import StrictModel
-from agent.errors import ConfigError, StoreError
+from agent.errors import StoreError
 from agent.metrics import Metrics
-from agent.secret_files import check_secret_file
-from agent.services.fleet_transport import check_tls_fields
+from agent.services.fleet_config import (
+    DEFAULT_MAX_IN_FLIGHT,
+    MAX_IN_FLIGHT,
+    FleetConfig,
+    read_token,
+)
+from agent.services.upload_batch import Batch, IngestClient, Sent, TokenBucket
+from agent.services.upload_failures import UploadFailures, failure_reason
 from agent.sources.backoff import Backoff
 from agent.store.sqlite import RecordKind, Store
 from agent.store.wire import AggregateColumnsText, WireRow, schema1_alert
@@ -103,254 +106,24 @@ from cloud_sync.protocol import MAX_BATCH_RECORDS, SCHEMA_VERSION, IngestBatch, 
 
 KIND = "fleet"
 
+#: Names of the uploader's modules kept importable from here (config, token, token bucket).
+__all__ = [
+    "DEFAULT_MAX_IN_FLIGHT",
+    "MAX_IN_FLIGHT",
+    "FleetConfig",
+    "IngestClient",
+    "TokenBucket",
+    "Uploader",
+    "read_token",
+]
+
 log = logging.getLogger("agent.uploader")
 
 #: Least seconds between two refreshes of the backlog gauges (two COUNTs over the store).
 BACKLOG_REFRESH_S = 2.0
-#: Distinct rejection reasons remembered for log-once (then every new one is logged again).
-REASONS_REMEMBERED = 256
-#: Default (and config default) of batches in flight at once; see the module docstring.
-DEFAULT_MAX_IN_FLIGHT = 2
-#: Largest ``max_in_flight`` accepted.
-MAX_IN_FLIGHT = 8
 #: Seconds :meth:`Uploader.stop` waits for the loop after cutting its requests short.
 ABORT_JOIN_S = 2.0
 _SPLIT_STATUSES = (400, 413, 422)
-
-
-class FleetConfig(StrictModel):
-    """Config of the fleet uploader (``[fleet]``)."""
-
-    enabled: bool = Field(False, description="Upload alerts and aggregates to the fleet service.")
-    url: str | None = Field(
-        None,
-        examples=["https://fleet.example.com:8443"],
-        description="Fleet base URL (http or https); required when enabled.",
-    )
-    token_file: str | None = Field(
-        None,
-        examples=["/etc/edge-agent/fleet.token"],
-        description="File holding the device token (first line); the token is never inline. "
-        "Exactly one of token_file and token_env when enabled.",
-    )
-    token_env: str | None = Field(
-        None,
-        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
-        examples=["EDGE_FLEET_TOKEN"],
-        description="Name of the environment variable holding the device token.",
-    )
-    ca_file: str | None = Field(
-        None,
-        examples=["/etc/edge-agent/fleet-ca.pem"],
-        description="PEM bundle of the CA(s) that sign the fleet's https certificate; unset = "
-        "the system's trust store. Needs an https url.",
-    )
-    pinned_pubkey: str | None = Field(
-        None,
-        examples=["sha256//YhKJKSzoTt2b5FP18fvpHo7fJYqQCjAa3HWY3tvRMwE="],
-        description="Pinned server key(s), as curl's --pinnedpubkey: 'sha256//<base64 of the "
-        "SHA-256 of the certificate's SubjectPublicKeyInfo>', several separated by ';'; unset "
-        "= no pinning. Checked on top of the chain (docs/security.md). Needs an https url.",
-    )
-    batch_records: int = Field(
-        500, ge=1, le=MAX_BATCH_RECORDS,
-        description=f"Records per upload request (1..{MAX_BATCH_RECORDS}).",
-    )
-    max_in_flight: int = Field(
-        DEFAULT_MAX_IN_FLIGHT, ge=1, le=MAX_IN_FLIGHT,
-        description="Upload requests in flight at once while draining a backlog (1..8; one "
-        "HTTP connection each). 2 overlaps the agent's and the fleet's work; 1 sends one batch "
-        "at a time. Rows are cleared only when acknowledged either way.",
-    )
-    interval_s: float = Field(
-        5.0, gt=0.0, description="Seconds between uploads while idle (new alerts wake it early)."
-    )
-    gzip_level: int = Field(
-        6, ge=1, le=9,
-        description="gzip level of upload bodies: 1 is fastest (a few ms per 5,000 records), "
-        "9 smallest.",
-    )
-    connect_timeout_s: float = Field(5.0, gt=0.0, description="TCP/TLS connect timeout, seconds.")
-    read_timeout_s: float = Field(
-        30.0, gt=0.0, description="Seconds to wait for each read of the fleet's response. A "
-        "whole request is cut off after connect_timeout_s + 2 x read_timeout_s, plus its "
-        "body or download size at 64 KiB/s, however the fleet trickles its answer.",
-    )
-    max_bytes_per_s: int | None = Field(
-        None, ge=1024, examples=[65536],
-        description="Upload bandwidth cap on compressed bytes per second; unset = unlimited.",
-    )
-    backoff_max_s: float = Field(
-        300.0, gt=0.0, description="Longest wait between retries while the fleet is unreachable."
-    )
-    health_interval_s: float = Field(
-        60.0, ge=0.0, description="Seconds between two health reports to the fleet "
-        "(POST /v1/devices/self/health: the /healthz report in short); 0 sends none.",
-    )
-
-    @model_validator(mode="after")
-    def _consistent(self) -> FleetConfig:
-        if self.enabled:
-            if self.url is None:
-                raise ValueError("url is required when the fleet uploader is enabled")
-            if (self.token_file is None) == (self.token_env is None):
-                raise ValueError("set exactly one of token_file and token_env when enabled")
-        if self.url is not None and not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"url {self.url!r} must start with http:// or https://")
-        check_tls_fields(self.url, self.ca_file, self.pinned_pubkey)
-        return self
-
-
-def read_token(config: FleetConfig, env: Mapping[str, str] | None = None) -> str:
-    """Return the device token named by ``config`` (file's first line, or the env variable).
-
-    Raises:
-        ConfigError: The file is unreadable, empty or writable by others
-            (:func:`agent.secret_files.check_secret_file`), or the variable is unset or empty.
-    """
-    environ = os.environ if env is None else env
-    if config.token_env is not None:
-        token = environ.get(config.token_env, "").strip()
-        where = f"fleet.token_env: environment variable {config.token_env}"
-    elif config.token_file is not None:
-        where = f"fleet.token_file: {config.token_file!r}"
-        check_secret_file(config.token_file, "fleet.token_file")
-        try:
-            lines = Path(config.token_file).read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as exc:
-            msg = f"{where}: cannot read: {exc}"
-            raise ConfigError(msg, problems=[msg]) from exc
-        token = lines[0].strip() if lines else ""
-    else:
-        msg = "fleet: no token_file or token_env"
-        raise ConfigError(msg, problems=[msg])
-    if not token:
-        msg = f"{where} is empty or unset"
-        raise ConfigError(msg, problems=[msg])
-    return token
-
-
-class IngestClient(Protocol):
-    """What the uploader needs from :class:`cloud_sync.client.FleetClient`."""
-
-    def compress(self, document: bytes) -> bytes: ...
-
-    def send(self, body: bytes, n_records: int) -> IngestResult: ...
-
-
-class TokenBucket:
-    """Token bucket on bytes: ``rate`` per second, bursts up to ``capacity``.
-
-    Args:
-        rate: Bytes per second, > 0.
-        capacity: Largest burst in bytes; default one second's worth.
-        monotonic: Monotonic clock, seconds.
-
-    >>> t = [0.0]
-    >>> b = TokenBucket(100.0, monotonic=lambda: t[0])
-    >>> b.reserve(100), b.reserve(50)
-    (0.0, 0.5)
-    >>> t[0] = 1.5; b.reserve(100)
-    0.0
-    """
-
-    def __init__(
-        self,
-        rate: float,
-        capacity: float | None = None,
-        monotonic: Callable[[], float] = time.monotonic,
-    ) -> None:
-        if rate <= 0:
-            raise ValueError(f"rate must be positive, got {rate}")
-        self.rate = rate
-        self.capacity = capacity if capacity is not None else rate
-        self._monotonic = monotonic
-        self._tokens = self.capacity
-        self._last = monotonic()
-
-    def reserve(self, n: float) -> float:
-        """Take ``n`` bytes; return the seconds to wait before sending them (0 = now)."""
-        now = self._monotonic()
-        self._tokens = min(self.capacity, self._tokens + (now - self._last) * self.rate)
-        self._last = now
-        self._tokens -= n
-        return 0.0 if self._tokens >= 0 else -self._tokens / self.rate
-
-
-@dataclass(frozen=True)
-class _Batch:
-    """A batch ready to send: its rows' ids (index order), compressed body, the read's limit.
-
-    Record index ``i`` of the batch (of its answer) is alert row ``alert_rows[i]`` for ``i <
-    len(alert_rows)``, then aggregate row ``aggregate_rows[i - len(alert_rows)]``: both reads of
-    the store return the alerts first (schema 1 as records, schema 2 as records then columns).
-    ``after`` (largest alert and aggregate row ids: where the next batch starts, see the store)
-    is computed once, not per look-up (every read-ahead consults each batch in flight).
-    """
-
-    alert_rows: list[int]
-    aggregate_rows: list[int]
-    body: bytes
-    limit: int
-    schema: int = 1
-    after: tuple[int, int] = (0, 0)
-
-    @classmethod
-    def of(
-        cls, alert_rows: list[int], aggregate_rows: list[int], body: bytes, limit: int,
-        schema: int,
-    ) -> _Batch:
-        """The batch of these rows (queue order) with its largest row ids."""
-        return cls(alert_rows, aggregate_rows, body, limit, schema,
-                   (max(alert_rows, default=0), max(aggregate_rows, default=0)))
-
-    @property
-    def counts(self) -> tuple[int, int]:
-        """(alerts, aggregates) in the batch."""
-        return len(self.alert_rows), len(self.aggregate_rows)
-
-    def __len__(self) -> int:
-        return len(self.alert_rows) + len(self.aggregate_rows)
-
-    def row(self, index: int) -> tuple[RecordKind, int]:
-        """``(kind, row id)`` of record ``index``."""
-        if index < len(self.alert_rows):
-            return "alert", self.alert_rows[index]
-        return "aggregate", self.aggregate_rows[index - len(self.alert_rows)]
-
-    @property
-    def short(self) -> bool:
-        """Fewer rows than asked for: the read reached the queue's end."""
-        return len(self) < self.limit
-
-
-@dataclass(frozen=True)
-class _Sent:
-    """A batch in flight and the future of its answer."""
-
-    batch: _Batch
-    future: Future[IngestResult]
-
-
-def _reason(exc: Exception) -> str:
-    """The ``upload_failures_total`` reason of a fleet error (as :meth:`Uploader._send_failed`)."""
-    if isinstance(exc, FleetAuthError):
-        return "auth"
-    if isinstance(exc, FleetRejected):
-        return "rejected"
-    if isinstance(exc, FleetUnavailable):
-        return "unavailable"
-    return "protocol"
-
-
-@dataclass
-class _Outage:
-    """Log-once state of a failure episode."""
-
-    since: float | None = None
-    attempts: int = 0
-    auth_logged: bool = False
-    reasons: set[str] = field(default_factory=set)
 
 
 class Uploader:
@@ -421,21 +194,21 @@ class Uploader:
         self.clock = clock
         self.monotonic = monotonic
         self.stop_event = stop_event if stop_event is not None else threading.Event()
-        self._backoff = Backoff(backoff_initial_s, backoff_max_s, jitter=1.0, rng=rng)
-        self._refresh_token = refresh_token
+        #: Backoff, log-once state and token refresh of a failure episode.
+        self.failures = UploadFailures(
+            Backoff(backoff_initial_s, backoff_max_s, jitter=1.0, rng=rng), metrics,
+            device_id, clock, self._refresh_gauges, refresh_token)
         self._bucket = (
             TokenBucket(max_bytes_per_s, monotonic=monotonic) if max_bytes_per_s else None
         )
         self._wake = threading.Event()
         self._limit = batch_records
-        self._failing = False
-        self._outage = _Outage()
         self._backlog = (0, 0)
         self._backlog_at = -BACKLOG_REFRESH_S
         self._thread: threading.Thread | None = None
         self._executor: ThreadPoolExecutor | None = None
-        self._in_flight: deque[_Sent] = deque()
-        self._ready: _Batch | None = None
+        self._in_flight: deque[Sent] = deque()
+        self._ready: Batch | None = None
         self._at_end = False  # a short read: read no more until the pipeline is empty
         self._schema = SCHEMA_VERSION  # lower after an older fleet refused it
         self._lifecycle_skip_logged = False
@@ -444,7 +217,6 @@ class Uploader:
         self._started_lock = threading.Lock()
         self._started: dict[int, float] = {}  # request number -> monotonic start
         self._requests = 0
-        self._deadline_failure: str | None = None
 
     # -- thread ---------------------------------------------------------------------------------
 
@@ -490,7 +262,7 @@ class Uploader:
             return (f"an upload request has been in flight for {now - oldest:.0f} s (slower "
                     f"than {self._slow_request_s:g} s): the fleet answers slowly or hangs; "
                     "the request is cut off at its total deadline")
-        return self._deadline_failure
+        return self.failures.deadline_failure
 
     def close(self) -> None:
         """Forget batches in flight and prepared, end the sender threads (the loop does this on
@@ -512,15 +284,15 @@ class Uploader:
             except Exception as exc:  # the loop must survive anything: rows stay in the store
                 log.exception("upload step failed unexpectedly; records stay in the store")
                 self.close()  # a fresh sender pool; batches in flight are sent again
-                delay = self._failed("internal", f"{type(exc).__name__}: {exc}", None)
+                delay = self.failures.failed("internal", f"{type(exc).__name__}: {exc}", None)
             if delay <= 0:
                 continue
-            if self._failing:
+            if self.failures.failing:
                 self.stop_event.wait(delay)
             else:
                 self._wake.wait(delay)
                 self._wake.clear()
-        if not self._failing:
+        if not self.failures.failing:
             self.run_once()  # final attempt: what arrived during the last idle wait
         self._settle()
         self.close()
@@ -541,7 +313,7 @@ class Uploader:
             self._fill()
         except StoreError as exc:
             if not self._in_flight:
-                return self._failed("store", f"cannot read the upload queue: {exc}", None)
+                return self.failures.failed("store", f"cannot read the upload queue: {exc}", None)
         if not self._in_flight:
             self._at_end = False
             self._refresh_gauges(force=True)
@@ -565,8 +337,8 @@ class Uploader:
         except StoreError as exc:
             # The fleet has the records; they stay pending here and come back as duplicates.
             self._settle()
-            return self._failed("store", f"cannot record the fleet's answer: {exc}", None)
-        self._recovered()
+            return self.failures.failed("store", f"cannot record the fleet's answer: {exc}", None)
+        self.failures.recovered()
         self._limit = min(self.batch_records, self._limit * 2)
         if self._in_flight or self._ready is not None or not head.batch.short:
             return 0.0
@@ -597,7 +369,7 @@ class Uploader:
                 self._executor = ThreadPoolExecutor(
                     self.max_in_flight, thread_name_prefix="fleet-send"
                 )
-            self._in_flight.append(_Sent(batch, self._executor.submit(self._send, batch)))
+            self._in_flight.append(Sent(batch, self._executor.submit(self._send, batch)))
 
     def _read_ahead(self) -> None:
         """While the pipeline is full, prepare the batch that goes out next (a failed read is
@@ -611,7 +383,7 @@ class Uploader:
             if self._ready is None:
                 self._at_end = True
 
-    def _send(self, batch: _Batch) -> IngestResult:
+    def _send(self, batch: Batch) -> IngestResult:
         """One request (a sender thread); its duration goes to ``upload_seconds``."""
         t0 = self.monotonic()
         with self._started_lock:
@@ -636,7 +408,7 @@ class Uploader:
                 result = sent.future.result()
             except (FleetAuthError, FleetRejected, FleetUnavailable, FleetProtocolError) as exc:
                 # counted like any failed request; the backoff is the oldest batch's
-                self.metrics.upload_failures_total.labels(reason=_reason(exc)).inc()
+                self.metrics.upload_failures_total.labels(reason=failure_reason(exc)).inc()
                 log.debug("a batch in flight failed too (%s); its rows are sent again", exc)
                 continue
             try:
@@ -645,7 +417,7 @@ class Uploader:
                 continue  # pending here, duplicates at the fleet next time
         self._at_end = False
 
-    def _prepare(self, limit: int) -> _Batch | None:
+    def _prepare(self, limit: int) -> Batch | None:
         """Read up to ``limit`` rows after those in flight or prepared; build the body.
 
         The header's ``backlog`` is what the store holds unacknowledged beyond this batch and
@@ -697,7 +469,7 @@ class Uploader:
         else:
             document = batch_json(header, [r.json for r in records])
         body = self.client.compress(document)
-        return _Batch.of([r.row_id for r in alerts], aggregate_rows, body, limit, schema)
+        return Batch.of([r.row_id for r in alerts], aggregate_rows, body, limit, schema)
 
     def _schema1_alerts(self, alerts: list[WireRow]) -> list[WireRow]:
         """The alerts a fleet older than schema 3 takes (``raised`` as schema 1); the
@@ -722,19 +494,20 @@ class Uploader:
                             "'updated' and 'cleared' events stay on the device; upgrade the fleet")
         return kept
 
-    def _send_failed(self, batch: _Batch, exc: Exception) -> float:
+    def _send_failed(self, batch: Batch, exc: Exception) -> float:
         if isinstance(exc, FleetAuthError):
-            return self._auth_failed(exc)
+            return self.failures.auth_failed(exc)
         if isinstance(exc, FleetRejected):
             return self._rejected_batch(batch, exc)
         if isinstance(exc, FleetDeadlineExceeded):
-            self._deadline_failure = f"the last upload was cut off: {exc}; retrying with backoff"
+            self.failures.deadline_failure = (
+                f"the last upload was cut off: {exc}; retrying with backoff")
             self._limit = max(1, len(batch) // 2)  # a slow link: smaller batches (doubled back)
         if isinstance(exc, FleetUnavailable):
-            return self._failed("unavailable", str(exc), exc.retry_after_s)
-        return self._failed("protocol", str(exc), None)
+            return self.failures.failed("unavailable", str(exc), exc.retry_after_s)
+        return self.failures.failed("protocol", str(exc), None)
 
-    def _apply(self, batch: _Batch, result: IngestResult) -> None:
+    def _apply(self, batch: Batch, result: IngestResult) -> None:
         now = self.clock()
         done: dict[RecordKind, list[int]] = {"alert": [], "aggregate": []}
         rejected: dict[tuple[RecordKind, str], list[int]] = {}
@@ -775,76 +548,15 @@ class Uploader:
         self.store.dead_letter(kind, row_ids, reason)
         self.metrics.dropped_total.labels(kind=kind, reason="rejected").inc(len(row_ids))
         key = f"{kind}:{reason}"
-        if key not in self._outage.reasons:
-            if len(self._outage.reasons) >= REASONS_REMEMBERED:
-                self._outage.reasons.clear()
-            self._outage.reasons.add(key)
+        if self.failures.first_rejection(key):
             log.warning(
                 "fleet rejected %d %s record(s): %s (moved to the dead-letter table; this "
                 "reason is logged once)", len(row_ids), kind, reason,
             )
 
-    # -- failures -------------------------------------------------------------------------------
-
-    def _failed(self, reason: str, message: str, retry_after_s: float | None) -> float:
-        self.metrics.upload_failures_total.labels(reason=reason).inc()
-        o = self._outage
-        o.attempts += 1
-        if o.since is None:
-            o.since = self.clock()
-            log.warning(
-                "upload failed (%s): %s; records stay in the store, retrying with backoff",
-                reason, message,
-            )
-        self._failing = True
-        delay = self._backoff.next_delay()
-        if retry_after_s is not None:
-            delay = max(delay, retry_after_s)
-        self._refresh_gauges()
-        return delay
-
-    def _auth_failed(self, exc: FleetAuthError) -> float:
-        self.metrics.upload_failures_total.labels(reason="auth").inc()
-        o = self._outage
-        o.attempts += 1
-        if o.since is None:
-            o.since = self.clock()
-        if self._refresh_token is not None:
-            try:
-                changed = self._refresh_token()
-            except ConfigError as cfg_exc:
-                changed = False
-                if not o.auth_logged:
-                    log.error("fleet: cannot read the device token again: %s", cfg_exc)
-            if changed:
-                log.warning("fleet: the device token was refused (HTTP %d); a new token was "
-                            "found and is used from the next attempt", exc.status)
-                o.auth_logged = False
-                self._failing = True
-                self._refresh_gauges()
-                return self._backoff.initial_s
-        if not o.auth_logged and exc.status == 403 and "device_id" in exc.detail:
-            o.auth_logged = True  # the token is valid; the config's device_id is not its device
-            log.error(
-                "fleet refused batches of device_id %r (HTTP 403): %s; re-enrolling does not "
-                "help; retrying every %.0f s (the config is read again on SIGHUP)",
-                self.device_id, exc.detail, self._backoff.max_s,
-            )
-        if not o.auth_logged:
-            o.auth_logged = True
-            log.error(
-                "fleet refused the device token (HTTP %d: %s); re-enroll the device "
-                "(edge-fleet device add) and update the token (read again at every retry, "
-                "or at once on SIGHUP); retrying every %.0f s",
-                exc.status, exc.detail, self._backoff.max_s,
-            )
-        self._failing = True
-        self._refresh_gauges()
-        return self._backoff.max_s
-
-    def _rejected_batch(self, batch: _Batch, exc: FleetRejected) -> float:
+    def _rejected_batch(self, batch: Batch, exc: FleetRejected) -> float:
         if exc.status not in _SPLIT_STATUSES:
-            return self._failed("rejected", str(exc), None)
+            return self.failures.failed("rejected", str(exc), None)
         self.metrics.upload_failures_total.labels(reason="rejected").inc()
         if batch.schema >= 2 and exc.status == 422 and "schema" in exc.detail:
             # A fleet that knows only an older schema refuses the whole batch (422 naming the
@@ -865,18 +577,6 @@ class Uploader:
         kind, row_id = batch.row(0)
         self._dead_letter(kind, [row_id], f"HTTP {exc.status}: {exc.detail}")
         return 0.0
-
-    def _recovered(self) -> None:
-        o = self._outage
-        if o.since is not None:
-            log.warning(
-                "upload recovered after %.1f s and %d failed attempt(s)",
-                self.clock() - o.since, o.attempts,
-            )
-        self._outage = _Outage(reasons=o.reasons)
-        self._deadline_failure = None
-        self._failing = False
-        self._backoff.reset()
 
     # -- gauges ---------------------------------------------------------------------------------
 

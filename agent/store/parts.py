@@ -39,7 +39,7 @@ from typing import Any, Literal
 from agent.records import MAX_AGGREGATE_PART, aggregate_part_id
 
 #: What an aggregate whose interval is already stored stands for, by the kind of source
-#: (:func:`agent.app.repeat_policy`):
+#: (:func:`agent.source_policies.repeat_policy`):
 #:
 #: * ``"part"``: a live source in real time (serial port, live camera, simulator at
 #:   ``speed = 1``): readings after a restart are always new, so it is always the next part,
