@@ -38,6 +38,7 @@ reporter, Sparkplug B) :mod:`agent.compose`; alert raising and aggregates
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import sys
 import threading
