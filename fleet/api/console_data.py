@@ -103,19 +103,14 @@ def _known(services: ServicesDep, device_id: str) -> None:
 
 @router.get("/v1/alerts", response_model=FleetAlertPage)
 def fleet_alerts(
-    request: Request, services: ServicesDep, _viewer: ViewerDep,
+    request: Request, _viewer: ViewerDep,
     device: Name = None, stream: Name = None,
     tag: Annotated[str | None, Query(max_length=64, pattern=TEXT_PATTERN)] = None,
     since: Time = None, until: Time = None, acked: bool | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ) -> dict[str, Any]:
-    ids: list[str] | None = None
-    if tag is not None:
-        ids = [d.device_id for d in services.devices.list(include_revoked=True)
-               if tag in d.tags and (device is None or d.device_id == device)]
-    elif device is not None:
-        ids = [device]
-    query = AlertFilter(device_ids=ids, stream=stream, since=parse_time(since, "since"),
+    query = AlertFilter(device_ids=None if device is None else [device], tag=tag, stream=stream,
+                        since=parse_time(since, "since"),
                         until=parse_time(until, "until"), acked=acked, limit=limit)
     return {"items": _queries(request).alerts(query)}
 
