@@ -121,7 +121,7 @@ class ConsoleQueries:
             stmt = stmt.where(alert_acks.c.alert_id.is_(None))
         stmt = stmt.order_by(alerts.c.window_start.desc(), alerts.c.id).limit(query.limit)
         with self._engine.connect() as conn:
-            return [dict(r._mapping) for r in conn.execute(stmt)]
+            return [dict(r) for r in conn.execute(stmt).mappings().all()]
 
     def acknowledge(self, alert_id: str, username: str, note: str | None) -> dict[str, Any]:
         """Acknowledge an alert once; a second call returns the first acknowledgement.
@@ -175,8 +175,10 @@ class ConsoleQueries:
         if device_ids is not None:
             newest = newest.where(r.c.device_id.in_(list(device_ids)))
         sub = newest.subquery()
-        rows = conn.execute(select(r).join(sub, r.c.pk == sub.c.pk))
-        return {(row.device_id, row.stream): dict(row._mapping) for row in rows}
+        # the columns the console shows, not details (JSON parsed per row for nothing)
+        rows = conn.execute(select(r.c.device_id, r.c.stream, r.c.name, r.c.version, r.c.state)
+                            .join(sub, r.c.pk == sub.c.pk)).mappings().all()
+        return {(row["device_id"], row["stream"]): dict(row) for row in rows}
 
     def series(
         self, device_id: str, stream: str, since: dt.datetime, until: dt.datetime,
@@ -271,7 +273,7 @@ class ConsoleQueries:
                         "stream": stream, "source": "status report"}
             rows = conn.execute(select(devices.c.device_id, devices.c.model_name,
                                        devices.c.model_version).where(and_(
-                devices.c.revoked_at.is_(None), devices.c.model_name.is_not(None))))
+                devices.c.revoked_at.is_(None), devices.c.model_name.is_not(None)))).all()
             reported = {k[2] for k in found}
             for row in rows:
                 if row.model_version is None or row.device_id in reported:
