@@ -27,6 +27,8 @@ ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/openapi.json"): "public",
     ("GET", "/healthz"): "public",
     ("GET", "/metrics"): "public",
+    ("GET", "/docs"): "public",
+    ("GET", "/docs/assets/{name}"): "public",
     ("GET", "/console"): "public",
     ("GET", "/console/"): "public",
     ("GET", "/console/{asset}"): "public",
@@ -37,6 +39,9 @@ ROUTES: dict[tuple[str, str], str] = {
     ("POST", "/v1/samples"): "device",
     ("GET", "/v1/models/assignment"): "device",
     ("POST", "/v1/models/status"): "device",
+    ("POST", "/v1/devices/self/health"): "device",
+    ("PUT", "/v1/devices/{device_id}/alerts/{alert_id}/{kind}"): "device",
+    ("GET", "/v1/devices/{device_id}/alerts/{alert_id}/{kind}"): "viewer|device",
     ("GET", "/v1/devices"): "viewer",
     ("GET", "/v1/devices/{device_id}/aggregates"): "viewer|device",
     ("GET", "/v1/devices/{device_id}/alerts"): "viewer|device",
@@ -64,12 +69,18 @@ ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/v1/tokens"): "admin",
     ("POST", "/v1/tokens"): "admin",
     ("DELETE", "/v1/tokens/{token_id}"): "admin",
+    ("GET", "/v1/webhooks"): "admin",
+    ("POST", "/v1/webhooks"): "admin",
+    ("DELETE", "/v1/webhooks/{webhook_id}"): "admin",
+    ("GET", "/v1/webhooks/deliveries"): "admin",
+    ("POST", "/v1/webhooks/deliveries/{delivery_id}/redeliver"): "admin",
 }
 
 #: Path parameters (one fresh database per test: an allowed revoke of gw1 harms no other test).
 PARAMS = {"device_id": "gw1", "rollout_id": "1", "action": "abort", "name": "skab-wstat",
           "version": "1", "username": "ghost", "token_id": "999999", "alert_id": "gw1:pump1:1",
-          "asset": "app.js"}
+          "asset": "app.js", "kind": "snapshot", "webhook_id": "999999",
+          "delivery_id": "999999"}
 CALLERS = ("nobody", "device", "viewer", "operator", "admin", "bootstrap")
 _RANK = {"viewer": 0, "operator": 1, "admin": 2, "bootstrap": 2}
 
