@@ -34,6 +34,7 @@ from fleet.db.account_tables import alert_acks
 from fleet.db.devices import utcnow
 from fleet.db.model_tables import model_status_reports
 from fleet.db.schema import aggregates, alerts, devices
+from fleet.db.snapshot_tables import alert_snapshots
 from fleet.errors import NotFound
 
 #: Most aggregate rows one bucketed series reads (then ``truncated``): 4 weeks of 1-minute
@@ -99,7 +100,10 @@ class ConsoleQueries:
         self._clock = clock
 
     def alerts(self, query: AlertFilter) -> list[dict[str, Any]]:
-        """Alerts newest first, each with ``acked_by``, ``acked_at``, ``ack_note`` (or None)."""
+        """Alerts newest first, each with ``acked_by``, ``acked_at``, ``ack_note`` (or None),
+        its lifecycle ``event`` and ``episode_id`` from the stored payload (a schema-1 alert:
+        ``raised``, its own id, as :meth:`fleet.db.records.RecordStore.alerts`) and the kinds
+        of images stored for it (``snapshots``, sorted)."""
         cols = [c for c in alerts.c if c.name != "pk"]
         stmt = select(*cols, alert_acks.c.acked_by, alert_acks.c.acked_at,
                       alert_acks.c.note.label("ack_note")).select_from(
@@ -121,7 +125,20 @@ class ConsoleQueries:
             stmt = stmt.where(alert_acks.c.alert_id.is_(None))
         stmt = stmt.order_by(alerts.c.window_start.desc(), alerts.c.id).limit(query.limit)
         with self._engine.connect() as conn:
-            return [dict(r) for r in conn.execute(stmt).mappings().all()]
+            rows = [dict(r) for r in conn.execute(stmt).mappings().all()]
+            kinds: dict[str, list[str]] = {}
+            if rows:
+                snaps = (select(alert_snapshots.c.alert_id, alert_snapshots.c.kind)
+                         .where(alert_snapshots.c.alert_id.in_([r["id"] for r in rows]))
+                         .order_by(alert_snapshots.c.alert_id, alert_snapshots.c.kind))
+                for alert_id, kind in conn.execute(snaps).all():
+                    kinds.setdefault(str(alert_id), []).append(str(kind))
+        for row in rows:
+            body = row["payload"] if isinstance(row["payload"], dict) else {}
+            row["event"] = body.get("event") or "raised"
+            row["episode_id"] = body.get("episode_id") or row["id"]
+            row["snapshots"] = kinds.get(row["id"], [])
+        return rows
 
     def acknowledge(self, alert_id: str, username: str, note: str | None) -> dict[str, Any]:
         """Acknowledge an alert once; a second call returns the first acknowledgement.

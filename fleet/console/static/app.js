@@ -246,7 +246,7 @@ async function devicePage(id) {
     sources[s.stream] ? sources[s.stream].state + (sources[s.stream].reason ? `: ${sources[s.stream].reason}` : "") : "-",
   ]);
   view(el("h1", {}, `Device ${id}`), el("h2", {}, "State and health"), deviceHealth(device),
-    el("h2", {}, "Streams"), table("streams", ["Stream", "Model", "State", "Source (health report)"], streamRows),
+    el("h2", {}, "Streams"), table("streams", ["Stream", "Model", "Model state", "Source (health report)"], streamRows),
     el("h2", {}, "Score and threshold"), rangeBar, plotBox,
     el("h2", {}, "Recent alerts"), alertTable(alerts.items, () => devicePage(id)),
     el("h2", {}, "Model history"),
