@@ -109,11 +109,14 @@ def fleet_alerts(
     tag: Annotated[str | None, Query(max_length=64, pattern=TEXT_PATTERN)] = None,
     since: Time = None, until: Time = None, acked: bool | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
-) -> dict[str, Any]:
+) -> Response:
     query = AlertFilter(device_ids=None if device is None else [device], tag=tag, stream=stream,
                         since=parse_time(since, "since"),
                         until=parse_time(until, "until"), acked=acked, limit=limit)
-    return {"items": _queries(request).alerts(query)}
+    # the rows are FleetAlertPage's fields from the database: encoded as they are (the same
+    # JSON as the model's, ~1 ms for 500 alerts instead of ~10 ms to validate and dump them)
+    body = msgspec.json.encode({"items": _queries(request).alerts(query)})
+    return Response(body, media_type="application/json")
 
 
 @router.post("/v1/alerts/{alert_id}/ack", response_model=AckOut,
