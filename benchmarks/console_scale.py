@@ -1,25 +1,32 @@
-"""Console queries at fleet scale: 1,000 devices and 10 million aggregate rows on PostgreSQL.
+"""Console routes at fleet scale: 1,000 devices and 10 million aggregate rows on PostgreSQL.
 
 Creates a fresh PostgreSQL database (dropped at the end unless ``--keep``), migrates it, and
 loads it with COPY (the aggregates' secondary indexes are dropped for the load and built again
 after it, then ``VACUUM ANALYZE``, as a bulk load is done):
 
-* ``--devices`` devices (tags ``line=<k>``, ``site=<a|b>``) with a health summary each;
+* ``--devices`` devices (tags ``line=<k>``, ``site=<a|b>``) with a health summary each and two
+  model status reports per stream (version 2 then 3, ``active``);
 * ``--rows`` aggregates: ``--streams`` streams per device, one aggregate every ``--interval-s``
   seconds (default 300 s: 10,000 per stream is 35 days), time-ordered across devices as an
   ingesting fleet writes them;
-* ``--alerts`` alerts spread over the devices and the same time span.
+* ``--alerts`` alerts spread over the devices and the same time span, one in ten acknowledged.
 
-Then it times the console's queries through the fleet's HTTP routes (the app in process, over
-ASGI, so routing, validation and JSON encoding count), ``--repeat`` times each, on random
-devices:
+Then it times the routes the console (``fleet/console/static/app.js``) calls, with the
+console's query parameters, through the fleet's HTTP routes (the app in process, over ASGI, so
+routing, validation and JSON encoding count), ``--repeat`` times each, on random devices. The
+data end at a fixed time, so "now" in the console's parameters is that time:
 
-* ``devices``: ``GET /v1/devices`` (every device with its state and health);
-* ``series_day|week|month``: ``GET /v1/devices/{id}/series?stream=&from=&to=&points=500``;
-* ``alerts``, ``alerts_device``, ``alerts_tag``, ``alerts_week``: ``GET /v1/alerts`` newest 100,
-  by device, by tag, in a one-week window.
+* devices page: ``devices`` = ``GET /v1/devices`` (every device with its state and health),
+  ``models_running`` = ``GET /v1/models/running``;
+* device page: ``streams`` = ``GET /v1/devices/{id}/streams``, ``device_alerts`` =
+  ``GET /v1/alerts?device=&limit=50``, ``device_models`` = ``GET /v1/devices/{id}/models?limit=50``,
+  ``series_6h|24h|7d|28d`` = ``GET /v1/devices/{id}/series?stream=&since=&until=`` over the
+  console's four zoom ranges (default ``points``: 500);
+* alerts page: ``alerts`` = ``GET /v1/alerts?limit=500``, ``alerts_device``, ``alerts_tag``,
+  ``alerts_week`` (``since`` = now - 7 d), ``alerts_unacked`` (``acked=false``), each
+  ``limit=500``.
 
-Prints p50/p99 per query (milliseconds); the last line is
+Prints p50/p99 per route (milliseconds); the last line is
 ``devices=<n> rows=<n> p99_ms_max=<ms>``. The 10 M load takes minutes on two cores: run it
 once, under ``nice``; ``--rows 200000`` is a quick run::
 
@@ -113,6 +120,13 @@ def load(dsn: str, args: argparse.Namespace) -> None:
                   f"skab-wstat\t3\t0\t{i % 50}\n" for i, d in enumerate(devices))]),
               len(devices), "devices")
         load_health(conn, args)
+        reports = "".join(
+            f"{d}\t{s}\tskab-wstat\t{v}\tactive\t{{}}\t{END.timestamp() - 86400 * (4 - v)}\t"
+            f"{_ts(END.timestamp() - 86400 * (4 - v))}\n"
+            for d in devices for s in streams for v in (2, 3))
+        _copy(conn, "COPY model_status_reports (device_id, stream, name, version, state, "
+              "details, at, received_at) FROM STDIN", iter([reports]),
+              2 * len(devices) * len(streams), "status reports")
         indexes = conn.execute(
             "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'aggregates' "
             "AND indexname NOT IN ('pk_aggregates', 'uq_aggregates_id')").fetchall()
@@ -159,6 +173,10 @@ def load(dsn: str, args: argparse.Namespace) -> None:
         _copy(conn, "COPY alerts (id, device_id, stream, seq, score, threshold, window_start, "
               "window_end, raised_at, model_name, model_version, payload, received_at) "
               "FROM STDIN", alert_chunks(), args.alerts, "alerts")
+        acks = "".join(f"{devices[k % len(devices)]}:{streams[k % len(streams)]}:{k}\tbench\t"
+                       f"{now}\t\\N\n" for k in range(0, args.alerts, 10))
+        _copy(conn, "COPY alert_acks (alert_id, acked_by, acked_at, note) FROM STDIN",
+              iter([acks]), len(range(0, args.alerts, 10)), "acks")
         t0 = time.perf_counter()
         conn.execute("VACUUM ANALYZE")
         print(f"vacuum analyze: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
@@ -173,7 +191,6 @@ def measure(url: str, args: argparse.Namespace) -> float:
     """Time the console's routes; prints one line per query, returns the largest p99 (ms)."""
     devices = _devices(args.devices)
     rng = random.Random(11)
-    span_s = int((args.rows // (args.devices * args.streams)) * args.interval_s)
     with tempfile.TemporaryDirectory() as state:
         # the data end at END: no offline sweep and no retention may change them while measured
         settings = Settings(db_url=url, admin_token=ADMIN, state_dir=Path(state), pool_size=4,
@@ -184,22 +201,30 @@ def measure(url: str, args: argparse.Namespace) -> float:
         end = int(END.timestamp())
         day = 86400
 
-        def series(days: int) -> str:
-            return (f"/v1/devices/{rng.choice(devices)}/series?stream=s0&from={end - days * day}"
-                    f"&to={end}&points=500")
+        def device() -> str:
+            return rng.choice(devices)
 
-        def week(since: int) -> str:
-            return f"/v1/alerts?since={since}&until={since + 7 * day}&limit=100"
+        def series(hours: int) -> str:
+            # the console's zoom: until = now, since = now - range, epoch seconds as floats
+            return (f"/v1/devices/{device()}/series?stream=s0&since={end - hours * 3600.0}"
+                    f"&until={float(end)}")
 
+        week_ago = float(end - 7 * day)
         queries: dict[str, Any] = {
             "devices": lambda: "/v1/devices",
-            "series_day": lambda: series(1),
-            "series_week": lambda: series(7),
-            "series_month": lambda: series(30),
-            "alerts": lambda: "/v1/alerts?limit=100",
-            "alerts_device": lambda: f"/v1/alerts?device={rng.choice(devices)}&limit=100",
-            "alerts_tag": lambda: f"/v1/alerts?tag=line={rng.randrange(20)}&limit=100",
-            "alerts_week": lambda: week(end - 7 * day - rng.randrange(max(1, span_s // day)) * day),
+            "models_running": lambda: "/v1/models/running",
+            "streams": lambda: f"/v1/devices/{device()}/streams",
+            "device_alerts": lambda: f"/v1/alerts?device={device()}&limit=50",
+            "device_models": lambda: f"/v1/devices/{device()}/models?limit=50",
+            "series_6h": lambda: series(6),
+            "series_24h": lambda: series(24),
+            "series_7d": lambda: series(7 * 24),
+            "series_28d": lambda: series(28 * 24),
+            "alerts": lambda: "/v1/alerts?limit=500",
+            "alerts_device": lambda: f"/v1/alerts?device={device()}&limit=500",
+            "alerts_tag": lambda: f"/v1/alerts?tag=line%3D{rng.randrange(20)}&limit=500",
+            "alerts_week": lambda: f"/v1/alerts?since={week_ago}&limit=500",
+            "alerts_unacked": lambda: "/v1/alerts?acked=false&limit=500",
         }
         worst = 0.0
         with TestClient(create_app(settings, engine)) as client:

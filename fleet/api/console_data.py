@@ -22,7 +22,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query, Request
+import msgspec
+from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
@@ -103,21 +104,19 @@ def _known(services: ServicesDep, device_id: str) -> None:
 
 @router.get("/v1/alerts", response_model=FleetAlertPage)
 def fleet_alerts(
-    request: Request, services: ServicesDep, _viewer: ViewerDep,
+    request: Request, _viewer: ViewerDep,
     device: Name = None, stream: Name = None,
     tag: Annotated[str | None, Query(max_length=64, pattern=TEXT_PATTERN)] = None,
     since: Time = None, until: Time = None, acked: bool | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
-) -> dict[str, Any]:
-    ids: list[str] | None = None
-    if tag is not None:
-        ids = [d.device_id for d in services.devices.list(include_revoked=True)
-               if tag in d.tags and (device is None or d.device_id == device)]
-    elif device is not None:
-        ids = [device]
-    query = AlertFilter(device_ids=ids, stream=stream, since=parse_time(since, "since"),
+) -> Response:
+    query = AlertFilter(device_ids=None if device is None else [device], tag=tag, stream=stream,
+                        since=parse_time(since, "since"),
                         until=parse_time(until, "until"), acked=acked, limit=limit)
-    return {"items": _queries(request).alerts(query)}
+    # the rows are FleetAlertPage's fields from the database: encoded as they are (the same
+    # JSON as the model's, ~1 ms for 500 alerts instead of ~10 ms to validate and dump them)
+    body = msgspec.json.encode({"items": _queries(request).alerts(query)})
+    return Response(body, media_type="application/json")
 
 
 @router.post("/v1/alerts/{alert_id}/ack", response_model=AckOut,
@@ -169,5 +168,8 @@ def device_models(
 
 
 @router.get("/v1/models/running")
-def models_running(request: Request, _viewer: ViewerDep) -> dict[str, Any]:
-    return {"running": _queries(request).running()}
+def models_running(request: Request, _viewer: ViewerDep) -> Response:
+    # plain str/int/None values: msgspec encodes 1,000 devices' entries in under a
+    # millisecond, where FastAPI's jsonable_encoder took ~20 ms (benchmarks/console_scale.py)
+    body = msgspec.json.encode({"running": _queries(request).running()})
+    return Response(body, media_type="application/json")

@@ -7,7 +7,8 @@ is recorded in the audit log.
   body is read only after the token is checked, at most 64 KiB (:mod:`fleet.api.json_body`).
 * ``GET /v1/devices`` (viewer): list with last_seen, versions, backlog, ``state``
   (online/offline/unknown) and the latest ``health`` summary (:mod:`fleet.db.health`;
-  ``?include_revoked=true`` adds revoked ones).
+  ``?include_revoked=true`` adds revoked ones; ``?device=ID`` lists only that device: one
+  or no entry).
 * ``DELETE /v1/devices/{device_id}`` (operator): revoke, 204; 404 if not active.
 * ``PATCH /v1/devices/{device_id}/tags`` (operator): ``{"add": [tag...], "remove": [tag...]}``,
   read after the token is checked, at most 64 KiB
@@ -56,13 +57,16 @@ async def enroll(request: Request, services: ServicesDep, who: OperatorDep) -> E
 
 @router.get("/v1/devices", response_model=DeviceList)
 def list_devices(
-    services: ServicesDep, _viewer: ViewerDep, include_revoked: bool = False
+    services: ServicesDep, _viewer: ViewerDep, include_revoked: bool = False,
+    device: Annotated[str | None, Query(pattern=NAME_PATTERN,
+                                        description="Only this device.")] = None,
 ) -> Response:
     if services.health is not None:  # one query, JSON columns passed through (fleet.db.health)
-        body = services.health.listing_json(include_revoked=include_revoked)
+        body = services.health.listing_json(include_revoked=include_revoked, device_id=device)
     else:
         body = DeviceList(devices=[
             DeviceOut.of(d) for d in services.devices.list(include_revoked=include_revoked)
+            if device is None or d.device_id == device
         ]).model_dump_json().encode()
     return Response(body, media_type="application/json")
 

@@ -13,16 +13,32 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, and_, func, insert, select, union
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Float,
+    and_,
+    cast,
+    exists,
+    func,
+    insert,
+    select,
+    type_coerce,
+    union,
+)
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.sql.elements import ColumnElement
 
 from fleet.db.account_tables import alert_acks
 from fleet.db.devices import utcnow
 from fleet.db.model_tables import model_status_reports
 from fleet.db.schema import aggregates, alerts, devices
+from fleet.db.snapshot_tables import alert_snapshots
 from fleet.errors import NotFound
 
-#: Most aggregate rows one series reads (then ``truncated``): 4 weeks of 1-minute intervals.
+#: Most aggregate rows one bucketed series reads (then ``truncated``): 4 weeks of 1-minute
+#: intervals.
 SERIES_MAX_ROWS = 50_000
 
 
@@ -31,7 +47,8 @@ class AlertFilter:
     """Fleet-wide alert query: newest first by ``window_start``.
 
     Attributes:
-        device_ids: Only these devices (None: all); a tag filter resolves to this.
+        device_ids: Only these devices (None: all).
+        tag: Only devices carrying this tag (revoked ones too: their alerts stay history).
         stream: Only this stream.
         since: Inclusive lower bound (aware UTC).
         until: Exclusive upper bound.
@@ -40,6 +57,7 @@ class AlertFilter:
     """
 
     device_ids: Sequence[str] | None = None
+    tag: str | None = None
     stream: str | None = None
     since: dt.datetime | None = None
     until: dt.datetime | None = None
@@ -53,11 +71,13 @@ class Series:
 
     Attributes:
         points: ``(interval start epoch s, max score or None, windows, alerts)``, oldest
-            first; with ``bucket_s`` > 0 each point is a bucket (max of max scores, sums).
+            first; with ``bucket_s`` > 0 each point is a bucket (its start; max of max scores,
+            sums).
         thresholds: ``(window start epoch s, threshold)`` of the stream's alerts in range.
         last_threshold: Threshold of the newest alert before ``until`` (None: never alerted).
         bucket_s: 0 when the points are the intervals themselves.
-        truncated: More than :data:`SERIES_MAX_ROWS` rows were in range (the newest missing).
+        truncated: Bucketed, and more than :data:`SERIES_MAX_ROWS` rows were in range (the
+            newest are missing).
     """
 
     points: list[tuple[float, float | None, int, int]]
@@ -80,13 +100,19 @@ class ConsoleQueries:
         self._clock = clock
 
     def alerts(self, query: AlertFilter) -> list[dict[str, Any]]:
-        """Alerts newest first, each with ``acked_by``, ``acked_at``, ``ack_note`` (or None)."""
+        """Alerts newest first, each with ``acked_by``, ``acked_at``, ``ack_note`` (or None),
+        its lifecycle ``event`` and ``episode_id`` from the stored payload (a schema-1 alert:
+        ``raised``, its own id, as :meth:`fleet.db.records.RecordStore.alerts`) and the kinds
+        of images stored for it (``snapshots``, sorted)."""
         cols = [c for c in alerts.c if c.name != "pk"]
         stmt = select(*cols, alert_acks.c.acked_by, alert_acks.c.acked_at,
                       alert_acks.c.note.label("ack_note")).select_from(
             alerts.outerjoin(alert_acks, alert_acks.c.alert_id == alerts.c.id))
         if query.device_ids is not None:
             stmt = stmt.where(alerts.c.device_id.in_(list(query.device_ids)))
+        if query.tag is not None:
+            tagged = select(devices.c.device_id).where(_has_tag(self._engine, query.tag))
+            stmt = stmt.where(alerts.c.device_id.in_(tagged.scalar_subquery()))
         if query.stream is not None:
             stmt = stmt.where(alerts.c.stream == query.stream)
         if query.since is not None:
@@ -99,7 +125,20 @@ class ConsoleQueries:
             stmt = stmt.where(alert_acks.c.alert_id.is_(None))
         stmt = stmt.order_by(alerts.c.window_start.desc(), alerts.c.id).limit(query.limit)
         with self._engine.connect() as conn:
-            return [dict(r._mapping) for r in conn.execute(stmt)]
+            rows = [dict(r) for r in conn.execute(stmt).mappings().all()]
+            kinds: dict[str, list[str]] = {}
+            if rows:
+                snaps = (select(alert_snapshots.c.alert_id, alert_snapshots.c.kind)
+                         .where(alert_snapshots.c.alert_id.in_([r["id"] for r in rows]))
+                         .order_by(alert_snapshots.c.alert_id, alert_snapshots.c.kind))
+                for alert_id, kind in conn.execute(snaps).all():
+                    kinds.setdefault(str(alert_id), []).append(str(kind))
+        for row in rows:
+            body = row["payload"] if isinstance(row["payload"], dict) else {}
+            row["event"] = body.get("event") or "raised"
+            row["episode_id"] = body.get("episode_id") or row["id"]
+            row["snapshots"] = kinds.get(row["id"], [])
+        return rows
 
     def acknowledge(self, alert_id: str, username: str, note: str | None) -> dict[str, Any]:
         """Acknowledge an alert once; a second call returns the first acknowledgement.
@@ -153,23 +192,42 @@ class ConsoleQueries:
         if device_ids is not None:
             newest = newest.where(r.c.device_id.in_(list(device_ids)))
         sub = newest.subquery()
-        rows = conn.execute(select(r).join(sub, r.c.pk == sub.c.pk))
-        return {(row.device_id, row.stream): dict(row._mapping) for row in rows}
+        # the columns the console shows, not details (JSON parsed per row for nothing)
+        rows = conn.execute(select(r.c.device_id, r.c.stream, r.c.name, r.c.version, r.c.state)
+                            .join(sub, r.c.pk == sub.c.pk)).mappings().all()
+        return {(row["device_id"], row["stream"]): dict(row) for row in rows}
 
     def series(
         self, device_id: str, stream: str, since: dt.datetime, until: dt.datetime,
         max_points: int,
     ) -> Series:
         """The stream's score from its aggregates in ``[since, until)``, at most
-        ``max_points`` points (equal-width buckets when there are more intervals)."""
+        ``max_points`` points, downsampled in the database.
+
+        At most ``max_points`` intervals: one point per interval (the parts of one interval
+        merged: max of the max scores, sums). More: ``max_points`` equal buckets of ``bucket_s
+        = (until - since) / max_points`` seconds, a row in bucket ``floor((epoch(interval_start)
+        - epoch(since)) / bucket_s)``, per bucket the largest ``max_score`` (a peak stays
+        visible however far one zooms out) and the sums of ``windows`` and ``alert_count``,
+        over the oldest :data:`SERIES_MAX_ROWS` rows. So the database returns at most
+        ``max_points + 1`` rows whatever the range; on PostgreSQL both reads are index-only
+        scans of ``ix_aggregates_series`` (migration ``0007``).
+        """
         a = aggregates
+        in_range = (a.c.device_id == device_id, a.c.stream == stream,
+                    a.c.interval_start >= since, a.c.interval_start < until)
         with self._engine.connect() as conn:
             rows = conn.execute(
-                select(a.c.interval_start, a.c.max_score, a.c.windows, a.c.alert_count)
-                .where(a.c.device_id == device_id, a.c.stream == stream,
-                       a.c.interval_start >= since, a.c.interval_start < until)
-                .order_by(a.c.interval_start).limit(SERIES_MAX_ROWS + 1)
+                select(a.c.interval_start, func.max(a.c.max_score), func.sum(a.c.windows),
+                       func.sum(a.c.alert_count))
+                .where(*in_range).group_by(a.c.interval_start).order_by(a.c.interval_start)
+                .limit(max_points + 1)
             ).all()
+            bucket_s, truncated = 0.0, False
+            points = [(r[0].timestamp(), _float(r[1]), int(r[2]), int(r[3])) for r in rows]
+            if len(rows) > max_points:
+                bucket_s = (until - since).total_seconds() / max_points
+                points, truncated = self._buckets(conn, in_range, since, bucket_s)
             thresholds = conn.execute(
                 select(alerts.c.window_start, alerts.c.threshold)
                 .where(alerts.c.device_id == device_id, alerts.c.stream == stream,
@@ -182,26 +240,34 @@ class ConsoleQueries:
                        alerts.c.window_start < until)
                 .order_by(alerts.c.window_start.desc()).limit(1)
             ).scalar_one_or_none()
-        truncated = len(rows) > SERIES_MAX_ROWS
-        merged: dict[float, list[Any]] = {}
-        for row in rows[:SERIES_MAX_ROWS]:  # parts of one interval merge into one point
-            t = row.interval_start.timestamp()
-            merged.setdefault(t, [None, 0, 0])
-            _merge(merged[t], row.max_score, row.windows, row.alert_count)
-        bucket_s = 0.0
-        if len(merged) > max_points:
-            bucket_s = (until - since).total_seconds() / max_points
-            start = since.timestamp()
-            buckets: dict[float, list[Any]] = {}
-            for t, (score, win, al) in merged.items():
-                key = start + bucket_s * int((t - start) // bucket_s)
-                buckets.setdefault(key, [None, 0, 0])
-                _merge(buckets[key], score, win, al)
-            merged = buckets
-        points = [(t, v[0], v[1], v[2]) for t, v in sorted(merged.items())]
         return Series(points=points,
                       thresholds=[(r.window_start.timestamp(), r.threshold) for r in thresholds],
                       last_threshold=last, bucket_s=bucket_s, truncated=truncated)
+
+    def _buckets(
+        self, conn: Connection, in_range: tuple[ColumnElement[bool], ...], since: dt.datetime,
+        bucket_s: float,
+    ) -> tuple[list[tuple[float, float | None, int, int]], bool]:
+        """``(points, truncated)`` of :meth:`series` past ``max_points`` intervals."""
+        a = aggregates
+        origin = since.timestamp()
+        oldest = (select(a.c.interval_start, a.c.max_score, a.c.windows, a.c.alert_count)
+                  .where(*in_range).order_by(a.c.interval_start).limit(SERIES_MAX_ROWS)
+                  .subquery())
+        bucket = func.floor((_epoch(self._engine, oldest.c.interval_start) - origin) / bucket_s)
+        rows = conn.execute(
+            select(bucket.label("b"), func.max(oldest.c.max_score), func.sum(oldest.c.windows),
+                   func.sum(oldest.c.alert_count), func.count())
+            .group_by("b").order_by("b")
+        ).all()
+        points = [(origin + bucket_s * int(r[0]), _float(r[1]), int(r[2]), int(r[3]))
+                  for r in rows]
+        truncated = False
+        if sum(int(r[4]) for r in rows) == SERIES_MAX_ROWS:  # all read: was there more?
+            more = (select(a.c.pk).where(*in_range).order_by(a.c.interval_start)
+                    .offset(SERIES_MAX_ROWS).limit(1))
+            truncated = conn.execute(more).first() is not None
+        return points, truncated
 
     def model_history(self, device_id: str, limit: int) -> list[dict[str, Any]]:
         """The device's model status reports, newest first."""
@@ -224,7 +290,7 @@ class ConsoleQueries:
                         "stream": stream, "source": "status report"}
             rows = conn.execute(select(devices.c.device_id, devices.c.model_name,
                                        devices.c.model_version).where(and_(
-                devices.c.revoked_at.is_(None), devices.c.model_name.is_not(None))))
+                devices.c.revoked_at.is_(None), devices.c.model_name.is_not(None)))).all()
             reported = {k[2] for k in found}
             for row in rows:
                 if row.model_version is None or row.device_id in reported:
@@ -236,8 +302,23 @@ class ConsoleQueries:
         return [found[k] for k in sorted(found, key=lambda k: (k[0], k[1], k[2], k[3] or ""))]
 
 
-def _merge(acc: list[Any], score: float | None, windows: int, alert_count: int) -> None:
-    if score is not None:
-        acc[0] = score if acc[0] is None else max(acc[0], score)
-    acc[1] += windows
-    acc[2] += alert_count
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _epoch(engine: Engine, column: Any) -> ColumnElement[Any]:
+    """Epoch seconds (float) of a :class:`fleet.db.schema.UtcDateTime` column in SQL."""
+    if engine.dialect.name == "postgresql":
+        return cast(func.extract("epoch", column), Float)  # float8 math, not numeric
+    # SQLite stores "YYYY-MM-DD HH:MM:SS.ffffff": whole seconds plus "%f" (SS.SSS) less "%S",
+    # exact to the millisecond (julianday's float days are not)
+    return (cast(func.strftime("%s", column), Float) + cast(func.strftime("%f", column), Float)
+            - cast(func.strftime("%S", column), Float))
+
+
+def _has_tag(engine: Engine, tag: str) -> ColumnElement[bool]:
+    """``devices.tags`` holds ``tag``: ``@>`` on PostgreSQL's jsonb, ``json_each`` on SQLite."""
+    if engine.dialect.name == "postgresql":
+        return type_coerce(devices.c.tags, JSONB).contains([tag])
+    each = func.json_each(devices.c.tags).table_valued("value")
+    return exists(select(each.c.value).where(each.c.value == tag))

@@ -96,7 +96,7 @@ SELECT coalesce(json_agg(json_build_object(
     'health', h.summary, 'health_received_at', h.received_at
 ) ORDER BY d.device_id), '[]'::json)::text
 FROM devices d LEFT JOIN device_health h ON h.device_id = d.device_id
-WHERE :all OR d.revoked_at IS NULL
+WHERE (:all OR d.revoked_at IS NULL) AND (CAST(:device AS text) IS NULL OR d.device_id = :device)
 """)
 
 
@@ -204,9 +204,11 @@ class HealthStore:
             rows = conn.execute(query).all()
         return {str(r.device_id): self._health(r, now) for r in rows}
 
-    def listing_json(self, *, include_revoked: bool = False) -> bytes:
+    def listing_json(self, *, include_revoked: bool = False, device_id: str | None = None
+                     ) -> bytes:
         """``GET /v1/devices``'s answer (:class:`fleet.api.models.DeviceList` as JSON bytes):
-        every device by id with its state and latest health, in ONE query.
+        every device by id (or only ``device_id``: a list of one or none) with its state and
+        latest health, in ONE query.
 
         PostgreSQL builds the whole answer (``json_agg``; the state as :func:`state_of`
         computes it, times with their UTC offset); on SQLite the JSON columns leave the
@@ -218,8 +220,8 @@ class HealthStore:
         if self._engine.dialect.name == "postgresql":
             cutoff = now - dt.timedelta(seconds=self.offline_after_s)
             with self._engine.connect() as conn:
-                found = conn.execute(_PG_LISTING, {"cutoff": cutoff,
-                                                   "all": include_revoked}).scalar_one()
+                found = conn.execute(_PG_LISTING, {"cutoff": cutoff, "all": include_revoked,
+                                                   "device": device_id}).scalar_one()
             return b'{"devices":' + str(found).encode() + b"}"
         query = (
             select(devices.c.device_id, type_coerce(devices.c.tags, Text).label("tags"),
@@ -234,6 +236,8 @@ class HealthStore:
         )
         if not include_revoked:
             query = query.where(devices.c.revoked_at.is_(None))
+        if device_id is not None:
+            query = query.where(devices.c.device_id == device_id)
         with self._engine.connect() as conn:
             rows = conn.execute(query).all()
         out = []

@@ -10,8 +10,11 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
+from tests.fleet.conftest import ADMIN_TOKEN
 from tests.fleet.test_ingest_fast import _fast, _slow
 from tests.fleet.wire import T0, alert, batch, bearer
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
 def event(seq: int, kind: str, episode: int, t: float, **body: Any) -> dict[str, Any]:
@@ -39,6 +42,9 @@ def test_lifecycle_events_are_stored_and_listed_with_their_episode(
         ("gw1:pump1:4", "cleared", "gw1:pump1:2"),
     ]
     assert items[0]["payload"] == records[0]["body"]  # schema 1 stored as sent: no "event"
+    fleet = client.get("/v1/alerts", headers=ADMIN).json()["items"]  # the console's timeline
+    assert [(i["id"], i["event"], i["episode_id"]) for i in fleet] == [
+        (i["id"], i["event"], i["episode_id"]) for i in reversed(items)]
     assert items[3]["payload"] == records[3]["body"]
     # the same events again (a replayed recording, a retry): duplicates, stored once
     again = client.post("/v1/ingest", json=batch("gw1", records[1:], schema=3),

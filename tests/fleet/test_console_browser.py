@@ -27,6 +27,7 @@ import pytest
 import requests
 
 from cloud_sync.client import FleetClient
+from cloud_sync.health import HealthSummary, StreamHealth
 from cloud_sync.protocol import IngestBatch, ModelStatusReport
 from tests.fleet.model_pkg import archive, make_keys
 from tests.fleet.wire import aggregate, alert, batch
@@ -101,6 +102,13 @@ def _feed(base: str, admin: dict[str, str], tmp: Path, key: Path) -> dict[str, s
     other = FleetClient(base, tokens["gw2"])
     other.ingest(IngestBatch.model_validate(
         batch("gw2", [aggregate("gw2", "fan", now - 120)], sent_at=now)))
+    # health reports: gw1 green, gw2 yellow with a hostile reason (shown as text, amber)
+    client.post_health(HealthSummary(
+        device_id="gw1", at=now, status="green", agent_version=XSS,
+        streams=[StreamHealth(stream="pump1", state="green")]))
+    other.post_health(HealthSummary(
+        device_id="gw2", at=now, status="yellow", reasons=[f"source:fan: {XSS}"],
+        streams=[StreamHealth(stream="fan", state="yellow", reason=XSS)]))
     client.close()
     other.close()
     pkg = archive(tmp, 7, key)
@@ -207,14 +215,22 @@ def test_viewer_sees_devices_and_reads_the_plot(browser: Any, fleet: Fleet) -> N
     assert _device_ids(page) == ["gw1", "gw2"]
     row = page.locator("#devices tbody tr").first
     cells = row.locator("td").all_text_contents()
-    assert cells[3] == XSS  # hostile agent version shown as text
-    assert "online" in cells[1] and "line=1" in cells[6]
+    assert cells[4] == XSS  # hostile agent version shown as text
+    assert "online" in cells[1] and cells[2] == "green" and "line=1" in cells[7]
+    assert row.locator(".health-ok").count() == 1
+    row2 = page.locator("#devices tbody tr").nth(1)
+    cells2 = row2.locator("td").all_text_contents()
+    assert "online" in cells2[1] and cells2[2] == f"yellow: source:fan: {XSS}"
+    assert row2.locator(".health-stale").count() == 1  # a yellow report: amber
     assert page.locator("#devices img").count() == 0
     _shot(page, fleet, "devices")
 
     page.click("#devices a.device-link >> text=gw1")
     page.wait_for_selector("#score-plot")
     assert page.get_attribute("#score-plot", "data-points") == str(N_AGGREGATES)
+    own = page.locator("#device-health tbody td").all_text_contents()
+    assert "online" in own[0] and own[1] == "green" and own[4] == XSS
+    assert page.locator("#streams tbody td").all_text_contents()[3] == "green"
     assert page.locator("#score-plot polyline.threshold").count() == 1
     alerts_text = page.text_content("#alerts")
     assert alerts_text is not None and XSS in alerts_text  # hostile channel name, as text

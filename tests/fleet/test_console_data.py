@@ -10,6 +10,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
+from fleet.api.console_data import FleetAlertPage
 from fleet.console.routes import STATIC_DIR
 from tests.fleet.accounts_util import user_token
 from tests.fleet.conftest import ADMIN_TOKEN, enroll
@@ -59,6 +60,9 @@ def test_fleet_alerts_filter_by_device_stream_tag_time_and_ack(
     assert ids("?acked=false") == ["gw2:pump1:1", "gw1:pump1:1"]
     item = client.get("/v1/alerts?acked=true", headers=viewer).json()["items"][0]
     assert item["ack_note"] == "bearing swapped"
+    # encoded without the response model: still exactly its fields (extra="forbid")
+    page = FleetAlertPage.model_validate(client.get("/v1/alerts", headers=viewer).json())
+    assert len(page.items) == 3 and page.items[0].event == "raised"
     audit = client.get("/v1/audit?action=alert.ack", headers=viewer).json()["entries"]
     assert [(e["actor"], e["target"]) for e in audit] == [("otto", "gw1:fan:2")]
 

@@ -81,6 +81,22 @@ def test_health_online_then_offline_with_a_real_client(settings: Settings, engin
         client.close()
 
 
+def test_devices_list_of_one_device(client: TestClient) -> None:
+    token = enroll(client, "gw1")
+    enroll(client, "gw2")
+    resp = client.post("/v1/devices/self/health", json=_summary().model_dump(mode="json"),
+                       headers={"Authorization": f"Bearer {token}"})
+    assert resp.status_code == 204, resp.text
+    one = client.get("/v1/devices?device=gw1", headers=ADMIN).json()["devices"]
+    assert [(d["device_id"], d["state"], d["health"]["status"]) for d in one] == [
+        ("gw1", "online", "yellow")]
+    assert [d["device_id"] for d in client.get("/v1/devices?device=gw2",
+                                               headers=ADMIN).json()["devices"]] == ["gw2"]
+    assert client.get("/v1/devices?device=nope", headers=ADMIN).json() == {"devices": []}
+    assert client.get("/v1/devices?device=a%20b", headers=ADMIN).status_code == 422
+    assert len(client.get("/v1/devices", headers=ADMIN).json()["devices"]) == 2
+
+
 def test_health_refused_is_bounded_and_counted(client: TestClient) -> None:
     token = enroll(client, "gw1")
     auth = {"Authorization": f"Bearer {token}"}

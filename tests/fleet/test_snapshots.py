@@ -60,6 +60,8 @@ def test_snapshot_and_heatmap_are_stored_and_served_to_the_operator(
     assert heat.content == png
     listed = client.get("/v1/devices/gw1/alerts", headers=admin).json()["items"]
     assert [(a["id"], a["snapshots"]) for a in listed] == [(AID, ["heatmap", "snapshot"])]
+    fleet = client.get("/v1/alerts", headers=admin).json()["items"]  # the console's timeline
+    assert [(a["id"], a["snapshots"]) for a in fleet] == [(AID, ["heatmap", "snapshot"])]
     assert client.get(SNAP, headers=bearer(token)).status_code == 200  # the device itself
     assert client.get(SNAP, headers=bearer(enrolled["gw2"])).status_code == 403
     assert client.get(SNAP).status_code == 401

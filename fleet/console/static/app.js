@@ -3,8 +3,8 @@
 // text nodes, element.textContent or setAttribute on a fixed attribute name: never as HTML.
 "use strict";
 
-const HEALTH_OK_S = 120;      // last contact within 2 min: green
-const HEALTH_STALE_S = 900;   // within 15 min: amber; older or never: red
+const HEALTH_OK_S = 120;      // last contact within 2 min, else amber (docs/console.md)
+const HEALTH_STALE_S = 900;   // a fleet without device state: red past 15 min
 const RANGES = [["6 h", 6 * 3600], ["24 h", 86400], ["7 d", 7 * 86400], ["28 d", 28 * 86400]];
 const SVG = "http://www.w3.org/2000/svg";
 let me = null;
@@ -74,12 +74,36 @@ function refused(err) {
 function when(iso) { return iso ? iso.replace("T", " ").replace(/\.\d+/, "").replace("+00:00", "Z") : "never"; }
 function fmtEpoch(s) { return new Date(s * 1000).toISOString().slice(0, 16).replace("T", " ") + "Z"; }
 
-function health(lastSeen) {
-  if (!lastSeen) return ["down", "never seen"];
-  const age = (Date.now() - Date.parse(lastSeen)) / 1000;
-  if (age <= HEALTH_OK_S) return ["ok", "online"];
-  if (age <= HEALTH_STALE_S) return ["stale", "late"];
-  return ["down", "silent"];
+function lastContact(d) {
+  // an upload (last_seen) or a health report, whichever is newer
+  const times = [d.last_seen, d.health_received_at].filter(Boolean);
+  return times.length ? times.reduce((a, b) => (Date.parse(a) >= Date.parse(b) ? a : b)) : null;
+}
+
+function health(d) {
+  // [colour class, state text]; the rule is in docs/console.md ("Device state and health")
+  const last = lastContact(d);
+  const status = d.health ? d.health.status : null;
+  const state = d.state || null;
+  if (!last) return ["down", state || "never seen"];
+  const age = (Date.now() - Date.parse(last)) / 1000;
+  if (state === "offline" || status === "red" || (!state && age > HEALTH_STALE_S)) {
+    return ["down", state || "silent"];
+  }
+  if (status === "yellow" || age > HEALTH_OK_S) return ["stale", state || "late"];
+  return ["ok", state || "online"];
+}
+
+function stateCell(d) {
+  const [cls, label] = health(d);
+  return el("span", { class: "device-state" }, el("span", { class: `health health-${cls}`, title: label }), " ", label);
+}
+
+function healthReport(d) {
+  // the agent's own summary: overall status and the reasons of its non-green components
+  if (!d.health) return "no report";
+  const reasons = d.health.reasons || [];
+  return reasons.length ? `${d.health.status}: ${reasons.join("; ")}` : String(d.health.status);
 }
 
 function table(id, headers, rows) {
@@ -131,20 +155,16 @@ async function devicesPage() {
   for (const r of running.running) {
     (perDevice[r.device_id] ||= []).push(`${r.stream || "(all)"}: ${r.name}@${r.version}`);
   }
-  const rows = list.devices.map((d) => {
-    const [cls, label] = health(d.last_seen);
-    return [
-      el("a", { href: `#/device/${encodeURIComponent(d.device_id)}`, class: "device-link" }, d.device_id),
-      el("span", {}, el("span", { class: `health health-${cls}`, title: label }), " ", label),
-      when(d.last_seen), d.agent_version || "-",
-      (perDevice[d.device_id] || [d.model_name ? `${d.model_name}@${d.model_version}` : "-"]).join(", "),
-      `${d.backlog.alerts ?? "-"} / ${d.backlog.aggregates ?? "-"}`,
-      d.tags.join(", ") || "-",
-    ];
-  });
+  const rows = list.devices.map((d) => [
+    el("a", { href: `#/device/${encodeURIComponent(d.device_id)}`, class: "device-link" }, d.device_id),
+    stateCell(d), healthReport(d), when(lastContact(d)), d.agent_version || "-",
+    (perDevice[d.device_id] || [d.model_name ? `${d.model_name}@${d.model_version}` : "-"]).join(", "),
+    `${d.backlog.alerts ?? "-"} / ${d.backlog.aggregates ?? "-"}`,
+    d.tags.join(", ") || "-",
+  ]);
   view(el("h1", {}, `Devices (${list.devices.length})`),
-    table("devices", ["Device", "Health", "Last contact (UTC)", "Agent", "Model per stream",
-      "Backlog alerts / aggregates", "Tags"], rows));
+    table("devices", ["Device", "State", "Health report", "Last contact (UTC)", "Agent",
+      "Model per stream", "Backlog alerts / aggregates", "Tags"], rows));
 }
 
 function plot(series) {
@@ -191,11 +211,15 @@ function plot(series) {
 
 async function devicePage(id) {
   const enc = encodeURIComponent(id);
-  const [streams, alerts, models] = await Promise.all([
+  const [listed, streams, alerts, models] = await Promise.all([
+    api("GET", `/v1/devices?device=${enc}`),
     api("GET", `/v1/devices/${enc}/streams`),
     api("GET", `/v1/alerts?device=${enc}&limit=50`),
     api("GET", `/v1/devices/${enc}/models?limit=50`),
   ]);
+  const device = listed.devices.length ? listed.devices[0] : null;
+  const sources = {};
+  for (const s of (device && device.health && device.health.streams) || []) sources[s.stream] = s;
   const plotBox = el("div", { id: "plot-box" });
   const rangeBar = el("div", { class: "controls", id: "ranges" });
   let stream = streams.length ? streams[0].stream : null;
@@ -219,9 +243,10 @@ async function devicePage(id) {
   const streamRows = streams.map((s) => [
     el("a", { href: "#", onclick: async (ev) => { ev.preventDefault(); stream = s.stream; await draw(); } }, s.stream),
     s.model_name ? `${s.model_name}@${s.model_version}` : "-", s.model_state || "-",
+    sources[s.stream] ? sources[s.stream].state + (sources[s.stream].reason ? `: ${sources[s.stream].reason}` : "") : "-",
   ]);
-  view(el("h1", {}, `Device ${id}`),
-    el("h2", {}, "Streams"), table("streams", ["Stream", "Model", "State"], streamRows),
+  view(el("h1", {}, `Device ${id}`), el("h2", {}, "State and health"), deviceHealth(device),
+    el("h2", {}, "Streams"), table("streams", ["Stream", "Model", "Model state", "Source (health report)"], streamRows),
     el("h2", {}, "Score and threshold"), rangeBar, plotBox,
     el("h2", {}, "Recent alerts"), alertTable(alerts.items, () => devicePage(id)),
     el("h2", {}, "Model history"),
@@ -229,6 +254,17 @@ async function devicePage(id) {
       models.reports.map((r) => [when(r.received_at), r.stream || "(all)", `${r.name}@${r.version}`,
         r.state, r.reason || "", r.rollout_id ?? "-"])));
   await draw();
+}
+
+function deviceHealth(d) {
+  if (d === null) return el("p", { id: "device-health", class: "muted" }, "Not an active device.");
+  const h = d.health;
+  const disk = h && h.disk ? `${(h.disk.used_bytes / 1048576).toFixed(1)} MiB` +
+    (h.disk.budget_bytes ? ` of ${(h.disk.budget_bytes / 1048576).toFixed(1)} MiB` : "") : "-";
+  return table("device-health", ["State", "Health report", "Last contact (UTC)", "Report received (UTC)",
+    "Agent", "Backlog alerts / aggregates", "Store disk"], [[stateCell(d), healthReport(d),
+    when(lastContact(d)), when(d.health_received_at), d.agent_version || "-",
+    `${d.backlog.alerts ?? "-"} / ${d.backlog.aggregates ?? "-"}`, disk]]);
 }
 
 function alertTable(items, reload) {
