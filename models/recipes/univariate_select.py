@@ -69,6 +69,11 @@ The grid (:data:`GRID`) of the run with the product requirements, declared befor
   labels), SKAB's 1,000-row series hold no slow drift to rate it on, and only windows below
   0.5 × threshold move the baseline, so it cannot decide whether a spike or a 50-row shift
   alarms. This cuts the run by 3 (it took 20 minutes with three pairs).
+* cut after the first start of this run, before any figure was printed (only its progress
+  line "scored 10/90 detector settings", after 7 minutes): the hold-out is fixed at 0.25, the
+  value the multichannel selection on the same files and the previous pooled choice took. The
+  machine was at load 11 on 2 cores; at that pace the 90 settings would have finished after
+  the deadline. This is a cut for time, not a finding that the hold-out does not matter.
 
 Fixed, not searched: the calibration length N = 400 (the SKAB protocol's, and what the device
 uses: it cannot know the stream's length), the gap factor, the relative floor and
@@ -115,7 +120,7 @@ GRID: dict[str, tuple[object, ...]] = {
     "top_k": (1, 2, 3),
     "factor": (1.0, 1.25, 1.5, 2.0, 3.0),
     "adapt": ((0.01, 6.0),),
-    "holdout": (0.25, 0.5),
+    "holdout": (0.25,),
     "rule": ((3, 5), (5, 10), (7, 10), (8, 10), (10, 10)),
     "spike": (1.5, 2.0, 3.0, None),
 }

@@ -9,6 +9,7 @@ as ``timestamp,value`` files. No figure is asserted.
 from __future__ import annotations
 
 import csv
+import json
 import datetime as dt
 import re
 import subprocess
@@ -112,3 +113,27 @@ def test_benchmark_on_derived_skab_series(tmp_path: Path) -> None:
     lines = _run(tmp_path / "data", tmp_path / "out")
     assert re.fullmatch(SUMMARY, lines[-1]), lines[-1]
     assert len(list((tmp_path / "out").rglob("*.csv"))) == 6
+
+
+def test_the_shipped_package_alarms_on_point_anomalies_and_short_shifts(tmp_path: Path) -> None:
+    """The product requirements R1 and R2 (models/recipes/univariate_select.py) on generated
+    noise, through the benchmark: an 8 sigma spike of 1 row and of 3 rows, up or down, and a
+    4 sigma step of 50 rows each raise an alarm within W rows after they end; the stretches
+    between them raise none."""
+    window = int(json.loads((ROOT / "models" / "univariate-wstat" / "manifest.json")
+                            .read_text())["input"]["window"])
+    x = 20.0 + 0.5 * np.random.default_rng(3).normal(size=4000)
+    sigma = float(x[:400].std())
+    placed = [(1000, 1, 8.0), (1500, 1, -8.0), (2000, 3, 8.0), (2500, 3, -8.0),
+              (3000, 50, 4.0), (3500, 50, -4.0)]
+    for p, length, offset in placed:
+        x[p : p + length] += offset * sigma
+    _write(tmp_path / "data" / "spikes.csv",
+           [(str(1_600_000_000 + 60 * i), f"{v:.6f}") for i, v in enumerate(x)])
+    _run(tmp_path / "data", tmp_path / "out")
+    alarms = [i for i, r in enumerate(_read(tmp_path / "out" / "spikes.csv"))
+              if r["alarm"] == "1"]
+    for p, length, offset in placed:
+        assert any(p <= i < p + length + window for i in alarms), (p, length, offset, alarms)
+    assert all(any(p <= i < p + length + window for p, length, _ in placed) for i in alarms), \
+        alarms
