@@ -9,8 +9,8 @@ as ``timestamp,value`` files. No figure is asserted.
 from __future__ import annotations
 
 import csv
-import json
 import datetime as dt
+import json
 import re
 import subprocess
 import sys
