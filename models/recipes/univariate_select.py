@@ -530,6 +530,50 @@ def rate_outputs(series: dict[str, tuple[np.ndarray, np.ndarray]], out: Path,
     log(f"benchmark output, labelled only {sum(labelled, ZERO).text()}")
 
 
+def diagnose(series: dict[str, tuple[np.ndarray, np.ndarray]],
+             feature_floors: dict[int, np.ndarray], c: Candidate,
+             log: Callable[[str], None] = print) -> None:
+    """Per anomaly-free channel, for one candidate: the injection hits per kind, and on the
+    clean channel the share of scored rows above the threshold and inside an open alert
+    episode (an injection landing in an open episode raises no new alert), and its alarms."""
+    w, k, f, ad, h, rule, spike = c
+    assert isinstance(ad, tuple) and isinstance(rule, tuple)
+    wi = cast(int, w)
+    spec = DetectorSpec(("value",), wi, 1, N, np.array([1e-9]), len(FEATURES), cast(int, k),
+                        feature_floors[wi], 1.0, cast(float, f), cast(float, h))
+    params = UnivariateParams(adapt_rate=ad[0], drift_bound=ad[1])
+    log(f"per anomaly-free channel, {describe(c)}")
+    for name, (values, _) in sorted(series.items()):
+        if name.split("/")[0] != FREE:
+            continue
+        ts = np.arange(values.shape[0], dtype=np.float64)
+        x, placed = inject(values)
+        scores, _, thr = score_series(ts, x, spec, NumpyBackend(), RuleParams(k=1, n=1),
+                                      params, BLOCK)
+        got = requirement_hits(replay_rules(scores, thr, rule, cast(float | None, spike)),
+                               placed, wi)
+        clean, _, thr = score_series(ts, values, spec, NumpyBackend(), RuleParams(k=1, n=1),
+                                     params, BLOCK)
+        r = AlertRules(RuleParams(k=rule[0], n=rule[1], spike_factor=cast(float | None, spike)))
+        idx = np.flatnonzero(~np.isnan(clean))
+        alarms = open_rows = 0
+        for i in idx.tolist():
+            alarms += r.update(float(clean[i]), thr, float(i))
+            open_rows += r.active
+        log(f"  {name:<28} hits " + " ".join(f"{kind}={a}/{b}" for kind, (a, b) in got.items())
+            + f"  clean: above threshold {np.mean(clean[idx] > thr):.3f}, in an open episode "
+            f"{open_rows / max(1, idx.size):.3f}, alarms {alarms}")
+
+
+def parse_candidate(text: str) -> Candidate:
+    """``W,top_k,factor,k/n,spike`` (spike a number or ``off``) with the grid's single
+    adaptation and hold-out values, e.g. ``5,3,1.25,3/5,1.5``."""
+    w, k, f, rule, spike = text.split(",")
+    rk, rn = rule.split("/")
+    return (int(w), int(k), float(f), GRID["adapt"][0], GRID["holdout"][0], (int(rk), int(rn)),
+            None if spike == "off" else float(spike))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="grouped selection of the univariate defaults")
     ap.add_argument("--data", type=Path, required=True, help="SKAB root directory")
@@ -540,8 +584,13 @@ def main(argv: list[str] | None = None) -> int:
                     "here and stop")
     ap.add_argument("--rate", type=Path, help="rate benchmarks/univariate.py's output folder "
                     "of the exported series and stop")
+    ap.add_argument("--diagnose", type=parse_candidate, metavar="W,TOPK,FACTOR,K/N,SPIKE",
+                    help="print the per-channel requirement figures of one candidate and stop")
     args = ap.parse_args(argv)
     series, floors = load(args.data)
+    if args.diagnose:
+        diagnose(series, floors, args.diagnose)
+        return 0
     if args.export:
         export(series, args.export)
         return 0

@@ -147,3 +147,11 @@ def test_requirement_hits_count_an_alarm_up_to_w_rows_after_the_injection() -> N
     # 57 < 50 + 3 + 5; nothing in [100, 108); 130 in [120, 135)
     assert sel.requirement_hits(alarms, placed, 5) == {"spike3": (1, 2), "shift50": (1, 1)}
     assert sel.requirement_hits(alarms, placed, 4)["spike3"] == (0, 2)  # 57 = 50 + 3 + 4: late
+
+
+def test_a_candidate_to_diagnose_is_parsed_on_the_grid() -> None:
+    c = sel.parse_candidate("5,3,1.25,3/5,1.5")
+    assert c == (5, 3, 1.25, sel.GRID["adapt"][0], sel.GRID["holdout"][0], (3, 5), 1.5)
+    assert sel.parse_candidate("10,1,3.0,10/10,off")[-1] is None
+    with pytest.raises(ValueError):
+        sel.parse_candidate("5,3,1.25,3-5,1.5")
