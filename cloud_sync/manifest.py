@@ -147,7 +147,11 @@ class UnivariateSpec(_Strict):
       to μ_cal ± ``drift_bound`` · σ_cal;
     * ``rule_k`` of ``rule_n``: the alert rule the grouped selection chose; a stream whose
       ``[streams.rules]`` gives no rule key runs it, and so does ``benchmarks/univariate.py``
-      (:func:`agent.services.stream_rules.stream_rule_params`).
+      (:func:`agent.services.stream_rules.stream_rule_params`);
+    * ``rule_spike``: the rule's single-window path the selection chose (one window above
+      ``rule_spike`` × threshold alerts; :class:`agent.pipeline.rules.RuleParams`
+      ``spike_factor``), None = off; applied like ``rule_k``, and a stream's ``spike_factor``
+      key overrides it.
     """
 
     gap_factor: float = Field(gt=1, description="Gap = interval > gap_factor x median interval.")
@@ -161,6 +165,9 @@ class UnivariateSpec(_Strict):
         "benchmarks calibrate on the first calibration_samples rows, as a device does.")
     rule_k: int = Field(ge=1, description="Selected alert rule: k of ...")
     rule_n: int = Field(ge=1, description="... the last n windows.")
+    rule_spike: float | None = Field(
+        None, ge=1, description="Selected single-window path: one window above rule_spike x "
+        "threshold alerts (None: off; packages before univariate-wstat 3 have none).")
 
 
 class Manifest(_Strict):

@@ -164,6 +164,14 @@ class RulesConfig(StrictModel):
         ge=0.0,
         description="Minimum seconds between two alerts of one stream, in the stream's own time.",
     )
+    spike_factor: float | None = Field(
+        None,
+        ge=1.0,
+        description="Single-window path: outside an episode, one window scoring above "
+        "spike_factor x threshold alerts without waiting for k of n (a point anomaly touches "
+        "at most W windows). Unset: a univariate package's selected value (manifest "
+        "univariate.rule_spike), else off.",
+    )
     top_channels: int = Field(
         3, ge=0, description="Channels with the largest contribution named in an alert (0 = none)."
     )

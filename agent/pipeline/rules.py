@@ -11,7 +11,12 @@ One alert per anomaly episode:
 * **cooldown**: a new episode raises an alert only if ``cooldown_s`` seconds (stream time) passed
   since the previous alert; the pipeline passes stream time corrected for clock steps
   (:mod:`agent.pipeline.timeline`), so a wall clock set back an hour does not mute a stream for
-  an hour.
+  an hour;
+* **single-window path** (optional, ``spike_factor``): outside an episode, one window scoring
+  above ``spike_factor`` × threshold raises an alert without waiting for k of n (subject to
+  the cooldown, and starting an episode as k of n does). A k of n with k > W cannot alarm on a
+  point anomaly, which touches at most W windows; this path can, and only for a score far
+  above the threshold. ``None`` = off (the k of n alone).
 
 ``clear_windows = 0`` means no episodes: every window that meets k of n raises an alert (subject
 to the cooldown), e.g. an image folder where each image is a different part.
@@ -33,10 +38,13 @@ class RuleParams:
     clear_ratio: float = 0.9
     clear_windows: int = 5
     cooldown_s: float = 60.0
+    spike_factor: float | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.k <= self.n:
             raise ValueError(f"need 1 <= k <= n, got k={self.k} n={self.n}")
+        if self.spike_factor is not None and not self.spike_factor >= 1:
+            raise ValueError(f"spike_factor >= 1 or None, got {self.spike_factor}")
         if not 0 < self.clear_ratio <= 1 or self.clear_windows < 0 or self.cooldown_s < 0:
             raise ValueError("clear_ratio in (0, 1], clear_windows >= 0, cooldown_s >= 0")
 
@@ -47,6 +55,9 @@ class AlertRules:
     >>> r = AlertRules(RuleParams(k=2, n=3, clear_ratio=0.5, clear_windows=2, cooldown_s=0))
     >>> [r.update(s, 1.0, t) for t, s in enumerate([2, 0, 2, 2, 0.8, 0.4, 0.4, 2, 2])]
     [False, False, True, False, False, False, False, False, True]
+    >>> r = AlertRules(RuleParams(k=10, n=10, cooldown_s=0, spike_factor=2.0))
+    >>> [r.update(s, 1.0, t) for t, s in enumerate([0.5, 1.5, 2.5, 0.5])]
+    [False, False, True, False]
     """
 
     def __init__(self, params: RuleParams) -> None:
@@ -123,7 +134,8 @@ class AlertRules:
                 self._above = 0
                 self._scored_above = 0
             return False
-        if self._above < p.k or self._scored_above < min(p.k, 2):
+        spike = p.spike_factor is not None and score > p.spike_factor * threshold
+        if not spike and (self._above < p.k or self._scored_above < min(p.k, 2)):
             # a rule that needs two windows or more never alerts on one scored window, whatever
             # it stands for (at stride 2 a k = 2 rule would otherwise alert on a single noisy
             # window, which stride 1 ignores: a tester measured 12-45 % more false alarms on

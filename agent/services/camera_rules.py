@@ -49,5 +49,5 @@ def camera_rule_params(rules: RulesConfig, source: CameraConfig) -> RuleParams:
     """
     if rules.model_fields_set:
         return RuleParams(rules.k, rules.n, rules.clear_ratio, rules.clear_windows,
-                          rules.cooldown_s)
+                          rules.cooldown_s, rules.spike_factor)
     return FOLDER_RULES if source.folder is not None else STREAM_RULES

@@ -11,6 +11,10 @@ A table that gives any rule key wins as a whole (its keys, and the agent's defau
 keys it leaves out), as for camera streams (:mod:`agent.services.camera_rules`). ``top_channels``
 is not a rule key: setting it alone keeps the package's rule. A multichannel package has no rule
 of its own: its streams take the table as given.
+
+The single-window path (``spike_factor``, :class:`agent.pipeline.rules.RuleParams`) is its own
+key: the table's when it sets it, else the package's ``rule_spike`` (whatever other rule keys
+the table gives: a user who tunes k of n keeps the point-anomaly path), else off.
 """
 
 from __future__ import annotations
@@ -41,4 +45,7 @@ def stream_rule_params(rules: RulesConfig, univariate: UnivariateSpec | None) ->
     k, n = rules.k, rules.n
     if univariate is not None and not (rules.model_fields_set & RULE_KEYS):
         k, n = univariate.rule_k, univariate.rule_n
-    return RuleParams(k, n, rules.clear_ratio, rules.clear_windows, rules.cooldown_s)
+    spike = rules.spike_factor
+    if "spike_factor" not in rules.model_fields_set and univariate is not None:
+        spike = univariate.rule_spike
+    return RuleParams(k, n, rules.clear_ratio, rules.clear_windows, rules.cooldown_s, spike)

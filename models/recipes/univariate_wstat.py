@@ -2,11 +2,12 @@
 
     nice python models/recipes/univariate_select.py --data ../shared/datasets/skab --json uni.json
     python models/recipes/univariate_wstat.py --data ../shared/datasets/skab \
-        --out models/univariate-wstat --selection uni.json --version 2
+        --out models/univariate-wstat --selection uni.json --version 3
 
 The window, top_k, threshold factor and hold-out, the drift adaptation (rate, bound) and the
-alert rule come from the grouped selection on univariate series (``--selection``, written by
-:mod:`univariate_select`), so the shipped defaults are the ones that procedure picks.
+alert rule (k of n and the single-window path) come from the grouped selection on univariate
+series (``--selection``, written by :mod:`univariate_select`), so the shipped defaults are the
+ones that procedure picks.
 
 Steps (as :mod:`skab_wstat`, with C = 1):
 
@@ -31,6 +32,7 @@ import datetime as dt
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -54,7 +56,7 @@ from fleet.training.wstat import (
 #: The choices the package takes from the selection (``univariate_select.py --json``). There
 #: are no fallback values: a package built without a selection would ship hand-picked defaults.
 SELECTED = ("window", "top_k", "factor", "holdout", "adapt_rate", "drift_bound", "rule_k",
-            "rule_n")
+            "rule_n", "spike_factor")
 
 
 FEATURE_FLOOR_FRAC = 0.1
@@ -74,7 +76,7 @@ def training_windows(values: np.ndarray, window: int, cal: int) -> tuple[np.ndar
     return np.concatenate(ws), np.concatenate(fs)
 
 
-def read_selection(path: Path) -> dict[str, float]:
+def read_selection(path: Path) -> dict[str, Any]:
     """The choices of :data:`SELECTED` from a ``univariate_select.py --json`` file.
 
     Raises:
@@ -158,7 +160,9 @@ def main(argv: list[str] | None = None) -> int:
                        "adapt_rate": float(chosen["adapt_rate"]),
                        "adapt_below": args.adapt_below,
                        "drift_bound": float(chosen["drift_bound"]),
-                       "rule_k": int(chosen["rule_k"]), "rule_n": int(chosen["rule_n"])},
+                       "rule_k": int(chosen["rule_k"]), "rule_n": int(chosen["rule_n"]),
+                       "rule_spike": (None if chosen["spike_factor"] is None
+                                      else float(chosen["spike_factor"]))},
         "artefacts": artefacts,
         "golden": {"inputs": golden_x.round(6).tolist(), "outputs": golden_y.round(6).tolist(),
                    "atol": round(atol, 4)},

@@ -119,6 +119,8 @@ def test_default_params_are_valid() -> None:
         {"clear_ratio": 1.5},
         {"clear_windows": -1},
         {"cooldown_s": -1.0},
+        {"spike_factor": 0.5},
+        {"spike_factor": math.nan},
     ],
 )
 def test_rule_params_validation(kwargs: dict[str, float]) -> None:
@@ -158,3 +160,21 @@ def test_one_noisy_scored_window_does_not_alert_a_two_window_rule_at_stride_2() 
             False, False, True]
     one = AlertRules(RuleParams(k=1, n=1, clear_ratio=1.0, clear_windows=1, cooldown_s=0))
     assert one.update(1.2, 1.0, 0.0, stride=2)  # a 1-window rule still alerts on one window
+
+
+def test_the_single_window_path_alerts_on_one_extreme_window() -> None:
+    """A 10 of 10 rule cannot alarm on a point anomaly (it touches W < 10 windows); one window
+    above spike_factor x threshold does, once per episode and subject to the cooldown."""
+    spike = [0.5] * 20 + [3.0] + [0.5] * 30 + [3.0] + [0.5] * 10
+    assert run(AlertRules(RuleParams(k=10, n=10, cooldown_s=0)), spike) == []  # off by default
+    rules = AlertRules(RuleParams(k=10, n=10, cooldown_s=0, spike_factor=2.0))
+    assert run(rules, spike) == [20, 51]
+    # above the threshold but below the spike level: k of n alone decides
+    assert run(AlertRules(RuleParams(k=10, n=10, cooldown_s=0, spike_factor=2.0)),
+               [0.5] * 20 + [1.9] * 5 + [0.5] * 20) == []
+    # inside an episode a spike raises nothing new; the cooldown holds for the spike path too
+    rules = AlertRules(RuleParams(k=3, n=5, cooldown_s=100, spike_factor=2.0))
+    assert run(rules, [1.5] * 3 + [3.0] + [1.5] * 3 + [0.1] * 6 + [3.0] + [0.1] * 6) == [2]
+    # the exact spike level is not above it
+    assert run(AlertRules(RuleParams(k=10, n=10, cooldown_s=0, spike_factor=2.0)),
+               [2.0, 0.5]) == []

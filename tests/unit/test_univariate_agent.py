@@ -71,7 +71,7 @@ def test_a_stream_without_rule_keys_uses_the_package_rule(tmp_path: Path) -> Non
     pkg = tmp_path / "pkg"  # the shipped package with a rule unlike the agent's 7 of 10
     shutil.copytree(PACKAGE, pkg)
     manifest = json.loads((pkg / "manifest.json").read_text())
-    manifest["univariate"].update(rule_k=4, rule_n=6)
+    manifest["univariate"].update(rule_k=4, rule_n=6, rule_spike=2.5)
     (pkg / "manifest.json").write_text(json.dumps(manifest))
     cases = {(): (4, 6), ("top_channels = 1",): (4, 6), ("k = 7", "n = 10"): (7, 10),
              ("cooldown_s = 5.0",): (7, 10)}
@@ -81,6 +81,7 @@ def test_a_stream_without_rule_keys_uses_the_package_rule(tmp_path: Path) -> Non
         try:
             p = agent.streams["temp"].pipeline.rules.params
             assert (p.k, p.n) == want, rules
+            assert p.spike_factor == 2.5, rules  # its own key: kept whatever the table sets
             assert (p.clear_ratio, p.clear_windows) == (0.9, 5)
             assert p.cooldown_s == (5.0 if "cooldown_s = 5.0" in rules else 60.0)
         finally:

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "models" / "recipes
 import univariate_wstat
 
 CHOICE = {"window": 20, "top_k": 3, "factor": 1.0, "holdout": 0.25, "adapt_rate": 0.005,
-          "drift_bound": 3.0, "rule_k": 3, "rule_n": 5}
+          "drift_bound": 3.0, "rule_k": 3, "rule_n": 5, "spike_factor": 2.0}
 
 
 def test_a_build_without_a_selection_is_refused(tmp_path: Path,
@@ -40,6 +40,9 @@ def test_a_full_selection_is_taken_whole(tmp_path: Path) -> None:
     sel = tmp_path / "uni.json"
     sel.write_text(json.dumps({**CHOICE, "extra": 1}))
     assert univariate_wstat.read_selection(sel) == CHOICE
+    off = {**CHOICE, "spike_factor": None}  # the single-window path off is a choice too
+    sel.write_text(json.dumps(off))
+    assert univariate_wstat.read_selection(sel) == off
     sel.write_text("[1, 2]")
     with pytest.raises(SystemExit, match="JSON object"):
         univariate_wstat.read_selection(sel)

@@ -43,7 +43,7 @@ def _series(seed: int, shift_at: int | None) -> tuple[np.ndarray, np.ndarray]:
 def test_held_out_choice_never_reads_the_held_out_group(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sel, "GRID", {"window": (5, 10), "top_k": (2,), "factor": (1.25, 2.0),
                                       "adapt": ((0.0, 0.0), (0.01, 3.0)), "holdout": (0.25,),
-                                      "rule": ((5, 10), (7, 10))})
+                                      "rule": ((5, 10), (7, 10)), "spike": (None,)})
     monkeypatch.setattr(sel, "AXES", tuple(sel.GRID))
     floors = {w: np.array([0.15, 0.03, 0.045]) for w in (5, 10)}
     series = {"a/1/x": _series(0, 600), "a/2/x": _series(1, None),
@@ -73,11 +73,15 @@ def test_the_rule_replay_skips_nothing_that_matters() -> None:
     scores = rng.normal(size=3000)
     scores[[5, 700, 1500]] = np.nan
     scores[1000:1030] += 3.0
+    scores[[2000, 2400]] += 6.0  # single extreme windows, for the spike path
     for rule in ((1, 1), (3, 5), (7, 10), (10, 10)):
-        r = sel.AlertRules(sel.RuleParams(k=rule[0], n=rule[1]))
-        want = np.array([0 if np.isnan(s) else r.update(float(s), 1.5, float(i))
-                         for i, s in enumerate(scores)], np.int8)
-        assert np.array_equal(sel.replay_rules(scores, 1.5, rule), want), rule
+        for spike in (None, 1.5, 3.0):
+            r = sel.AlertRules(sel.RuleParams(k=rule[0], n=rule[1], spike_factor=spike))
+            want = np.array([0 if np.isnan(s) else r.update(float(s), 1.5, float(i))
+                             for i, s in enumerate(scores)], np.int8)
+            got = sel.replay_rules(scores, 1.5, rule, spike)
+            assert np.array_equal(got, want), (rule, spike)
+    assert sel.replay_rules(scores, 1.5, (10, 10), 3.0)[[2000, 2400]].tolist() == [1, 1]
 
 
 def _noisy_normal(seed: int) -> np.ndarray:
@@ -92,17 +96,62 @@ def test_a_rule_that_cries_wolf_on_normal_time_is_not_chosen(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sel, "GRID", {"window": (5,), "top_k": (2,), "factor": (1.25,),
                                       "adapt": ((0.01, 3.0),), "holdout": (0.25,),
-                                      "rule": ((1, 1), (8, 10))})
+                                      "rule": ((1, 1), (8, 10)), "spike": (None,)})
     monkeypatch.setattr(sel, "AXES", tuple(sel.GRID))
     floors = {5: np.array([0.15, 0.03, 0.045])}
     series = {"a/1/x": _series(0, 600), "b/1/x": _series(2, 700),
               "free/x": (_noisy_normal(5), np.zeros(6000, np.int8))}
     study = sel.Study(series, floors)
     names = sorted(series)
-    loud = (5, 2, 1.25, (0.01, 3.0), 0.25, (1, 1))
-    quiet = (*loud[:5], (8, 10))
+    loud = (5, 2, 1.25, (0.01, 3.0), 0.25, (1, 1), None)
+    quiet = (*loud[:5], (8, 10), None)
     assert study.evaluate(loud, ["free/x"]).fa_rate > sel.FA_BUDGET
     assert study.evaluate(quiet, ["free/x"]).fa_rate <= sel.FA_BUDGET
     assert study.evaluate(quiet, names).objective > study.evaluate(loud, names).objective
     monkeypatch.setattr(sel, "FA_PENALTY", 0.0)  # without the charge the loud rule wins
     assert study.evaluate(loud, names).objective > study.evaluate(quiet, names).objective
+
+
+def test_candidates_failing_the_point_anomaly_requirement_are_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """R1/R2 by injection into normal series: a 10 of 10 rule on W 5 cannot alarm on a 1-row
+    spike, so only the candidates with the single-window path remain; with that path off on
+    the whole grid nothing is chosen (and no package would be built)."""
+    grid = {"window": (5,), "top_k": (3,), "factor": (1.25,), "adapt": ((0.01, 6.0),),
+            "holdout": (0.25,), "rule": ((10, 10),), "spike": (1.5, None)}
+    monkeypatch.setattr(sel, "GRID", grid)
+    monkeypatch.setattr(sel, "AXES", tuple(grid))
+    floors = {5: np.array([0.15, 0.03, 0.045])}
+    series = {"a/1/x": _series(0, 600), "b/1/x": _series(2, 700),
+              "free/x": (np.random.default_rng(5).normal(size=3000), np.zeros(3000, np.int8))}
+    injected = {"free/x+inject": sel.inject(series["free/x"][0])}
+    assert [k for k, _, _ in injected["free/x+inject"][1]][:3] == ["spike1", "spike3", "shift50"]
+    study = sel.Study(series, floors, injected)
+    off = (5, 3, 1.25, (0.01, 6.0), 0.25, (10, 10), None)
+    on = (*off[:-1], 1.5)
+    assert study.hit_rates(off)["spike1"] == 0.0 and not study.meets(off)
+    assert study.hit_rates(on)["spike1"] >= sel.REQUIRED_HIT_RATE and study.meets(on)
+    assert study.eligible == [on] and study.choose(sorted(series)) == on
+    monkeypatch.setitem(grid, "spike", (None,))
+    none = sel.Study(series, floors, injected)
+    assert none.choose(sorted(series)) is None
+    lines: list[str] = []
+    assert sel.report(none, lines.append) is None
+    assert any("no candidate meets R1 and R2" in line for line in lines)
+
+
+def test_requirement_hits_count_an_alarm_up_to_w_rows_after_the_injection() -> None:
+    alarms = np.zeros(200, np.int8)
+    alarms[[57, 130]] = 1
+    placed = [("spike3", 50, 3), ("spike3", 100, 3), ("shift50", 120, 10)]
+    # 57 < 50 + 3 + 5; nothing in [100, 108); 130 in [120, 135)
+    assert sel.requirement_hits(alarms, placed, 5) == {"spike3": (1, 2), "shift50": (1, 1)}
+    assert sel.requirement_hits(alarms, placed, 4)["spike3"] == (0, 2)  # 57 = 50 + 3 + 4: late
+
+
+def test_a_candidate_to_diagnose_is_parsed_on_the_grid() -> None:
+    c = sel.parse_candidate("5,3,1.25,3/5,1.5")
+    assert c == (5, 3, 1.25, sel.GRID["adapt"][0], sel.GRID["holdout"][0], (3, 5), 1.5)
+    assert sel.parse_candidate("10,1,3.0,10/10,off")[-1] is None
+    with pytest.raises(ValueError):
+        sel.parse_candidate("5,3,1.25,3-5,1.5")
