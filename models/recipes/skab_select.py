@@ -315,7 +315,7 @@ def step_floor_report(floors: Floors, raw: Floors) -> str:
     for frac in sorted(floors):
         for w in sorted(floors[frac][1]):
             a: npt.NDArray[np.float64] = floors[frac][1][w]
-            parts.append(f"f{frac:g}/W{w}: {int((a > raw[frac][1][w]).sum())}")
+            parts.append(f"f{frac:g}/W{w}: {int((a > raw[frac][1][w] * (1 + 1e-6)).sum())}")
     return "feature floors raised to the INT8 step: " + ", ".join(parts)
 
 
