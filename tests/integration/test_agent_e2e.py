@@ -229,8 +229,8 @@ def replay_source(path: Path, speed: float) -> str:
 
 
 def simulator_source() -> str:
-    # -15 noise stds, the demo config's flow drop: the shipped package v2 (W 20, x 1.75, floors
-    # 0.2) does not cross its threshold on a 40 s drop of -8 (v1 did); these tests are about
+    # -15 noise stds, the demo config's flow drop: the first build of package v2 (W 20, x 1.75,
+    # floors 0.2) did not cross its threshold on a 40 s drop of -8 (v1 did); these tests are about
     # delivering alerts, not about how small a fault is found
     faults = "".join(
         f'[[streams.source.faults]]\nkind = "offset"\nchannel = "Volume Flow RateRMS"\n'
