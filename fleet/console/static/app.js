@@ -356,7 +356,7 @@ function alertTable(items, reload) {
 }
 
 function timeline(items) {
-  // one mark per alert on a time axis (filled: not acknowledged), newest on the right
+  // one mark per alert record on a time axis (filled: its episode is not acknowledged), newest on the right
   const W = 860, H = 56, L = 10, R = 10;
   const times = items.map((a) => Date.parse(a.window_start) / 1000);
   const root = svg("svg", { class: "plot", id: "alert-timeline", width: W, height: H,
@@ -365,7 +365,8 @@ function timeline(items) {
   if (!items.length) return root;
   const lo = Math.min(...times), hi = Math.max(...times, lo + 60);
   const x = (t) => L + ((t - lo) / (hi - lo)) * (W - L - R);
-  items.forEach((a, i) => root.append(svg("circle", { class: a.acked_by ? "acked" : "alert-mark",
+  const ackedEpisodes = new Set(items.filter((a) => a.acked_by).map((a) => a.episode_id));
+  items.forEach((a, i) => root.append(svg("circle", { class: ackedEpisodes.has(a.episode_id) ? "acked" : "alert-mark",
     cx: x(times[i]).toFixed(1), cy: 24, r: 4 })));
   for (const [t, anchor] of [[lo, "start"], [hi, "end"]]) {
     const label = svg("text", { x: x(t), y: 50, "text-anchor": anchor });
