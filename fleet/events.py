@@ -2,7 +2,9 @@
 
 * ``alert``: ONE delivery per ingest batch that stored new alerts (a 5,000-record backlog does
   not become 5,000 POSTs): ``data = {"device_id", "count", "alerts": [...]}`` with at most
-  :data:`MAX_ALERTS_LISTED` alerts (id, stream, score, threshold, window_start, model). It is
+  :data:`MAX_ALERTS_LISTED` alerts (id, ``event`` - ``raised``, ``updated`` or ``cleared`` -,
+  ``episode_id`` - the id of the episode's ``raised`` record -, stream, score, threshold,
+  window_start, model; a schema-1 alert is ``raised`` and its own episode). It is
   queued right after the batch's transaction commits (a fleet crash between the two loses
   that notification; the alerts themselves are stored).
 * ``device_offline``: ``{"device_id", "last_contact"}``, queued in the sweep's transaction.
@@ -56,11 +58,12 @@ class Events:
 
     def alerts(self, device_id: str, rows: Sequence[dict[str, Any]]) -> int:
         """Queue one ``alert`` event for the new alert rows of one batch (``fleet.ingest``
-        rows: id, stream, score, threshold, window_start, model_name, model_version)."""
+        rows: id, stream, score, threshold, window_start, model_name, model_version, payload);
+        each listed alert carries its lifecycle ``event`` and ``episode_id`` from the payload."""
         if not rows or not self.wants("alert"):
             return 0
         listed = [{
-            "id": r["id"], "stream": r["stream"], "score": r["score"],
+            "id": r["id"], **_episode(r), "stream": r["stream"], "score": r["score"],
             "threshold": r["threshold"], "window_start": _iso(r["window_start"]),
             "model": {"name": r["model_name"], "version": r["model_version"]},
         } for r in rows[:MAX_ALERTS_LISTED]]
@@ -76,6 +79,15 @@ class Events:
     def _woke(self, n: int) -> None:
         if n and self._wake is not None:
             self._wake()
+
+
+def _episode(row: dict[str, Any]) -> dict[str, str]:
+    """``{"event", "episode_id"}`` of an alert row, as :meth:`fleet.db.records.RecordStore.alerts`
+    reads them (a schema-1 alert: ``raised``, its own id)."""
+    payload = row.get("payload")
+    body = payload if isinstance(payload, dict) else {}
+    return {"event": str(body.get("event") or "raised"),
+            "episode_id": str(body.get("episode_id") or row["id"])}
 
 
 def _iso(value: Any) -> Any:

@@ -6,7 +6,9 @@
   ``acked_by``, ``acked_at``, ``ack_note`` (None when not acknowledged).
 * ``POST /v1/alerts/{alert_id}/ack`` (operator): body ``{"note": text}`` or empty; 200 with the
   acknowledgement (the first one stays: acknowledging twice changes nothing); 404 unknown alert.
-  Recorded in the audit log.
+  An episode is acknowledged on its ``raised`` record: the id of an ``updated`` or ``cleared``
+  record acknowledges its episode's ``raised`` record (``alert_id`` of the answer).
+  Recorded in the audit log (target: the record acknowledged).
 * ``GET /v1/devices/{id}/streams`` (viewer): the device's streams with the model its last status
   report for the stream named.
 * ``GET /v1/devices/{id}/series?stream=S`` (viewer): the stream's max score per aggregate
@@ -128,7 +130,7 @@ async def acknowledge(
     body = AckRequest() if empty else await read_model(request, AckRequest, ACK_MAX_BYTES)
     out = await run_in_threadpool(_queries(request).acknowledge, alert_id, who.actor, body.note)
     if out["new"]:
-        await arecord(request, who, "alert.ack", alert_id, {"note": body.note})
+        await arecord(request, who, "alert.ack", out["alert_id"], {"note": body.note})
     return out
 
 

@@ -1,4 +1,4 @@
-"""``GET /console/`` and its assets: the console's page, script and style sheet.
+"""``GET /console/`` and its assets: the console's page, script, style sheet and icon.
 
 The files (``fleet/console/static``) are read once at import and served from memory. They carry
 no data: the script asks the JSON API with the session cookie (:mod:`fleet.api.accounts`), so
@@ -23,7 +23,7 @@ STATIC_DIR = Path(__file__).with_name("static")
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 _TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
-          ".css": "text/css; charset=utf-8"}
+          ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
 _ASSETS: dict[str, tuple[bytes, str]] = {
     p.name: (p.read_bytes(), _TYPES[p.suffix])
     for p in sorted(STATIC_DIR.iterdir()) if p.suffix in _TYPES
@@ -54,3 +54,10 @@ def console_asset(asset: str) -> Response:
         raise NotFound("no such console file")
     body, ctype = found
     return Response(body, media_type=ctype, headers=security_headers("no-cache"))
+
+
+@router.get("/favicon.ico")
+def favicon() -> Response:
+    """Browsers ask for ``/favicon.ico`` on their own: the console's SVG icon."""
+    body, ctype = _ASSETS["favicon.svg"]
+    return Response(body, media_type=ctype, headers=security_headers("max-age=86400"))

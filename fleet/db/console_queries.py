@@ -141,17 +141,31 @@ class ConsoleQueries:
         return rows
 
     def acknowledge(self, alert_id: str, username: str, note: str | None) -> dict[str, Any]:
-        """Acknowledge an alert once; a second call returns the first acknowledgement.
+        """Acknowledge an alert episode once; a second call returns the first acknowledgement.
+
+        An episode is acknowledged on its ``raised`` record: acknowledging one of its
+        ``updated`` or ``cleared`` records acknowledges the ``raised`` record its payload's
+        ``episode_id`` names, when the fleet has it (else the record itself).
 
         Returns:
-            ``{"alert_id", "acked_by", "acked_at", "note", "new"}``.
+            ``{"alert_id", "acked_by", "acked_at", "note", "new"}``; ``alert_id`` is the record
+            acknowledged.
 
         Raises:
             NotFound: No alert with this id.
         """
         with self._engine.connect() as conn:
-            if conn.execute(select(alerts.c.id).where(alerts.c.id == alert_id)).first() is None:
+            found = conn.execute(select(alerts.c.device_id, alerts.c.payload)
+                                 .where(alerts.c.id == alert_id)).first()
+            if found is None:
                 raise NotFound(f"no alert {alert_id!r}")
+            body = found.payload if isinstance(found.payload, dict) else {}
+            episode = body.get("episode_id")
+            if (body.get("event") or "raised") != "raised" and isinstance(episode, str) and (
+                    conn.execute(select(alerts.c.id).where(
+                        alerts.c.id == episode, alerts.c.device_id == found.device_id)
+                    ).first() is not None):
+                alert_id = episode
         new = True
         try:
             with self._engine.begin() as conn:

@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
+from tests.fleet.accounts_util import user_token
 from tests.fleet.conftest import ADMIN_TOKEN
 from tests.fleet.test_ingest_fast import _fast, _slow
 from tests.fleet.wire import T0, alert, batch, bearer
@@ -73,3 +74,28 @@ def test_fast_and_slow_paths_agree_on_lifecycle_events() -> None:
     assert fast is not None and fast == _slow(data)
     stored = [row["payload"].get("event") for _, row in fast[0]["alert"]]
     assert stored == ["raised", "cleared", None]
+
+
+def test_acknowledging_an_episode_event_acknowledges_its_raised_record(
+    client: TestClient, enrolled: dict[str, str], engine: Any
+) -> None:
+    records = [event(2, "raised", 2, T0 + 20), event(3, "updated", 2, T0 + 30, score=9.5),
+               event(4, "cleared", 2, T0 + 40, score=0.4),
+               event(5, "cleared", 9, T0 + 50)]  # its raised record never reached the fleet
+    resp = client.post("/v1/ingest", json=batch("gw1", records, schema=3),
+                       headers=bearer(enrolled["gw1"]))
+    assert resp.status_code == 200, resp.text
+    operator = user_token(engine, "otto", "operator")
+    ack = client.post("/v1/alerts/gw1:pump1:4/ack", json={"note": "valve closed"},
+                      headers=operator)
+    assert ack.status_code == 200, ack.text
+    assert ack.json()["alert_id"] == "gw1:pump1:2" and ack.json()["new"] is True
+    again = client.post("/v1/alerts/gw1:pump1:3/ack", headers=operator).json()
+    assert again["alert_id"] == "gw1:pump1:2" and again["new"] is False
+    orphan = client.post("/v1/alerts/gw1:pump1:5/ack", headers=operator).json()
+    assert orphan["alert_id"] == "gw1:pump1:5" and orphan["new"] is True
+    acked = client.get("/v1/alerts?acked=true", headers=ADMIN).json()["items"]
+    assert sorted((i["id"], i["ack_note"]) for i in acked) == [
+        ("gw1:pump1:2", "valve closed"), ("gw1:pump1:5", None)]
+    audit = client.get("/v1/audit?action=alert.ack", headers=ADMIN).json()["entries"]
+    assert sorted(e["target"] for e in audit) == ["gw1:pump1:2", "gw1:pump1:5"]

@@ -101,7 +101,8 @@ def _feed(base: str, admin: dict[str, str], tmp: Path, key: Path) -> dict[str, s
         r for r in result.results if r.status != "accepted"][:3]
     other = FleetClient(base, tokens["gw2"])
     other.ingest(IngestBatch.model_validate(
-        batch("gw2", [aggregate("gw2", "fan", now - 120)], sent_at=now)))
+        batch("gw2", [aggregate("gw2", "fan", now - 120),  # and one 3 h ahead (a fast simulator)
+                      aggregate("gw2", "fan", now + 3 * 3600)], sent_at=now)))
     # health reports: gw1 green, gw2 yellow with a hostile reason (shown as text, amber)
     client.post_health(HealthSummary(
         device_id="gw1", at=now, status="green", agent_version=XSS,
@@ -204,6 +205,8 @@ def test_viewer_sees_devices_and_reads_the_plot(browser: Any, fleet: Fleet) -> N
     page = browser.new_context().new_page()
     page.set_default_timeout(30_000)
     page.goto(f"{fleet.base}/console/")
+    expect(page.locator("#login-form")).to_be_visible()
+    expect(page.locator("#top")).to_be_hidden()  # no nav bar or "Log out" before login
     page.fill("#login-user", "vera")
     page.fill("#login-password", "not the password")
     page.click("#login-submit")
@@ -232,6 +235,13 @@ def test_viewer_sees_devices_and_reads_the_plot(browser: Any, fleet: Fleet) -> N
     assert "online" in own[0] and own[1] == "green" and own[4] == XSS
     assert page.locator("#streams tbody td").all_text_contents()[3] == "green"
     assert page.locator("#score-plot polyline.threshold").count() == 1
+    # scores 0.2..1.09, threshold 0.9: ticks in steps of 0.5 up to 1.5 (1, 2, 5 x 10^k)
+    assert page.locator("#score-plot text.y-tick").all_text_contents() == [
+        "0.0", "0.5", "1.0", "1.5"]
+    assert page.locator("#plot-ahead").count() == 0  # no score later than now
+    rows = page.locator("#alerts tbody tr")
+    assert rows.count() == 1 and rows.first.get_attribute("data-event") == "raised"
+    assert rows.first.get_attribute("data-episode") == "gw1:pump1:1"
     alerts_text = page.text_content("#alerts")
     assert alerts_text is not None and XSS in alerts_text  # hostile channel name, as text
     assert page.locator("#alerts img").count() == 0
@@ -256,9 +266,21 @@ def test_viewer_sees_devices_and_reads_the_plot(browser: Any, fleet: Fleet) -> N
     expect(page.locator("#alert-timeline")).to_have_attribute("data-alerts", "0")
     _shot(page, fleet, "alerts-filtered")
 
+    # gw2's newest score is 3 h ahead of now: the range ends there and says so
+    page.goto(f"{fleet.base}/console/#/device/gw2")
+    expect(page.locator("#score-plot")).to_have_attribute("data-points", "2")
+    expect(page.locator("#plot-ahead")).to_contain_text("later than now")
+    page.click("#ranges button >> text=1 h")
+    expect(page.locator("#score-plot")).to_have_attribute("data-points", "1")
+    _shot(page, fleet, "device-ahead")
+
     page.goto(f"{fleet.base}/console/#/registry")
     page.wait_for_selector("#models")
     assert "skab-wstat" in (page.text_content("#models") or "")
+    page.click("#logout")
+    expect(page.locator("#login-form")).to_be_visible()
+    expect(page.locator("#top")).to_be_hidden()
+    assert page.text_content("#whoami") == ""
 
 
 def test_operator_starts_and_aborts_a_rollout_viewer_is_refused(
@@ -274,6 +296,7 @@ def test_operator_starts_and_aborts_a_rollout_viewer_is_refused(
     _shot(op, fleet, "registry-pushed")
     op.goto(f"{fleet.base}/console/#/rollouts")
     op.wait_for_selector("#rollout-form")
+    expect(op.locator("#rollouts tbody tr.empty")).to_have_text("nothing yet")
     op.fill("#rollout-form input[name=version]", "8")
     op.fill("#rollout-form input[name=target]", "line=1")
     op.fill("#rollout-form input[name=canary]", "50")
@@ -327,4 +350,19 @@ def test_operator_starts_and_aborts_a_rollout_viewer_is_refused(
     op.wait_for_selector("#audit")
     audit = op.text_content("#audit") or ""
     assert "rollout.create" in audit and "rollout.abort" in audit and "otto" in audit
+    assert "null" not in (op.text_content("#view") or "").replace(audit, "")
     _shot(op, fleet, "audit")
+    op.fill("#audit-filters input[name=action]", "rollout.abort")
+    op.click("#audit-filters button[type=submit]")
+    expect(op.locator("#view")).to_have_attribute("data-route", "#/audit?action=rollout.abort")
+    actions = op.locator("#audit tbody tr td:nth-child(4)").all_text_contents()
+    assert actions == ["rollout.abort"]
+
+    # acknowledging an episode's raised record, with a note
+    op.goto(f"{fleet.base}/console/#/alerts")
+    op.wait_for_selector("#alerts button.ack")
+    op.fill("#alerts input.ack-note", "pump checked")
+    op.click("#alerts button.ack")
+    expect(op.locator("#alerts")).to_contain_text("otto at")
+    expect(op.locator("#alerts")).to_contain_text("pump checked")
+    assert op.locator("#alerts button.ack").count() == 0

@@ -143,3 +143,16 @@ def test_console_files_are_local_with_a_strict_csp(client: TestClient) -> None:
     script = (STATIC_DIR / "app.js").read_text()
     for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("):
         assert sink not in script, sink
+
+
+def test_console_icon_is_served_and_hidden_means_hidden(client: TestClient) -> None:
+    for path in ("/console/favicon.svg", "/favicon.ico"):
+        resp = client.get(path)
+        assert resp.status_code == 200, path
+        assert resp.headers["content-type"] == "image/svg+xml"
+        assert resp.content.startswith(b"<svg ") and b"<script" not in resp.content
+    page = client.get("/console/").text
+    assert '<link rel="icon" href="/console/favicon.svg"' in page
+    # the nav bar is <header hidden>: an author display rule must not show it on the login page
+    assert re.search(r"\[hidden\]\s*\{\s*display:\s*none\s*!important",
+                     (STATIC_DIR / "style.css").read_text())

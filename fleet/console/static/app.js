@@ -5,7 +5,7 @@
 
 const HEALTH_OK_S = 120;      // last contact within 2 min, else amber (docs/console.md)
 const HEALTH_STALE_S = 900;   // a fleet without device state: red past 15 min
-const RANGES = [["6 h", 6 * 3600], ["24 h", 86400], ["7 d", 7 * 86400], ["28 d", 28 * 86400]];
+const RANGES = [["1 h", 3600], ["6 h", 6 * 3600], ["24 h", 86400], ["7 d", 7 * 86400], ["28 d", 28 * 86400]];
 const SVG = "http://www.w3.org/2000/svg";
 let me = null;
 
@@ -106,15 +106,18 @@ function healthReport(d) {
   return reasons.length ? `${d.health.status}: ${reasons.join("; ")}` : String(d.health.status);
 }
 
-function table(id, headers, rows) {
+function table(id, headers, rows, rowAttrs) {
+  // rowAttrs(i): attributes of row i (class, data-*); an empty table gets one "nothing yet" row
+  const body = rows.length ? rows.map((r, i) => el("tr", rowAttrs ? rowAttrs(i) : {}, r.map((c) => el("td", {}, c))))
+    : [el("tr", { class: "empty" }, el("td", { colspan: headers.length, class: "muted" }, "nothing yet"))];
   return el("table", { id },
-    el("thead", {}, el("tr", {}, headers.map((h) => el("th", {}, h)))),
-    el("tbody", {}, rows.map((r) => el("tr", {}, r.map((c) => el("td", {}, c))))));
+    el("thead", {}, el("tr", {}, headers.map((h) => el("th", {}, h)))), el("tbody", {}, body));
 }
 
 function view(...children) {
+  // null children (a link that does not apply) are left out, not printed as "null"
   const main = document.getElementById("view");
-  main.replaceChildren(...children);
+  main.replaceChildren(...children.filter((c) => c !== null && c !== undefined));
 }
 
 // --- login ------------------------------------------------------------------------------------
@@ -122,6 +125,7 @@ function view(...children) {
 function showLogin() {
   me = null;
   document.getElementById("top").hidden = true;
+  document.getElementById("whoami").textContent = "";
   document.getElementById("login").hidden = false;
   view();
 }
@@ -167,12 +171,48 @@ async function devicesPage() {
       "Model per stream", "Backlog alerts / aggregates", "Tags"], rows));
 }
 
+function niceStep(raw) {
+  // the smallest 1, 2 or 5 x 10^k at least raw (raw > 0)
+  const mag = 10 ** Math.floor(Math.log10(raw));
+  for (const m of [1, 2, 5, 10]) if (m * mag >= raw * (1 - 1e-9)) return m * mag;
+  return 10 * mag;
+}
+
+function yScale(highest) {
+  // [axis top, tick step]: about 4 steps of 1, 2 or 5 x 10^k covering highest x 1.1
+  const want = highest > 0 && Number.isFinite(highest) ? highest * 1.1 : 1;
+  const step = niceStep(want / 4);
+  return [Math.ceil(want / step - 1e-9) * step, step];
+}
+
+function tickLabel(v, step) {
+  const digits = Math.max(0, -Math.floor(Math.log10(step)));
+  return v.toFixed(Math.min(digits, 12));
+}
+
+async function newestAfter(enc, stream, now) {
+  // epoch s just past the stream's newest aggregate if it is later than now (a device clock
+  // ahead, a simulator faster than real time), else null. Each look narrows to the newest
+  // bucket of the last one, so a few requests find it to the second whatever the lead.
+  let lo = now, hi = now + 366 * 86400, newest = null;
+  for (let i = 0; i < 5; i++) {
+    const s = await api("GET", `/v1/devices/${enc}/series?stream=${encodeURIComponent(stream)}` +
+      `&since=${lo}&until=${hi}&points=2000`);
+    if (!s.points.length) return newest;
+    const last = s.points[s.points.length - 1][0];
+    if (!s.bucket_s) return last + 1;
+    newest = last + s.bucket_s;
+    if (s.truncated) lo = last; else [lo, hi] = [last, last + s.bucket_s];
+  }
+  return newest;
+}
+
 function plot(series) {
   const W = 860, H = 260, L = 50, R = 10, T = 10, B = 30;
   const scores = series.points.filter((p) => p[1] !== null);
   const thr = series.thresholds.map((t) => t[1]);
   if (series.last_threshold !== null) thr.push(series.last_threshold);
-  const top = Math.max(1e-9, ...scores.map((p) => p[1]), ...thr) * 1.1;
+  const [top, step] = yScale(Math.max(...scores.map((p) => p[1]), ...thr));
   const x = (t) => L + ((t - series.since) / (series.until - series.since)) * (W - L - R);
   const y = (v) => T + (1 - v / top) * (H - T - B);
   const root = svg("svg", { class: "plot", id: "score-plot", width: W, height: H,
@@ -184,9 +224,10 @@ function plot(series) {
     const label = svg("text", { x: x(t), y: H - 10, "text-anchor": i === 0 ? "start" : i === 4 ? "end" : "middle" });
     label.textContent = fmtEpoch(t);
     root.append(label);
-    const v = (i / 4) * top;
-    const yl = svg("text", { x: 2, y: y(v) + 4 });
-    yl.textContent = v.toPrecision(3);
+  }
+  for (let k = 0; k * step <= top * (1 + 1e-9); k++) {
+    const yl = svg("text", { x: 2, y: y(k * step) + 4, class: "y-tick" });
+    yl.textContent = tickLabel(k * step, step);
     root.append(yl);
   }
   const line = svg("polyline", { class: "score",
@@ -226,11 +267,19 @@ async function devicePage(id) {
   let range = 86400;
   async function draw() {
     if (stream === null) { plotBox.replaceChildren(el("p", { class: "muted" }, "No aggregates yet.")); return; }
-    const until = Date.now() / 1000;
+    const now = Date.now() / 1000;
+    const ahead = await newestAfter(enc, stream, now);
+    const until = ahead !== null && ahead > now ? ahead : now;
     const s = await api("GET", `/v1/devices/${enc}/series?stream=${encodeURIComponent(stream)}` +
       `&since=${until - range}&until=${until}`);
-    plotBox.replaceChildren(el("p", {}, `Max score per interval of ${stream}` +
-      (s.bucket_s ? ` (buckets of ${Math.round(s.bucket_s)} s)` : "") + "; dashed: threshold"), plot(s));
+    const caption = el("p", {}, `Max score per interval of ${stream}` +
+      (s.bucket_s ? ` (buckets of ${Math.round(s.bucket_s)} s)` : "") + "; dashed: threshold");
+    const note = until > now ? el("p", { class: "muted", id: "plot-ahead" },
+      `The newest score (${fmtEpoch(until)}) is later than now: the device clock is ahead or a ` +
+      "simulator runs faster than real time. The range ends at the newest score.") : null;
+    const drawn = s.points.some((p) => p[1] !== null) ? plot(s)
+      : el("p", { class: "muted", id: "plot-empty" }, "no scores in this range");
+    plotBox.replaceChildren(...[caption, drawn, note].filter(Boolean));
   }
   for (const [label, secs] of RANGES) {
     rangeBar.append(el("button", { type: "button", "data-range": secs, class: secs === range ? "active" : null,
@@ -267,22 +316,47 @@ function deviceHealth(d) {
     `${d.backlog.alerts ?? "-"} / ${d.backlog.aggregates ?? "-"}`, disk]]);
 }
 
+function ackText(a) {
+  return `${a.acked_by} at ${when(a.acked_at)}` + (a.ack_note ? `: ${a.ack_note}` : "");
+}
+
+function ackCell(a, raised, reload) {
+  // an episode is acknowledged on its raised record; its updated/cleared rows show that state
+  if (a.event !== "raised") {
+    return raised && raised.acked_by ? `episode: ${ackText(raised)}` : el("span", { class: "muted" }, "on the raised row");
+  }
+  if (a.acked_by) return ackText(a);
+  const note = el("input", { class: "ack-note", maxlength: 500, placeholder: "note (optional)",
+    "aria-label": "acknowledgement note" });
+  return el("span", { class: "ack-box" }, note, el("button", { type: "button", class: "ack", onclick: async () => {
+    const text = note.value.trim();
+    try {
+      await api("POST", `/v1/alerts/${encodeURIComponent(a.id)}/ack`, text ? { note: text } : {});
+      flash("Acknowledged.", true); await reload();
+    } catch (err) { refused(err); }
+  } }, "Acknowledge"));
+}
+
 function alertTable(items, reload) {
-  return table("alerts", ["Window start (UTC)", "Device", "Stream", "Score", "Threshold", "Model",
-    "Top channels", "Acknowledged"], items.map((a) => [
-    when(a.window_start), a.device_id, a.stream, a.score.toPrecision(4), a.threshold.toPrecision(4),
+  // one row per alert record, newest first; rows of one episode share a colour band
+  const raisedOf = {};
+  for (const a of items) if (a.event === "raised") raisedOf[a.episode_id] = a;
+  const band = {};
+  for (const a of items) if (!(a.episode_id in band)) band[a.episode_id] = Object.keys(band).length % 2;
+  return table("alerts", ["Window start (UTC)", "Event", "Episode", "Device", "Stream", "Score", "Threshold",
+    "Model", "Top channels", "Acknowledged"], items.map((a) => [
+    when(a.window_start), el("span", { class: `event event-${a.event}` }, a.event),
+    el("span", { class: "episode", title: a.episode_id }, a.episode_id),
+    a.device_id, a.stream, a.score.toPrecision(4), a.threshold.toPrecision(4),
     `${a.model_name}@${a.model_version}`,
     (a.payload.top_channels || []).map((c) => c.channel).join(", "),
-    a.acked_by ? `${a.acked_by} at ${when(a.acked_at)}` :
-      el("button", { type: "button", class: "ack", onclick: async () => {
-        try { await api("POST", `/v1/alerts/${encodeURIComponent(a.id)}/ack`, {}); flash("Acknowledged.", true); await reload(); }
-        catch (err) { refused(err); }
-      } }, "Acknowledge"),
-  ]));
+    ackCell(a, raisedOf[a.episode_id], reload),
+  ]), (i) => ({ class: `band-${band[items[i].episode_id]}`, "data-event": items[i].event,
+    "data-episode": items[i].episode_id }));
 }
 
 function timeline(items) {
-  // one mark per alert on a time axis (filled: not acknowledged), newest on the right
+  // one mark per alert record on a time axis (filled: its episode is not acknowledged), newest on the right
   const W = 860, H = 56, L = 10, R = 10;
   const times = items.map((a) => Date.parse(a.window_start) / 1000);
   const root = svg("svg", { class: "plot", id: "alert-timeline", width: W, height: H,
@@ -291,7 +365,8 @@ function timeline(items) {
   if (!items.length) return root;
   const lo = Math.min(...times), hi = Math.max(...times, lo + 60);
   const x = (t) => L + ((t - lo) / (hi - lo)) * (W - L - R);
-  items.forEach((a, i) => root.append(svg("circle", { class: a.acked_by ? "acked" : "alert-mark",
+  const ackedEpisodes = new Set(items.filter((a) => a.acked_by).map((a) => a.episode_id));
+  items.forEach((a, i) => root.append(svg("circle", { class: ackedEpisodes.has(a.episode_id) ? "acked" : "alert-mark",
     cx: x(times[i]).toFixed(1), cy: 24, r: 4 })));
   for (const [t, anchor] of [[lo, "start"], [hi, "end"]]) {
     const label = svg("text", { x: x(t), y: 50, "text-anchor": anchor });
@@ -404,15 +479,31 @@ async function registryPage() {
     m.description, (where[`${m.name}@${m.version}`] || []).join(", ") || "-"])));
 }
 
+const AUDIT_PAGE = 100;
+
 async function auditPage(params) {
+  // filters actor/action and paging by entry id ("before"), as GET /v1/audit takes them
   const q = new URLSearchParams(params);
-  const before = q.get("before");
-  const page = await api("GET", `/v1/audit?limit=100${before ? "&before=" + encodeURIComponent(before) : ""}`);
+  const query = new URLSearchParams({ limit: String(AUDIT_PAGE) });
+  for (const k of ["actor", "action", "before"]) if (q.get(k)) query.set(k, q.get(k));
+  const page = await api("GET", `/v1/audit?${query}`);
   const last = page.entries.length ? page.entries[page.entries.length - 1].id : null;
-  view(el("h1", {}, "Audit log"), table("audit", ["When (UTC)", "Who", "Via", "Action", "Target", "From", "Detail"],
+  const field = (name, label) => el("label", {}, label, el("input", { name, value: q.get(name) || "", maxlength: 64 }));
+  const form = el("form", { class: "controls", id: "audit-filters", onsubmit: (ev) => {
+    ev.preventDefault();
+    const data = new URLSearchParams(new FormData(ev.target));
+    for (const [k, v] of [...data]) if (!v.trim()) data.delete(k);
+    location.hash = `#/audit?${data}`;
+  } }, field("actor", "Who"), field("action", "Action (e.g. alert.ack)"), el("button", { type: "submit" }, "Filter"));
+  const older = new URLSearchParams(query);
+  older.delete("limit");
+  if (last !== null) older.set("before", String(last));
+  const links = el("p", { class: "controls", id: "audit-paging" },
+    q.get("before") ? el("a", { href: `#/audit?${new URLSearchParams([...older].filter(([k]) => k !== "before"))}` }, "Newest") : null,
+    last !== null && page.entries.length === AUDIT_PAGE ? el("a", { href: `#/audit?${older}`, id: "audit-older" }, "Older entries") : null);
+  view(el("h1", {}, "Audit log"), form, table("audit", ["When (UTC)", "Who", "Via", "Action", "Target", "From", "Detail"],
     page.entries.map((e) => [when(e.at), e.actor, e.via, e.action, e.target || "", e.address || "",
-      JSON.stringify(e.detail)])),
-  last !== null && page.entries.length === 100 ? el("a", { href: `#/audit?before=${last}` }, "Older entries") : null);
+      el("span", { class: "detail", title: JSON.stringify(e.detail) }, JSON.stringify(e.detail))])), links);
 }
 
 // --- router -----------------------------------------------------------------------------------
