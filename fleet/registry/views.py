@@ -69,6 +69,10 @@ class RolloutDeviceOut(_Body):
     assigned: bool
     previous_version: int | None
     state: str | None = Field(description="Last reported ModelState, None before any report.")
+    version: int | None = Field(
+        None, description="Version the last report of this rollout names (its ``state`` is "
+        "of that version: shadow of the rollout's version, or active on the one it went back "
+        "to); None before any report.")
     reason: str | None
     reported_at: dt.datetime | None
 
