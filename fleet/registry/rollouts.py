@@ -152,7 +152,7 @@ class RolloutService:
             ).all()
             versions = (_reported_versions(conn, row, [m.device_id for m in members])
                         if with_devices else {})
-        return _out(row, members, with_devices, versions)
+        return _out(row, members, with_devices, versions, self._signer is not None)
 
     def list(self) -> list[RolloutOut]:
         """Every rollout, newest first, without per-device rows."""
@@ -162,7 +162,8 @@ class RolloutService:
         by_rollout: dict[int, list[Any]] = {}
         for m in members:
             by_rollout.setdefault(int(m.rollout_id), []).append(m)
-        return [_out(r, by_rollout.get(int(r.id), []), False) for r in rows]
+        can = self._signer is not None
+        return [_out(r, by_rollout.get(int(r.id), []), False, None, can) for r in rows]
 
     def act(self, rollout_id: int, action: Action) -> RolloutOut:
         """Apply an operator action. Raises: NotFound; Conflict (not allowed in this state)."""
@@ -382,6 +383,7 @@ def _reported_versions(conn: Connection, ro: Any, device_ids: Sequence[str]) -> 
 
 def _out(
     row: Any, members: Sequence[Any], with_devices: bool, versions: dict[str, int] | None = None,
+    can_roll_back: bool = False,
 ) -> RolloutOut:
     versions = versions or {}
     counts = Counter(m.state or "none" for m in members)
@@ -391,6 +393,7 @@ def _out(
         canary_percent=row.canary_percent, halt_after_failures=int(row.halt_after_failures),
         state=row.state, reason=row.reason, created_at=row.created_at,
         updated_at=row.updated_at, counts=dict(sorted(counts.items())),
+        can_roll_back=can_roll_back,
         devices=[
             RolloutDeviceOut(
                 device_id=m.device_id, canary=bool(m.canary), assigned=bool(m.assigned),
