@@ -239,7 +239,8 @@ def show(ro: dict[str, Any]) -> str:
         head.append(f"reason: {ro['reason']}")
     rows = [
         (d["device_id"], "yes" if d["canary"] else "", "yes" if d["assigned"] else "",
-         str(d["previous_version"] or "-"), d["state"] or "-",
+         str(d["previous_version"] or "-"),
+         (f"{d['state']} @{d['version']}" if d.get("version") is not None else d["state"] or "-"),
          (d["reported_at"] or "-")[:19].replace("T", " "), (d["reason"] or "")[:60])
         for d in ro["devices"]
     ]

@@ -18,6 +18,9 @@ jitter), or at once when :meth:`Updater.notify` is called (an MQTT message on
 4. ``shadow``: calibrated on the stream's own calibration samples, the candidate scores the next
    ``shadow_windows`` live windows beside the active model (in the pipeline thread); alert rate
    and score distribution must stay within the limits;
+   Before the swap the updater asks for the assignment again: when the fleet no longer
+   assigns the candidate (its rollout was aborted, paused or halted during the shadow run) the
+   candidate is dropped, unreported and not marked refused, and the active model stays.
 5. ``active``: the pipeline thread swaps detector and calibration between two blocks
    (:mod:`agent.services.model_slot`), the package is recorded in ``active.json``
    (:mod:`agent.services.model_store`) so a restart comes back on it, and the previous model is
@@ -193,6 +196,10 @@ class StreamHandle:
 
 class _Rejected(Exception):
     """A step refused the candidate (internal; the message is the reason)."""
+
+
+class _Withdrawn(Exception):
+    """The fleet stopped assigning the candidate before it became active (internal)."""
 
 
 class Updater:
@@ -373,8 +380,11 @@ class Updater:
             self._report(h, a, "verified")
             package, detector = self._accept(h, a, final)
             self._shadow_then_swap(h, a, package, detector)
-        except (_Rejected, OSError) as exc:
-            if isinstance(exc, OSError):
+        except (_Rejected, _Withdrawn, OSError) as exc:
+            if isinstance(exc, _Withdrawn):
+                log.warning("stream %s: %s; candidate dropped, the active model stays",
+                            h.name, exc, extra=_fields(h, a))
+            elif isinstance(exc, OSError):
                 shutil.rmtree(self.store.incoming / f"{a.name}-{a.version}", ignore_errors=True)
                 self._failed_try(h, a, "install failed", exc)
             else:
@@ -455,6 +465,7 @@ class Updater:
         reason, details = shadow.verdict(limits)
         if reason is not None:
             raise _Rejected(reason)
+        self._still_assigned(h, a)
         swap = Swap(package, detector, calibration, watch_windows=self.config.shadow_windows)
         h.slot.post(swap)
         if not self._wait(swap.applied, None, h.name):
@@ -470,6 +481,25 @@ class Updater:
         if swap.watch is not None:
             self._watch(h, a, swap.watch)
         self.store.prune({p for p in (_path(h.installed), _path(h.previous)) if p})
+
+    def _still_assigned(self, h: StreamHandle, a: ModelAssignment) -> None:
+        """Ask the fleet again before the swap: a rollout aborted, paused or halted during the
+        shadow run no longer assigns ``a`` (the fleet answers the running version or 204).
+
+        Raises:
+            _Withdrawn: the fleet now assigns something else (or nothing). A failed poll keeps
+                the candidate (the fleet may be unreachable; the shadow verdict stands).
+        """
+        try:
+            now = self.client.assignment(h.name)
+        except AssignmentInvalid:
+            return
+        except FleetError:
+            return
+        if now is None or (now.name, now.version) != (a.name, a.version):
+            got = "nothing" if now is None else f"{now.name}@{now.version}"
+            raise _Withdrawn(f"the fleet no longer assigns {a.name}@{a.version} (now {got}: "
+                             "rollout aborted, paused or halted)")
 
     def _calibration(
         self, h: StreamHandle, package: ModelPackage, detector: FeatureDeviationDetector

@@ -9,11 +9,14 @@ e.g. ``builtin:skab-wstat``), so the first rollout from a builtin model has a ve
 back to. A device that had reported nothing when the rollout was created gets it from its first
 report of that rollout (:func:`fill_previous`).
 
-An abort sends a device back only when all of these hold (:func:`abort_outcome` says which one
-is missing, per device, in the rollout's ``reason``): the device may run the aborted version, its
-previous version is known, that version is in the registry (pushed signed, like any package),
-and the fleet has a rollback key (``--rollback-key``; agents must trust its
-``.pub``).
+An abort stops every device that has not made the aborted version active (downloaded,
+verified, accepted, shadow, or no report yet): its assignment goes back to its previous version,
+the one it still runs, with no rollback signature (nothing is rolled back; the agent drops the
+candidate). A device already active on the aborted version is sent back only when all of these
+hold (:func:`abort_outcome` says which one is missing, per device, in the rollout's ``reason``,
+refreshed as devices report): its previous version is known, that version is in the registry
+(pushed signed, like any package), and the fleet has a rollback key (``--rollback-key``;
+agents must trust its ``.pub``); otherwise it keeps the aborted version.
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ from sqlalchemy import Connection, func, or_, select, update
 
 from fleet.db.model_tables import model_status_reports, rollout_devices
 from fleet.db.schema import devices
-from fleet.registry.policy import MAY_RUN
 
 _R = model_status_reports
 
@@ -85,13 +87,14 @@ def fill_previous(conn: Connection, ro: Any, device_id: str, now: Any) -> None:
         )
 
 
-def may_run(
+def active_on(
     state: str | None, device_model: str | None, device_version: int | None, name: str,
     version: int,
 ) -> bool:
-    """Whether a device may be running ``name@version``: its report in the rollout says so
-    (accepted, shadow, active), or its model columns name it."""
-    return state in MAY_RUN or (device_model == name and device_version == version)
+    """Whether a device has made ``name@version`` active: its report in the rollout is
+    ``active``, or its model columns name it. A device that only downloaded, accepted or
+    shadows it still runs its previous version (an abort needs no signed rollback for it)."""
+    return state == "active" or (device_model == name and device_version == version)
 
 
 def abort_outcome(
@@ -119,9 +122,18 @@ def abort_outcome(
     groups: dict[str, list[str]] = {}
     for m in members:
         prev = m.previous_version
-        if not may_run(m.state, m.device_model, m.device_version, ro.model_name,
-                       int(ro.model_version)):
+        active = active_on(m.state, m.device_model, m.device_version, ro.model_name,
+                           int(ro.model_version))
+        if m.state == "rolled_back":
+            why = f"rolled back ({m.reason or 'no reason given'})"
+        elif not active and m.assigned and prev is not None and in_registry(int(prev)):
+            why = (f"stopped before activating {label}: assigned {ro.model_name}@{prev} "
+                   "again (no rollback needed)")
+        elif not active and (m.state is None or not m.assigned):
             why = "untouched (never ran it)"
+        elif not active:
+            why = (f"stopped before activating {label}: no assignment (keeps the version "
+                   "it runs)")
         elif prev is None:
             why = (f"keep {label} (no previous version known: the device never reported "
                    f"another version of {ro.model_name})")

@@ -9,8 +9,8 @@ States (``rollouts.state``)::
     paused ◄───────────────┘             halted: set by the fleet when failures reach the
                                                  threshold; nobody is assigned; ``resume`` is the
     canary|promoted ──(failures)──► halted       operator's override (back to canary)
-    any but aborted ──abort──► aborted   aborted: terminal; devices that may run the version fall
-                                                  back to their previous one
+    any but aborted ──abort──► aborted   aborted: terminal; devices not yet active on it stop;
+                                                  active ones fall back (rollback key)
 """
 
 from __future__ import annotations

@@ -5,12 +5,13 @@
   pick_canaries`. Without ``canary_percent`` the rollout starts ``promoted``.
 * Assignment (``GET /v1/models/assignment``): the device's NEWEST rollout whose stream matches
   (the asked stream or None) decides. canary/promoted and the device assigned and not failed:
-  that version. paused/halted: nothing (204: keep what runs). aborted: if the device may run the
-  version (reported accepted/shadow/active, or its last known model is it) and it ran an older
-  registry version before, that version, with a :class:`~cloud_sync.protocol.SignedRollback`
-  for this device and the asked stream, signed at each request (fresh ``issued_at``) by the
-  fleet's rollback key (``--rollback-key``, never the package key); without one, nothing
-  (devices keep what they run).
+  that version. paused/halted: nothing (204: keep what runs). aborted: a device that has not
+  made the version active (no report, downloaded, verified, accepted, shadow) and ran an older
+  registry version before gets that version again, unsigned (it still runs it: the agent drops the
+  candidate). A device active on the version (its report or its model columns) gets the older
+  version with a :class:`~cloud_sync.protocol.SignedRollback` for this device and the asked
+  stream, signed at each request (fresh ``issued_at``) by the fleet's rollback key
+  (``--rollback-key``, never the package key); without one, nothing (it keeps the version).
   The previous version and what an abort does per device: :mod:`fleet.registry.fallback`.
 * Downloads (``GET /v1/models/<name>/<version>/package``): a device gets only a package that
   one of its assignments names (:meth:`RolloutService.may_download`).
@@ -37,7 +38,7 @@ from fleet.db.model_tables import model_status_reports, rollout_devices, rollout
 from fleet.db.retention import StatusRetention
 from fleet.db.schema import devices
 from fleet.errors import Conflict, Forbidden, NotFound, Unprocessable
-from fleet.registry.fallback import abort_outcome, fill_previous, may_run, previous_versions
+from fleet.registry.fallback import abort_outcome, active_on, fill_previous, previous_versions
 from fleet.registry.policy import (
     ASSIGNING,
     FAILED,
@@ -149,7 +150,9 @@ class RolloutService:
                 select(rollout_devices).where(rollout_devices.c.rollout_id == rollout_id)
                 .order_by(rollout_devices.c.device_id)
             ).all()
-        return _out(row, members, with_devices)
+            versions = (_reported_versions(conn, row, [m.device_id for m in members])
+                        if with_devices else {})
+        return _out(row, members, with_devices, versions, self._signer is not None)
 
     def list(self) -> list[RolloutOut]:
         """Every rollout, newest first, without per-device rows."""
@@ -159,7 +162,8 @@ class RolloutService:
         by_rollout: dict[int, list[Any]] = {}
         for m in members:
             by_rollout.setdefault(int(m.rollout_id), []).append(m)
-        return [_out(r, by_rollout.get(int(r.id), []), False) for r in rows]
+        can = self._signer is not None
+        return [_out(r, by_rollout.get(int(r.id), []), False, None, can) for r in rows]
 
     def act(self, rollout_id: int, action: Action) -> RolloutOut:
         """Apply an operator action. Raises: NotFound; Conflict (not allowed in this state)."""
@@ -175,10 +179,7 @@ class RolloutService:
             values: dict[str, Any] = {"state": state, "resume_state": resume, "updated_at": now}
             if action == "abort":
                 ro = conn.execute(select(rollouts).where(rollouts.c.id == rollout_id)).one()
-                values["reason"] = abort_outcome(
-                    conn, ro, lambda v: self._registry.exists(ro.model_name, v),
-                    self._signer is not None,
-                )
+                values["reason"] = self._abort_reason(conn, ro)
             done = conn.execute(
                 update(rollouts)
                 .where(rollouts.c.id == rollout_id, rollouts.c.state == row.state)
@@ -194,6 +195,10 @@ class RolloutService:
                     .values(assigned=True, updated_at=now)
                 )
         return self.get(rollout_id)
+
+    def _abort_reason(self, conn: Connection, ro: Any) -> str:
+        return abort_outcome(conn, ro, lambda v: self._registry.exists(ro.model_name, v),
+                             self._signer is not None)
 
     # --- device --------------------------------------------------------------------------------
 
@@ -255,12 +260,17 @@ class RolloutService:
             if not row.assigned or row.device_state in FAILED:
                 return None
             return int(row.model_version), False
-        if row.state != "aborted" or row.previous_version is None or self._signer is None:
+        if row.state != "aborted" or row.previous_version is None:
             return None
         prev = int(row.previous_version)
-        runs_it = may_run(row.device_state, row.device_model, row.device_version,
-                          row.model_name, int(row.model_version))
-        if not runs_it or not self._registry.exists(row.model_name, prev):
+        if not self._registry.exists(row.model_name, prev):
+            return None
+        if not active_on(row.device_state, row.device_model, row.device_version,
+                         row.model_name, int(row.model_version)):
+            # never activated the aborted version: it still runs prev, no rollback to sign;
+            # the assignment of prev tells an agent in download/accept/shadow to stop
+            return (prev, False) if row.assigned else None
+        if self._signer is None:
             return None
         return prev, True
 
@@ -309,6 +319,9 @@ class RolloutService:
                        rollout_devices.c.device_id == device_id)
                 .values(state=state, reason=reason, reported_at=now, updated_at=now)
             )
+            if ro.state == "aborted":  # the reason line follows the devices' outcomes
+                conn.execute(update(rollouts).where(rollouts.c.id == ro.id).values(
+                    reason=self._abort_reason(conn, ro), updated_at=now))
             if rep.state in FAILED and rep.version == ro.model_version:
                 self._maybe_halt(conn, ro, now)
 
@@ -351,7 +364,28 @@ class RolloutService:
                                  "version": int(ro.model_version), "reason": reason})
 
 
-def _out(row: Any, members: Sequence[Any], with_devices: bool) -> RolloutOut:
+def _reported_versions(conn: Connection, ro: Any, device_ids: Sequence[str]) -> dict[str, int]:
+    """Version named by each device's newest report of rollout ``ro`` (the report its row's
+    ``state`` came from: one naming the rollout, or naming its model and version)."""
+    r = model_status_reports
+    if not device_ids:
+        return {}
+    of_it = or_(r.c.rollout_id == ro.id,
+                and_(r.c.rollout_id.is_(None), r.c.name == ro.model_name,
+                     r.c.version == ro.model_version))
+    newest = (select(r.c.device_id, func.max(r.c.pk).label("pk"))
+              .where(r.c.device_id.in_(list(device_ids)), r.c.received_at >= ro.created_at,
+                     of_it)
+              .group_by(r.c.device_id).subquery())
+    return {str(x.device_id): int(x.version) for x in conn.execute(
+        select(r.c.device_id, r.c.version).join(newest, newest.c.pk == r.c.pk))}
+
+
+def _out(
+    row: Any, members: Sequence[Any], with_devices: bool, versions: dict[str, int] | None = None,
+    can_roll_back: bool = False,
+) -> RolloutOut:
+    versions = versions or {}
     counts = Counter(m.state or "none" for m in members)
     return RolloutOut(
         id=int(row.id), name=row.model_name, version=int(row.model_version),
@@ -359,10 +393,12 @@ def _out(row: Any, members: Sequence[Any], with_devices: bool) -> RolloutOut:
         canary_percent=row.canary_percent, halt_after_failures=int(row.halt_after_failures),
         state=row.state, reason=row.reason, created_at=row.created_at,
         updated_at=row.updated_at, counts=dict(sorted(counts.items())),
+        can_roll_back=can_roll_back,
         devices=[
             RolloutDeviceOut(
                 device_id=m.device_id, canary=bool(m.canary), assigned=bool(m.assigned),
-                previous_version=m.previous_version, state=m.state, reason=m.reason,
+                previous_version=m.previous_version, state=m.state,
+                version=versions.get(str(m.device_id)), reason=m.reason,
                 reported_at=m.reported_at,
             )
             for m in members

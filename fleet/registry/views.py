@@ -69,6 +69,10 @@ class RolloutDeviceOut(_Body):
     assigned: bool
     previous_version: int | None
     state: str | None = Field(description="Last reported ModelState, None before any report.")
+    version: int | None = Field(
+        None, description="Version the last report of this rollout names (its ``state`` is "
+        "of that version: shadow of the rollout's version, or active on the one it went back "
+        "to); None before any report.")
     reason: str | None
     reported_at: dt.datetime | None
 
@@ -88,6 +92,10 @@ class RolloutOut(_Body):
     updated_at: dt.datetime
     counts: dict[str, int] = Field(description="Devices per last reported state ('none').")
     devices: list[RolloutDeviceOut] = Field(default_factory=list)
+    can_roll_back: bool = Field(
+        False, description="The fleet holds a rollback key (--rollback-key): an abort sends "
+        "devices already active on the version back to their previous one; without it they "
+        "keep it (devices not yet active on it are stopped either way).")
 
     def summary(self) -> dict[str, Any]:
         """Without the per-device list."""

@@ -328,9 +328,8 @@ def test_operator_starts_and_aborts_a_rollout_viewer_is_refused(
     assert viewer.text_content("#rollout-state") == "canary"
     _shot(viewer, fleet, "rollout-viewer-refused")
 
-    op.reload()
-    op.wait_for_selector("#rollout-devices")
-    assert "active" in (op.text_content("#rollout-devices") or "")
+    # the operator's page was left open: it refreshes itself while the rollout runs
+    expect(op.locator("#rollout-devices")).to_contain_text("active (@8)", timeout=30_000)
     dialogs: list[str] = []
 
     def dismiss(dialog: Any) -> None:
@@ -340,10 +339,15 @@ def test_operator_starts_and_aborts_a_rollout_viewer_is_refused(
     op.once("dialog", dismiss)
     op.click("#rollout-abort")
     assert dialogs and "Abort rollout" in dialogs[0]
+    # this fleet has no rollback key: the question says the active canary keeps the version
+    assert f"({canary}) KEEP it" in dialogs[0] and "--rollback-key" in dialogs[0], dialogs[0]
     assert op.text_content("#rollout-state") == "canary"  # dismissed: nothing happened
     op.once("dialog", lambda dialog: dialog.accept())
     op.click("#rollout-abort")
     expect(op.locator("#rollout-state")).to_have_text("aborted")
+    expect(op.locator("#flash")).to_contain_text(f"{canary} keep skab-wstat@8")
+    expect(op.locator("#flash")).to_contain_text("--rollback-key")
+    assert op.get_attribute("#flash", "class") != "ok"  # a warning, not "done"
     _shot(op, fleet, "rollout-aborted")
 
     op.goto(f"{fleet.base}/console/#/audit")

@@ -192,7 +192,8 @@ def test_abort_falls_back_with_signed_rollback(
     assert (rb.device_id, rb.stream, rb.name, rb.from_version, rb.to_version) == (
         "gw1", "pump", "skab-wstat", 2, 1)
     verify_rollback(rb, load_public_keys(keys[1]))
-    assert assigned(mclient, fleet["gw2"]) is None  # never ran v2: keeps v1
+    stay = assigned(mclient, fleet["gw2"])  # never ran v2: v1 again, nothing to roll back
+    assert stay is not None and (stay.version, stay.rollback) == (1, None)
     assert mclient.post(f"/v1/rollouts/{r2['id']}/resume", headers=admin).status_code == 409
 
 
@@ -303,8 +304,13 @@ def test_abort_of_the_first_rollout_from_a_builtin_model(
     report(mclient, fleet["gw1"], "gw1", "active", version=1, rollout_id=ro["id"])
     row = next(d for d in mclient.get(f"/v1/rollouts/{ro['id']}", headers=admin).json()[
         "devices"] if d["device_id"] == "gw1")
-    assert (row["state"], row["reason"]) == ("rolled_back", "abort: back on skab-wstat@1")
-    assert assigned(mclient, fleet["gw1"], "pump") is None
+    assert (row["state"], row["reason"], row["version"]) == (
+        "rolled_back", "abort: back on skab-wstat@1", 1)
+    again = assigned(mclient, fleet["gw1"], "pump")  # the version it runs, no more rollback
+    assert again is not None and (again.version, again.rollback) == (1, None)
+    reason = mclient.get(f"/v1/rollouts/{ro['id']}", headers=admin).json()["reason"]
+    assert reason.startswith("aborted by the operator: rolled back (abort: back on "
+                             "skab-wstat@1): gw1; back to skab-wstat@1: gw2;"), reason
 
 
 def test_abort_without_rollback_key_names_the_fix(
@@ -329,6 +335,46 @@ def test_abort_without_rollback_key_names_the_fix(
             "aborted by the operator: keep skab-wstat@2 (the fleet has no --rollback-key to sign "
             "the rollback: start edge-fleet serve with --rollback-key; docs/rollouts.md): gw1")
         assert assigned(tc, auth, "pump") is None
+
+
+def test_abort_stops_devices_that_have_not_activated_without_rollback_key(
+    settings: Settings, engine: Engine, admin: dict[str, str], keys: tuple[Path, Path],
+    tmp_path: Path,
+) -> None:
+    """No --rollback-key, a rollout of v2 over devices on v1: the abort stops every device
+    that has not made v2 active (shadow, downloaded, accepted, verified, no report): its
+    assignment is v1 again, unsigned, and v2 can no longer be downloaded; only the device
+    already active on v2 keeps it, and the reason says which and why."""
+    s = Settings(**{**settings.__dict__, "trusted_keys_dir": keys[1]})
+    with TestClient(create_app(s, engine)) as tc:
+        for v in (1, 2):
+            assert push(tc, admin, archive(tmp_path, v, keys[0])).status_code == 201
+        ids = ["gw1", "gw2", "gw3", "gw4", "gw5", "gw6"]
+        auth = {d: {"Authorization": f"Bearer {enroll(tc, d, ['line1'])}"} for d in ids}
+        for d in ids:
+            report(tc, auth[d], d, "active", version=1, rollout_id=None, stream="pump")
+        ro = tc.post("/v1/rollouts", headers=admin,
+                     json={"name": "skab-wstat", "version": 2, "tag": "line1"}).json()
+        states = {"gw1": "active", "gw2": "shadow", "gw3": "downloaded", "gw4": "accepted",
+                  "gw5": "verified"}
+        for d, st in states.items():
+            assert report(tc, auth[d], d, st, rollout_id=ro["id"]).status_code == 204
+        shown = tc.get(f"/v1/rollouts/{ro['id']}", headers=admin).json()["devices"]
+        assert {d["device_id"]: (d["state"], d["version"]) for d in shown} == {
+            **{d: (st, 2) for d, st in states.items()}, "gw6": (None, None)}
+        r = tc.post(f"/v1/rollouts/{ro['id']}/abort", headers=admin).json()
+        assert r["state"] == "aborted"
+        assert r["reason"] == (
+            "aborted by the operator: keep skab-wstat@2 (the fleet has no --rollback-key to sign "
+            "the rollback: start edge-fleet serve with --rollback-key; docs/rollouts.md): gw1; "
+            "stopped before activating skab-wstat@2: assigned skab-wstat@1 again (no rollback "
+            "needed): gw2, gw3, gw4, gw5, gw6")
+        assert assigned(tc, auth["gw1"], "pump") is None  # active on v2: keeps it
+        for d in ids[1:]:
+            got = assigned(tc, auth[d], "pump")
+            assert got is not None and (got.version, got.rollback) == (1, None), d
+            r2 = tc.get("/v1/models/skab-wstat/2/package", headers=auth[d])
+            assert r2.status_code == 403, d
 
 
 def test_device_reports_only_for_itself(

@@ -197,6 +197,28 @@ def test_shadow_then_swap_while_readings_flow_drops_nothing(
         "edge_agent_model_version", {"stream": "pump"}) == NEXT
 
 
+def test_candidate_withdrawn_during_shadow_never_becomes_active(
+    tmp_path: Path, fleet: FakeFleet, keys: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rollout is aborted while the candidate shadows (the fleet stops assigning it): the
+    shadow run ends without a swap, nothing is reported refused, the builtin keeps scoring."""
+    priv, trusted = keys
+    finish = threading.Event()
+    source = FlowingSource("pump", finish)
+    agent = _agent(tmp_path, fleet, trusted, source, monkeypatch, shadow=300)
+    with _running(agent, finish):
+        fleet.publish(make_package(tmp_path, NEXT, priv), tmp_path)
+        _wait_for(lambda: (NEXT, "shadow") in fleet.states(), 60)
+        with fleet.state.lock:
+            fleet.state.assignment = None  # aborted: the fleet answers 204
+        before = _windows_scored(agent)
+        _wait_for(lambda: _windows_scored(agent) > before + 900, 120)  # 3 shadow runs' worth
+        assert [s for _, s in fleet.states()] == ["downloaded", "verified", "accepted", "shadow"]
+        assert agent.streams["pump"].package.manifest.version == BUILTIN_VERSION
+        assert agent.metrics.registry.get_sample_value(
+            "edge_agent_model_version", {"stream": "pump"}) == BUILTIN_VERSION
+
+
 @contextmanager
 def _running(agent: Agent, finish: threading.Event) -> Iterator[None]:
     thread = threading.Thread(target=agent.run, daemon=True)

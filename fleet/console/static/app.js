@@ -436,22 +436,75 @@ async function rolloutsPage() {
     table("rollouts", ["Id", "Model", "Target", "Stream", "State", "Devices", "Reason", "Updated (UTC)"], rows));
 }
 
+// Rollout page: redrawn every ROLLOUT_POLL_MS while the rollout is not finished.
+const ROLLOUT_POLL_MS = 7000;
+const ROLLOUT_LIVE = new Set(["canary", "promoted", "paused"]);
+let rolloutTimer = null;
+
+// Devices that made the rollout's version active (the ones an abort needs a rollback key for).
+function activeOnIt(r) {
+  return r.devices.filter((d) => d.state === "active" && d.version === r.version);
+}
+
+function abortQuestion(r) {
+  const label = `${r.name}@${r.version}`;
+  const active = activeOnIt(r).map((d) => d.device_id);
+  const stopped = r.devices.length - active.length;
+  let text = `Abort rollout ${r.id} (${label})? ` +
+    `${stopped} device(s) not yet active on ${label} stop and stay on the version they run.`;
+  if (active.length) {
+    text += r.can_roll_back
+      ? ` ${active.length} device(s) active on ${label} (${active.join(", ")}) are sent back to ` +
+        "their previous version (signed rollback), where it is known and in the registry."
+      : ` ${active.length} device(s) active on ${label} (${active.join(", ")}) KEEP it: this fleet ` +
+        "has no rollback key (start edge-fleet serve with --rollback-key to send them back).";
+  }
+  return text;
+}
+
+function abortOutcome(r) {
+  const label = `${r.name}@${r.version}`;
+  const keep = activeOnIt(r).filter((d) => !r.can_roll_back || d.previous_version == null);
+  if (!keep.length) { flash(`Rollout ${r.id} aborted: no device keeps ${label}.`, true); return; }
+  const why = r.can_roll_back
+    ? "no previous version known for them (see the reason line)"
+    : "this fleet has no rollback key: start edge-fleet serve with --rollback-key (docs/rollouts.md)";
+  flash(`Warning: rollout ${r.id} aborted, but ${keep.map((d) => d.device_id).join(", ")} ` +
+    `keep ${label}: ${why}.`, false);
+}
+
+function deviceState(d) {
+  return d.state ? (d.version != null ? `${d.state} (@${d.version})` : d.state) : "none";
+}
+
 async function rolloutPage(id) {
+  clearTimeout(rolloutTimer);
+  const here = location.hash;
   const r = await api("GET", `/v1/rollouts/${encodeURIComponent(id)}`);
   const act = (action) => el("button", { type: "button", id: `rollout-${action}`, onclick: async () => {
-    if (action === "abort" && !window.confirm(`Abort rollout ${r.id} (${r.name}@${r.version})? ` +
-      "Devices fall back to the version they ran before.")) return;
-    try { await api("POST", `/v1/rollouts/${r.id}/${action}`); flash(`Rollout ${r.id}: ${action} done.`, true); await rolloutPage(id); }
+    if (action === "abort" && !window.confirm(abortQuestion(r))) return;
+    try {
+      const out = await api("POST", `/v1/rollouts/${r.id}/${action}`);
+      if (action === "abort") abortOutcome(out); else flash(`Rollout ${r.id}: ${action} done.`, true);
+      await rolloutPage(id);
+    }
     catch (err) { refused(err); }
   } }, action);
   view(el("h1", {}, `Rollout ${r.id}: ${r.name}@${r.version}`),
-    el("p", {}, "State: ", el("strong", { id: "rollout-state" }, r.state), r.reason ? ` (${r.reason})` : "",
+    el("p", {}, "State: ", el("strong", { id: "rollout-state" }, r.state),
+      r.reason ? el("span", { id: "rollout-reason" }, ` (${r.reason})`) : "",
       ` · target ${r.target_tag ? "tag " + r.target_tag : "devices"} · stream ${r.stream || "(all)"}` +
-      ` · canary ${r.canary_percent ?? 100} % · halts after ${r.halt_after_failures} failure(s)`),
+      ` · canary ${r.canary_percent ?? 100} % · halts after ${r.halt_after_failures} failure(s)` +
+      (ROLLOUT_LIVE.has(r.state) ? ` · refreshes every ${ROLLOUT_POLL_MS / 1000} s` : "")),
     el("div", { class: "controls" }, ["promote", "pause", "resume", "abort"].map(act)),
-    table("rollout-devices", ["Device", "Canary", "Assigned", "Previous version", "State", "Reason", "Reported (UTC)"],
+    table("rollout-devices", ["Device", "Canary", "Assigned", "Previous version", "State (version)", "Reason", "Reported (UTC)"],
       r.devices.map((d) => [d.device_id, d.canary ? "yes" : "no", d.assigned ? "yes" : "no",
-        d.previous_version ?? "-", d.state || "none", d.reason || "", when(d.reported_at)])));
+        d.previous_version ?? "-", deviceState(d), d.reason || "", when(d.reported_at)])));
+  if (ROLLOUT_LIVE.has(r.state)) {
+    rolloutTimer = setTimeout(() => {
+      if (location.hash === here) rolloutPage(id).catch((err) => { if (err.status !== 401) refused(err); });
+    }, ROLLOUT_POLL_MS);
+  }
 }
 
 async function registryPage() {
