@@ -32,6 +32,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/console"): "public",
     ("GET", "/console/"): "public",
     ("GET", "/console/{asset}"): "public",
+    ("GET", "/favicon.ico"): "public",
     ("POST", "/v1/session"): "public",
     ("GET", "/v1/session"): "viewer",
     ("DELETE", "/v1/session"): "session",
