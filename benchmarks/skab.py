@@ -9,10 +9,9 @@ scored rows of all files and report F1 = TP/(TP+(FP+FN)/2), FAR % = FP/(FP+TN)·
 MAR % = FN/(FN+TP)·100 (Katser & Kozitsin, SKAB, 2020), for the INT8 model and its FP32 twin,
 beside the published outlier-detection rows, per group (valve1, other) and pooled.
 
-Then the grouped model selection (:mod:`skab_select`, every candidate family side by side:
-window statistics with the in-sample and the held-out threshold base, rated with the INT8 model
-the package recipe builds for each point; lagged-window PCA T²+Q and MSET as FP32 NumPy
-references): each group scored with the parameters chosen on the other group,
+Then the grouped model selection (:mod:`skab_select`, FP32 NumPy references of every candidate
+family side by side: window statistics with the in-sample and the held-out threshold base,
+lagged-window PCA T²+Q, MSET): each group scored with the parameters chosen on the other group,
 leave-files-out within each group, the pooled figure with parameters chosen on all files, and the
 spread over the chosen point's neighbourhood; it says whether the package's defaults are the ones
 the procedure picks. The last line is the shipped INT8 result, pooled:
@@ -27,7 +26,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -188,16 +186,15 @@ def grouped(data: Path, families: list[str], package) -> None:
         Study,
         describe,
         load,
-        load_int8,
+        load_floors,
         report,
     )
 
-    print("\ngrouped model selection (models/recipes/skab_select.py; window statistics in "
-          "INT8 as packaged, PCA and MSET FP32 NumPy references; F1 / FAR % / MAR %)")
+    print("\ngrouped model selection (models/recipes/skab_select.py; FP32 NumPy references; "
+          "F1 / FAR % / MAR %)")
     files, floor, ffloors = load(data)
-    with tempfile.TemporaryDirectory() as tmp:
-        floors, models = load_int8(data, families, Path(tmp))
-        choice = report(Study(files, floor, ffloors, families, floors, models), families)
+    choice = report(Study(files, floor, ffloors, families, load_floors(data, families)),
+                    families)
     m = package.manifest
     args = (m.lineage or {}).get("args") or {}
     # the recipe's --floor-frac (= --feature-floor-frac when the selection set it)

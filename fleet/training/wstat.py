@@ -269,63 +269,6 @@ def int8_input_range(path: Path, runtime: str) -> tuple[float, float] | None:
     raise ValueError(f"unknown runtime {runtime!r}")
 
 
-#: The QDQ output tensors of the graph's three features (:func:`build_graph`), feature-major.
-FEATURE_TENSORS = ("mean", "mean_abs_dev", "mad")
-
-
-def feature_steps(int8_path: Path, channels: int) -> npt.NDArray[np.float64]:
-    """The INT8 output step of every feature of a QDQ window-statistics model.
-
-    Each feature tensor (``mean``, ``mean_abs_dev``, ``mad``: one per-tensor scale for all C
-    channels) is quantized by a ``QuantizeLinear`` whose scale is the step between two
-    representable values (affine int8, Jacob et al. 2018).
-
-    Args:
-        int8_path: A QDQ model of :func:`build_graph` quantized by :func:`quantize_int8`.
-        channels: C.
-
-    Returns:
-        Shape ``(3·C,)`` float64, scaled input units; 0 for a feature whose tensor is not
-        quantized.
-    """
-    model = onnx.load(str(int8_path))
-    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    scale = dict.fromkeys(FEATURE_TENSORS, 0.0)
-    for node in model.graph.node:
-        if node.op_type == "QuantizeLinear" and node.input[0] in scale:
-            scale[node.input[0]] = float(inits[node.input[1]])
-    steps: npt.NDArray[np.float64] = np.repeat(
-        np.array([scale[t] for t in FEATURE_TENSORS], np.float64), channels)
-    return steps
-
-
-def quantization_floor(feature_floor: npt.NDArray[np.float64],
-                       steps: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-    """The feature std floor of an INT8 model: max(floor, step) per feature.
-
-    A feature rounded to a grid of step q whose normal spread is about q or less takes only a
-    few distinct values while calibrating, and the std of those values lies anywhere between 0
-    and about q/2 depending on where the calibration windows fall on the grid; the uniform
-    rounding-noise model (std q/√12; Widrow & Kollár, "Quantization Noise", 2008, ch. 4) holds
-    only for a spread well above q. Below one step, the calibration std, and with it every
-    deviation and the threshold, is then the rounding's, not the machine's, and the INT8 and
-    FP32 models are different detectors. A floor of one step makes both use the floor there.
-    (Measured on SKAB at W 20: a floor of q/√12 never binds and leaves INT8 − FP32 pooled F1 at
-    +0.032; one step brings it to −0.001; see docs/detection.md.)
-
-    Args:
-        feature_floor: ``(F,)`` the floor from normal data.
-        steps: ``(F,)`` each feature's INT8 output step (:func:`feature_steps`).
-
-    Returns:
-        ``(F,)`` float64.
-
-    >>> quantization_floor(np.array([0.01, 0.1]), np.array([0.03, 0.03])).tolist()
-    [0.03, 0.1]
-    """
-    return np.maximum(feature_floor, steps).astype(np.float64)
-
-
 def ort_version() -> str:
     """The installed onnxruntime version (for lineage)."""
     import onnxruntime as ort  # noqa: PLC0415

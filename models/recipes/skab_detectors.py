@@ -28,7 +28,6 @@ test rows will; the test scores still use statistics fitted on all N rows.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,9 +36,6 @@ import numpy.typing as npt
 from cloud_sync.calibration import sliding_windows, window_features
 
 FloatArray = npt.NDArray[np.float64]
-#: Scaled windows ``(B, W, C)`` float32 -> features ``(B, 3·C)``: the FP32 reference
-#: (:func:`window_features`) or the package's INT8 path (:func:`skab_int8.int8_features`).
-FeatureFn = Callable[[npt.NDArray[np.float32]], npt.NDArray[np.floating]]
 
 DETECTORS = ("wstat", "pca", "mset")
 
@@ -59,8 +55,7 @@ def _scale(values: FloatArray, rows: int, floor: FloatArray) -> FloatArray:
 
 
 def wstat_scores(values: FloatArray, rows: int, window: int, top_k: int, floor: FloatArray,
-                 feature_floor: FloatArray, features: FeatureFn = window_features
-                 ) -> FloatArray:
+                 feature_floor: FloatArray) -> FloatArray:
     """Window-statistics scores with scaler and feature statistics fitted on ``values[:rows]``.
 
     Args:
@@ -69,13 +64,12 @@ def wstat_scores(values: FloatArray, rows: int, window: int, top_k: int, floor: 
         window: W.
         top_k: |z| values averaged.
         floor: ``(C,)`` input scale floor; feature_floor: ``(3·C,)`` feature std floor.
-        features: The model (default: the FP32 reference).
 
     Returns:
         ``(T − W + 1,)``: score of the window ending at row j + W − 1.
     """
     z = _scale(values, rows, floor).astype(np.float32)
-    feats = np.asarray(features(sliding_windows(z, window)), np.float64)
+    feats = window_features(sliding_windows(z, window)).astype(np.float64)
     cal = feats[: rows - window + 1]
     std = np.maximum(cal.std(0), feature_floor) + 1e-9
     a = np.abs((feats - cal.mean(0)) / std)
@@ -129,8 +123,7 @@ def mset_scores(values: FloatArray, rows: int, window: int, memory: int,
 
 
 def file_scores(detector: str, values: FloatArray, n: int, window: int, param: float,
-                holdout: float, floor: FloatArray, feature_floor: FloatArray,
-                features: FeatureFn = window_features) -> FileScores:
+                holdout: float, floor: FloatArray, feature_floor: FloatArray) -> FileScores:
     """Threshold-base and test scores of one file (see the module docstring).
 
     Args:
@@ -140,7 +133,6 @@ def file_scores(detector: str, values: FloatArray, n: int, window: int, param: f
         window: W.
         param: ``top_k`` (wstat), explained variance (pca) or memory size (mset).
         holdout: Fraction h of the N rows held out for the threshold base, 0 ≤ h < 1.
-        features: The wstat model (FP32 reference or INT8 path); unused by pca and mset.
 
     Raises:
         ValueError: an unknown detector, or too few rows for the hold-out.
@@ -148,8 +140,7 @@ def file_scores(detector: str, values: FloatArray, n: int, window: int, param: f
     def run(rows: int, upto: int) -> FloatArray:
         vals = values[:upto]
         if detector == "wstat":
-            return wstat_scores(vals, rows, window, int(param), floor, feature_floor,
-                                features)
+            return wstat_scores(vals, rows, window, int(param), floor, feature_floor)
         if detector == "pca":
             return pca_scores(vals, rows, window, param, floor)
         if detector == "mset":

@@ -1,7 +1,6 @@
 """Grouped model selection for the SKAB sensor detector: choices that cannot see their judge.
 
     python models/recipes/skab_select.py --data ../shared/datasets/skab [--json OUT]
-        [--json-heldout DIR] [--families wstat,pca,mset] [--precision int8|fp32]
 
 Every choice of the shipped sensor detector (detector family, window W, its parameter, the
 input and feature floors, the threshold base and margin) is made here, by a rule that is fixed
@@ -20,13 +19,6 @@ before any file is scored and never looks at the files a figure is reported on:
 * **Leave files out**: within each group, files are split into 4 folds (file i → fold i mod 4);
   each fold is scored with the candidate chosen on every file outside it.
 
-**Rated in INT8.** Window-statistics candidates are scored with the model the package ships:
-for each (W, floor) the INT8 QDQ graph is built and quantized exactly as the recipe builds it,
-its feature floors raised to each feature's INT8 output step, and windows outside its
-INT8 input range scored by the FP32 twin (:mod:`skab_int8`). PCA and MSET have no INT8
-artefact and are rated as FP32 references. ``--precision fp32`` rates the FP32 references
-with the same floors (for comparison; the shipped choice is the INT8 one).
-
 The shipped defaults are the candidate chosen on all files (worst group, smoothed) among the
 families the agent can ship (:data:`SHIPPABLE`); the choice among all families is printed too.
 The grid (:data:`GRID`) is declared once, before any scoring. Labels are used only to compute J.
@@ -38,22 +30,18 @@ import argparse
 import itertools
 import json
 import sys
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
-import numpy.typing as npt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from skab_data import anomaly_free_file, labelled_files, read_skab
-from skab_detectors import FeatureFn, FileScores, file_scores
-from skab_int8 import build_int8, int8_features
+from skab_detectors import FileScores, file_scores
 
-from cloud_sync.calibration import window_features
 from fleet.training.wstat import scaled_windows
 
 N = 400
@@ -85,8 +73,6 @@ SMOOTH_AXES = ("window", "param", "factor", "floor")
 
 #: Floors per floor fraction: ``{f: (input floor (C,), {W: feature floor (3·C,)})}``.
 Floors = dict[float, tuple[np.ndarray, dict[int, np.ndarray]]]
-#: The wstat model per (floor fraction, W) (:func:`load_int8`); absent: the FP32 reference.
-Models = dict[tuple[float, int], FeatureFn]
 
 
 def axis_values(family: str, axis: str) -> tuple[float, ...]:
@@ -144,8 +130,6 @@ class Study:
         families: The detector families to study.
         floors: The floors of every fraction of a ``floor`` axis (:func:`load_floors`); None:
             only ``floor``/``feature_floors``, at :data:`FLOOR_FRAC`.
-        models: The wstat model per (floor fraction, W) (:func:`load_int8`); a pair not in it
-            (or None) is scored by the FP32 reference.
 
     Raises:
         KeyError: a family's floor fraction has no floors.
@@ -153,7 +137,7 @@ class Study:
 
     def __init__(self, files: dict[str, tuple[np.ndarray, np.ndarray]], floor: np.ndarray,
                  feature_floors: dict[int, np.ndarray], families: Sequence[str],
-                 floors: Floors | None = None, models: Models | None = None) -> None:
+                 floors: Floors | None = None) -> None:
         self.files = files
         self.labels = {k: v[1][N:] == 1 for k, v in files.items()}
         self.groups = sorted({k.split("/")[0] for k in files})
@@ -165,10 +149,9 @@ class Study:
             for w, p, h, fl in itertools.product(g["window"], g["param"], g["holdout"],
                                                  axis_values(fam, "floor")):
                 inp, feat = by_frac[fl]
-                fn = (models or {}).get((fl, int(w)), window_features)
                 for name, (values, _) in files.items():
                     self._scores[(fam, int(w), p, h, fl, name)] = file_scores(
-                        fam, values, N, int(w), p, h, inp, feat.get(int(w), inp), fn)
+                        fam, values, N, int(w), p, h, inp, feat.get(int(w), inp))
                 self.candidates += [Candidate(fam, int(w), p, h, f, fl) for f in g["factor"]]
         self._counts: dict[tuple[Candidate, str], np.ndarray] = {}
 
@@ -283,42 +266,6 @@ def load_floors(root: Path, families: Sequence[str]) -> Floors:
     return {f: floors_at(normal, f) for f in fracs}
 
 
-def load_int8(root: Path, families: Sequence[str], out_dir: Path,
-              int8: bool = True) -> tuple[Floors, Models]:
-    """:func:`load_floors`, with each window-statistics (W, floor) point's feature floors and
-    model those of the INT8 package the recipe would build for it (:func:`skab_int8.build_int8`,
-    graphs written under ``out_dir``).
-
-    Args:
-        int8: False: the same (raised) floors, but the FP32 reference as the model.
-
-    Returns:
-        (floors, models): the INT8 path per (fraction, W) (empty when ``int8`` is False).
-    """
-    normal = read_skab(anomaly_free_file(root)).values
-    floors = load_floors(root, families)
-    models: Models = {}
-    if "wstat" not in families:
-        return floors, models
-    for frac in axis_values("wstat", "floor"):
-        for w in (int(v) for v in GRID["wstat"]["window"]):
-            built = build_int8(normal, w, frac, frac, out_dir / f"w{w}-f{frac:g}")
-            floors[frac][1][w] = built.feature_floor
-            if int8:
-                models[(frac, w)] = int8_features(built)
-    return floors, models
-
-
-def step_floor_report(floors: Floors, raw: Floors) -> str:
-    """How many feature floors the INT8 step raised, per (fraction, W)."""
-    parts = []
-    for frac in sorted(floors):
-        for w in sorted(floors[frac][1]):
-            a: npt.NDArray[np.float64] = floors[frac][1][w]
-            parts.append(f"f{frac:g}/W{w}: {int((a > raw[frac][1][w] * (1 + 1e-6)).sum())}")
-    return "feature floors raised to the INT8 step: " + ", ".join(parts)
-
-
 def describe(c: Candidate) -> str:
     par = {"wstat": "top_k", "pca": "var", "mset": "memory"}[c.detector]
     return (f"{c.detector} W={c.window} {par}={c.param:g} holdout={c.holdout:g} "
@@ -374,47 +321,16 @@ def spread_text(study: Study, c: Candidate, names: Sequence[str]) -> str:
             f"FAR {best.far:.2f}..{worst.far:.2f} MAR {best.mar:.2f}..{worst.mar:.2f}")
 
 
-def write_heldout(study: Study, family: str, out: Path) -> list[Path]:
-    """Write ``out/<group>.json`` per group: the ``family`` candidate chosen on the other
-    groups (:meth:`Study.leave_group_out`), with ``held_out_group`` and ``chosen_on`` added.
-
-    Returns:
-        The files written.
-    """
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for g, (c, _) in study.leave_group_out(family).items():
-        others = [o for o in study.groups if o != g]
-        p = out / f"{g}.json"
-        p.write_text(json.dumps({**asdict(c), "held_out_group": g, "chosen_on": others},
-                                indent=1) + "\n")
-        paths.append(p)
-    return paths
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="grouped model selection on SKAB")
     ap.add_argument("--data", type=Path, required=True, help="SKAB root directory")
     ap.add_argument("--families", default=",".join(GRID), help="comma-separated families")
     ap.add_argument("--json", type=Path, help="write the choice here")
-    ap.add_argument("--json-heldout", type=Path, metavar="DIR",
-                    help="write DIR/<group>.json per group: the shippable family's candidate "
-                         "chosen on the other groups (a selection for skab_wstat.py that "
-                         "builds the group's held-out package)")
-    ap.add_argument("--precision", choices=("int8", "fp32"), default="int8",
-                    help="rate window statistics with the INT8 package path (shipped) or the "
-                         "FP32 reference; both with the INT8-step feature floors")
     args = ap.parse_args(argv)
     files, floor, ffloors = load(args.data)
     fams = [f for f in args.families.split(",") if f]
-    with tempfile.TemporaryDirectory() as tmp:
-        floors, models = load_int8(args.data, fams, Path(tmp), args.precision == "int8")
-        print(step_floor_report(floors, load_floors(args.data, fams)))
-        print(f"window statistics rated with the {args.precision.upper()} path")
-        study = Study(files, floor, ffloors, fams, floors, models)
-        choice = report(study, fams)
-        if args.json_heldout:
-            write_heldout(study, choice.detector, args.json_heldout)
+    study = Study(files, floor, ffloors, fams, load_floors(args.data, fams))
+    choice = report(study, fams)
     if args.json:
         args.json.write_text(json.dumps(asdict(choice), indent=1) + "\n")
     return 0

@@ -4,19 +4,16 @@
     python models/recipes/skab_wstat.py --data ../shared/datasets/skab --out models/skab-wstat \
         --selection selection.json --version 2
 
-The window, top_k, threshold factor, hold-out and floors come from the grouped model selection
-(``--selection``, required, written by :mod:`skab_select`; it must have chosen the ``wstat``
-family), so the shipped defaults are the ones that procedure picks: the recipe has no
-hand-picked fallback.
+The window, top_k, threshold factor and hold-out come from the grouped model selection
+(``--selection``, written by :mod:`skab_select`; it must have chosen the ``wstat`` family), so the
+shipped defaults are the ones that procedure picks.
 
 Steps (re-runnable; needs the ``train`` extra for ``onnx``):
 
 1. Read the anomaly-free SKAB recording (training data: normal operation only, no labels used).
 2. Emulate on-device calibration on many 400-sample segments of it to fit the package constants:
    the per-channel input scale floor (``--floor-frac`` × the recording's std) and the
-   per-feature std floor (``--feature-floor-frac`` × the std of each feature over all segments,
-   raised after step 4 to the feature's INT8 output step; :mod:`skab_int8`, which the
-   selection uses too, so it rates this very model).
+   per-feature std floor (``--feature-floor-frac`` × the std of each feature over all segments).
 3. Build the FP32 ONNX graph of the window-statistics model (mean, mean absolute deviation,
    mean |Δ| per channel as MatMul/Sub/Abs ops; see :mod:`fleet.training.wstat`, whose graph
    builder and quantization the fleet's per-device retraining reuses). The mean
@@ -42,7 +39,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -53,7 +49,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from skab_data import anomaly_free_file, read_skab
-from skab_int8 import build_int8
 
 from cloud_sync.calibration import FEATURES, window_features
 from fleet.training.runtimes import (
@@ -65,8 +60,11 @@ from fleet.training.runtimes import (
 from fleet.training.wstat import (
     METHODS,
     artefact_entries,
+    build_graph,
     int8_input_range,
     ort_version,
+    quantize_int8,
+    scaled_windows,
     session_runner,
 )
 
@@ -100,17 +98,12 @@ def golden_atol(errors: list[float]) -> float:
 
 def other_runtimes(
     out: Path, int8_onnx: Path, quant_sample: np.ndarray, check: np.ndarray, f32: np.ndarray,
-    ort_golden_err: float, golden_x: np.ndarray, tflite_from: Path | None = None,
+    ort_golden_err: float, golden_x: np.ndarray,
 ) -> dict[str, Any]:
     """Step 6: the OpenVINO IR (from the QDQ INT8 ONNX) and the TFLite INT8 artefact (from the
     same model in TensorFlow, quantized on the same calibration windows), each only when its
     library is installed and its golden error is at most :data:`SAME_MODEL_FACTOR` × the ONNX
     Runtime INT8 artefact's ``ort_golden_err``.
-
-    ``tflite_from``: a package directory built earlier with the same W and quantization
-    windows (same seed); when TensorFlow is missing its ``model.int8.tflite`` is taken instead
-    of a fresh export, after the same golden check (a TFLite file depends only on the graph and
-    the quantization windows, not on floors, top-k or threshold).
 
     Returns:
         ``artefacts`` (manifest entries), ``golden_errors`` (of the shipped ones) and
@@ -136,22 +129,8 @@ def other_runtimes(
                            f"tensorflow {tf_version()} TFLiteConverter, full-integer PTQ "
                            f"on the {quant_sample.shape[0]} calibration windows"))
     except ImportError:
-        old = tflite_from / "model.int8.tflite" if tflite_from else None
-        if old is not None and old.is_file():
-            tfl = out / "model.int8.tflite"
-            if old.resolve() != tfl.resolve():
-                shutil.copyfile(old, tfl)
-            prev = json.loads((tflite_from / "manifest.json").read_text()) if (
-                tflite_from and (tflite_from / "manifest.json").is_file()) else {}
-            prev_tool = (prev.get("lineage", {}).get("runtimes", {}).get("litert", {})
-                         .get("tool", "TFLiteConverter"))
-            candidates.append(("litert", tfl, [(tfl, "int8")],
-                               f"{prev_tool}; carried over from an earlier build of the same "
-                               "graph and quantization windows (TensorFlow not installed at "
-                               "this build), golden check re-run"))
-        else:
-            info["litert"] = {"note": "TensorFlow not installed (extra 'tflite'): no TFLite "
-                                      "artefact"}
+        info["litert"] = {"note": "TensorFlow not installed (extra 'tflite'): no TFLite "
+                                  "artefact"}
     for runtime, path, files, tool in candidates:
         backend = build_backend(runtime, path, "int8")
         err = np.abs(backend.run(check) - f32)
@@ -180,14 +159,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", type=Path, required=True, help="SKAB root (has anomaly-free/)")
     ap.add_argument("--out", type=Path, required=True, help="package directory to write")
     ap.add_argument("--version", type=int, default=1)
+    ap.add_argument("--window", type=int, default=10)
+    ap.add_argument("--hop", type=int, default=1)
     ap.add_argument("--calibration-samples", type=int, default=400)
-    ap.add_argument("--selection", type=Path, required=True,
+    ap.add_argument("--floor-frac", type=float, default=0.1)
+    ap.add_argument("--feature-floor-frac", type=float, default=0.1)
+    ap.add_argument("--top-k", type=int, default=2)
+    ap.add_argument("--threshold-factor", type=float, default=1.5)
+    ap.add_argument("--holdout", type=float, default=0.0,
+                    help="fraction of the calibration samples held out for the threshold base")
+    ap.add_argument("--selection", type=Path,
                     help="skab_select.py --json output: sets window, top-k, factor, hold-out, "
-                         "floors (there is no hand-picked default)")
-    ap.add_argument("--tflite-from", type=Path,
-                    help="without TensorFlow: take model.int8.tflite from this earlier build "
-                         "of the same W and quantization windows (checked on the golden "
-                         "vectors)")
+                         "floors")
     ap.add_argument("--quant-windows", type=int, default=4000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--calibration-method", choices=list(METHODS), default="minmax")
@@ -195,35 +178,41 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--op-types", default="MatMul,Sub,Abs",
                     help="comma-separated op types to quantize (others stay FP32)")
     args = ap.parse_args(argv)
-    chosen = json.loads(args.selection.read_text())
-    if chosen["detector"] != "wstat":
-        raise SystemExit(f"{args.selection}: the selection chose {chosen['detector']!r}; "
-                         "this recipe builds the window-statistics package only")
-    args.window, args.top_k = int(chosen["window"]), int(chosen["param"])
-    args.threshold_factor, args.holdout = float(chosen["factor"]), float(chosen["holdout"])
-    # one fraction for both floors (skab_select.GRID)
-    args.floor_frac = args.feature_floor_frac = float(chosen["floor"])
-    args.hop = 1
-    # the choice itself goes into the lineage, not the path of a file that may be gone
-    args.selection = {"procedure": "models/recipes/skab_select.py", "chosen": chosen}
+    if args.selection is not None:
+        chosen = json.loads(args.selection.read_text())
+        if chosen["detector"] != "wstat":
+            raise SystemExit(f"{args.selection}: the selection chose {chosen['detector']!r}; "
+                             "this recipe builds the window-statistics package only")
+        args.window, args.top_k = int(chosen["window"]), int(chosen["param"])
+        args.threshold_factor, args.holdout = float(chosen["factor"]), float(chosen["holdout"])
+        if "floor" in chosen:  # one fraction for both floors (skab_select.GRID)
+            args.floor_frac = args.feature_floor_frac = float(chosen["floor"])
+        # the choice itself goes into the lineage, not the path of a file that may be gone
+        args.selection = {"procedure": "models/recipes/skab_select.py", "chosen": chosen}
+    rng = np.random.default_rng(args.seed)
+
     src = anomaly_free_file(args.data)
     data = read_skab(src)
     channels = list(data.channels)
     c, w = len(channels), args.window
+    floor = args.floor_frac * data.values.std(0)
     print(f"training data: {src} ({data.values.shape[0]} rows, {c} channels)")
+    windows, feats = scaled_windows(
+        data.values, w, args.calibration_samples, floor, step=100,
+        span=args.calibration_samples + 600,
+    )
+    feature_floor = args.feature_floor_frac * feats.std(0)
+    print(f"emulated calibrations: {windows.shape[0]} windows")
+
     args.out.mkdir(parents=True, exist_ok=True)
-    built = build_int8(data.values, w, args.floor_frac, args.feature_floor_frac, args.out,
-                       calibration_samples=args.calibration_samples,
-                       quant_windows=args.quant_windows, seed=args.seed,
-                       method=args.calibration_method, percentile=args.percentile,
-                       op_types=args.op_types.split(","))
-    floor, feature_floor, windows = built.floor, built.feature_floor, built.windows
-    fp32_path, int8_path, quant_sample, rng = (built.fp32_path, built.int8_path,
-                                               built.quant_sample, built.rng)
-    raised = int((built.feature_floor > built.fraction_floor).sum())
-    print(f"emulated calibrations: {windows.shape[0]} windows; INT8 output steps "
-          f"{sorted(set(built.steps.round(4).tolist()))}: {raised} of {feature_floor.size} "
-          "feature floors raised to step")
+    fp32_path = args.out / "model.fp32.onnx"
+    int8_path = args.out / "model.int8.onnx"
+    import onnx  # noqa: PLC0415
+
+    onnx.save(build_graph(w, c), fp32_path)
+    quant_sample = windows[rng.choice(windows.shape[0], args.quant_windows, replace=False)]
+    quantize_int8(fp32_path, int8_path, quant_sample, method=args.calibration_method,
+                  percentile=args.percentile, op_types=args.op_types.split(","))
 
     def run(path: Path, x: np.ndarray) -> np.ndarray:
         return session_runner(path)(x)
@@ -242,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     artefacts = artefact_entries(((int8_path, "int8"), (fp32_path, "fp32")),
                                  input_range=int8_input_range(int8_path, "onnxruntime"))
     runtimes = other_runtimes(args.out, int8_path, quant_sample, check, f32, ort_golden_err,
-                              golden_x, args.tflite_from)
+                              golden_x)
     atol = golden_atol([ort_golden_err, *runtimes.pop("golden_errors")])
     print(f"golden atol {atol:.4f} (1.5 x the largest golden error of a shipped INT8 artefact)")
     artefacts += runtimes.pop("artefacts")
@@ -269,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         "lineage": {
             "recipe": "models/recipes/skab_wstat.py",
             "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-                     if k not in ("data", "out", "tflite_from")},
+                     if k not in ("data", "out")},
             "training_data": {"dataset": "SKAB (github.com/waico/SKAB @ b2c0d46)",
                               "file": "anomaly-free/anomaly-free.csv",
                               "rows": int(data.values.shape[0])},
@@ -278,9 +267,6 @@ def main(argv: list[str] | None = None) -> int:
                              "calibration": args.calibration_method,
                              "percentile": args.percentile, "op_types": args.op_types,
                              "calibration_windows": args.quant_windows},
-            "feature_floor": {"fraction": [round(float(v), 6) for v in built.fraction_floor],
-                              "int8_step": [round(float(v), 6) for v in built.steps],
-                              "rule": "max(fraction floor, int8 step)"},
             "fp32_int8_agreement": {"windows": int(check.shape[0]),
                                     "max_abs_err": round(float(int8_err.max()), 5),
                                     "mean_abs_err": round(float(int8_err.mean()), 5)},

@@ -31,13 +31,7 @@ from fleet.db.samples import SampleStore
 from fleet.registry.wiring import build_model_loop
 from fleet.settings import Settings
 from fleet.training.retrain import AutoRetrainer, Retrainer
-from fleet.training.train import (
-    DeviceData,
-    GateFailed,
-    TrainOptions,
-    inject_faults,
-    train_wstat,
-)
+from fleet.training.train import DeviceData, GateFailed, TrainOptions, train_wstat
 
 BASE = Path(__file__).resolve().parents[2] / "models" / "skab-wstat"
 _BASE_MANIFEST = json.loads((BASE / "manifest.json").read_text())
@@ -141,10 +135,8 @@ def short_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import skab_wstat  # noqa: PLC0415 - a recipe, not a package
 
     out = tmp_path_factory.mktemp("short-base")
-    sel = out.parent / "short-base-selection.json"
-    sel.write_text(json.dumps({"detector": "wstat", "window": 5, "param": 3, "holdout": 0.25,
-                               "factor": 1.25, "floor": 0.1}))
-    skab_wstat.main(["--data", str(skab), "--out", str(out), "--selection", str(sel)])
+    skab_wstat.main(["--data", str(skab), "--out", str(out), "--window", "5", "--top-k", "3",
+                     "--holdout", "0.25", "--threshold-factor", "1.25"])
     return out
 
 
@@ -312,38 +304,3 @@ def test_auto_retrain_publishes_a_candidate_for_that_device(
             assert len(auto.outcomes) == 1
     finally:
         auto.stop()
-
-
-def test_retrained_model_that_misses_injected_faults_is_gated(tmp_path: Path) -> None:
-    """A retrained model quantized without int8 headroom (headroom 1: the int8 range ends at
-    the device's normal extremes) clips every fault larger than normal operation, so it raises
-    no more false alarms than the base model but detects far fewer of the level and noise
-    shifts injected into the held-out windows: the detection comparison alone refuses it (the
-    other checks are switched off). The same device with the default headroom is published."""
-    lax = dict(max_abs_err=math.inf, min_decision_agreement=0.0, max_false_alarm_rate=1.0)
-    clipped = TrainOptions(headroom=1.0, **lax)  # type: ignore[arg-type]
-    with pytest.raises(GateFailed, match="injected faults") as info:
-        train_wstat(DeviceData("gw1", "pump", CHANNELS, device_samples()), BASE,
-                    tmp_path / "bad", name="skab-wstat", version=NEXT, options=clipped)
-    g = info.value.report
-    assert len(g.reasons) == 1 and "detection rate" in g.reasons[0]
-    assert g.retrained_false_alarm_rate <= g.base_false_alarm_rate + 1 / g.compare_windows
-    assert g.injected_windows == 2 * 2 * len(CHANNELS) * g.compare_windows
-    assert g.retrained_detection_rate < g.base_detection_rate - clipped.max_detection_deficit
-    ok = train_wstat(DeviceData("gw1", "pump", CHANNELS, device_samples()), BASE,
-                     tmp_path / "ok", name="skab-wstat", version=NEXT,
-                     options=TrainOptions(**lax))  # type: ignore[arg-type]
-    assert ok.gate.passed
-    assert ok.gate.retrained_detection_rate >= ok.gate.base_detection_rate - 0.05
-    assert ok.manifest["lineage"]["gate"]["base_detection_rate"] == ok.gate.base_detection_rate
-
-
-def test_injected_faults_shift_level_and_noise_one_channel_at_a_time() -> None:
-    held = np.zeros((4, WINDOW, 3))
-    x = inject_faults(held, np.array([1.0, 2.0, 3.0]), [2.0], seed=0)
-    assert x.shape == (2 * 3 * 4, WINDOW, 3)
-    level_ch1 = x[2 * 4:3 * 4]  # amplitude 2, channel 1, level copy
-    np.testing.assert_allclose(level_ch1[:, :, 1], 4.0)
-    assert not level_ch1[:, :, [0, 2]].any()
-    noise_ch2 = x[5 * 4:6 * 4]
-    assert noise_ch2[:, :, 2].std() > 3.0 and not noise_ch2[:, :, :2].any()

@@ -50,13 +50,8 @@ DEVICE = "gw-test"
 ALERTS = f"edge/{DEVICE}/alerts"
 AVAILABILITY = f"edge/{DEVICE}/availability"
 
-#: valve1/0.csv: a recorded valve fault (restart, calibration and column tests).
+#: valve1/0.csv: the shipped model raises its alerts inside the labelled anomaly segment.
 SKAB_FILE = "valve1/0.csv"
-#: The end-to-end replay checks that every alert lands inside the labelled anomaly, a check of
-#: the alert timestamps, not of detection quality: it replays a file on which the shipped model
-#: raises no false-alarm row in ``benchmarks/skab.py`` (valve1/13.csv: FAR 0.00 %). On
-#: valve1/0.csv the shipped skab-wstat@2 raises one alert 99 s after the labelled fault ends.
-REPLAY_FILE = "valve1/13.csv"
 #: The shipped model's window, seconds of stream time (W samples at its sample rate).
 WINDOW_S = _MANIFEST["input"]["window"] / _MANIFEST["input"]["sample_rate_hz"]
 ISO_Z = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
@@ -229,8 +224,8 @@ def replay_source(path: Path, speed: float) -> str:
 
 
 def simulator_source() -> str:
-    # -15 noise stds, the demo config's flow drop: the first build of package v2 (W 20, x 1.75,
-    # floors 0.2) did not cross its threshold on a 40 s drop of -8 (v1 did); these tests are about
+    # -15 noise stds, the demo config's flow drop: the shipped package v2 (W 20, x 1.75, floors
+    # 0.2) does not cross its threshold on a 40 s drop of -8 (v1 did); these tests are about
     # delivering alerts, not about how small a fault is found
     faults = "".join(
         f'[[streams.source.faults]]\nkind = "offset"\nchannel = "Volume Flow RateRMS"\n'
@@ -357,7 +352,7 @@ def test_skab_replay_end_to_end(
     run_agent: Callable[..., AgentProcess],
 ) -> None:
     """SKAB replay: alerts inside the labelled anomaly, aggregates = the file, outbox empty."""
-    csv_path = skab_dir() / REPLAY_FILE
+    csv_path = skab_dir() / SKAB_FILE
     data = read_skab(csv_path)
     sub = subscribers(mosquitto, [ALERTS], persistent=True)
     config = write_config(
@@ -370,7 +365,7 @@ def test_skab_replay_end_to_end(
 
     db = tmp_path / "state" / "agent.db"
     stored = stored_alerts(db)
-    assert stored, f"no alert raised on {REPLAY_FILE}; stderr:\n{agent.stderr()[-3000:]}"
+    assert stored, f"no alert raised on {SKAB_FILE}; stderr:\n{agent.stderr()[-3000:]}"
     wait_until(lambda: len(sub.alerts()) >= len(stored), 5, "every alert at the subscriber")
     alerts = sub.alerts()
     for alert in alerts:
