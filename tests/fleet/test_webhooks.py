@@ -137,7 +137,10 @@ def test_hanging_receiver_does_not_stall_the_others(settings: Settings, engine: 
             wait_for(lambda: receiver.got, "the healthy receiver's delivery")
             failed = wait_for(lambda: [d for d in _deliveries(base, "pending")
                                        if d["last_error"]], "the hung receiver's deadline")
-            assert "deadline" in failed[0]["last_error"]
+            # the attempt's total deadline and the socket's read timeout are both 1 s: either
+            # one cuts the hung receiver off first
+            error = failed[0]["last_error"]
+            assert "deadline" in error or "timed out" in error, error
             assert requests.get(f"{base}/healthz", timeout=10).status_code == 200
     finally:
         hung.stop()
