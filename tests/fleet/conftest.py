@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import os
 import secrets
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
+import requests
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
@@ -102,3 +105,18 @@ def enroll(client: TestClient, device_id: str, tags: list[str] | None = None) ->
 def enrolled(client: TestClient) -> dict[str, str]:
     """Two devices, ``gw1`` and ``gw2``: id -> token."""
     return {d: enroll(client, d) for d in ("gw1", "gw2")}
+
+
+def wait_healthy(base: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
+    """Poll a started ``edge-fleet serve`` at ``base``/healthz until it answers 200; fail with
+    its log if the process ends or ``timeout_s`` passes first."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if requests.get(f"{base}/healthz", timeout=1).status_code == 200:
+                return
+        except requests.ConnectionError:
+            pass
+        assert proc.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.1)

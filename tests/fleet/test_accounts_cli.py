@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from fleet.app import create_app
 from fleet.cli import EX_CONFIG, EX_REFUSED, main
 from fleet.settings import Settings
 from tests.fleet.accounts_util import PASSWORD, login
+from tests.fleet.conftest import wait_healthy
 
 
 def test_user_and_token_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -99,16 +99,7 @@ def test_serve_without_the_bootstrap_token(tmp_path: Path) -> None:
                                 stderr=subprocess.STDOUT, env=env)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if requests.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)
+        wait_healthy(base, proc, log, 60)
         assert not (state / "admin.token").exists()
         with requests.Session() as http:
             assert http.get(f"{base}/v1/devices", timeout=10).status_code == 401

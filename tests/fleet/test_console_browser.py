@@ -29,6 +29,7 @@ import requests
 from cloud_sync.client import FleetClient
 from cloud_sync.health import HealthSummary, StreamHealth
 from cloud_sync.protocol import IngestBatch, ModelStatusReport
+from tests.fleet.conftest import wait_healthy
 from tests.fleet.model_pkg import archive, make_keys
 from tests.fleet.wire import aggregate, alert, batch
 
@@ -134,16 +135,7 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
         )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if requests.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)
+        wait_healthy(base, proc, log, 60)
         admin = {"Authorization": f"Bearer {(state / 'admin.token').read_text().strip()}"}
         pw = tmp_path / "pw"
         pw.write_text(PASSWORD + "\n")

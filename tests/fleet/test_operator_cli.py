@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from sqlalchemy import Engine
 
 from cloud_sync.package import pack
 from fleet.settings import Settings
+from tests.fleet.conftest import wait_healthy
 from tests.fleet.model_pkg import SHIPPED
 
 EXE = shutil.which("edge-fleet")
@@ -69,16 +69,7 @@ def server(
         )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if requests.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.1)
+        wait_healthy(base, proc, log, 30)
         yield base, state / "admin.token"
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import requests
 from sqlalchemy import Engine
 
 from fleet.settings import Settings
+from tests.fleet.conftest import wait_healthy
 from tests.fleet.wire import aggregate, alert, batch
 
 
@@ -44,16 +44,7 @@ def server(settings: Settings, engine: Engine, tmp_path: Path) -> Iterator[tuple
         )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if requests.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.1)
+        wait_healthy(base, proc, log, 30)
         yield base, state
     finally:
         proc.send_signal(signal.SIGTERM)
