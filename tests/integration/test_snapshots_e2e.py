@@ -116,8 +116,8 @@ max_edge = 640
         ids = [a["alert_id"] for a in alerts]
         admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
-        def served() -> requests.Response | None:
-            r = requests.get(f"{fleet.url}/v1/devices/gw1/alerts/{ids[0]}/snapshot",
+        def served(kind: str = "snapshot") -> requests.Response | None:
+            r = requests.get(f"{fleet.url}/v1/devices/gw1/alerts/{ids[0]}/{kind}",
                              headers=admin, timeout=10)
             return r if r.status_code == 200 else None
 
@@ -125,8 +125,9 @@ max_edge = 640
         assert resp.headers["content-type"] == "image/jpeg"
         with Image.open(io.BytesIO(resp.content)) as img:
             assert img.size == (640, 480)
-        heat_resp = requests.get(f"{fleet.url}/v1/devices/gw1/alerts/{ids[0]}/heatmap",
-                                 headers=admin, timeout=10)
+        # the heatmap is uploaded in its own request, after the snapshot
+        heat_resp = wait_for(lambda: served("heatmap"), "the fleet serving the heatmap",
+                             DEADLINE_S, proc)
         assert heat_resp.status_code == 200 and heat_resp.headers["content-type"] == "image/png"
         listed = requests.get(f"{fleet.url}/v1/devices/gw1/alerts", headers=admin, timeout=10)
         assert {a["id"] for a in listed.json()["items"]} >= set(ids)  # alerts went without it
