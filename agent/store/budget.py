@@ -6,6 +6,7 @@ full disk (the eviction order and the arithmetic: :mod:`agent.store.maintenance`
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 
 from agent.errors import StoreError
@@ -39,12 +40,23 @@ class StoreBudget(StoreConnection):
             StoreError: The checkpoint failed.
         """
         with self._use("checkpoint") as conn:
-            mt.reclaim(conn)
+            mt.reclaim(conn, self.wal_limit_bytes)
             self._last_checkpoint = self._monotonic()
 
     def _maintain(self) -> None:
-        """After a write: run :meth:`enforce_budget` when the interval has passed (never raises)."""
-        if self.path == ":memory:" or self._monotonic() < self._next_check:
+        """After a write: run :meth:`enforce_budget` when the interval has passed, and between
+        two runs truncate the WAL as soon as it is past its bound (never raises). SQLite's own
+        auto-checkpoint does not complete while the database file cannot grow (a full disk),
+        and a second of fast writes would then carry the WAL far past its bound; one ``stat``
+        per write keeps it there."""
+        if self.path == ":memory:":
+            return
+        if self._monotonic() < self._next_check:
+            if mt.wal_bytes(self.path) > self.wal_limit_bytes:
+                # A failure here is reported by the next enforce_budget (at most once per
+                # interval), not once per write.
+                with contextlib.suppress(StoreError), self._use("checkpoint") as conn:
+                    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
             return
         mt.ensure_reserve(self.path, self._reserve_bytes)
         try:
@@ -74,7 +86,7 @@ class StoreBudget(StoreConnection):
             used = mt.store_bytes(conn, self.path)
             budget = self.budget_bytes
             if budget is not None and used > budget:
-                mt.reclaim(conn)  # a checkpoint alone may be enough
+                mt.reclaim(conn, self.wal_limit_bytes)  # a checkpoint alone may be enough
                 self._last_checkpoint = now
                 used = mt.store_bytes(conn, self.path)
             if budget is not None and used > budget:
@@ -97,13 +109,13 @@ class StoreBudget(StoreConnection):
                         int(conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0])  # noqa: S608
                         for t in ("alerts", "aggregates")
                     )
-                    step = mt.rows_to_evict(used - target, used, total)
+                    step = mt.rows_to_evict(used - target, used, total, self.wal_limit_bytes)
                 n = mt.evict(conn, cls, step)
                 if n == 0:
                     break
                 evicted += n
                 self._count_eviction(cls.kind, n)
-                mt.reclaim(conn)
+                mt.reclaim(conn, self.wal_limit_bytes)
                 self._last_checkpoint = self._monotonic()
                 used = mt.store_bytes(conn, self.path)
         return evicted
@@ -132,7 +144,10 @@ class StoreBudget(StoreConnection):
 
     def _make_room(self) -> bool:
         """On a full disk: evict aggregates (budget order) until the reserve file is back and
-        the WAL has room to reach its bound; True if anything was evicted."""
+        the WAL has room to reach its bound; True if anything was evicted.
+
+        Each step deletes at most a quarter of the WAL bound's worth of rows, so the WAL stays
+        within its bound while the disk is full."""
         evicted = False
         with self._lock:
             conn = self._conn
@@ -159,7 +174,7 @@ class StoreBudget(StoreConnection):
                             break
                         evicted = True
                         self._count_eviction(cls.kind, n)
-                        mt.reclaim(conn)
+                        mt.reclaim(conn, self.wal_limit_bytes)
                         step = self._room_step(conn)
                         if (mt.ensure_reserve(self.path, self._reserve_bytes)
                                 and mt.free_bytes(self.path) >= self.wal_limit_bytes):
@@ -175,4 +190,5 @@ class StoreBudget(StoreConnection):
             for t in ("alerts", "aggregates")
         )
         per_row = mt.store_bytes(conn, self.path) / max(1, total)
-        return max(1, min(4 * mt.MIN_EVICT_ROWS, int(mt.free_bytes(self.path) / 2 / per_row)))
+        room = min(mt.free_bytes(self.path) / 2, self.wal_limit_bytes / 4)  # its WAL frames
+        return max(1, min(4 * mt.MIN_EVICT_ROWS, int(room / max(1.0, per_row))))

@@ -261,16 +261,27 @@ def store_bytes(conn: sqlite3.Connection, path: str) -> int:
     return (pages - free) * size + wal_bytes(path)
 
 
-def rows_to_evict(over_bytes: int, used_bytes: int, total_rows: int) -> int:
-    """How many rows to delete in one step to shed ``over_bytes`` (an estimate, >= minimum).
+def rows_to_evict(
+    over_bytes: int, used_bytes: int, total_rows: int, wal_limit: int | None = None
+) -> int:
+    """How many rows to delete in one step to shed ``over_bytes`` (an estimate, >= 1).
+
+    At least :data:`MIN_EVICT_ROWS`, and, with ``wal_limit``, no more rows than fill a quarter
+    of the WAL bound: the DELETE of one step is one transaction, and all of its pages go to the
+    WAL before any checkpoint can run, so an unbounded step would carry the WAL past its bound.
 
     >>> rows_to_evict(1000, 100_000, 1000)
     64
     >>> rows_to_evict(50_000, 100_000, 1000)
     550
+    >>> rows_to_evict(50_000, 100_000, 1000, wal_limit=64 * 1024)
+    163
     """
     per_row = used_bytes / max(1, total_rows)
-    return max(MIN_EVICT_ROWS, math.ceil(over_bytes / max(1.0, per_row) * 1.1))
+    rows = max(MIN_EVICT_ROWS, math.ceil(over_bytes / max(1.0, per_row) * 1.1))
+    if wal_limit is not None:
+        rows = min(rows, max(1, int(wal_limit / 4 / max(1.0, per_row))))
+    return rows
 
 
 def evict(conn: sqlite3.Connection, cls: EvictionClass, limit: int) -> int:
@@ -294,8 +305,28 @@ def evict(conn: sqlite3.Connection, cls: EvictionClass, limit: int) -> int:
     return max(0, cur.rowcount)
 
 
-def reclaim(conn: sqlite3.Connection) -> None:
-    """Return free pages to the file system and truncate the WAL (best effort on busy)."""
-    # executescript steps the pragma to completion; execute() would free one page per call.
-    conn.executescript("PRAGMA incremental_vacuum;")
-    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+def reclaim(conn: sqlite3.Connection, wal_limit: int | None = None) -> None:
+    """Return free pages to the file system and truncate the WAL (best effort on busy).
+
+    With ``wal_limit`` (bytes), pages are returned in steps of at most a quarter of the WAL
+    bound, each followed by a ``wal_checkpoint(TRUNCATE)``: ``incremental_vacuum`` moves pages
+    from the end of the file into the free slots, and every moved page is a WAL frame.
+
+    Raises:
+        sqlite3.Error: A statement failed.
+    """
+    if wal_limit is None:
+        # executescript steps the pragma to completion; execute() would free one page per call.
+        conn.executescript("PRAGMA incremental_vacuum;")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        return
+    page = int(conn.execute("PRAGMA page_size").fetchone()[0])
+    step = max(1, wal_limit // 4 // max(1, page))
+    free = int(conn.execute("PRAGMA freelist_count").fetchone()[0])
+    while True:
+        conn.executescript(f"PRAGMA incremental_vacuum({step:d});")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        left = int(conn.execute("PRAGMA freelist_count").fetchone()[0])
+        if left == 0 or left >= free:  # done, or nothing more to return (auto_vacuum NONE)
+            return
+        free = left
