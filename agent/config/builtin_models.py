@@ -30,10 +30,11 @@ CHECKOUT_MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
 #: Sub-directory of the ``agent`` package holding the model packages a wheel ships.
 PACKAGE_DATA_DIR = "builtin_models"
 
-#: The model packages copied into the wheel. The image model (``mtd-patchcore``, about 25 MB:
+#: The model packages copied into the wheel: the default sensor model and the one-channel
+#: model for univariate streams. The image model (``mtd-patchcore``, about 25 MB:
 #: every artefact is listed with its sha256 in the signed manifest, so none can be left out)
 #: is not shipped: it comes from a checkout, ``$EDGE_AGENT_MODELS_DIR`` or a fleet rollout.
-SHIPPED_IN_WHEEL = ("skab-wstat",)
+SHIPPED_IN_WHEEL = ("skab-wstat", "univariate-wstat")
 
 
 def package_models_dir() -> Path | None:
