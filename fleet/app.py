@@ -3,6 +3,7 @@ repositories, metrics, routers and error handlers into one FastAPI app."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -32,13 +33,14 @@ from fleet.db.console_queries import ConsoleQueries
 from fleet.db.devices import DeviceRegistry
 from fleet.db.engine import make_engine
 from fleet.db.health import HealthStore
+from fleet.db.invalidation import DEVICE, InvalidationListener, listener_connect
 from fleet.db.records import RecordStore
 from fleet.db.samples import SampleStore
 from fleet.db.snapshots import SnapshotStore
 from fleet.db.token_cache import TokenCache
 from fleet.db.webhooks import WebhookStore
 from fleet.housekeeping import Housekeeper, retention_for
-from fleet.metrics import DeviceStates, FleetMetrics, MetricsMiddleware
+from fleet.metrics import DeviceStates, FleetMetrics, MetricsMiddleware, ReplicaInfo
 from fleet.registry.wiring import build_model_loop
 from fleet.settings import Settings
 
@@ -65,19 +67,29 @@ def create_app(
     engine = engine if engine is not None else make_engine(settings)
     metrics = FleetMetrics()
     ttl = settings.auth_cache_ttl_s
-    token_cache = TokenCache(ttl) if ttl > 0 else None
+    shared = engine.dialect.name == "postgresql"  # replicas on other hosts may share it
+    # on PostgreSQL the cache answers only while the listener hears every revocation
+    token_cache = TokenCache(ttl, suspended=shared) if ttl > 0 else None
+    listener = _listener(engine, token_cache, metrics) if shared else None
     health_store = HealthStore(engine, settings.offline_after_s)
     hooks = WebhookStore(engine)
     keeper = Housekeeper(settings, health_store, hooks, retention_for(settings, engine), metrics)
     metrics.add_scrape_collector(DeviceStates(health_store.counts))
+    metrics.add_scrape_collector(ReplicaInfo(
+        settings.replica_id or socket.gethostname(),
+        (lambda: listener.listening) if listener is not None else None))
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        if listener is not None:
+            listener.start()  # cross-replica token revocations (fleet.db.invalidation)
         keeper.start()  # offline sweep, retention, webhook deliveries (fleet.housekeeping)
         try:
             yield
         finally:
             keeper.stop()
+            if listener is not None:
+                listener.stop()
 
     app = FastAPI(
         title="edge-fleet",
@@ -88,6 +100,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.housekeeper = keeper
+    app.state.invalidation_listener = listener
     app.state.services = Services(
         settings=settings,
         engine=engine,
@@ -111,3 +124,22 @@ def create_app(
         app.include_router(module.router)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app
+
+
+def _listener(
+    engine: Engine, cache: TokenCache | None, metrics: FleetMetrics
+) -> InvalidationListener | None:
+    """The PostgreSQL invalidation listener feeding ``cache`` (None: nothing is cached)."""
+    if cache is None:
+        return None
+
+    def message(kind: str, key: str) -> None:
+        metrics.invalidations.labels(kind).inc()
+        if kind == DEVICE:
+            cache.drop_device(key)
+
+    def listening() -> None:
+        metrics.invalidation_listens.inc()
+        cache.resume()  # empty: revocations sent while not listening were missed
+
+    return InvalidationListener(listener_connect(engine), message, listening, cache.suspend)

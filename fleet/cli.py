@@ -11,6 +11,7 @@
                      [--webhook-max-attempts 10] [--webhook-backoff 10] [--webhook-timeout 10]
                      [--no-admin-token] [--session-hours 12]
                      [--auth-cache-ttl 30] [--auto-retrain] [--base-model DIR]
+                     [--replica-id NAME]
                      (EDGE_FLEET_DB may replace --db)
     edge-fleet retrain --device D --stream S --signing-key F --trusted-keys DIR
                                                (see fleet/training/cli.py)
@@ -48,6 +49,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -87,6 +89,7 @@ _ENV_TOKEN_FILE, _ENV_RETENTION = "EDGE_FLEET_ADMIN_TOKEN_FILE", "EDGE_FLEET_STA
 _ENV_REQUEST_TIMEOUT = "EDGE_FLEET_REQUEST_TIMEOUT"
 _ENV_OPS, _ENV_PROM = "EDGE_FLEET_OPS_SETTINGS", "PROMETHEUS_MULTIPROC_DIR"
 _ENV_NO_ADMIN, _ENV_SESSION = "EDGE_FLEET_NO_ADMIN_TOKEN", "EDGE_FLEET_SESSION_S"
+_ENV_REPLICA = "EDGE_FLEET_REPLICA_ID"
 #: Commands that write the database, the state directory or a token.
 _PRIVATE_COMMANDS = ("serve", "db", "device", "retrain", "webhook", "user", "token")
 #: Seconds uvicorn's supervisor waits for a worker's health answer (``--workers N``) before it
@@ -128,8 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="failed devices that halt a rollout (default 1)")
     serve.add_argument("--auth-cache-ttl", type=float, default=Settings.auth_cache_ttl_s,
                        metavar="S",
-                       help="seconds a worker reuses a device-token lookup; a revoked token "
-                            "works in other workers for at most this long (0: off; default 30)")
+                       help="seconds a worker reuses a device-token lookup; on SQLite a "
+                            "revoked token works in other workers for at most this long (on "
+                            "PostgreSQL every replica drops it at once; 0: off; default 30)")
+    serve.add_argument("--replica-id", default="", metavar="NAME",
+                       help="this replica's name in /metrics (fleet_replica_info; default "
+                            "<host name>:<port>)")
     serve.add_argument("--tls-cert", type=Path, metavar="PEM",
                        help="serve HTTPS with this certificate chain (needs --tls-key)")
     serve.add_argument("--tls-key", type=Path, metavar="PEM", help="private key of --tls-cert")
@@ -295,7 +302,16 @@ def _settings(args: argparse.Namespace, admin_token: str = "") -> Settings:
         webhook_backoff_base_s=getattr(args, "webhook_backoff", Settings.webhook_backoff_base_s),
         webhook_timeout_s=getattr(args, "webhook_timeout", Settings.webhook_timeout_s),
         session_ttl_s=getattr(args, "session_hours", Settings.session_ttl_s / 3600) * 3600,
+        replica_id=_replica_id(args),
     )
+
+
+def _replica_id(args: argparse.Namespace) -> str:
+    """``--replica-id``, else ``<host name>:<port>`` for ``serve`` (empty for other commands)."""
+    if getattr(args, "replica_id", ""):
+        return str(args.replica_id)
+    port = getattr(args, "port", None)
+    return f"{socket.gethostname()}:{port}" if port is not None else ""
 
 
 def _retention(spec: str) -> dict[str, float]:
@@ -355,7 +371,13 @@ def _serve(args: argparse.Namespace) -> int:
         token = ""
         _log.info("bootstrap admin token off (--no-admin-token): accounts and API tokens only")
     else:
+        generated = (args.admin_token_file is None and not from_env
+                     and not (args.state_dir / "admin.token").exists())
         token = resolve_admin_token(args.state_dir, args.admin_token_file)
+        if generated and (args.db or os.environ.get(_ENV_DB) or "").startswith("postgresql"):
+            _log.warning("generated an admin token in this replica's state directory: other "
+                         "replicas of this PostgreSQL fleet have their own; give every replica "
+                         "the same --admin-token-file or use accounts (--no-admin-token)")
     os.environ.pop(ADMIN_TOKEN_ENV, None)  # no child process inherits it (module docstring)
     settings = _settings(args, token)
     options = _server_options(args)
@@ -406,6 +428,7 @@ def _serve(args: argparse.Namespace) -> int:
         _ENV_PROM: tempfile.mkdtemp(prefix="edge-fleet-metrics-"),
         _ENV_NO_ADMIN: "1" if not token else "",
         _ENV_SESSION: str(settings.session_ttl_s),
+        _ENV_REPLICA: settings.replica_id,
     })
     try:
         uvicorn.run("fleet.cli:worker_app", factory=True, workers=args.workers,
@@ -470,6 +493,7 @@ def worker_app() -> FastAPI:
         admin_token="" if no_admin else resolve_admin_token(
             state_dir, Path(os.environ[_ENV_TOKEN_FILE])),
         session_ttl_s=float(os.environ.get(_ENV_SESSION, str(Settings.session_ttl_s))),
+        replica_id=os.environ.get(_ENV_REPLICA, ""),
         request_timeout_s=timeout,
         status_retention_days=float(
             os.environ.get(_ENV_RETENTION, str(Settings.status_retention_days))

@@ -15,6 +15,15 @@ Metrics:
     fleet_webhook_events_dropped_total{event}: events that could not be queued (database).
     fleet_devices{state}: active devices by state (online/offline/unknown), read from the
         database at scrape time (cached :data:`DEVICE_STATES_TTL_S`).
+    fleet_replica_info{replica}: always 1; names the replica that answered the scrape
+        (``serve --replica-id``, default ``<host name>:<port>``). Every other metric counts this
+        replica only: scrape each replica (Prometheus adds its ``instance`` label).
+    fleet_invalidations_total{kind}: cache invalidations received from any replica
+        (PostgreSQL ``NOTIFY``, :mod:`fleet.db.invalidation`).
+    fleet_invalidation_listens_total: times a process's invalidation listener (re)connected and
+        emptied its token cache (above the number of worker processes: reconnects).
+    fleet_invalidation_listening: 1 while the scraped process listens for invalidations, 0
+        while its token cache is off for want of a connection (PostgreSQL only).
 
 With ``edge-fleet serve --workers N`` (N > 1) each worker process counts in its own files in
 ``PROMETHEUS_MULTIPROC_DIR`` (a fresh directory ``serve`` makes) and ``/metrics`` answers the sum
@@ -81,6 +90,15 @@ class FleetMetrics:
             "fleet_webhook_events_dropped", "Webhook events not queued (database failed).",
             ["event"], registry=self.registry,
         )
+        self.invalidations = Counter(
+            "fleet_invalidations", "Cache invalidations received from any replica.", ["kind"],
+            registry=self.registry,
+        )
+        self.invalidation_listens = Counter(
+            "fleet_invalidation_listens",
+            "Invalidation listener (re)connects (each empties the token cache).",
+            registry=self.registry,
+        )
         self._scraped: list[Collector] = []
 
     def add_scrape_collector(self, collector: Collector) -> None:
@@ -137,6 +155,26 @@ class DeviceStates(Collector):
         for state, n in sorted(cached[1].items()):
             family.add_metric([state], n)
         yield family
+
+
+class ReplicaInfo(Collector):
+    """``fleet_replica_info{replica} 1``, and ``fleet_invalidation_listening`` when
+    ``listening`` is given (a PostgreSQL fleet)."""
+
+    def __init__(self, replica: str, listening: Callable[[], bool] | None = None) -> None:
+        self._replica = replica
+        self._listening = listening
+
+    def collect(self) -> Iterator[Metric]:
+        info = GaugeMetricFamily("fleet_replica_info", "The replica answering this scrape.",
+                                 labels=["replica"])
+        info.add_metric([self._replica], 1)
+        yield info
+        if self._listening is not None:
+            yield GaugeMetricFamily(
+                "fleet_invalidation_listening",
+                "1 while this process listens for invalidations (token cache on).",
+                value=1 if self._listening() else 0)
 
 
 class MetricsMiddleware:

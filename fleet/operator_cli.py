@@ -13,7 +13,7 @@
                               [--stream S] [--halt-after N]
     edge-fleet rollout list
     edge-fleet rollout show ID                           per-device states
-    edge-fleet rollout promote|pause|resume|abort ID
+    edge-fleet rollout promote|pause|resume|abort ID [--expect STATE]
 
 ``keys``, ``model sign`` and ``model pack`` work offline on files. The others speak HTTP to
 ``--url`` (default ``$EDGE_FLEET_URL`` or ``http://127.0.0.1:8700``) with the admin token, or a
@@ -97,6 +97,10 @@ def add_commands(sub: Any) -> None:
     for action in ("show", "promote", "pause", "resume", "abort"):
         p = rsub.add_parser(action, parents=[http], help=f"{action} a rollout")
         p.add_argument("rollout_id", type=int)
+        if action != "show":
+            p.add_argument("--expect", metavar="STATE",
+                           help="refuse unless the rollout is in STATE (another operator may "
+                                "have acted since you looked)")
 
 
 def key_role(role: str | None, key_id: str) -> str:
@@ -224,7 +228,8 @@ def _rollout(args: argparse.Namespace, out: Callable[[str], None]) -> None:
     elif cmd == "show":
         ro = _call(args, "GET", f"/v1/rollouts/{args.rollout_id}")
     else:
-        ro = _call(args, "POST", f"/v1/rollouts/{args.rollout_id}/{cmd}")
+        params = {"expected_state": args.expect} if args.expect else None
+        ro = _call(args, "POST", f"/v1/rollouts/{args.rollout_id}/{cmd}", params=params)
     out(show(ro))
 
 

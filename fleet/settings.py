@@ -55,8 +55,11 @@ class Settings:
             ``updater.rollback_keys_dir`` only: a separate role, it cannot sign packages.
         rollout_halt_failures: Default number of failed devices that halts a rollout.
         auth_cache_ttl_s: Seconds a worker reuses a successful device-token lookup (0: no
-            cache). A revoked token keeps working in the other workers for at most this long;
-            the worker that handles the revoke refuses it at once (:mod:`fleet.db.token_cache`).
+            cache). On PostgreSQL a revocation reaches every worker of every replica when it
+            commits (LISTEN/NOTIFY); on SQLite a revoked token keeps working in the other
+            workers for at most this long (:mod:`fleet.db.token_cache`).
+        replica_id: This replica's name in ``/metrics`` (``fleet_replica_info``) and its logs;
+            empty: ``<host name>``.
         status_retention_days: Model status reports older than this are deleted (checked at
             most hourly per process, :mod:`fleet.db.retention`); 0 keeps them forever.
         session_ttl_s: Lifetime of a console session from its login, seconds (absolute).
@@ -98,6 +101,7 @@ class Settings:
     webhook_timeout_s: float = 10.0
     webhook_poll_s: float = 2.0
     session_ttl_s: float = 12 * 3600.0
+    replica_id: str = ""
 
 
 def default_db_url(state_dir: Path) -> str:

@@ -6,8 +6,10 @@ Operator (reads: viewer; create and actions: operator, recorded in the audit log
   unknown package; 422 empty target, unknown devices or a bad body.
 * ``GET /v1/rollouts`` → RolloutList (newest first, no per-device rows);
   ``GET /v1/rollouts/{id}`` → RolloutOut with per-device states.
-* ``POST /v1/rollouts/{id}/promote|pause|resume|abort`` → RolloutOut; 409 when the action is
-  not allowed in the current state (see :mod:`fleet.registry.policy`).
+* ``POST /v1/rollouts/{id}/promote|pause|resume|abort[?expected_state=S]`` → RolloutOut; 409
+  when the action is not allowed in the current state (see :mod:`fleet.registry.policy`), or the
+  rollout is no longer in ``expected_state`` (the state the operator saw: another operator, on
+  any replica, acted first; see :meth:`fleet.registry.rollouts.RolloutService.act`).
 
 Device (device token):
 
@@ -43,6 +45,7 @@ from fleet.api.json_body import (
     read_model,
 )
 from fleet.api.model_loop import ModelLoopDep
+from fleet.registry.policy import RolloutState
 from fleet.registry.views import RolloutCreate, RolloutList, RolloutOut
 
 router = APIRouter()
@@ -79,8 +82,10 @@ def act(
     loop: ModelLoopDep,
     request: Request,
     who: OperatorDep,
+    expected_state: Annotated[RolloutState | None, Query(
+        description="refuse (409) unless the rollout is in this state")] = None,
 ) -> RolloutOut:
-    out = loop.rollouts.act(rollout_id, action)
+    out = loop.rollouts.act(rollout_id, action, expected_state)
     record(request, who, f"rollout.{action}", str(rollout_id), {"state": out.state})
     return out
 

@@ -8,8 +8,9 @@ GitHub and PyPI API tokens are stored the same way).
 
 Successful authentications may be cached per process (:class:`fleet.db.token_cache.TokenCache`,
 the serving app does): :meth:`DeviceRegistry.revoke` and :meth:`DeviceRegistry.enroll` drop the
-device's entries in this process at once, other processes keep a revoked token working for at
-most the cache's TTL (see that module for the exact semantics).
+device's entries in this process at once and, on PostgreSQL, notify every other process in the
+same transaction (:func:`fleet.db.invalidation.notify`); on SQLite other processes keep a
+revoked token working for at most the cache's TTL (see that module for the exact semantics).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 from sqlalchemy import Engine, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
+from fleet.db.invalidation import DEVICE, notify
 from fleet.db.schema import devices
 from fleet.db.token_cache import TokenCache
 from fleet.errors import Conflict, NotFound, Unprocessable
@@ -144,6 +146,7 @@ class DeviceRegistry:
                 conn.execute(
                     update(devices).where(devices.c.device_id == device_id).values(**values)
                 )
+                notify(conn, DEVICE, device_id)  # the old token is gone everywhere
 
     def authenticate_cached(self, token: str) -> str | None:
         """The device id the token cache holds for ``token``, else ``None`` (no I/O: a ``None``
@@ -227,8 +230,9 @@ class DeviceRegistry:
     def revoke(self, device_id: str) -> None:
         """Invalidate the device's token; its records stay.
 
-        The token is refused at once by this registry; other processes' token caches accept it
-        for at most their TTL (module docstring).
+        The token is refused at once by this registry and, on PostgreSQL, by every process
+        listening for invalidations once this commits; on SQLite other processes' token caches
+        accept it for at most their TTL (module docstring).
 
         Raises:
             NotFound: No active device with this id.
@@ -239,6 +243,8 @@ class DeviceRegistry:
                 .where(devices.c.device_id == device_id, devices.c.revoked_at.is_(None))
                 .values(revoked_at=self._clock(), token_hash=None)
             )
+            if result.rowcount:
+                notify(conn, DEVICE, device_id)  # delivered when this transaction commits
         if self._cache is not None:
             self._cache.drop_device(device_id)
         if result.rowcount == 0:

@@ -12,9 +12,15 @@ Revocation semantics:
 
 * the process that revokes a device (``DELETE /v1/devices/{id}`` handled by that worker)
   drops the device's entries at once: its next request there is refused;
-* every other process (the other ``serve --workers`` workers, or any worker when the operator
-  ran ``edge-fleet device revoke``) keeps accepting the revoked token for at most ``ttl_s``
-  seconds after it last looked the token up in the database.
+* on PostgreSQL every other process, on any host, drops them when the revoking transaction
+  commits: the revoke sends ``pg_notify`` in that transaction and each process's
+  :class:`fleet.db.invalidation.InvalidationListener` calls :meth:`TokenCache.drop_device`.
+  While a process's listener is not connected its cache is :meth:`suspended <TokenCache.suspend>`
+  (every request asks the database), and it starts empty when the listener (re)connects, since
+  notifications sent in between are lost;
+* on SQLite (one host) every other process (the other ``serve --workers`` workers, or any
+  worker when the operator ran ``edge-fleet device revoke``) keeps accepting the revoked token
+  for at most ``ttl_s`` seconds after it last looked the token up in the database.
 
 ``ttl_s`` is :attr:`fleet.settings.Settings.auth_cache_ttl_s` (``serve --auth-cache-ttl``);
 0 disables the cache (every request looks the token up).
@@ -43,6 +49,8 @@ class TokenCache:
         ttl_s: Seconds an entry lives after :meth:`put` (> 0; use no cache for 0).
         max_entries: Most entries held.
         timer: Monotonic seconds (injected for tests).
+        suspended: Start suspended (:meth:`suspend`): a cache that waits for its invalidation
+            listener to connect.
 
     Raises:
         ValueError: ``ttl_s`` is not positive or ``max_entries`` is below 1.
@@ -53,17 +61,27 @@ class TokenCache:
         ttl_s: float = DEFAULT_TTL_S,
         max_entries: int = DEFAULT_MAX_ENTRIES,
         timer: Callable[[], float] = time.monotonic,
+        *,
+        suspended: bool = False,
     ) -> None:
         if not ttl_s > 0 or max_entries < 1:
             raise ValueError("ttl_s must be > 0 and max_entries >= 1")
         self._entries: TTLCache[str, str] = TTLCache(max_entries, ttl_s, timer=timer)
         self._lock = threading.Lock()
-        self._drops = 0  # drop_device calls so far (see put)
+        self._drops = 0  # drop_device/suspend/resume calls so far (see put)
+        self._suspended = suspended
+
+    @property
+    def suspended(self) -> bool:
+        """True while the cache holds and answers nothing (:meth:`suspend`)."""
+        with self._lock:
+            return self._suspended
 
     def get(self, digest: str) -> str | None:
-        """The device id cached for ``digest``, or None (never seen, expired or dropped)."""
+        """The device id cached for ``digest``, or None (never seen, expired, dropped or
+        suspended)."""
         with self._lock:
-            return self._entries.get(digest)
+            return None if self._suspended else self._entries.get(digest)
 
     def generation(self) -> int:
         """A stamp to take before a database lookup and hand to :meth:`put`."""
@@ -77,8 +95,23 @@ class TokenCache:
         have read the token before a revocation committed, and must not cache it afterwards.
         """
         with self._lock:
-            if generation == self._drops:
+            if generation == self._drops and not self._suspended:
                 self._entries[digest] = device_id
+
+    def suspend(self) -> None:
+        """Forget every entry and cache nothing until :meth:`resume` (revocations may be
+        missed: the invalidation listener lost its connection)."""
+        with self._lock:
+            self._drops += 1
+            self._suspended = True
+            self._entries.clear()
+
+    def resume(self) -> None:
+        """Start caching again, empty (a lookup begun before this call is not cached)."""
+        with self._lock:
+            self._drops += 1
+            self._suspended = False
+            self._entries.clear()
 
     def drop_device(self, device_id: str) -> None:
         """Forget every entry of ``device_id`` (its token was revoked or replaced)."""

@@ -20,6 +20,12 @@
   When the failed devices (rejected/rolled_back; canary devices only while in canary) reach
   ``halt_after_failures``, the rollout becomes ``halted`` (one conditional UPDATE, so concurrent
   reports halt it once).
+* Concurrent operators (on any replica): :meth:`RolloutService.act` locks the rollout's row
+  (``SELECT ... FOR UPDATE`` on PostgreSQL; SQLite has one writer at a time) and updates it only
+  in the state it read, so two actions run one after the other and each sees the other's result.
+  An action whose ``expected_state`` (the state the operator saw) is no longer the rollout's is
+  refused with a Conflict (409): of a promote and an abort sent together from the same view,
+  exactly one applies.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from fleet.registry.policy import (
     ASSIGNING,
     FAILED,
     Action,
+    RolloutState,
     pick_canaries,
     should_halt,
     transition,
@@ -165,8 +172,22 @@ class RolloutService:
         can = self._signer is not None
         return [_out(r, by_rollout.get(int(r.id), []), False, None, can) for r in rows]
 
-    def act(self, rollout_id: int, action: Action) -> RolloutOut:
-        """Apply an operator action. Raises: NotFound; Conflict (not allowed in this state)."""
+    def act(
+        self, rollout_id: int, action: Action, expected_state: RolloutState | None = None
+    ) -> RolloutOut:
+        """Apply an operator action, serialised with every other action on the rollout by its
+        row lock (module docstring).
+
+        Args:
+            rollout_id: The rollout.
+            action: What to do.
+            expected_state: The state the operator decided on; None: whatever it is now.
+
+        Raises:
+            NotFound: No such rollout.
+            Conflict: The action is not allowed in the current state, or the state is not
+                ``expected_state`` (another operator acted first).
+        """
         now = self._clock()
         with self._engine.begin() as conn:
             row = conn.execute(
@@ -175,6 +196,10 @@ class RolloutService:
             ).first()
             if row is None:
                 raise NotFound(f"rollout {rollout_id} does not exist")
+            if expected_state is not None and row.state != expected_state:
+                raise Conflict(f"rollout {rollout_id} is {row.state}, not {expected_state}: "
+                               f"someone changed it since you looked; reload before you "
+                               f"{action}")
             state, resume = transition(row.state, row.resume_state, action)
             values: dict[str, Any] = {"state": state, "resume_state": resume, "updated_at": now}
             if action == "abort":

@@ -113,7 +113,9 @@ def test_operator_rollout_flow(server: tuple[str, Path], keys: Path, tmp_path: P
     assert len(rows) == 4 and sum(r[1] == "yes" for r in rows) == 1  # one canary of four
     assert "DEVICE" in shown and "CANARY" in shown
 
-    promoted = cli("rollout", "promote", "1", *http).stdout
+    stale = cli("rollout", "pause", "1", "--expect", "paused", *http, ok=False)
+    assert stale.returncode == 1 and "409" in stale.stderr and "canary, not paused" in stale.stderr
+    promoted = cli("rollout", "promote", "1", "--expect", "canary", *http).stdout
     assert "state promoted" in promoted
     rows = [ln.split() for ln in promoted.splitlines() if ln.startswith("gw")]
     assert all("yes" in r for r in rows)

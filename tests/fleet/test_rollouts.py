@@ -423,3 +423,23 @@ def test_rollback_key_must_not_be_the_package_signing_key(tmp_path: Path) -> Non
         build_model_loop(same, eng)
     ok = Settings(**{**base.__dict__, "signing_key_file": key, "rollback_key_file": other})
     assert build_model_loop(ok, eng).rollouts is not None
+
+
+def test_expected_state_refuses_a_stale_action(
+    mclient: TestClient, admin: dict[str, str], fleet: dict[str, dict[str, str]]
+) -> None:
+    """Two operators looked at the rollout in canary: the first action applies, the second
+    (decided on the stale state) gets 409 and changes nothing."""
+    ro = mclient.post("/v1/rollouts", headers=admin, json={
+        "name": "skab-wstat", "version": 2, "tag": "line1", "canary_percent": 10}).json()
+    url = f"/v1/rollouts/{ro['id']}"
+    first = mclient.post(f"{url}/promote?expected_state=canary", headers=admin)
+    assert first.status_code == 200 and first.json()["state"] == "promoted"
+    second = mclient.post(f"{url}/abort?expected_state=canary", headers=admin)
+    assert second.status_code == 409
+    assert "promoted, not canary" in second.json()["detail"]
+    assert mclient.get(url, headers=admin).json()["state"] == "promoted"
+    bad = mclient.post(f"{url}/abort?expected_state=nonsense", headers=admin)
+    assert bad.status_code == 422
+    assert mclient.post(f"{url}/abort?expected_state=promoted",
+                        headers=admin).json()["state"] == "aborted"

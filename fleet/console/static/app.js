@@ -484,7 +484,8 @@ async function rolloutPage(id) {
   const act = (action) => el("button", { type: "button", id: `rollout-${action}`, onclick: async () => {
     if (action === "abort" && !window.confirm(abortQuestion(r))) return;
     try {
-      const out = await api("POST", `/v1/rollouts/${r.id}/${action}`);
+      // expected_state: refused (409) if another operator changed it since this page loaded
+      const out = await api("POST", `/v1/rollouts/${r.id}/${action}?expected_state=${encodeURIComponent(r.state)}`);
       if (action === "abort") abortOutcome(out); else flash(`Rollout ${r.id}: ${action} done.`, true);
       await rolloutPage(id);
     }
