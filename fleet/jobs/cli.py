@@ -12,7 +12,8 @@ the job in progress is then released (queued again for another worker) and the p
 0. ``--once`` exits when no job is due. Run any number of workers on any hosts against the
 same PostgreSQL. ``jobs list`` prints the queue (newest first) and the count per state;
 ``jobs enqueue`` queues a retraining by hand (coalesced with a pending one of that stream).
-Exit codes as ``edge-fleet`` (78 bad configuration, 69 database unreachable).
+Exit codes as ``edge-fleet`` (1 unknown device, 78 bad configuration, 69 database
+unreachable).
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from types import FrameType
 from typing import Any
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import IntegrityError
 
-from fleet.errors import ConfigError
+from fleet.errors import ConfigError, NotFound
 from fleet.jobs.queue import MAX_ATTEMPTS, STATES, TIME_LIMIT_S, Job, JobQueue, new_owner
 from fleet.settings import Settings
 
@@ -80,6 +82,8 @@ def run(args: argparse.Namespace, settings: Settings, engine: Engine) -> int:
                                 max_attempts=args.max_attempts, time_limit_s=args.time_limit)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        except IntegrityError:
+            raise NotFound(f"no device {args.device}") from None
         print(f"job {job.id}: {job.device_id}/{job.stream} {job.state}")
         return 0
     print(format_jobs(queue.list(args.state, args.limit)))

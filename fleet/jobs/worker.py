@@ -4,8 +4,8 @@ One job at a time per process; run as many processes, on as many hosts, as the q
 (:mod:`fleet.jobs.queue` keeps them off each other's jobs). Per job:
 
 * a heartbeat thread renews the lease every ``lease_s / 3`` seconds and stores the progress
-  (training step, fraction); it stops renewing at the job's time limit, so a worker hung in a
-  step loses the job to another worker one lease later;
+  (training step, fraction; each step is also stored when it starts); it stops renewing at the
+  job's time limit, so a worker hung in a step loses the job to another worker one lease later;
 * the training's progress callbacks raise :class:`~fleet.errors.LeaseLost` once the lease is
   someone else's and :class:`~fleet.errors.JobInterrupted` past the time limit or after
   :meth:`Worker.stop`; nothing is published then;
@@ -137,9 +137,11 @@ class Worker:
     def _attempt(self, run: _Run) -> str:
         job = run.job
 
-        def on_step(name: str) -> None:
+        def on_step(name: str) -> None:  # stored at once (and the lease renewed): 6 steps
             run.progress = name
             run.fraction = STEPS.index(name) / len(STEPS) if name in STEPS else run.fraction
+            if not self.queue.heartbeat(job.id, self.owner, self.lease_s, name, run.fraction):
+                run.lost.set()
             run.check()
 
         def on_publish(conn: Connection, outcome: RetrainOutcome) -> None:
