@@ -8,9 +8,9 @@ a temporary folder removed at the end, also after an error.
 
 What runs (all real code, real processes where the product has them):
 
-1. A real ``edge-fleet serve --auto-retrain`` subprocess (SQLite file in a temp dir; a signing
-   key and the trusted-keys directory generated here with :func:`cloud_sync.package.
-   generate_keypair`).
+1. A real ``edge-fleet serve --auto-retrain`` subprocess, which enqueues retraining jobs, and a
+   real ``edge-fleet worker`` that runs them (SQLite file in a temp dir; a signing key and the
+   trusted-keys directory generated here with :func:`cloud_sync.package.generate_keypair`).
 2. For each labelled SKAB file: ``edge-fleet device add`` enrolls a device; a real
    :class:`agent.app.Agent` (fleet upload, ``[samples]`` and ``[updater]`` enabled, pinned to the
    generated public key) replays the file as that device through :class:`agent.sources.replay.
@@ -211,7 +211,13 @@ def main(argv: list[str] | None = None) -> int:
             [*FLEET, "serve", "--db", f"sqlite:///{tmp}/fleet.db", "--port", str(port),
              "--state-dir", str(tmp / "fleet-state"), "--admin-token-file",
              str(tmp / "admin.token"), "--trusted-keys", str(keys), "--signing-key",
-             str(signing), "--auto-retrain", "--base-model", str(SHIPPED)],
+             str(signing), "--auto-retrain"],
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+        worker = subprocess.Popen(
+            [*FLEET, "worker", "--db", f"sqlite:///{tmp}/fleet.db", "--state-dir",
+             str(tmp / "fleet-state"), "--trusted-keys", str(keys), "--signing-key",
+             str(signing), "--base-model", str(SHIPPED), "--poll", "0.5"],
             stdout=log, stderr=subprocess.STDOUT,
         )
         try:
@@ -242,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{pkg.label:<16}{outcome[:39]:<40}{f1:>6.3f}{far:>7.2f}{mar:>7.2f}",
                       flush=True)
         finally:
+            worker.terminate()
+            worker.wait(30)
             fleet.terminate()
             fleet.wait(30)
             log.close()

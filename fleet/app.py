@@ -58,7 +58,7 @@ def create_app(
         settings: Service settings (database URL, admin token, limits).
         engine: An existing engine (tests); built from ``settings.db_url`` when omitted.
         on_calibration: Called with ``(device_id, stream)`` after a device stored calibration
-            samples (``serve --auto-retrain``: :class:`fleet.training.retrain.AutoRetrainer`).
+            samples (``serve --auto-retrain``: :meth:`fleet.jobs.queue.JobQueue.enqueue`).
 
     Raises:
         ConfigError: ``settings.db_url`` is invalid (only when ``engine`` is omitted), or a

@@ -15,6 +15,8 @@
                      (EDGE_FLEET_DB may replace --db)
     edge-fleet retrain --device D --stream S --signing-key F --trusted-keys DIR
                                                (see fleet/training/cli.py)
+    edge-fleet worker --signing-key F --trusted-keys DIR [--lease 30] [--once]
+    edge-fleet jobs list|enqueue               retraining jobs (see fleet/jobs/cli.py)
     edge-fleet db upgrade [--db URL]
     edge-fleet device add ID [--tag T ...] [--token-file F]
                                                prints the new token (shown once), or writes
@@ -52,7 +54,7 @@ import shutil
 import socket
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -90,8 +92,10 @@ _ENV_REQUEST_TIMEOUT = "EDGE_FLEET_REQUEST_TIMEOUT"
 _ENV_OPS, _ENV_PROM = "EDGE_FLEET_OPS_SETTINGS", "PROMETHEUS_MULTIPROC_DIR"
 _ENV_NO_ADMIN, _ENV_SESSION = "EDGE_FLEET_NO_ADMIN_TOKEN", "EDGE_FLEET_SESSION_S"
 _ENV_REPLICA = "EDGE_FLEET_REPLICA_ID"
+_ENV_AUTO_RETRAIN = "EDGE_FLEET_AUTO_RETRAIN"
 #: Commands that write the database, the state directory or a token.
-_PRIVATE_COMMANDS = ("serve", "db", "device", "retrain", "webhook", "user", "token")
+_PRIVATE_COMMANDS = ("serve", "db", "device", "retrain", "worker", "jobs", "webhook", "user",
+                     "token")
 #: Seconds uvicorn's supervisor waits for a worker's health answer (``--workers N``) before it
 #: kills and respawns the worker; uvicorn's default is 5. A worker answers only once it has
 #: imported the app (1.5-2.5 s of CPU here), so on a busy 2-core host a new worker missed 5 s,
@@ -104,6 +108,7 @@ _log = logging.getLogger("fleet")
 def build_parser() -> argparse.ArgumentParser:
     from fleet import operator_cli, webhook_cli  # noqa: PLC0415 (not in the worker processes)
     from fleet.accounts import cli as accounts_cli  # noqa: PLC0415 (idem)
+    from fleet.jobs import cli as jobs_cli  # noqa: PLC0415 (idem)
     from fleet.training import cli as training_cli  # noqa: PLC0415 (idem)
 
     parser = argparse.ArgumentParser(prog="edge-fleet", description=__doc__.splitlines()[0])
@@ -122,7 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--trusted-keys", type=Path,
                        help="dir of ID.pub keys; pushed packages must be signed by one")
     serve.add_argument("--signing-key", type=Path,
-                       help="ID.key the fleet signs retrained packages with (--auto-retrain)")
+                       help="ID.key the fleet signs retrained packages with (edge-fleet "
+                            "worker; serve itself does not need it)")
     serve.add_argument("--rollback-key", type=Path,
                        help="ID.key the fleet signs rollbacks with when a rollout is aborted "
                             "(devices trust it in updater.rollback_keys_dir; never a package "
@@ -199,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     operator_cli.add_commands(sub)
     webhook_cli.add_commands(sub, common)
     accounts_cli.add_commands(sub, common)
+    jobs_cli.add_commands(sub, common)
     return parser
 
 
@@ -234,6 +241,7 @@ def _run(args: argparse.Namespace) -> int:
     from fleet import operator_cli  # noqa: PLC0415 (see build_parser)
     from fleet.accounts import cli as accounts_cli  # noqa: PLC0415 (idem)
     from fleet.db import migrate  # noqa: PLC0415 (alembic: not in the worker processes)
+    from fleet.jobs import cli as jobs_cli  # noqa: PLC0415
     from fleet.training import cli as training_cli  # noqa: PLC0415
 
     if args.command == "serve":
@@ -249,6 +257,8 @@ def _run(args: argparse.Namespace) -> int:
             return 0
         if args.command == "retrain":
             return training_cli.run_retrain(args, _settings(args), engine)
+        if args.command in jobs_cli.COMMANDS:
+            return jobs_cli.run(args, _settings(args), engine)
         if args.command == "webhook":
             from fleet import webhook_cli  # noqa: PLC0415
 
@@ -350,7 +360,6 @@ def _serve(args: argparse.Namespace) -> int:
     from fleet import conn_guard  # noqa: PLC0415 (imports uvicorn)
     from fleet.app import create_app  # noqa: PLC0415
     from fleet.db import migrate  # noqa: PLC0415
-    from fleet.training import cli as training_cli  # noqa: PLC0415
 
     if not 0 < args.port < 65536:
         raise ConfigError(f"port {args.port} out of range")
@@ -390,22 +399,15 @@ def _serve(args: argparse.Namespace) -> int:
     if scheme == "http" and not _loopback(args.host):
         _log.warning("serving plain HTTP on %s: tokens cross the network in clear; use "
                      "--tls-cert/--tls-key or a TLS proxy", args.host)
+    if args.auto_retrain:
+        _log.info("auto-retrain: calibration samples enqueue retraining jobs; edge-fleet worker "
+                  "processes run them")
     if args.workers <= 1:
-        auto = None
-        if args.auto_retrain:
-            auto = training_cli.build_auto_retrainer(settings, engine, args.base_model)
-            auto.start()
-        try:
-            app = create_app(settings, engine, auto.schedule if auto is not None else None)
-            gc.freeze()  # see worker_app
-            uvicorn.run(app, **options)
-        finally:
-            if auto is not None:
-                auto.stop()
+        app = create_app(settings, engine, _enqueue_hook(engine) if args.auto_retrain else None)
+        gc.freeze()  # see worker_app
+        uvicorn.run(app, **options)
         engine.dispose()
         return 0
-    if args.auto_retrain:
-        raise ConfigError("--auto-retrain runs in the serving process: use --workers 1")
     # Worker processes import the app by name: hand them the resolved settings by environment,
     # and the admin token as a file path (a private copy when it came in the environment).
     engine.dispose()
@@ -429,6 +431,7 @@ def _serve(args: argparse.Namespace) -> int:
         _ENV_NO_ADMIN: "1" if not token else "",
         _ENV_SESSION: str(settings.session_ttl_s),
         _ENV_REPLICA: settings.replica_id,
+        _ENV_AUTO_RETRAIN: "1" if args.auto_retrain else "",
     })
     try:
         uvicorn.run("fleet.cli:worker_app", factory=True, workers=args.workers,
@@ -488,7 +491,7 @@ def worker_app() -> FastAPI:
     timeout = float(os.environ.get(_ENV_REQUEST_TIMEOUT, str(Settings.request_timeout_s)))
     conn_guard.configure(timeout)
     no_admin = bool(os.environ.get(_ENV_NO_ADMIN))
-    app = create_app(Settings(
+    settings = Settings(
         db_url=os.environ[_ENV_DB],
         admin_token="" if no_admin else resolve_admin_token(
             state_dir, Path(os.environ[_ENV_TOKEN_FILE])),
@@ -513,12 +516,24 @@ def worker_app() -> FastAPI:
         ),
         **{k: v for k, v in json.loads(os.environ.get(_ENV_OPS, "{}")).items()
            if k in _OPS_FIELDS},
-    ))
+    )
+    engine = make_engine(settings)
+    hook = _enqueue_hook(engine) if os.environ.get(_ENV_AUTO_RETRAIN) else None
+    app = create_app(settings, engine, hook)
     # Everything imported and built so far lives as long as the process: move it out of the
     # cyclic GC's generations, so the collections a large ingest batch triggers (tens of
     # thousands of fresh dicts) scan only new objects (~70 ms less per 5,000-record batch).
     gc.freeze()
     return app
+
+
+def _enqueue_hook(engine: Engine) -> Callable[[str, str], object]:
+    """``serve --auto-retrain``: a calibration upload enqueues a retraining job (coalesced with
+    a pending one of that stream); ``edge-fleet worker`` processes run it."""
+    from fleet.jobs.queue import JobQueue  # noqa: PLC0415
+
+    queue = JobQueue(engine)
+    return lambda device_id, stream: queue.enqueue(device_id, stream, "auto")
 
 
 def format_table(devices: Sequence[Device]) -> str:

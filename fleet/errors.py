@@ -7,6 +7,9 @@
     ├── StorageError                the database failed
     │   ├── StorageUnavailable      unreachable / overloaded: retryable (HTTP 503 + Retry-After)
     │   └── MigrationError          schema migration failed: fatal
+    ├── JobError                    a retraining job was given up by this worker (fleet.jobs)
+    │   ├── LeaseLost               another worker holds the job now: stop, publish nothing
+    │   └── JobInterrupted          time limit reached or the worker is stopping (SIGTERM)
     └── ApiError                    an HTTP request is refused (status + JSON body)
         ├── BadRequest              400 malformed body (not JSON, broken gzip)
         ├── Unauthorized            401 missing or unknown token
@@ -53,6 +56,32 @@ class StorageUnavailable(StorageError):
 
 class MigrationError(StorageError):
     """A schema migration failed."""
+
+
+class JobError(FleetError):
+    """A retraining job was given up by the worker running it.
+
+    Args:
+        message: What happened.
+        job_id: The job.
+    """
+
+    def __init__(self, message: str, *, job_id: int) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+
+
+class LeaseLost(JobError):
+    """The worker's lease on the job expired and it is gone (another worker may hold it): the
+    worker must stop and publish nothing; whoever holds the job now finishes it."""
+
+    retryable: ClassVar[bool] = True
+
+
+class JobInterrupted(JobError):
+    """The job ran into its time limit, or the worker was asked to stop (SIGTERM)."""
+
+    retryable: ClassVar[bool] = True
 
 
 class ApiError(FleetError):

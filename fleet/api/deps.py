@@ -63,7 +63,7 @@ class Services:
     #: Camera alert snapshots (``/v1/devices/{id}/alerts/{alert_id}/snapshot``).
     snapshots: SnapshotStore | None = None
     #: Called with ``(device_id, stream)`` after a calibration sample batch is stored
-    #: (auto-retrain schedules a training run); must not block.
+    #: (auto-retrain enqueues a retraining job); runs in the thread pool, must be short.
     on_calibration: Callable[[str, str], object] | None = None
     #: Ingest requests in progress in this process, by device (event loop only; see
     #: :mod:`fleet.api.ingest`).

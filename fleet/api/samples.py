@@ -8,8 +8,9 @@ Steps: authenticate the device token (401/403) before reading the body; read it 
 readings, and at most :data:`MAX_SAMPLE_VALUES` numbers in all (413); store it
 (:class:`fleet.db.samples.SampleStore`). Answer 200 ``{"stored": <windows>}``.
 
-After a ``calibration`` batch is stored the app's ``on_calibration`` hook (auto-retrain,
-:mod:`fleet.training.retrain`) is called with ``(device_id, stream)``; it only schedules work.
+After a ``calibration`` batch is stored the app's ``on_calibration`` hook (``serve
+--auto-retrain``: enqueue a retraining job, :mod:`fleet.jobs.queue`) is called with
+``(device_id, stream)`` in the thread pool; it only enqueues work.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ async def post_samples(
         raise Unprocessable("this fleet does not store samples")
     stored = await run_in_threadpool(store.add, batch, utcnow())
     if batch.kind == "calibration" and services.on_calibration is not None:
-        services.on_calibration(batch.device_id, batch.stream)
+        await run_in_threadpool(services.on_calibration, batch.device_id, batch.stream)
     return {"stored": stored}
 
 

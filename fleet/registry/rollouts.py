@@ -106,46 +106,57 @@ class RolloutService:
 
     def create(self, req: RolloutCreate) -> RolloutOut:
         """Raises: NotFound (no such package), Unprocessable (target empty or unknown devices)."""
-        self._registry.get(req.name, req.version)
-        now = self._clock()
         with self._engine.begin() as conn:
-            active = {
-                r.device_id: r
-                for r in conn.execute(
-                    select(devices.c.device_id, devices.c.tags)
-                    .where(devices.c.revoked_at.is_(None))
-                )
+            rid = self.create_in(conn, req)
+        return self.get(rid)
+
+    def create_in(self, conn: Connection, req: RolloutCreate) -> int:
+        """Create the rollout inside the caller's transaction (with the package it sends, when
+        that is stored in the same transaction); returns its id.
+
+        Raises:
+            NotFound: no such package (as seen by ``conn``).
+            Unprocessable: target empty or unknown devices.
+        """
+        self._registry.get(req.name, req.version, conn)
+        now = self._clock()
+        active = {
+            r.device_id: r
+            for r in conn.execute(
+                select(devices.c.device_id, devices.c.tags)
+                .where(devices.c.revoked_at.is_(None))
+            )
+        }
+        if req.tag is not None:
+            target = sorted(d for d, r in active.items() if req.tag in (r.tags or []))
+            if not target:
+                raise Unprocessable(f"no active device has the tag {req.tag!r}")
+        else:
+            target = sorted(set(req.devices or []))
+            unknown = [d for d in target if d not in active]
+            if unknown:
+                raise Unprocessable(f"unknown or revoked devices: {', '.join(unknown)}")
+        previous = previous_versions(conn, target, req.name, req.version, req.stream)
+        canaries = pick_canaries(target, req.canary_percent)
+        state = "promoted" if len(canaries) == len(target) else "canary"
+        rid = conn.execute(
+            insert(rollouts).values(
+                model_name=req.name, model_version=req.version, target_tag=req.tag,
+                target_devices=target, stream=req.stream, canary_percent=req.canary_percent,
+                halt_after_failures=req.halt_after_failures or self._halt_after,
+                state=state, created_at=now, updated_at=now,
+            ).returning(rollouts.c.id)
+        ).scalar_one()
+        conn.execute(insert(rollout_devices), [
+            {
+                "rollout_id": rid, "device_id": d, "canary": d in canaries,
+                "assigned": d in canaries or state == "promoted",
+                "previous_version": previous.get(d),
+                "updated_at": now,
             }
-            if req.tag is not None:
-                target = sorted(d for d, r in active.items() if req.tag in (r.tags or []))
-                if not target:
-                    raise Unprocessable(f"no active device has the tag {req.tag!r}")
-            else:
-                target = sorted(set(req.devices or []))
-                unknown = [d for d in target if d not in active]
-                if unknown:
-                    raise Unprocessable(f"unknown or revoked devices: {', '.join(unknown)}")
-            previous = previous_versions(conn, target, req.name, req.version, req.stream)
-            canaries = pick_canaries(target, req.canary_percent)
-            state = "promoted" if len(canaries) == len(target) else "canary"
-            rid = conn.execute(
-                insert(rollouts).values(
-                    model_name=req.name, model_version=req.version, target_tag=req.tag,
-                    target_devices=target, stream=req.stream, canary_percent=req.canary_percent,
-                    halt_after_failures=req.halt_after_failures or self._halt_after,
-                    state=state, created_at=now, updated_at=now,
-                ).returning(rollouts.c.id)
-            ).scalar_one()
-            conn.execute(insert(rollout_devices), [
-                {
-                    "rollout_id": rid, "device_id": d, "canary": d in canaries,
-                    "assigned": d in canaries or state == "promoted",
-                    "previous_version": previous.get(d),
-                    "updated_at": now,
-                }
-                for d in target
-            ])
-        return self.get(int(rid))
+            for d in target
+        ])
+        return int(rid)
 
     def get(self, rollout_id: int, *, with_devices: bool = True) -> RolloutOut:
         """Raises: NotFound."""

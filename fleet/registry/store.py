@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import datetime as dt
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from sqlalchemy import Engine, func, insert, select
+from sqlalchemy import Connection, Engine, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from cloud_sync.package import PackageError, pack, read_manifest, unpack, verify_package_dir
@@ -84,8 +85,21 @@ class ModelRegistry:
         self._max_unpacked = max_unpacked_bytes
         self._clock = clock
 
-    def add(self, archive: bytes, uploaded_by: str) -> ModelRecord:
+    @contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """One database transaction (commit on success) for :meth:`add` with ``conn`` and what
+        must commit with it (a rollout, the retraining job's completion)."""
+        with self._engine.begin() as conn:
+            yield conn
+
+    def add(self, archive: bytes, uploaded_by: str, conn: Connection | None = None) -> ModelRecord:
         """Verify and store an uploaded archive.
+
+        Args:
+            archive: The package archive (tar.gz bytes).
+            uploaded_by: Who stored it (an operator's name, ``retrain``).
+            conn: Store inside this transaction (the caller's: the package exists only if the
+                caller commits); a new transaction when None.
 
         Raises:
             Unprocessable: not a valid package, unsigned, signed by an untrusted key, or an
@@ -120,22 +134,26 @@ class ModelRegistry:
             "key_id": signature.split(":")[1], "uploaded_at": self._clock(),
             "uploaded_by": uploaded_by,
         }
-        try:
-            with self._engine.begin() as conn:
-                conn.execute(insert(models).values(**row))
+        if conn is None:
+            with self.transaction() as own:
+                return self.add(archive, uploaded_by, own)
+        try:  # on PostgreSQL a conflict aborts the caller's transaction: it must roll back
+            conn.execute(insert(models).values(**row))
         except IntegrityError:
             raise Conflict(
                 f"{manifest.name}@{manifest.version} already exists: versions are immutable, "
                 "bump the version"
             ) from None
-        return self.get(manifest.name, manifest.version)
+        return self.get(manifest.name, manifest.version, conn)
 
-    def get(self, name: str, version: int) -> ModelRecord:
-        """Raises: NotFound: no such package."""
-        with self._engine.connect() as conn:
-            row = conn.execute(
-                select(*_COLUMNS).where(models.c.name == name, models.c.version == version)
-            ).first()
+    def get(self, name: str, version: int, conn: Connection | None = None) -> ModelRecord:
+        """The package's record (read through ``conn`` when given). Raises: NotFound."""
+        if conn is None:
+            with self._engine.connect() as own:
+                return self.get(name, version, own)
+        row = conn.execute(
+            select(*_COLUMNS).where(models.c.name == name, models.c.version == version)
+        ).first()
         if row is None:
             raise NotFound(f"model {name}@{version} is not in the registry")
         return _record(row)

@@ -13,7 +13,8 @@ stream. Exit codes: 0 published, 1 refused (gated: the reasons and the retrained
 models' held-out false-alarm rates are printed; no samples),
 78 bad configuration (key files, base model).
 
-Also builds the :class:`~fleet.training.retrain.AutoRetrainer` of ``serve --auto-retrain``.
+Also builds the :class:`~fleet.training.retrain.Retrainer` of ``edge-fleet worker``
+(:mod:`fleet.jobs.cli`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from fleet.registry.wiring import build_model_loop
 from fleet.settings import Settings
 
 if TYPE_CHECKING:
-    from fleet.training.retrain import AutoRetrainer
+    from fleet.training.retrain import Retrainer
 
 #: The package retrained models follow unless ``--base-model`` says otherwise.
 DEFAULT_BASE_MODEL = Path(__file__).resolve().parents[2] / "models" / "skab-wstat"
@@ -39,13 +40,17 @@ DEFAULT_BASE_MODEL = Path(__file__).resolve().parents[2] / "models" / "skab-wsta
 _log = logging.getLogger("fleet.training")
 
 
-def add_arguments(parser: argparse.ArgumentParser, *, serve: bool) -> None:
-    """Add the retraining options to ``parser`` (``retrain`` or ``serve``)."""
+def add_arguments(parser: argparse.ArgumentParser, *, serve: bool, device: bool = True) -> None:
+    """Add the retraining options to ``parser`` (``serve``; ``retrain``; ``worker`` with
+    ``device=False``)."""
     if serve:
         parser.add_argument("--auto-retrain", action="store_true",
-                            help="retrain a device stream when it posts calibration samples "
-                                 "(needs the signing key)")
-    else:
+                            help="enqueue a retraining job when a device posts calibration "
+                                 "samples (edge-fleet worker processes run the jobs)")
+        parser.add_argument("--base-model", type=Path, default=DEFAULT_BASE_MODEL,
+                            help=argparse.SUPPRESS)  # workers retrain now: accepted, unused
+        return
+    if device:
         parser.add_argument("--device", required=True, help="device id")
         parser.add_argument("--stream", required=True, help="stream name")
     parser.add_argument("--base-model", type=Path, default=DEFAULT_BASE_MODEL,
@@ -60,18 +65,17 @@ def _check(settings: Settings, base_model: Path) -> Path:
     return settings.signing_key_file
 
 
-def build_auto_retrainer(settings: Settings, engine: Engine, base_model: Path) -> AutoRetrainer:
-    """The background retrainer of ``serve --auto-retrain`` (not started).
+def build_retrainer(settings: Settings, engine: Engine, base_model: Path) -> Retrainer:
+    """The retrainer of ``edge-fleet worker`` (progress goes to the job, not to bars).
 
     Raises:
         ConfigError: no signing key, a key file or the base model cannot be loaded.
     """
-    from fleet.training.retrain import AutoRetrainer, Retrainer  # noqa: PLC0415 - onnx
+    from fleet.training.retrain import Retrainer  # noqa: PLC0415 - onnx
 
     key = _check(settings, base_model)
-    retrainer = Retrainer(SampleStore(engine), build_model_loop(settings, engine), key,
-                          base_model, work_dir=settings.state_dir)
-    return AutoRetrainer(retrainer)
+    return Retrainer(SampleStore(engine), build_model_loop(settings, engine), key, base_model,
+                     work_dir=settings.state_dir)
 
 
 def run_retrain(args: argparse.Namespace, settings: Settings, engine: Engine) -> int:

@@ -1,5 +1,5 @@
 """Retrain one device stream's model and publish it: samples → train → gate → sign → registry →
-rollout; and the automatic trigger.
+rollout.
 
 :class:`Retrainer` runs one retraining synchronously (``edge-fleet retrain``):
 
@@ -13,27 +13,27 @@ rollout; and the automatic trigger.
    worse than the base package on them is never published;
    :func:`fleet.training.train.train_wstat`, step 5);
 4. sign the manifest with the fleet's signing key (:func:`cloud_sync.package.sign_package_dir`),
-   pack it, add it to the registry (which verifies it against the trusted keys like any upload);
-5. create a rollout of that version targeting the device alone and that stream, so the device's
-   updater picks it up as its candidate (acceptance, shadow, swap on the device).
+   pack it, and in ONE database transaction: add it to the registry (which verifies it against
+   the trusted keys like any upload), create a rollout of that version targeting the device alone
+   and that stream (so the device's updater picks it up as its candidate: acceptance, shadow,
+   swap on the device), and call ``on_publish`` (a retraining job records its completion there,
+   :mod:`fleet.jobs.worker`). Either all of it commits or none: a worker killed before the commit
+   leaves no package behind, one killed after it leaves a finished job.
 
-:class:`AutoRetrainer` (``edge-fleet serve --auto-retrain``): the samples endpoint calls
-:meth:`AutoRetrainer.schedule` when a device posts calibration samples; a single background
-thread retrains the scheduled streams one at a time (bounded queue, duplicates coalesced) and
-skips a stream that already has a device-specific model (a registry package whose fitted
-calibration names that device and stream).
+The automatic trigger (``edge-fleet serve --auto-retrain``) only enqueues a job
+(:mod:`fleet.jobs.queue`); ``edge-fleet worker`` processes run them (:mod:`fleet.jobs.worker`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import queue
 import tempfile
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from sqlalchemy import Connection
 
 from cloud_sync.package import pack, sign_package_dir
 from fleet.api.model_loop import ModelLoop
@@ -43,6 +43,10 @@ from fleet.registry.views import RolloutCreate
 from fleet.training.train import DeviceData, GateFailed, GateReport, TrainOptions, train_wstat
 
 _log = logging.getLogger("fleet.training")
+
+#: Called inside the publishing transaction with the outcome (published, rollout id set);
+#: raising rolls the package and the rollout back.
+OnPublish = Callable[[Connection, "RetrainOutcome"], None]
 
 
 class NoSamples(FleetError):
@@ -139,14 +143,32 @@ class Retrainer:
         versions = [r.version for r in self.loop.registry.list(self.name)]
         return max([self.base_version, *versions]) + 1
 
-    def retrain(self, device_id: str, stream: str) -> RetrainOutcome:
+    def retrain(
+        self,
+        device_id: str,
+        stream: str,
+        *,
+        on_step: Callable[[str], None] | None = None,
+        on_quant_batch: Callable[[], None] | None = None,
+        on_publish: OnPublish | None = None,
+    ) -> RetrainOutcome:
         """Train, gate, sign, publish and roll out (see the module docstring).
+
+        Args:
+            device_id: The device.
+            stream: Its stream.
+            on_step: Progress per training step (instead of the constructor's).
+            on_quant_batch: Progress per quantization batch (instead of the constructor's).
+            on_publish: Called inside the publishing transaction (module docstring, step 4).
 
         Raises:
             NoSamples: no calibration samples for this device stream.
             ValueError: the samples do not fit the base model (channels, length).
             fleet.errors.ApiError: the registry or rollout refused (e.g. untrusted key).
+            Exception: whatever a callback raised (nothing is published then).
         """
+        on_step = on_step or self.on_step
+        on_quant_batch = on_quant_batch or self.on_quant_batch
         cal = self.samples.latest_calibration(device_id, stream)
         if cal is None:
             raise NoSamples(f"no calibration samples from {device_id}/{stream}")
@@ -164,8 +186,7 @@ class Retrainer:
                 try:
                     result = train_wstat(
                         data, self.base_package_dir, pkg, name=self.name, version=version,
-                        options=self.options, on_step=self.on_step,
-                        on_quant_batch=self.on_quant_batch,
+                        options=self.options, on_step=on_step, on_quant_batch=on_quant_batch,
                     )
                 except GateFailed as exc:
                     gated = RetrainOutcome(device_id, stream, False, self.name, version, None,
@@ -176,106 +197,24 @@ class Retrainer:
                 sign_package_dir(pkg, self.signing_key)
                 archive = Path(t) / "package.tar.gz"
                 pack(pkg, archive)
+                req = RolloutCreate(name=self.name, version=version, devices=[device_id],
+                                    stream=stream)
                 try:
-                    self.loop.registry.add(archive.read_bytes(), uploaded_by="retrain")
+                    with self.loop.registry.transaction() as conn:
+                        self.loop.registry.add(archive.read_bytes(), "retrain", conn)
+                        rollout_id = self.loop.rollouts.create_in(conn, req)
+                        done = RetrainOutcome(device_id, stream, True, self.name, version,
+                                              rollout_id, result.gate)
+                        if on_publish is not None:
+                            on_publish(conn, done)
                 except Conflict:
                     if attempt == 2:
                         raise
                     continue  # someone published that version meanwhile: take the next
-            rollout = self.loop.rollouts.create(
-                RolloutCreate(name=self.name, version=version, devices=[device_id], stream=stream)
-            )
-            done = RetrainOutcome(device_id, stream, True, self.name, version, rollout.id,
-                                  result.gate)
             _log.info("retrain %s/%s: published %s@%d (gate: FAR %.1f %%, agreement %.1f %%, "
                       "max |delta| %.3f; %s), rollout %d", device_id, stream, self.name,
                       version, 100 * result.gate.false_alarm_rate,
                       100 * result.gate.decision_agreement, result.gate.max_abs_err,
-                      done.figures(), rollout.id)
+                      done.figures(), rollout_id)
             return done
         raise AssertionError("unreachable")  # pragma: no cover
-
-
-class AutoRetrainer:
-    """Retrain in one background thread when devices post calibration samples.
-
-    Args:
-        retrainer: Does the work.
-        max_pending: Streams waiting at most; further requests are dropped and logged.
-    """
-
-    def __init__(self, retrainer: Retrainer, max_pending: int = 64) -> None:
-        self.retrainer = retrainer
-        self._queue: queue.Queue[tuple[str, str] | None] = queue.Queue(maxsize=max_pending)
-        self._pending: set[tuple[str, str]] = set()
-        self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)
-        self._busy = 0
-        self._thread: threading.Thread | None = None
-        #: Outcomes, newest last (bounded): what the thread did, for logs and tests.
-        self.outcomes: list[RetrainOutcome] = []
-
-    def start(self) -> None:
-        """Start the worker thread (idempotent)."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="fleet-retrain", daemon=True)
-            self._thread.start()
-
-    def schedule(self, device_id: str, stream: str) -> bool:
-        """Queue a retraining of ``device_id``/``stream``; never blocks.
-
-        Returns:
-            False when it was already queued or the queue is full (logged).
-        """
-        key = (device_id, stream)
-        with self._lock:
-            if key in self._pending:
-                return False
-            try:
-                self._queue.put_nowait(key)
-            except queue.Full:
-                _log.warning("auto-retrain queue full; %s/%s not scheduled", device_id, stream)
-                return False
-            self._pending.add(key)
-            self._busy += 1
-        return True
-
-    def wait_idle(self, timeout: float) -> bool:
-        """Wait until nothing is queued or running; False on timeout."""
-        with self._idle:
-            return self._idle.wait_for(lambda: self._busy == 0, timeout)
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop after the current retraining (queued ones are dropped)."""
-        if self._thread is not None:
-            with self._lock:
-                while True:
-                    try:
-                        dropped = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if dropped is not None:
-                        self._pending.discard(dropped)
-                        self._busy -= 1
-                self._queue.put_nowait(None)
-            self._thread.join(timeout)
-            self._thread = None
-
-    def _run(self) -> None:
-        while True:
-            key = self._queue.get()
-            if key is None:
-                return
-            device_id, stream = key
-            try:
-                if self.retrainer.has_device_model(device_id, stream):
-                    _log.info("auto-retrain %s/%s: a device model exists; skipped", *key)
-                else:
-                    self.outcomes = [*self.outcomes[-99:], self.retrainer.retrain(*key)]
-            except Exception:  # one failed stream must not stop the thread
-                _log.exception("auto-retrain %s/%s failed", device_id, stream)
-            finally:
-                with self._idle:
-                    self._pending.discard(key)
-                    self._busy -= 1
-                    self._idle.notify_all()

@@ -1,4 +1,5 @@
-"""Retraining in the cloud: train_wstat, its gate, POST /v1/samples, the auto-retrain trigger."""
+"""Retraining in the cloud: train_wstat, its gate, POST /v1/samples (the auto-retrain trigger as
+jobs: test_jobs_worker.py)."""
 
 from __future__ import annotations
 
@@ -26,11 +27,10 @@ from cloud_sync.package import (
 )
 from cloud_sync.protocol import SampleBatch
 from fleet.api import samples as samples_api
-from fleet.app import create_app
 from fleet.db.samples import SampleStore
 from fleet.registry.wiring import build_model_loop
 from fleet.settings import Settings
-from fleet.training.retrain import AutoRetrainer, Retrainer
+from fleet.training.retrain import Retrainer
 from fleet.training.train import DeviceData, GateFailed, TrainOptions, train_wstat
 
 BASE = Path(__file__).resolve().parents[2] / "models" / "skab-wstat"
@@ -272,35 +272,3 @@ def test_gate_failure_is_logged_and_not_published(
     assert out.status == "gated"
     assert "not published" in caplog.text
     assert loop.registry.list() == []
-
-
-def test_auto_retrain_publishes_a_candidate_for_that_device(
-    keyed: Settings, engine: Engine, enrolled: dict[str, str]
-) -> None:
-    assert keyed.signing_key_file is not None
-    auto = AutoRetrainer(Retrainer(SampleStore(engine), build_model_loop(keyed, engine),
-                                   keyed.signing_key_file, BASE))
-    auto.start()
-    try:
-        with TestClient(create_app(keyed, engine, auto.schedule)) as tc:
-            h = _auth(enrolled["gw1"])
-            assert tc.post("/v1/samples", json=_batch(), headers=h).status_code == 200
-            assert auto.wait_idle(120)
-            [outcome] = auto.outcomes
-            assert outcome.published and outcome.version == NEXT, outcome.reason
-            assert outcome.status == "published" and "base" in outcome.figures()
-            resp = tc.get("/v1/models/assignment", params={"stream": "pump"}, headers=h)
-            assert resp.status_code == 200, resp.text
-            assert (resp.json()["name"], resp.json()["version"]) == ("skab-wstat", NEXT)
-            other = tc.get("/v1/models/assignment", params={"stream": "pump"},
-                           headers=_auth(enrolled["gw2"]))
-            assert other.status_code == 204
-            # the archive downloads and verifies with the fleet's key
-            pkg = tc.get(resp.json()["url"], headers=h)
-            assert pkg.status_code == 200 and len(pkg.content) == resp.json()["archive_size"]
-            # a second calibration (restart) does not retrain: the device model exists
-            assert tc.post("/v1/samples", json=_batch(), headers=h).status_code == 200
-            assert auto.wait_idle(120)
-            assert len(auto.outcomes) == 1
-    finally:
-        auto.stop()
