@@ -65,13 +65,16 @@ class HealthSummary(_Wire):
     device_id: str = Field(pattern=NAME_PATTERN, description="Must be the token's device.")
     at: float = Field(ge=0, le=32503680000, description="Report time, epoch seconds UTC.")
     status: Status = Field(description="The agent's overall state (worst component).")
-    agent_version: str = Field("", max_length=64, pattern=TEXT_PATTERN)
+    agent_version: str = Field("", max_length=64, pattern=TEXT_PATTERN,
+                               description="The agent's version.")
     reasons: list[Annotated[str, Field(max_length=MAX_REASON, pattern=TEXT_PATTERN)]] = Field(
         default_factory=list, max_length=16,
         description="``component: reason`` of the non-green components (at most 16).",
     )
-    streams: list[StreamHealth] = Field(default_factory=list, max_length=MAX_STREAMS)
-    models: list[ModelHealth] = Field(default_factory=list, max_length=MAX_MODELS)
+    streams: list[StreamHealth] = Field(default_factory=list, max_length=MAX_STREAMS,
+                                        description="Each stream's source state.")
+    models: list[ModelHealth] = Field(default_factory=list, max_length=MAX_MODELS,
+                                      description="The model each stream runs.")
     backlog_alerts: Count = Field(0, description="Alerts not yet uploaded.")
     backlog_aggregates: Count = Field(0, description="Aggregates not yet uploaded.")
     disk: DiskUse | None = Field(None, description="Store disk use, if known.")

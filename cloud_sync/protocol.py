@@ -94,36 +94,44 @@ class _Wire(BaseModel):
 class ChannelStatsBody(_Wire):
     """One channel's stats over an interval (channel units)."""
 
-    channel: str = Field(min_length=1, max_length=128)
-    count: int = Field(ge=0)
-    min: float | None
-    max: float | None
-    mean: float | None
-    std: float | None = Field(ge=0)
+    channel: str = Field(min_length=1, max_length=128, description="Channel name.")
+    count: int = Field(ge=0, description="Readings of the channel in the interval.")
+    min: float | None = Field(description="Smallest reading; null when not finite.")
+    max: float | None = Field(description="Largest reading; null when not finite.")
+    mean: float | None = Field(description="Mean reading; null when not finite.")
+    std: float | None = Field(
+        ge=0, description="Population standard deviation; null when not finite.")
 
 
 class AggregateBody(_Wire):
     """An aggregate as sent on the wire (see :class:`agent.records.Aggregate`)."""
 
-    device_id: str = Field(pattern=NAME_PATTERN)
-    stream: str = Field(pattern=NAME_PATTERN)
+    device_id: str = Field(pattern=NAME_PATTERN, description="The device (the token's).")
+    stream: str = Field(pattern=NAME_PATTERN, description="Stream name.")
     interval_start: float = Field(ge=0, le=32503680000, description="Epoch seconds UTC.")
-    interval_s: float = Field(gt=0, le=86400)
-    count: int = Field(ge=0)
-    channels: list[ChannelStatsBody] = Field(max_length=1024)
-    max_score: float | None
-    windows: int = Field(ge=0)
-    alert_count: int = Field(ge=0)
+    interval_s: float = Field(gt=0, le=86400, description="Interval length, seconds.")
+    count: int = Field(ge=0, description="Readings in the interval.")
+    channels: list[ChannelStatsBody] = Field(max_length=1024,
+                                             description="Per-channel stats (at most 1,024).")
+    max_score: float | None = Field(
+        description="Largest window score in the interval; null when no window was scored.")
+    windows: int = Field(ge=0, description="Windows scored in the interval.")
+    alert_count: int = Field(ge=0, description="Alerts raised in the interval.")
 
 
 class TopChannelBody(_Wire):
-    channel: str = Field(min_length=1, max_length=128)
-    contribution: float = Field(ge=0, le=1)
+    """A channel that contributed to an alert's score."""
+
+    channel: str = Field(min_length=1, max_length=128, description="Channel name.")
+    contribution: float = Field(ge=0, le=1, description="Its share of the score, 0..1.")
 
 
 class ModelRef(_Wire):
-    name: str = Field(min_length=1, max_length=64, pattern=TEXT_PATTERN)
-    version: int = Field(ge=0, le=INT64_MAX)
+    """A model package: name and version."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=TEXT_PATTERN,
+                      description="Model package name.")
+    version: int = Field(ge=0, le=INT64_MAX, description="Model package version.")
 
 
 class AlertSourceBody(_Wire):
@@ -134,8 +142,9 @@ class AlertSourceBody(_Wire):
     folder image).
     """
 
-    file: str = Field(min_length=1, max_length=1024)
-    frame: int | None = Field(None, ge=0)
+    file: str = Field(min_length=1, max_length=1024,
+                      description="Image file relative to the folder, or the video file's name.")
+    frame: int | None = Field(None, ge=0, description="0-based video frame; absent for an image.")
 
 
 class AlertExplanationBody(_Wire):
@@ -143,10 +152,14 @@ class AlertExplanationBody(_Wire):
     bounded baseline), the alerting window's mean, their difference (channel units) and that
     difference in calibration sigmas."""
 
-    expected: float = Field(allow_inf_nan=False)
-    observed: float = Field(allow_inf_nan=False)
-    deviation: float = Field(allow_inf_nan=False)
-    deviation_sigma: float = Field(allow_inf_nan=False)
+    expected: float = Field(allow_inf_nan=False,
+                            description="Expected value (the bounded baseline), channel units.")
+    observed: float = Field(allow_inf_nan=False,
+                            description="Mean of the alerting window, channel units.")
+    deviation: float = Field(allow_inf_nan=False,
+                             description="observed - expected, channel units.")
+    deviation_sigma: float = Field(allow_inf_nan=False,
+                                   description="The deviation in calibration sigmas.")
 
 
 AlertEvent = Literal["raised", "updated", "cleared"]
@@ -168,24 +181,30 @@ class AlertBody(_Wire):
     (``extra="forbid"``): upgrade the fleet first.
     """
 
-    schema_: Literal[1, 2] = Field(alias="schema")
+    schema_: Literal[1, 2] = Field(alias="schema", description="Alert payload schema, 1 or 2.")
     event: AlertEvent | None = Field(None, description="None (schema 1): raised.")
-    episode_id: str | None = Field(None, pattern=ID_PATTERN)
-    peak_score: float | None = None
-    reason: Literal["recovered", "end_of_input"] | None = None
-    alert_id: str = Field(pattern=ID_PATTERN)
-    device_id: str = Field(pattern=NAME_PATTERN)
-    stream: str = Field(pattern=NAME_PATTERN)
-    seq: int = Field(ge=0)
-    model: ModelRef
-    score: float
-    threshold: float
+    episode_id: str | None = Field(
+        None, pattern=ID_PATTERN, description="alert_id of the episode's raised event (schema 2).")
+    peak_score: float | None = Field(
+        None, description="Highest score of the episode so far (updated/cleared).")
+    reason: Literal["recovered", "end_of_input"] | None = Field(
+        None, description="Why a cleared episode ended.")
+    alert_id: str = Field(pattern=ID_PATTERN, description="<device_id>:<stream>:<seq>.")
+    device_id: str = Field(pattern=NAME_PATTERN, description="The device (the token's).")
+    stream: str = Field(pattern=NAME_PATTERN, description="Stream name.")
+    seq: int = Field(ge=0, description="The device's alert sequence number (never reused).")
+    model: ModelRef = Field(description="The model that scored the window.")
+    score: float = Field(description="The window's anomaly score.")
+    threshold: float = Field(description="The alert threshold in force.")
     window_start: str = Field(max_length=40, description="ISO 8601 UTC with Z.")
-    window_end: str = Field(max_length=40)
-    raised_at: str = Field(max_length=40)
-    top_channels: list[TopChannelBody] = Field(max_length=64)
-    source: AlertSourceBody | None = None
-    explanation: AlertExplanationBody | None = None
+    window_end: str = Field(max_length=40, description="ISO 8601 UTC with Z.")
+    raised_at: str = Field(max_length=40, description="When the device raised it, ISO 8601 UTC.")
+    top_channels: list[TopChannelBody] = Field(
+        max_length=64, description="Channels that contributed most (at most 64).")
+    source: AlertSourceBody | None = Field(
+        None, description="Where a recorded camera input's frame came from.")
+    explanation: AlertExplanationBody | None = Field(
+        None, description="Expected vs observed value (univariate streams).")
 
 
 class AggregateColumns(_Wire):
@@ -199,22 +218,28 @@ class AggregateColumns(_Wire):
     """
 
     ids: list[Annotated[str, Field(pattern=AGGREGATE_ID_PATTERN)]] = Field(
-        max_length=MAX_BATCH_RECORDS
+        max_length=MAX_BATCH_RECORDS, description="Aggregate record ids."
     )
     streams: list[Annotated[str, Field(pattern=NAME_PATTERN)]] = Field(
-        max_length=MAX_BATCH_RECORDS
+        max_length=MAX_BATCH_RECORDS, description="Stream names."
     )
     interval_start: list[Annotated[float, Field(ge=0, le=32503680000)]] = Field(
-        max_length=MAX_BATCH_RECORDS
+        max_length=MAX_BATCH_RECORDS, description="Interval starts, epoch seconds UTC."
     )
     interval_s: list[Annotated[float, Field(gt=0, le=86400)]] = Field(
-        max_length=MAX_BATCH_RECORDS
+        max_length=MAX_BATCH_RECORDS, description="Interval lengths, seconds."
     )
-    count: list[Annotated[int, Field(ge=0)]] = Field(max_length=MAX_BATCH_RECORDS)
-    channels: list[str] = Field(max_length=MAX_BATCH_RECORDS)
-    max_score: list[float | None] = Field(max_length=MAX_BATCH_RECORDS)
-    windows: list[Annotated[int, Field(ge=0)]] = Field(max_length=MAX_BATCH_RECORDS)
-    alert_count: list[Annotated[int, Field(ge=0)]] = Field(max_length=MAX_BATCH_RECORDS)
+    count: list[Annotated[int, Field(ge=0)]] = Field(
+        max_length=MAX_BATCH_RECORDS, description="Readings per interval.")
+    channels: list[str] = Field(
+        max_length=MAX_BATCH_RECORDS,
+        description="JSON text of each aggregate's channel stats list (ChannelStatsBody).")
+    max_score: list[float | None] = Field(
+        max_length=MAX_BATCH_RECORDS, description="Largest window score; null: none scored.")
+    windows: list[Annotated[int, Field(ge=0)]] = Field(
+        max_length=MAX_BATCH_RECORDS, description="Windows scored per interval.")
+    alert_count: list[Annotated[int, Field(ge=0)]] = Field(
+        max_length=MAX_BATCH_RECORDS, description="Alerts raised per interval.")
 
 
 #: Column names of :class:`AggregateColumns`, in wire order.
@@ -224,15 +249,20 @@ Channels = Annotated[list[ChannelStatsBody], Field(max_length=1024)]
 
 
 class AlertRecord(_Wire):
-    kind: Literal["alert"]
-    id: str = Field(pattern=ID_PATTERN)
-    body: AlertBody
+    """An alert event in an ingest batch."""
+
+    kind: Literal["alert"] = Field(description="Record kind: alert.")
+    id: str = Field(pattern=ID_PATTERN, description="Stable record id (the body's alert_id).")
+    body: AlertBody = Field(description="The alert event.")
 
 
 class AggregateRecord(_Wire):
-    kind: Literal["aggregate"]
-    id: str = Field(pattern=AGGREGATE_ID_PATTERN)
-    body: AggregateBody
+    """An aggregate in an ingest batch (schema 1; schema 2+ may use the columns instead)."""
+
+    kind: Literal["aggregate"] = Field(description="Record kind: aggregate.")
+    id: str = Field(pattern=AGGREGATE_ID_PATTERN,
+                    description="<device_id>:<stream>:<interval_start ms>[:<part>].")
+    body: AggregateBody = Field(description="The aggregate.")
 
 
 Record = AlertRecord | AggregateRecord
@@ -241,21 +271,25 @@ Record = AlertRecord | AggregateRecord
 class Backlog(_Wire):
     """What the device still holds unsent (reported so operators see lagging gateways)."""
 
-    alerts: int = Field(ge=0)
-    aggregates: int = Field(ge=0)
+    alerts: int = Field(ge=0, description="Alerts not yet uploaded.")
+    aggregates: int = Field(ge=0, description="Aggregates not yet uploaded.")
 
 
 class IngestBatch(_Wire):
     """``POST /v1/ingest`` body (``aggregates`` only with ``schema`` 2 or 3)."""
 
-    schema_: Literal[1, 2, 3] = Field(1, alias="schema")
-    device_id: str = Field(pattern=NAME_PATTERN)
+    schema_: Literal[1, 2, 3] = Field(1, alias="schema", description="Ingest schema, 1 to 3.")
+    device_id: str = Field(pattern=NAME_PATTERN,
+                           description="The sending device; must be the token's.")
     sent_at: float = Field(description="Epoch seconds UTC when the batch was sent.")
-    agent_version: str = Field("", max_length=64)
-    model: ModelRef | None = None
-    backlog: Backlog
-    aggregates: AggregateColumns | None = None
-    records: list[Record] = Field(max_length=MAX_BATCH_RECORDS)
+    agent_version: str = Field("", max_length=64, description="The agent's version.")
+    model: ModelRef | None = Field(None, description="The model the device runs, if one.")
+    backlog: Backlog = Field(description="What the device still holds unsent.")
+    aggregates: AggregateColumns | None = Field(
+        None, description="Schema 2+: aggregates as columns, indexed after records.")
+    records: list[Record] = Field(
+        max_length=MAX_BATCH_RECORDS,
+        description=f"Alert and aggregate records (with the columns at most {MAX_BATCH_RECORDS}).")
 
     def all_records(self) -> list[Record]:
         """Every record in index order: ``records``, then each column entry as the
@@ -298,9 +332,9 @@ class IngestResult(_Wire):
 class EnrollRequest(_Wire):
     """``POST /v1/devices`` (admin token): register a device."""
 
-    device_id: str = Field(pattern=NAME_PATTERN)
+    device_id: str = Field(pattern=NAME_PATTERN, description="New device id.")
     tags: list[Annotated[str, Field(min_length=1, max_length=64, pattern=TEXT_PATTERN)]] = Field(
-        default_factory=list, max_length=32
+        default_factory=list, max_length=32, description="Tags (rollout targets; at most 32)."
     )
 
 
@@ -408,14 +442,20 @@ class ModelStatusReport(_Wire):
     """A device's report of one update step (``details``: at most :data:`MAX_DETAILS` entries,
     keys up to :data:`MAX_DETAIL_KEY` characters, texts up to :data:`MAX_DETAIL_TEXT`)."""
 
-    device_id: str = Field(pattern=NAME_PATTERN)
-    stream: str | None = Field(None, pattern=NAME_PATTERN)
-    name: str = Field(pattern=NAME_PATTERN)
-    version: int = Field(ge=1, le=INT64_MAX)
-    rollout_id: int | None = Field(None, ge=1, le=INT64_MAX)
-    state: ModelState
-    reason: str | None = Field(None, max_length=2000, pattern=TEXT_PATTERN)
-    details: dict[DetailKey, DetailValue] = Field(default_factory=dict, max_length=MAX_DETAILS)
+    device_id: str = Field(pattern=NAME_PATTERN, description="The device; must be the token's.")
+    stream: str | None = Field(None, pattern=NAME_PATTERN,
+                               description="The stream updated; None: every stream.")
+    name: str = Field(pattern=NAME_PATTERN, description="Model package name.")
+    version: int = Field(ge=1, le=INT64_MAX, description="Model package version.")
+    rollout_id: int | None = Field(None, ge=1, le=INT64_MAX,
+                                   description="The rollout that assigned it, if any.")
+    state: ModelState = Field(description="The step reached (assigned ... active, rejected, "
+                                          "rolled_back).")
+    reason: str | None = Field(None, max_length=2000, pattern=TEXT_PATTERN,
+                               description="Why (a rejection, a rollback).")
+    details: dict[DetailKey, DetailValue] = Field(
+        default_factory=dict, max_length=MAX_DETAILS,
+        description="Step details: numbers, texts or null (e.g. shadow agreement figures).")
     at: float = Field(ge=0, le=32503680000, description="Epoch seconds UTC.")
 
 
@@ -428,13 +468,19 @@ class SampleBatch(_Wire):
     channels' units (unscaled), finite floats. The fleet answers 200 ``{"stored": <windows>}``.
     """
 
-    device_id: str = Field(pattern=NAME_PATTERN)
-    stream: str = Field(pattern=NAME_PATTERN)
+    device_id: str = Field(pattern=NAME_PATTERN, description="The device; must be the token's.")
+    stream: str = Field(pattern=NAME_PATTERN, description="Stream name.")
     channels: list[Annotated[str, Field(min_length=1, max_length=128, pattern=TEXT_PATTERN)]] = (
-        Field(min_length=1, max_length=256)
+        Field(min_length=1, max_length=256, description="Channel names, in the windows' C order.")
     )
-    model: ModelRef | None = None
-    config_hash: str = Field(max_length=128, pattern=TEXT_PATTERN)
-    sample_rate_hz: float | None = Field(None, ge=0, le=1e9)
-    kind: Literal["calibration", "reservoir"] = "reservoir"
-    windows: list[list[list[float]]] = Field(max_length=10_000)
+    model: ModelRef | None = Field(None, description="The model the stream ran, if one.")
+    config_hash: str = Field(max_length=128, pattern=TEXT_PATTERN,
+                             description="Hash of the stream's config (samples of one config "
+                                         "train together).")
+    sample_rate_hz: float | None = Field(None, ge=0, le=1e9,
+                                         description="Readings per second, if known.")
+    kind: Literal["calibration", "reservoir"] = Field(
+        "reservoir", description="reservoir: normal windows (K, W, C); calibration: one block "
+                                 "(1, N, C).")
+    windows: list[list[list[float]]] = Field(
+        max_length=10_000, description="Raw values in channel units, finite floats.")

@@ -56,8 +56,8 @@ class _Body(BaseModel):
 class LoginRequest(_Body):
     """``POST /v1/session``."""
 
-    username: str = Field(min_length=1, max_length=64)
-    password: str = Field(min_length=1, max_length=1024)
+    username: str = Field(min_length=1, max_length=64, description="The account's name.")
+    password: str = Field(min_length=1, max_length=1024, description="The account's password.")
 
 
 class SessionOut(_Body):
@@ -71,17 +71,21 @@ class SessionOut(_Body):
 class UserCreate(_Body):
     """``POST /v1/users``: ``password`` None makes a token-only account."""
 
-    username: str = Field(pattern=NAME_PATTERN)
-    role: Role
-    password: str | None = Field(None, min_length=1, max_length=1024)
+    username: str = Field(pattern=NAME_PATTERN, description="New account name.")
+    role: Role = Field(description="viewer, operator or admin.")
+    password: str | None = Field(None, min_length=1, max_length=1024,
+                                 description="Its password (argon2-hashed); None: token-only.")
 
 
 class UserChange(_Body):
     """``PATCH /v1/users/{username}``: only the fields given change."""
 
-    role: Role | None = None
-    password: str | None = Field(None, min_length=1, max_length=1024)
-    disabled: bool | None = None
+    role: Role | None = Field(None, description="New role; None: unchanged.")
+    password: str | None = Field(None, min_length=1, max_length=1024,
+                                 description="New password; None: unchanged.")
+    disabled: bool | None = Field(
+        None, description="True disables the account (its sessions and tokens stop working); "
+                          "False enables it; None: unchanged.")
 
 
 class UserOut(_Body):
@@ -95,9 +99,9 @@ class UserOut(_Body):
 class TokenCreate(_Body):
     """``POST /v1/tokens``: a token acting for ``username`` with at most ``role``."""
 
-    username: str = Field(pattern=NAME_PATTERN)
-    role: Role
-    label: str = Field("", max_length=64)
+    username: str = Field(pattern=NAME_PATTERN, description="The user the token acts for.")
+    role: Role = Field(description="The token's role (at most the user's, checked per request).")
+    label: str = Field("", max_length=64, description="A name to tell tokens apart.")
 
 
 class TokenOut(_Body):

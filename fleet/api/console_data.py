@@ -62,7 +62,8 @@ class FleetAlertPage(_Out):
 class AckRequest(_Out):
     """``POST /v1/alerts/{id}/ack``."""
 
-    note: str | None = Field(None, max_length=500, pattern=TEXT_PATTERN)
+    note: str | None = Field(None, max_length=500, pattern=TEXT_PATTERN,
+                             description="Why, or what was done (shown with the alert).")
 
 
 class AckOut(_Out):

@@ -72,8 +72,9 @@ class TagsChange(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    add: list[Tag] = Field(default_factory=list, max_length=32)
-    remove: list[Tag] = Field(default_factory=list, max_length=32)
+    add: list[Tag] = Field(default_factory=list, max_length=32, description="Tags to add.")
+    remove: list[Tag] = Field(default_factory=list, max_length=32,
+                              description="Tags to remove.")
 
 
 class DeviceList(_Out):

@@ -46,8 +46,16 @@ def _out(rec: ModelRecord) -> ModelOut:
     )
 
 
-_ARCHIVE_BODY = {"requestBody": {"required": True, "content": {
-    "application/gzip": {"schema": {"type": "string", "format": "binary"}}}}}
+_ARCHIVE_BODY = {"requestBody": {
+    "required": True,
+    "description": "A signed model package archive: the tar.gz of the package directory "
+                   "(manifest.json, its Ed25519 signature and artefacts; `edge-fleet model sign`, "
+                   "then `model pack`), as the raw body with Content-Type application/gzip "
+                   "(application/octet-stream is taken too); at most the fleet's upload limit "
+                   "(64 MiB by default).",
+    "content": {"application/gzip": {"schema": {
+        "type": "string", "format": "binary",
+        "description": "The package archive's bytes (tar.gz)."}}}}}
 
 
 @router.post("/v1/models", status_code=201, response_model=ModelOut, openapi_extra=_ARCHIVE_BODY)

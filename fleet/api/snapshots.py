@@ -93,9 +93,19 @@ def _check_ids(device_id: str, alert_id: str) -> None:
 
 
 @router.put("/v1/devices/{device_id}/alerts/{alert_id}/{kind}", status_code=204,
-            openapi_extra={"requestBody": {"required": True, "content": {
-                "image/jpeg": {"schema": {"type": "string", "format": "binary"}},
-                "image/png": {"schema": {"type": "string", "format": "binary"}}}}})
+            openapi_extra={"requestBody": {
+                "required": True,
+                "description": "The image itself as the raw body: kind `snapshot` is the "
+                               "alerting frame as image/jpeg, kind `heatmap` the anomaly "
+                               "overlay as image/png; no Content-Encoding; at most "
+                               f"{MAX_SNAPSHOT_BYTES} bytes and {MAX_SNAPSHOT_EDGE} pixels a "
+                               "side; it must decode whole.",
+                "content": {
+                    "image/jpeg": {"schema": {"type": "string", "format": "binary",
+                                              "description": "JPEG bytes (kind snapshot)."}},
+                    "image/png": {"schema": {"type": "string", "format": "binary",
+                                             "description": "PNG bytes (kind heatmap)."}}}}},
+            summary="Upload an alert's snapshot (JPEG) or heatmap (PNG)")
 async def put_snapshot(device_id: DeviceId, alert_id: AlertId, kind: Kind, request: Request,
                        caller: DeviceDep, services: ServicesDep) -> Response:
     if caller != device_id:

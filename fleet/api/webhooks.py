@@ -9,15 +9,22 @@ see docs/fleet-operations.md, "SSRF"):
   dead-letter list with ``state=dead``).
 * ``POST /v1/webhooks/deliveries/{id}/redeliver``: queue a dead or delivered delivery again
   (attempts from 0), 200 with it; 404 when it is unknown or still pending.
+
+Adding, removing and redelivering are recorded in the audit log (``webhook.add``,
+``webhook.remove``, ``webhook.redeliver``; never the secret, and of the URL only its host:
+a receiver's path may be a credential, and viewers read the audit log). The console's Webhooks page
+(admins only) shows the dead-letter list and redelivers.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
+from fleet.api.auditing import arecord, record
 from fleet.api.deps import AdminDep, Services, ServicesDep
 from fleet.api.json_body import ENROLL_MAX_BYTES, NO_BODY, body_doc, read_model
 from fleet.api.ops_models import DeliveryList, DeliveryOut, WebhookCreate, WebhookList, WebhookOut
@@ -39,10 +46,14 @@ def _changed(services: Services) -> None:
 
 @router.post("/v1/webhooks", status_code=201, response_model=WebhookOut,
              openapi_extra=body_doc(WebhookCreate), summary="Add a webhook")
-async def add_webhook(request: Request, services: ServicesDep, _admin: AdminDep) -> WebhookOut:
+async def add_webhook(request: Request, services: ServicesDep, who: AdminDep) -> WebhookOut:
     body = await read_model(request, WebhookCreate, ENROLL_MAX_BYTES)  # after the token check
     hook = await run_in_threadpool(_store(services).add, body.url, body.events, body.secret)
     _changed(services)
+    # the host only: a receiver's path or query may hold a secret (Slack-style URLs), and
+    # viewers read the audit log
+    await arecord(request, who, "webhook.add", str(hook.id),
+                  {"host": urlsplit(hook.url).hostname, "events": hook.events})
     return WebhookOut.of(hook)
 
 
@@ -52,9 +63,11 @@ def list_webhooks(services: ServicesDep, _admin: AdminDep) -> WebhookList:
 
 
 @router.delete("/v1/webhooks/{webhook_id}", status_code=204, summary="Remove a webhook")
-def remove_webhook(webhook_id: Id, services: ServicesDep, _admin: AdminDep) -> Response:
+def remove_webhook(webhook_id: Id, request: Request, services: ServicesDep,
+                   who: AdminDep) -> Response:
     _store(services).remove(webhook_id)
     _changed(services)
+    record(request, who, "webhook.remove", str(webhook_id))
     return Response(status_code=204)
 
 
@@ -71,8 +84,11 @@ def list_deliveries(
 
 @router.post("/v1/webhooks/deliveries/{delivery_id}/redeliver", response_model=DeliveryOut,
              summary="Send a dead or delivered delivery again", openapi_extra=NO_BODY)
-def redeliver(delivery_id: Id, services: ServicesDep, _admin: AdminDep) -> DeliveryOut:
+def redeliver(delivery_id: Id, request: Request, services: ServicesDep,
+              who: AdminDep) -> DeliveryOut:
     found = _store(services).redeliver(delivery_id)
     if services.events is not None:
         services.events.queued(1)
+    record(request, who, "webhook.redeliver", str(delivery_id),
+           {"webhook_id": found.webhook_id, "event": found.event})
     return DeliveryOut.of(found)

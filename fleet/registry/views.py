@@ -38,14 +38,14 @@ class ModelList(_Body):
 class RolloutCreate(_Body):
     """``POST /v1/rollouts``: exactly one of ``tag`` or ``devices``."""
 
-    name: str = Field(pattern=NAME_PATTERN)
-    version: int = Field(ge=1, le=INT64_MAX)
+    name: str = Field(pattern=NAME_PATTERN, description="Model package name (in the registry).")
+    version: int = Field(ge=1, le=INT64_MAX, description="Model package version.")
     tag: str | None = Field(
         None, min_length=1, max_length=64, pattern=TEXT_PATTERN,
         description="Every active device with it.",
     )
     devices: list[Annotated[str, Field(pattern=NAME_PATTERN)]] | None = Field(
-        None, min_length=1, max_length=10_000
+        None, min_length=1, max_length=10_000, description="These devices (at most 10,000)."
     )
     stream: str | None = Field(None, pattern=STREAM_PATTERN, description="None: every stream.")
     canary_percent: float | None = Field(

@@ -30,6 +30,7 @@ from cloud_sync.client import FleetClient
 from cloud_sync.health import HealthSummary, StreamHealth
 from cloud_sync.protocol import IngestBatch, ModelStatusReport
 from tests.fleet.conftest import wait_healthy
+from tests.fleet.live import Receiver, wait_for
 from tests.fleet.model_pkg import archive, make_keys
 from tests.fleet.wire import aggregate, alert, batch
 
@@ -45,6 +46,10 @@ XSS = "<img src=x onerror=window.__xss=1>"
 N_AGGREGATES = 90
 #: Older ones, 2..3 days ago: seen only when the plot zooms out to 7 days.
 N_OLD = 20
+#: gw1's camera stream (after pump1 in name order: the plot opens on pump1) and its alert, whose
+#: frame and heatmap the device uploads (rendered by the agent's own snapshot renderer).
+CAM, CAM_ALERT = "yard-cam", "gw1:yard-cam:1"
+FRAME_W, FRAME_H = 320, 240
 
 try:
     from playwright.sync_api import expect
@@ -65,6 +70,8 @@ class Fleet:
     shots: Path
     #: A signed package archive of skab-wstat@8, not pushed yet.
     archive_v8: Path
+    #: The webhook receiver (answers 500 until a test changes its status).
+    receiver: Receiver
 
 
 def _free_port() -> int:
@@ -80,8 +87,28 @@ def _cli(*args: Any) -> str:
     return out.stdout
 
 
+def _camera_images() -> tuple[bytes, bytes]:
+    """A synthetic yard frame (JPEG) with a bright object, and its heatmap (PNG), rendered by
+    the agent's snapshot renderer (agent/services/snapshot_render.py) as a camera stream does."""
+    import numpy as np  # noqa: PLC0415
+    pytest.importorskip("PIL")
+    from agent.services.snapshot_render import frame_jpeg, heatmap_png  # noqa: PLC0415
+
+    yy, xx = np.mgrid[0:FRAME_H, 0:FRAME_W]
+    frame = np.stack([60 + xx * 80 // FRAME_W, 70 + yy * 60 // FRAME_H,
+                      90 + 0 * xx], axis=-1).astype(np.uint8)
+    frame[40:200:40, :] = 150  # rails
+    frame[120:170, 200:250] = (40, 200, 240)  # the anomaly: an object on the rails (BGR)
+    rows, cols = np.mgrid[0:6, 0:8]
+    patch = 0.3 + 2.2 * np.exp(-((rows - 3.6) ** 2 + (cols - 5.6) ** 2) / 1.5)
+    return (frame_jpeg(frame, 320, 85),
+            heatmap_png(frame, patch, threshold=1.0, max_edge=320,
+                        text={"alert_id": CAM_ALERT, "model": "yard-padim@2"}))
+
+
 def _feed(base: str, admin: dict[str, str], tmp: Path, key: Path) -> dict[str, str]:
-    """Enroll gw1, gw2 (tag line=1), upload through the device client, push a package."""
+    """Enroll gw1, gw2 (tag line=1), upload through the device client (a camera alert with
+    its frame and heatmap included), push a package."""
     tokens = {}
     for dev in ("gw1", "gw2"):
         r = requests.post(f"{base}/v1/devices", json={"device_id": dev, "tags": ["line=1"]},
@@ -95,11 +122,16 @@ def _feed(base: str, admin: dict[str, str], tmp: Path, key: Path) -> dict[str, s
            for i in range(N_OLD)]
     hostile = alert("gw1", "pump1", 1, now - 1800, threshold=0.9,
                     top_channels=[{"channel": XSS, "contribution": 0.9}])
+    camera = alert("gw1", CAM, 1, now - 2400, score=2.5, threshold=1.0, top_channels=[],
+                   model={"name": "yard-padim", "version": 2})
     client = FleetClient(base, tokens["gw1"])
-    doc = batch("gw1", [*recent, *old, hostile], agent_version=XSS, sent_at=now)
+    doc = batch("gw1", [*recent, *old, hostile, camera], agent_version=XSS, sent_at=now)
     result = client.ingest(IngestBatch.model_validate(doc))
     assert {r.status for r in result.results} == {"accepted"}, [
         r for r in result.results if r.status != "accepted"][:3]
+    jpeg, png = _camera_images()
+    client.put_snapshot("gw1", CAM_ALERT, "snapshot", jpeg)
+    client.put_snapshot("gw1", CAM_ALERT, "heatmap", png)
     other = FleetClient(base, tokens["gw2"])
     other.ingest(IngestBatch.model_validate(
         batch("gw2", [aggregate("gw2", "fan", now - 120),  # and one 3 h ahead (a fast simulator)
@@ -130,16 +162,18 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [*CMD, "serve", "--db", db, "--port", str(port), "--state-dir", str(state),
-             "--trusted-keys", str(trusted)],
+             "--trusted-keys", str(trusted), "--webhook-max-attempts", "2",
+             "--webhook-backoff", "0.2"],
             stdout=out, stderr=subprocess.STDOUT, env=ENV,
         )
     base = f"http://127.0.0.1:{port}"
+    receiver = Receiver(status=500).start()
     try:
         wait_healthy(base, proc, log, 60)
         admin = {"Authorization": f"Bearer {(state / 'admin.token').read_text().strip()}"}
         pw = tmp_path / "pw"
         pw.write_text(PASSWORD + "\n")
-        for name, role in (("vera", "viewer"), ("otto", "operator")):
+        for name, role in (("vera", "viewer"), ("otto", "operator"), ("ada", "admin")):
             _cli("user", "add", name, "--role", role, "--password-file", pw, "--db", db,
                  "--state-dir", state)
         tokens = _feed(base, admin, tmp_path, key)
@@ -147,8 +181,10 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
         shots.mkdir()
         v8 = tmp_path / "skab-wstat-8.tar.gz"
         v8.write_bytes(archive(tmp_path, 8, key))
-        yield Fleet(base=base, admin=admin, tokens=tokens, shots=shots, archive_v8=v8)
+        yield Fleet(base=base, admin=admin, tokens=tokens, shots=shots, archive_v8=v8,
+                    receiver=receiver)
     finally:
+        receiver.stop()
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=15)
@@ -187,6 +223,16 @@ def _login(browser: Any, fleet: Fleet, user: str) -> Any:
     page.wait_for_selector("#devices")
     assert page.text_content("#whoami") is not None
     return page
+
+
+def _natural_size(img: Any) -> tuple[int, int]:
+    """The image's decoded size once it loaded (0 x 0 while loading or when it failed)."""
+    deadline = time.monotonic() + 20
+    while True:
+        size = img.evaluate("i => i.complete ? [i.naturalWidth, i.naturalHeight] : null")
+        if size is not None or time.monotonic() > deadline:
+            return (int(size[0]), int(size[1])) if size else (0, 0)
+        time.sleep(0.1)
 
 
 def _device_ids(page: Any) -> list[str]:
@@ -232,12 +278,31 @@ def test_viewer_sees_devices_and_reads_the_plot(browser: Any, fleet: Fleet) -> N
         "0.0", "0.5", "1.0", "1.5"]
     assert page.locator("#plot-ahead").count() == 0  # no score later than now
     rows = page.locator("#alerts tbody tr")
-    assert rows.count() == 1 and rows.first.get_attribute("data-event") == "raised"
-    assert rows.first.get_attribute("data-episode") == "gw1:pump1:1"
+    assert rows.count() == 2 and rows.first.get_attribute("data-event") == "raised"
+    assert [r.get_attribute("data-episode") for r in rows.all()] == ["gw1:pump1:1", CAM_ALERT]
     alerts_text = page.text_content("#alerts")
     assert alerts_text is not None and XSS in alerts_text  # hostile channel name, as text
-    assert page.locator("#alerts img").count() == 0
+    assert page.locator("#alerts img").count() == 0  # the hostile <img> stayed text
+    # the camera alert's frame and heatmap, loaded with the session cookie
+    figures = page.locator("#snapshots figure")
+    assert figures.count() == 1 and figures.first.get_attribute("data-alert") == CAM_ALERT
+    frame, heat = page.locator("#snapshots img[data-kind=snapshot]"), page.locator(
+        "#snapshots img[data-kind=heatmap]")
+    assert frame.get_attribute("alt", timeout=5000) is not None
+    assert (frame.get_attribute("alt") or "").startswith(f"Camera frame of alert {CAM_ALERT}")
+    assert (heat.get_attribute("alt") or "").startswith(f"Anomaly heatmap of alert {CAM_ALERT}")
+    assert _natural_size(frame) == (FRAME_W, FRAME_H)
+    heat_w, heat_h = _natural_size(heat)
+    assert heat_w == FRAME_W and heat_h > FRAME_H  # the frame plus the legend strip
     _shot(page, fleet, "device-24h")
+    heat.click()  # enlarges it in a dialog; a click anywhere closes it
+    expect(page.locator("#enlarged")).to_be_visible()
+    assert _natural_size(page.locator("#enlarged-img")) == (heat_w, heat_h)
+    expect(page.locator("#enlarged-caption")).to_contain_text(f"heatmap of alert {CAM_ALERT}")
+    _shot(page, fleet, "device-snapshot-enlarged")
+    page.locator("#enlarged").click()
+    expect(page.locator("#enlarged")).to_be_hidden()
+    assert page.locator("#nav-webhooks").is_hidden()  # a viewer has no Webhooks page
     page.click("#ranges button >> text=7 d")
     expect(page.locator("#score-plot")).to_have_attribute("data-points",
                                                           str(N_AGGREGATES + N_OLD))
@@ -251,7 +316,7 @@ def test_viewer_sees_devices_and_reads_the_plot(browser: Any, fleet: Fleet) -> N
     page.click("#alert-filters button[type=submit]")
     drawn = expect(page.locator("#view"))
     drawn.to_have_attribute("data-route", "#/alerts?device=gw1&since_s=86400")
-    expect(page.locator("#alert-timeline")).to_have_attribute("data-alerts", "1")
+    expect(page.locator("#alert-timeline")).to_have_attribute("data-alerts", "2")
     page.fill("#alert-filters input[name=device]", "gw2")
     page.click("#alert-filters button[type=submit]")
     drawn.to_have_attribute("data-route", "#/alerts?device=gw2&since_s=86400")
@@ -262,6 +327,7 @@ def test_viewer_sees_devices_and_reads_the_plot(browser: Any, fleet: Fleet) -> N
     page.goto(f"{fleet.base}/console/#/device/gw2")
     expect(page.locator("#score-plot")).to_have_attribute("data-points", "2")
     expect(page.locator("#plot-ahead")).to_contain_text("later than now")
+    expect(page.locator("#snapshots")).to_have_text("No camera snapshots among the recent alerts.")
     page.click("#ranges button >> text=1 h")
     expect(page.locator("#score-plot")).to_have_attribute("data-points", "1")
     _shot(page, fleet, "device-ahead")
@@ -357,8 +423,65 @@ def test_operator_starts_and_aborts_a_rollout_viewer_is_refused(
     # acknowledging an episode's raised record, with a note
     op.goto(f"{fleet.base}/console/#/alerts")
     op.wait_for_selector("#alerts button.ack")
-    op.fill("#alerts input.ack-note", "pump checked")
-    op.click("#alerts button.ack")
-    expect(op.locator("#alerts")).to_contain_text("otto at")
-    expect(op.locator("#alerts")).to_contain_text("pump checked")
-    assert op.locator("#alerts button.ack").count() == 0
+    pump = op.locator('#alerts tr[data-episode="gw1:pump1:1"]')
+    pump.locator("input.ack-note").fill("pump checked")
+    pump.locator("button.ack").click()
+    expect(pump).to_contain_text("otto at")
+    expect(pump).to_contain_text("pump checked")
+    assert pump.locator("button.ack").count() == 0
+    assert op.locator("#alerts button.ack").count() == 1  # the camera episode: not yet
+
+
+def test_admin_sees_dead_letters_and_redelivers_others_do_not(
+    browser: Any, fleet: Fleet
+) -> None:
+    hook = requests.post(f"{fleet.base}/v1/webhooks", headers=fleet.admin, timeout=10, json={
+        "url": fleet.receiver.url, "events": ["alert"], "secret": "console-test-" + "s" * 12})
+    assert hook.status_code == 201, hook.text
+    device = FleetClient(fleet.base, fleet.tokens["gw2"])
+    device.ingest(IngestBatch.model_validate(batch("gw2", [alert("gw2", "fan", 1, time.time())])))
+    device.close()
+    # the receiver answers 500: two attempts (serve --webhook-max-attempts 2), then dead
+    dead = wait_for(lambda: requests.get(f"{fleet.base}/v1/webhooks/deliveries?state=dead",
+                                         headers=fleet.admin, timeout=10).json()["deliveries"],
+                    "the dead letter")
+    assert len(dead) == 1 and dead[0]["attempts"] == 2 and len(fleet.receiver.got) == 2
+
+    for user in ("vera", "otto"):  # the API is admin-only: no link, and the page is refused
+        page = _login(browser, fleet, user)
+        assert page.locator("#nav-webhooks").is_hidden()
+        page.goto(f"{fleet.base}/console/#/webhooks")
+        expect(page.locator("#flash")).to_contain_text("Refused (403)")
+        assert page.locator("#deliveries").count() == 0
+        if user == "otto":
+            _shot(page, fleet, "webhooks-operator-refused")
+        page.context.close()
+
+    page = _login(browser, fleet, "ada")
+    page.click("#nav-webhooks")
+    page.wait_for_selector("#deliveries")
+    expect(page.locator("#webhooks")).to_contain_text(fleet.receiver.url)
+    row = page.locator("#deliveries tbody tr")
+    assert row.count() == 1 and row.first.get_attribute("data-state") == "dead"
+    cells = row.first.locator("td").all_text_contents()
+    assert cells[0] == str(dead[0]["id"]) and cells[1] == fleet.receiver.url
+    assert cells[2] == "alert" and cells[3] == "2" and cells[4] == "500"
+    assert "gw2:fan:1" in cells[8]  # the body as sent
+    _shot(page, fleet, "webhooks-dead-letters")
+
+    fleet.receiver.status = 204  # the receiver is fixed: redeliver
+    row.first.locator("button.redeliver").click()
+    expect(page.locator("#flash")).to_contain_text(f"Delivery {dead[0]['id']} queued again")
+    # the receiver records the POST before it answers: wait for the fleet to mark it delivered
+    wait_for(lambda: requests.get(f"{fleet.base}/v1/webhooks/deliveries?state=delivered",
+                                  headers=fleet.admin, timeout=10).json()["deliveries"],
+             "the redelivery")
+    assert len(fleet.receiver.got) == 3
+    page.click("#delivery-states >> text=delivered")
+    expect(page.locator("#view")).to_have_attribute("data-route", "#/webhooks?state=delivered")
+    expect(page.locator("#deliveries tbody tr")).to_have_attribute("data-state", "delivered")
+    _shot(page, fleet, "webhooks-redelivered")
+    page.click("#delivery-states >> text=dead letters")
+    expect(page.locator("#deliveries tbody tr.empty")).to_have_text("nothing yet")
+    page.goto(f"{fleet.base}/console/#/audit?action=webhook.redeliver")
+    expect(page.locator("#audit tbody tr")).to_contain_text("ada")

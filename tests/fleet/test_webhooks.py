@@ -124,6 +124,20 @@ def test_dead_letter_after_the_cap_then_redeliver(settings: Settings, engine: En
         again = requests.post(f"{base}/v1/webhooks/deliveries/{dead[0]['id']}999/redeliver",
                               headers=ADMIN, timeout=10)
         assert again.status_code == 404
+        # adding and redelivering are operator actions: in the audit log, the URL's host only
+        audit = requests.get(f"{base}/v1/audit?limit=20", headers=ADMIN, timeout=10).json()
+        got = {e["action"]: e for e in audit["entries"] if e["action"].startswith("webhook.")}
+        assert set(got) == {"webhook.add", "webhook.redeliver"}, got
+        assert got["webhook.add"]["detail"] == {"host": "127.0.0.1", "events": ["alert"]}
+        assert got["webhook.redeliver"]["target"] == str(dead[0]["id"])
+        assert got["webhook.redeliver"]["actor"] == "bootstrap"
+        assert "/hook" not in json.dumps(audit)
+        hook_id = dead[0]["webhook_id"]
+        assert requests.delete(f"{base}/v1/webhooks/{hook_id}", headers=ADMIN,
+                               timeout=10).status_code == 204
+        audit = requests.get(f"{base}/v1/audit?action=webhook.remove", headers=ADMIN,
+                             timeout=10).json()
+        assert [e["target"] for e in audit["entries"]] == [str(hook_id)]
 
 
 def test_hanging_receiver_does_not_stall_the_others(settings: Settings, engine: Engine,

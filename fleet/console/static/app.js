@@ -298,11 +298,59 @@ async function devicePage(id) {
     el("h2", {}, "Streams"), table("streams", ["Stream", "Model", "Model state", "Source (health report)"], streamRows),
     el("h2", {}, "Score and threshold"), rangeBar, plotBox,
     el("h2", {}, "Recent alerts"), alertTable(alerts.items, () => devicePage(id)),
+    el("h2", {}, "Camera snapshots"), snapshotGallery(alerts.items),
     el("h2", {}, "Model history"),
     table("model-history", ["Received (UTC)", "Stream", "Model", "State", "Reason", "Rollout"],
       models.reports.map((r) => [when(r.received_at), r.stream || "(all)", `${r.name}@${r.version}`,
         r.state, r.reason || "", r.rollout_id ?? "-"])));
   await draw();
+}
+
+// Camera snapshots: the newest SNAPSHOTS_SHOWN alerts that have images, each its frame (JPEG)
+// and heatmap (PNG) side by side. The <img> loads with the session cookie (same origin).
+const SNAPSHOTS_SHOWN = 6;
+const SNAPSHOT_KINDS = [["snapshot", "Camera frame"], ["heatmap", "Anomaly heatmap"]];
+
+function snapshotUrl(a, kind) {
+  return `/v1/devices/${encodeURIComponent(a.device_id)}/alerts/${encodeURIComponent(a.id)}/${kind}`;
+}
+
+function enlarge(src, label) {
+  const box = document.getElementById("enlarged");
+  const img = document.getElementById("enlarged-img");
+  img.src = src;
+  img.alt = label;
+  document.getElementById("enlarged-caption").textContent = label;
+  box.showModal();
+}
+
+function snapshotThumb(a, kind, what) {
+  const label = `${what} of alert ${a.id} (${a.stream}, ${when(a.window_start)}, ` +
+    `score ${a.score.toPrecision(4)})`;
+  const src = snapshotUrl(a, kind);
+  const img = el("img", { src, alt: label, class: "thumb-img", "data-kind": kind });
+  const button = el("button", { type: "button", class: "thumb", title: `${what}: click to enlarge`,
+    onclick: () => enlarge(src, label) }, img);
+  img.addEventListener("error", () => button.replaceWith(
+    el("span", { class: "thumb thumb-missing muted" }, `${what}: not available`)));
+  return el("div", { class: "thumb-box" }, button, el("span", { class: "muted" }, what));
+}
+
+function snapshotGallery(items) {
+  const found = items.filter((a) => (a.snapshots || []).length);
+  if (!found.length) {
+    return el("p", { id: "snapshots", class: "muted" }, "No camera snapshots among the recent alerts.");
+  }
+  const shown = found.slice(0, SNAPSHOTS_SHOWN);
+  const figures = shown.map((a) => el("figure", { class: "snapshot", "data-alert": a.id },
+    el("div", { class: "snapshot-pair" }, SNAPSHOT_KINDS.filter(([kind]) => a.snapshots.includes(kind))
+      .map(([kind, what]) => snapshotThumb(a, kind, what))),
+    el("figcaption", {}, el("strong", {}, `${a.stream} · ${a.event}`), ` ${when(a.window_start)} · score `,
+      `${a.score.toPrecision(4)} (threshold ${a.threshold.toPrecision(4)})`, el("br"),
+      el("span", { class: "muted episode" }, a.id))));
+  const more = found.length > shown.length ? el("p", { class: "muted" },
+    `The newest ${shown.length} of ${found.length} recent alerts with snapshots.`) : null;
+  return el("div", { id: "snapshots" }, el("div", { class: "snapshot-grid" }, figures), more);
 }
 
 function deviceHealth(d) {
@@ -560,6 +608,43 @@ async function auditPage(params) {
       el("span", { class: "detail", title: JSON.stringify(e.detail) }, JSON.stringify(e.detail))])), links);
 }
 
+// Webhooks (admin only, as the API): the subscriptions and their deliveries, dead letters first.
+const DELIVERY_STATES = [["dead", "dead letters"], ["pending", "pending"], ["delivered", "delivered"]];
+
+async function webhooksPage(params) {
+  const q = new URLSearchParams(params);
+  const state = DELIVERY_STATES.some(([s]) => s === q.get("state")) ? q.get("state") : "dead";
+  const [hooks, found] = await Promise.all([api("GET", "/v1/webhooks"),
+    api("GET", `/v1/webhooks/deliveries?state=${state}&limit=100`)]);
+  const urlOf = {};
+  for (const w of hooks.webhooks) urlOf[w.id] = w.url;
+  const tabs = el("p", { class: "controls", id: "delivery-states" }, DELIVERY_STATES.map(([s, label]) =>
+    el("a", { href: `#/webhooks?state=${s}`, class: s === state ? "active-tab" : null }, label)));
+  const redeliver = (d) => el("button", { type: "button", class: "redeliver", onclick: async () => {
+    try {
+      await api("POST", `/v1/webhooks/deliveries/${d.id}/redeliver`);
+      flash(`Delivery ${d.id} queued again (attempts from 0).`, true);
+      await webhooksPage(params);
+    } catch (err) { refused(err); }
+  } }, "Redeliver");
+  const rows = found.deliveries.map((d) => [String(d.id), urlOf[d.webhook_id] || `webhook ${d.webhook_id}`,
+    d.event, String(d.attempts), d.last_status ?? "-", d.last_error || "",
+    when(d.created_at), d.state === "pending" ? `next ${when(d.next_attempt_at)}` : when(d.finished_at),
+    el("span", { class: "detail", title: d.body }, d.body),
+    d.state === "pending" ? "" : redeliver(d)]);
+  view(el("h1", {}, "Webhooks"),
+    table("webhooks", ["Id", "URL", "Events", "Added (UTC)"], hooks.webhooks.map((w) => [
+      String(w.id), w.url, w.events.join(", "), when(w.created_at)])),
+    el("h2", {}, state === "dead" ? `Dead letters (${found.deliveries.length})` :
+      `Deliveries: ${state} (${found.deliveries.length})`), tabs,
+    el("p", { class: "muted" }, "A delivery is dead after the fleet's last retry failed " +
+      "(edge-fleet serve --webhook-max-attempts). Redeliver queues it again from attempt 0, " +
+      "with the same body and delivery id. Newest first, at most 100."),
+    table("deliveries", ["Id", "Webhook", "Event", "Attempts", "Last status", "Last error",
+      "Queued (UTC)", "Finished (UTC)", "Body", ""], rows, (i) => ({ "data-state": found.deliveries[i].state,
+      "data-delivery": found.deliveries[i].id })));
+}
+
 // --- router -----------------------------------------------------------------------------------
 
 async function route() {
@@ -574,6 +659,7 @@ async function route() {
     else if (parts[0] === "rollout" && parts[1]) await rolloutPage(parts[1]);
     else if (parts[0] === "registry") await registryPage();
     else if (parts[0] === "audit") await auditPage(query || "");
+    else if (parts[0] === "webhooks") await webhooksPage(query || "");
     else await devicesPage();
   } catch (err) {
     if (err.status !== 401) refused(err);
@@ -591,10 +677,13 @@ async function start() {
   document.getElementById("login").hidden = true;
   document.getElementById("top").hidden = false;
   document.getElementById("whoami").textContent = `${me.username} (${me.role})`;
+  document.getElementById("nav-webhooks").hidden = me.role !== "admin";  // the API is admin-only
   await route();
 }
 
 document.addEventListener("DOMContentLoaded", () => {
+  const enlarged = document.getElementById("enlarged");
+  enlarged.addEventListener("click", () => enlarged.close());  // anywhere, the image included
   document.getElementById("login-form").addEventListener("submit", login);
   document.getElementById("logout").addEventListener("click", logout);
   window.addEventListener("hashchange", route);
