@@ -103,10 +103,13 @@ def test_late_subscriber_gets_the_retained_snapshot_and_heatmap_as_images(
     agents: Callable[..., Agent],
 ) -> None:
     agent = agents(tmp_path, mosquitto)
+    # "published" means handed to paho (QoS 0): the broker has it once a subscriber got it
+    live = subscribers(mosquitto, ["edge/gw1/cam/snapshot", "edge/gw1/cam/heatmap"])
     first, _ = agent.raise_alert(1, frame())
     wait_for(lambda: agent.state(first) == "published", "the first snapshot published")
     second, jpeg = agent.raise_alert(2, frame(240, 640))
     wait_for(lambda: agent.state(second) == "published", "the second snapshot published")
+    wait_for(lambda: len(live.messages("edge/gw1/cam/heatmap")) == 2, "the broker to have both")
     late = subscribers(mosquitto, ["edge/gw1/cam/snapshot", "edge/gw1/cam/heatmap",
                                    "edge/gw1/alerts"])
     snap = wait_for(lambda: late.messages("edge/gw1/cam/snapshot"), "the retained snapshot")
@@ -138,6 +141,50 @@ def test_oversized_snapshot_is_kept_and_counted_while_its_alert_goes_out(
     second, _ = agent.raise_alert(2, np.zeros((64, 64), np.uint8))  # small: published
     wait_for(lambda: agent.state(second) == "published", "a small snapshot published")
     wait_for(lambda: second in sub.alert_ids(), "the second alert")
+
+
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+def test_snapshot_over_the_brokers_own_limit_is_kept_counted_and_not_retried_forever(
+    tmp_path: Path, subscribers: Callable[..., Subscriber], agents: Callable[..., Agent],
+    protocol: str,
+) -> None:
+    """mosquitto's max_packet_size below the snapshot, mqtt.max_message_bytes unset. Over 5 the
+    CONNACK announces the limit; over 3.1.1 the broker drops the connection at the snapshot, which
+    was taken for a broker refusing retained messages (retained publishing turned off for good)
+    and re-sent until marked failed. Now: kept, counted as oversize, the alert goes out, and the
+    next snapshot that fits is published retained."""
+    broker = MosquittoBroker(_require_mosquitto(), tmp_path / "broker",
+                             extra=("max_packet_size 65536",))
+    broker.start()
+    try:
+        sub = subscribers(broker, ["edge/gw1/#"])
+        agent = agents(tmp_path, broker, protocol=protocol)
+        wait_for(lambda: agent.pub.connected, "the connection")
+        noise = np.random.default_rng(0).integers(0, 256, (480, 640, 3)).astype(np.uint8)
+        alert_id, jpeg = agent.raise_alert(1, noise, max_edge=640)
+        assert len(jpeg) > 65536 and agent.pub.config.max_message_bytes is None
+        wait_for(lambda: alert_id in sub.alert_ids(), "the alert")
+        wait_for(lambda: agent.state(alert_id) == "oversize", "the snapshot marked oversize")
+        assert agent.count("edge_agent_snapshots_unpublished_total", {"reason": "oversize"}) == 1
+        stored = agent.store.snapshot(alert_id)
+        assert stored is not None and stored.jpeg == jpeg  # kept in the store
+        wait_for(lambda: agent.pub.connected, "the connection back")
+        lost = agent.count("edge_agent_mqtt_disconnects_total", {})
+        assert lost <= (0 if protocol == "5" else 2)
+        second, small = agent.raise_alert(2, frame(120, 160))  # fits: published, retained
+        wait_for(lambda: second in sub.alert_ids(), "the second alert")
+        wait_for(lambda: sub.messages("edge/gw1/cam/snapshot"), "the small snapshot")
+        time.sleep(1.0)  # a connection the small snapshot dropped would show by now
+        assert agent.count("edge_agent_mqtt_disconnects_total", {}) == lost  # not sent again
+        assert [m.payload for m in sub.messages("edge/gw1/cam/snapshot")] == [small]
+        assert not agent.snaps.no_retain
+        late = subscribers(broker, ["edge/gw1/cam/snapshot"])
+        got = wait_for(lambda: late.messages("edge/gw1/cam/snapshot"), "the retained snapshot")
+        assert got[0].retain and got[0].payload == small
+        assert agent.count("edge_agent_snapshots_unpublished_total", {"reason": "failed"}) == 0
+        assert agent.state(alert_id) == "oversize"
+    finally:
+        broker.kill()
 
 
 @pytest.mark.parametrize("protocol", ["5", "3.1.1"])
