@@ -9,6 +9,7 @@ Commands::
     edge-agent probe [--config FILE] [--stream NAME] [--seconds N] [--json]
                                           read the sources only: readings, rejections, outages
     edge-agent sim-modbus --csv FILE [--port N]   serve a recorded CSV as Modbus registers
+    edge-agent sim-opcua --csv FILE [--port N]    serve a recorded CSV as OPC UA variables
     edge-agent models                     the builtin model packages and where they resolve
     edge-agent version                    print the version
 
@@ -25,9 +26,7 @@ import argparse
 import importlib
 import json
 import os
-import signal
 import sys
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -138,6 +137,17 @@ def _parser() -> argparse.ArgumentParser:
                      help="1 = the file's own pace, N = N times faster (default 1)")
     sim.add_argument("--once", action="store_true", help="stop at the end of the file")
     sim.set_defaults(func=_cmd_sim_modbus)
+
+    simua = sub.add_parser(
+        "sim-opcua", help="serve a recorded CSV (SKAB layout) as OPC UA variables in real time: "
+        "one Double per channel, ns=<ns>;s=Pump1.<name>, security None")
+    simua.add_argument("--csv", required=True, metavar="FILE", help="the recording")
+    simua.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    simua.add_argument("--port", type=int, default=4840, help="TCP port (default 4840)")
+    simua.add_argument("--speed", type=float, default=1.0,
+                       help="1 = the file's own pace, N = N times faster (default 1)")
+    simua.add_argument("--once", action="store_true", help="stop at the end of the file")
+    simua.set_defaults(func=_cmd_sim_opcua)
 
     models = sub.add_parser(
         "models", help="list the builtin: model packages and the directory each resolves to"
@@ -302,30 +312,15 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 
 
 def _cmd_sim_modbus(args: argparse.Namespace) -> int:
-    from agent.sources.modbus_sim import SimServer, serve_csv  # noqa: PLC0415
-    from agent.sources.replay import ReplayConfig, ReplaySource  # noqa: PLC0415
+    from agent.sim_commands import sim_modbus  # noqa: PLC0415 - pymodbus only for this command
 
-    try:
-        channels = ReplaySource(ReplayConfig(path=args.csv), "sim").channels
-        server = SimServer(args.port, args.host, registers=max(256, 2 * len(channels)))
-        server.start()
-    except AgentError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EX_FAILURE
-    print(f"serving {args.csv} on {args.host}:{args.port} (unit 1, holding registers, float32, "
-          f"{args.speed:g}x); its register map, for [streams.source] kind = \"modbus\":")
-    print("channels = [")
-    for i, name in enumerate(channels):
-        print(f'    {{ name = "{name}", address = {2 * i}, type = "float32" }},')
-    print("]", flush=True)
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda _signum, _frame: stop.set())
-    try:
-        serve_csv(server, args.csv, speed=args.speed, loop=not args.once, stop=stop)
-    finally:
-        server.stop()
-    return EX_OK
+    return sim_modbus(args)
+
+
+def _cmd_sim_opcua(args: argparse.Namespace) -> int:
+    from agent.sim_commands import sim_opcua  # noqa: PLC0415 - asyncua only for this command
+
+    return sim_opcua(args)
 
 
 def _cmd_models(args: argparse.Namespace) -> int:

@@ -14,11 +14,12 @@ A benchmark, not a test: it prints figures and never asserts them. Measured for 
    Latency = the subscriber's ``time.monotonic()`` at delivery minus the spike reading's
    ``received_mono`` (taken by the source right after the response arrived; CLOCK_MONOTONIC is
    system-wide on Linux). The same run with an in-process source polled at 100 Hz (no protocol)
-   gives ``direct_p99_ms``: the difference is what Modbus adds. Rules k=1 of n=1, window 10,
-   hop 1, as in benchmarks/latency.py. The same for ``opcua`` (an asyncua server in a child
-   process writing a row every 10 ms, the agent subscribed with a 10 ms publishing interval) and
-   ``mqtt`` (a child process publishing one JSON row every 10 ms to the same mosquitto):
-   latency from the source's ``received_mono`` (when the data change or message arrived).
+   gives ``direct_p99_ms``: the difference is what Modbus adds. Rules k=1 of n=1, the model's
+   window (20), hop 1, as in benchmarks/latency.py. The same for ``opcua`` (an asyncua server in
+   a child process writing a row every 10 ms, the agent subscribed with a 10 ms publishing
+   interval) and ``mqtt`` (a child process publishing one JSON row every 10 ms to the same
+   mosquitto): latency from the source's ``received_mono`` (when the data change or message
+   arrived).
 2. **CPU** (``modbus_cpu_pct``): a :class:`agent.sources.modbus.ModbusSource` alone (no
    scoring) polling a 100-register map (100 uint16 channels, one request) at 10 Hz for
    ``--seconds``: this process's CPU time / wall time (the server is in the child process), and
@@ -77,6 +78,7 @@ from agent.sources.opcua import OpcuaSource  # noqa: E402
 
 CALIBRATION = 400
 WAIT_S = 5.0
+WINDOW = 20  # the fixed window of skab-wstat@2 (its manifest); a stream may not change it
 
 
 class PumpServer(SimServer):
@@ -180,7 +182,7 @@ def run_latency(kind: str, alerts: int, broker: Broker, server: Any,
         agent=AgentSection(device_id=device, state_dir=str(workdir / kind),
                            console_alerts=False, log_level="WARNING"),
         streams=[StreamConfig(name=stream, source=source_config, model="builtin:skab-wstat",
-                              window=10, hop=1, calibration_samples=CALIBRATION,
+                              window=WINDOW, hop=1, calibration_samples=CALIBRATION,
                               recalibrate_on_start=True,
                               rules=RulesConfig(k=1, n=1, clear_windows=1, cooldown_s=0.0))],
         store=StoreSection(path=f"{kind}.db"),
@@ -212,7 +214,7 @@ def run_latency(kind: str, alerts: int, broker: Broker, server: Any,
                 received = source.received.get(round(end * 1000))
                 if received is not None:
                     latencies.append(msg[2] - received)
-            time.sleep(0.15)  # the spike leaves the 10-reading window
+            time.sleep(WINDOW * 0.01 + 0.05)  # the spike leaves the window (100 Hz)
             while rules.active:
                 time.sleep(0.01)
             while subscriber.get(0.0) is not None:
@@ -305,7 +307,8 @@ def main() -> None:
                     pub.close()
             finally:
                 broker.stop()
-            print("read -> alert delivered (ms), 100 Hz polls, k=1 of n=1, window 10, hop 1:")
+            print(f"read -> alert delivered (ms), 100 Hz polls, k=1 of n=1, window {WINDOW}, "
+                  "hop 1:")
             for kind, a in lat.items():
                 print(f"  {kind:7s} n={a.size:4d} p50={_p(a, 50):7.2f} p99={_p(a, 99):7.2f} "
                       f"max={_p(a, 100):7.2f}")

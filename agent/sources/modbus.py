@@ -24,11 +24,12 @@ Stale responses: a response that arrives after its request timed out is never ta
 answer to a later one. Over TCP every request carries a new transaction id and pymodbus skips
 frames whose id differs (MBAP header, Modbus Messaging on TCP/IP Implementation Guide V1.0b,
 3.1.3); that is not enough, since a server may stamp a late answer with the id of the request
-in flight (pymodbus 3.16's own server does), so after a timeout the connection is closed and
-the next poll opens a new one. RTU frames carry no id: after a timeout the line is drained
-(read and dropped until it has been silent for ``timeout_s``), and pymodbus also drops unread
-bytes before each send. A poll in which a request had to be sent again (``retries``) ends the
-same way, since the answer to the other copy may still be on its way.
+in flight (pymodbus 3.16's own server does), so after a timeout, or a poll in which pymodbus
+had to resend a request, the connection is closed and the next poll opens a new one. RTU frames
+carry no id: the source keeps at most one request outstanding on the line, and a request that
+timed out is retired (by its own late answer, or when ``late_answer_s`` has passed) before
+anything else is sent, resends included (made by the source, never by pymodbus); the rule and
+why a quiet-line drain was not enough: :mod:`agent.sources.modbus_rtu`.
 ``reconnect_after_timeouts`` polls in a row without any response count as a lost connection:
 closed, reported (:class:`agent.sources.base.ReportsStatus`) and reopened with
 :class:`agent.sources.backoff.Backoff`, like a refused or broken connection.
@@ -52,6 +53,7 @@ from agent.sources.backoff import Backoff
 from agent.sources.base import DeviceHooks, Emit, Reject, StatusListener, WaitListener, paced_wait
 from agent.sources.modbus_config import ModbusConfig
 from agent.sources.modbus_map import ReadBlock, decode, plan_reads
+from agent.sources.modbus_rtu import inter_frame_s, retire
 from agent.sources.serial_line import describe_line
 
 if TYPE_CHECKING:
@@ -79,10 +81,11 @@ def make_client(config: ModbusConfig) -> Any:
     if config.transport == "tcp":
         return ModbusTcpClient(config.host, port=config.port, timeout=config.timeout_s,
                                retries=config.retries)
+    # retries=0: RTU resends are the source's own, made only once the request is retired
     return ModbusSerialClient(
         str(config.serial_port), framer=FramerType.RTU, baudrate=config.baudrate,
         bytesize=config.bytesize, parity=config.parity, stopbits=config.stopbits,
-        timeout=config.timeout_s, retries=config.retries,
+        timeout=config.timeout_s, retries=0,
     )
 
 
@@ -124,6 +127,7 @@ class ModbusSource(DeviceHooks):
         channels: Channel names of the register map, in order.
         blocks: The read requests of one poll.
         polls, overruns: Polls made, and polls longer than the interval.
+        late_answers: RTU answers that came after their request timed out (dropped).
         missed: Polls not made, by reason (``overrun``, ``unreachable``).
         max_jitter_s: Largest poll start lateness seen, seconds.
     """
@@ -166,6 +170,7 @@ class ModbusSource(DeviceHooks):
         self._resent = False
         self._no_response = 0
         self.polls = 0
+        self.late_answers = 0
         self.overruns = 0
         self.missed: dict[str, int] = {"overrun": 0, "unreachable": 0}
         self.max_jitter_s = 0.0
@@ -270,7 +275,7 @@ class ModbusSource(DeviceHooks):
             return
         finally:
             if self._resent and self._client is not None:
-                # a request was sent again: the other answer may still come
+                # TCP: pymodbus sent a request again; the other answer may still come
                 self._forget_late_answers()
         received_mono, ts = self._monotonic(), self._clock()
         emit(Reading(self.stream, ts, values, received_mono=received_mono))
@@ -291,17 +296,25 @@ class ModbusSource(DeviceHooks):
             _ConnectionLost: the connection broke.
         """
         method, function = READS[block.table]
-        try:
-            response = getattr(self._client, method)(
-                block.address, count=block.count, device_id=block.unit)
-        except self._no_answer as exc:
-            self._no_response += 1
-            self._forget_late_answers()
-            raise RecordError(f"no response from unit {block.unit} to {block.table} "
-                              f"{block.address}+{block.count} within "
-                              f"{self.config.timeout_s} s", reason="timeout") from exc
-        except self._lost_errors as exc:  # pymodbus ConnectionException, socket errors
-            raise _ConnectionLost(str(exc) or type(exc).__name__) from exc
+        rtu = self.config.transport == "rtu"
+        sends = 1 + self.config.retries if rtu else 1  # TCP: pymodbus resends
+        for send in range(1, sends + 1):
+            try:
+                response = getattr(self._client, method)(
+                    block.address, count=block.count, device_id=block.unit)
+                break
+            except self._no_answer as exc:
+                if rtu:
+                    self._retire(block, function)
+                else:
+                    self._forget_late_answers()
+                if send == sends:
+                    self._no_response += 1
+                    raise RecordError(f"no response from unit {block.unit} to {block.table} "
+                                      f"{block.address}+{block.count} within "
+                                      f"{self.config.timeout_s} s", reason="timeout") from exc
+            except self._lost_errors as exc:  # pymodbus ConnectionException, socket errors
+                raise _ConnectionLost(str(exc) or type(exc).__name__) from exc
         self._answered()
         self._resent = self._resent or bool(getattr(response, "retries", 0))
         where = f"unit {block.unit} {block.table} {block.address}+{block.count}"
@@ -321,24 +334,22 @@ class ModbusSource(DeviceHooks):
         return data
 
     def _forget_late_answers(self) -> None:
-        """After a timeout: TCP opens a new connection at the next poll (a late answer dies
-        with the old one, whatever transaction id it carries); RTU drains the line."""
-        if self.config.transport == "tcp":
-            _close_quietly(self._client)
-            self._client = None
-            return
+        """TCP, after a timeout or a resend: open a new connection at the next poll (a late
+        answer dies with the old one, whatever transaction id it carries)."""
+        _close_quietly(self._client)
+        self._client = None
+
+    def _retire(self, block: ReadBlock, function: int) -> None:
+        """RTU, after a timeout: nothing more is sent until the request is retired
+        (:func:`agent.sources.modbus_rtu.retire`)."""
         port = getattr(self._client, "socket", None)
         if port is None:
-            return
-        quiet_s, deadline = self.config.timeout_s, self._monotonic() + 4 * self.config.timeout_s
-        with contextlib.suppress(Exception):  # a broken port shows at the next request
-            last = self._monotonic()
-            while self._monotonic() < deadline and self._monotonic() - last < quiet_s:
-                if port.in_waiting:
-                    port.read(port.in_waiting)
-                    last = self._monotonic()
-                else:
-                    time.sleep(0.005)
+            return  # pymodbus closed the port; a late answer cannot reach a new one
+        cfg = self.config
+        if retire(port, unit=block.unit, function=function, count=block.count,
+                  late_answer_s=cfg.late_answer_bound_s,
+                  gap_s=inter_frame_s(cfg.baudrate, cfg.bytesize, cfg.parity, cfg.stopbits)):
+            self.late_answers += 1
 
     # -- statistics -----------------------------------------------------------------------------
 

@@ -153,6 +153,11 @@ class ModbusConfig(StrictModel):
     retries: int = Field(
         0, ge=0, le=10, description="Resends of a request that got no response in timeout_s."
     )
+    late_answer_s: float | None = Field(
+        None, gt=0.0, le=600.0, description="rtu: how long after a timeout the device may "
+        "still answer. Nothing else is sent on the line until that answer came or this passed "
+        "(RTU frames carry no transaction id); default 4 x timeout_s."
+    )
     reconnect_after_timeouts: int = Field(
         3, ge=1, description="Consecutive polls without any response after which the "
         "connection counts as lost: closed, and reopened with backoff."
@@ -176,6 +181,11 @@ class ModbusConfig(StrictModel):
     channels: list[ChannelMap] = Field(
         min_length=1, description="The register map: one table per channel, in channel order."
     )
+
+    @property
+    def late_answer_bound_s(self) -> float:
+        """``late_answer_s``, or its default of 4 x ``timeout_s``."""
+        return self.late_answer_s if self.late_answer_s is not None else 4 * self.timeout_s
 
     def channel_names(self) -> list[str]:
         """The channel names of the map, in order."""

@@ -9,10 +9,10 @@ pymodbus's datastore through the device's ``action`` hook, which also injects fa
 exception response (:attr:`SimServer.exception_code`) or a late response
 (:attr:`SimServer.delay_s` for the next :attr:`SimServer.delay_count` requests).
 
-:func:`serve_csv` replays a CSV through :class:`agent.sources.replay.ReplaySource` (its parser
-and real-time pacing) and writes each row as float32 registers, channel ``i`` at addresses
-``2i, 2i+1`` (big-endian word order), so a ``modbus`` stream with the same channel order reads
-the recording as if a PLC served it.
+:func:`serve_csv` replays a CSV through :func:`agent.sources.sim_replay.play_csv` (the
+parser and real-time pacing of :class:`agent.sources.replay.ReplaySource`) and writes each row
+as float32 registers, channel ``i`` at addresses ``2i, 2i+1`` (big-endian word order), so a
+``modbus`` stream with the same channel order reads the recording as if a PLC served it.
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from agent.errors import AgentError, SourceExhausted
+from agent.errors import AgentError
 from agent.records import Reading
 from agent.sources.modbus_map import encode_float32
+from agent.sources.sim_replay import play_csv
 
 
 class SimServer:
@@ -215,19 +216,14 @@ def serve_csv(
     Raises:
         SourceError: When the file cannot be read.
     """
-    from agent.sources.replay import ReplayConfig, ReplaySource  # noqa: PLC0415
+    def check(channels: tuple[str, ...]) -> None:
+        if 2 * len(channels) > len(server.holding):
+            raise AgentError(f"{len(channels)} channels need {2 * len(channels)} registers; "
+                             f"the server has {len(server.holding)}")
 
-    replay = ReplaySource(ReplayConfig(path=path, speed=speed, loop=loop, restamp=True), "sim")
-    if 2 * len(replay.channels) > len(server.holding):
-        raise AgentError(f"{len(replay.channels)} channels need {2 * len(replay.channels)} "
-                         f"registers; the server has {len(server.holding)}")
-    stop = stop if stop is not None else threading.Event()
-
-    def emit(reading: Reading) -> None:
+    def write(reading: Reading) -> None:
         write_reading(server, reading)
         if on_row is not None:
             on_row(reading)
 
-    with contextlib.suppress(SourceExhausted):  # the end of a file served once
-        replay.run(emit, lambda _error: None, stop)
-    return replay.channels
+    return play_csv(path, write, speed=speed, loop=loop, stop=stop, check=check)

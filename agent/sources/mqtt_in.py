@@ -16,7 +16,9 @@ channel's latest value is emitted once each channel has had one (formats and pay
   a ``seq`` gap, a changed ``bdSeq``, an alias or a device nobody announced, and data before any
   birth are counted (``edge_agent_sparkplug_events_total{event}``); the last three also reject
   the metric (``unknown_alias``). With ``request_rebirth`` the source then publishes an NCMD
-  rebirth request, at most once per :data:`REBIRTH_EVERY_S`. A DEATH clears the held values.
+  rebirth request, at most once per :data:`REBIRTH_EVERY_S`. The NDEATH, or the DDEATH of the
+  stream's own device, clears the held values. The stream subscribes to all of the node's
+  messages, other devices' included: ``seq`` runs over every message of the node (§6.4.21).
 """
 
 from __future__ import annotations
@@ -176,10 +178,10 @@ class MqttInSource(DeviceHooks):
             return list(cfg.channel_topics.values())
         base = f"spBv1.0/{cfg.group_id}"
         node = cfg.edge_node_id
-        out = [f"{base}/NBIRTH/{node}", f"{base}/NDEATH/{node}", f"{base}/NDATA/{node}"]
-        if cfg.device_id is not None:
-            out += [f"{base}/{k}/{node}/{cfg.device_id}" for k in ("DBIRTH", "DDEATH", "DDATA")]
-        return out
+        # every device's messages too: seq counts all of the node's messages (§6.4.21), so a
+        # stream that missed the other devices' would see gaps that are none
+        return ([f"{base}/{k}/{node}" for k in ("NBIRTH", "NDEATH", "NDATA")]
+                + [f"{base}/{k}/{node}/+" for k in ("DBIRTH", "DDEATH", "DDATA")])
 
     # -- messages -------------------------------------------------------------------------------
 
@@ -228,10 +230,9 @@ class MqttInSource(DeviceHooks):
             payload = sp.decode(msg.payload)
         except sp.SparkplugError as exc:
             raise RecordError(str(exc), reason=exc.reason) from None
-        node, kind = self._node, topic.kind
-        if kind in ("NDEATH", "DDEATH"):
-            if kind == "NDEATH":
-                node.last_seq = None
+        node, kind, device = self._node, topic.kind, topic.device
+        if kind == "NDEATH":
+            node.last_seq = None
             self._values[:] = np.nan
             return {}, None
         if payload.HasField("seq") and kind != "NBIRTH":
@@ -239,13 +240,16 @@ class MqttInSource(DeviceHooks):
             if gap:
                 self._event("seq_gap", gap)
                 self._rebirth(client)
+        if kind == "DDEATH":  # carries a seq; clears only this stream's device
+            if (device or None) == self.config.device_id:
+                self._values[:] = np.nan
+            return {}, None
         if kind == "NBIRTH":
             node.last_seq = int(payload.seq) % 256 if payload.HasField("seq") else None
             if node.birth(None, payload) is not None:
                 self._event("bdseq_change")
         elif kind == "DBIRTH":
             node.birth(topic.device, payload)
-        device = topic.device
         if (device or None) != self.config.device_id:
             return {}, None
         if kind in ("NDATA", "DDATA") and device not in node.aliases:

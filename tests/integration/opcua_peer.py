@@ -1,8 +1,10 @@
 """A real asyncua server in a thread, for the OPC UA source's tests.
 
 ``OpcuaPeer(port).start()`` serves an object ``2:Pump1`` with float variables (NodeIds
-``ns=2;s=Pump1.<name>``) and, with ``secure=True``, only Basic256Sha256 SignAndEncrypt with a
-self-signed certificate made here with ``cryptography`` (:func:`make_certificate`). Values are
+``ns=2;s=Pump1.<name>``) and, with ``secure=True``, only Basic256Sha256 (``mode``
+SignAndEncrypt or Sign) with a self-signed certificate made here with ``cryptography``
+(:func:`make_certificate`); with ``users``, only those user names and passwords may open a
+session (an asyncua user manager; anonymous sessions are refused). Values are
 written from the test thread with :meth:`OpcuaPeer.write`; :meth:`stop` and :meth:`start` again
 on the same port emulate a server restart.
 """
@@ -58,11 +60,15 @@ class OpcuaPeer:
     """An asyncua server on 127.0.0.1:``port`` with ``Pump1.<name>`` variables."""
 
     def __init__(self, port: int, names: tuple[str, ...] = ("Pressure", "Flow"), *,
-                 secure: bool = False, certificate: tuple[Path, Path] | None = None) -> None:
+                 secure: bool = False, certificate: tuple[Path, Path] | None = None,
+                 mode: str = "SignAndEncrypt", users: dict[str, str] | None = None) -> None:
         self.port = port
         self.names = names
         self.secure = secure
         self.certificate = certificate
+        self.mode = mode
+        self.users = users
+        self.logins: list[tuple[str | None, bool]] = []  # (user name, accepted), in order
         self.endpoint = f"opc.tcp://127.0.0.1:{port}/edge/"
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -85,12 +91,15 @@ class OpcuaPeer:
     async def _start(self) -> None:
         from asyncua import Server, ua  # noqa: PLC0415 - asyncua is optional
 
-        server = Server()
+        server = Server(user_manager=self._user_manager() if self.users is not None else None)
         await server.init()
         server.set_endpoint(self.endpoint)
+        if self.users is not None:
+            server.set_identity_tokens([ua.UserNameIdentityToken])
         if self.secure:
             assert self.certificate is not None
-            server.set_security_policy([ua.SecurityPolicyType.Basic256Sha256_SignAndEncrypt])
+            server.set_security_policy([getattr(ua.SecurityPolicyType,
+                                                f"Basic256Sha256_{self.mode}")])
             await server.load_certificate(str(self.certificate[0]))
             await server.load_private_key(str(self.certificate[1]))
         idx = await server.register_namespace(NAMESPACE)
@@ -102,6 +111,21 @@ class OpcuaPeer:
         self._vars["Label"] = text
         await server.start()
         self._server = server
+
+    def _user_manager(self) -> Any:
+        from asyncua.crypto.permission_rules import User, UserRole  # noqa: PLC0415
+
+        peer = self
+
+        class Users:
+            def get_user(self, iserver: Any, username: str | None = None,
+                         password: str | None = None, certificate: Any = None) -> Any:
+                ok = (username is not None and peer.users is not None
+                      and peer.users.get(username) == password)
+                peer.logins.append((username, ok))
+                return User(role=UserRole.User, name=username) if ok else None
+
+        return Users()
 
     def write(self, name: str, value: Any, *, status: str = "Good",
               source_ts: dt.datetime | None = None) -> None:

@@ -9,6 +9,7 @@ accepts and never answers for the silent-server test.
 from __future__ import annotations
 
 import datetime as dt
+import math
 import socket
 import threading
 from collections.abc import Iterator
@@ -107,6 +108,23 @@ def test_bad_uncertain_wrong_type_and_out_of_range_are_rejected(peer: OpcuaPeer)
     finally:
         run.close()
         typed.close()
+
+
+def test_non_finite_values_are_rejected_and_counted(peer: OpcuaPeer) -> None:
+    run = Running(peer.endpoint, nodes=[{"channel": "flow", "node_id": "ns=2;s=Pump1.Flow"}])
+    try:
+        assert wait_for(lambda: len(run.readings) >= 1, timeout=15)
+        for value in (math.nan, math.inf, -math.inf):
+            before = run.rejected("non_finite")
+            peer.write("Flow", value)
+            assert wait_for(lambda b=before: run.rejected("non_finite") > b, timeout=10)
+        peer.write("Flow", 3.5)
+        assert wait_for(lambda: [3.5] in run.values(), timeout=10)
+        assert run.rejected("non_finite") == 3
+        assert all(math.isfinite(v[0]) for v in run.values())
+        assert run.sup.outage is None and run.sup.is_alive()
+    finally:
+        run.close()
 
 
 def test_server_restart_reconnects_and_resubscribes(peer: OpcuaPeer) -> None:
