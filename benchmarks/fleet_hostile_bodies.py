@@ -1,14 +1,16 @@
 """Memory of a real ``edge-fleet serve`` under large unauthenticated bodies (loopback only).
 
-Starts the fleet (SQLite in a temp dir), then ``--clients`` connections at once each POST a
-``--mb`` MB JSON body without a token to each of ``/v1/devices``, ``/v1/rollouts`` and
-``/v1/models/status``, and reads the answer. Prints, per route, the answers' status codes and the
-server's peak resident memory (``VmHWM`` from ``/proc``) before and after; the last line is
+Starts the fleet (SQLite in the work folder: ``--workdir``, kept, or a temporary folder removed
+at the end, also after an error or SIGTERM; on ``--port`` or a free port), then ``--clients``
+connections at once each POST a ``--mb`` MB JSON body without a token to each of
+``/v1/devices``, ``/v1/rollouts`` and ``/v1/models/status``, and reads the answer. Prints, per
+route, the answers' status codes and the server's peak resident memory (``VmHWM`` from
+``/proc``) before and after; the first line is ``fleet <url> workdir <folder>``, the last line
 ``rss_before_mb=<x> rss_peak_mb=<y> statuses=<codes>``. Bounded: ``clients x 3`` requests.
 
 Usage::
 
-    python3 benchmarks/fleet_hostile_bodies.py [--clients 4] [--mb 250]
+    python3 benchmarks/fleet_hostile_bodies.py [--clients 4] [--mb 250] [--port P] [--workdir D]
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ from __future__ import annotations
 import argparse
 import socket
 import sys
-import tempfile
 import threading
 from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from workspace import add_arguments, pick_port, workspace
 
 from tests.integration.fleet_peer import FleetProcess
 
@@ -56,10 +59,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--mb", type=int, default=250)
+    add_arguments(ap, port_help="port of the edge-fleet serve peer (default: a free one)")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="fleet-hostile-") as tmp:
-        fleet = FleetProcess(Path(tmp) / "fleet")
+    with workspace(args.workdir, "fleet-hostile-") as tmp:
+        fleet = FleetProcess(tmp / "fleet", port=pick_port(args.port))
         fleet.start()
+        print(f"fleet {fleet.url} workdir {tmp}", flush=True)
         try:
             assert fleet.pid is not None
             before = peak_rss_mb(fleet.pid)

@@ -180,6 +180,7 @@ def verify_package_dir(
     stream: str | None = None,
     rollback_policy: RollbackPolicy | None = None,
     now: float | None = None,
+    rollout_id: int | None = None,
 ) -> Manifest:
     """Everything a device checks before installing a package directory that came from the fleet.
 
@@ -196,6 +197,7 @@ def verify_package_dir(
         stream: The stream; a rollback applies only when it names it.
         rollback_policy: Rollback keys and ages (None: no rollback is accepted).
         now: Wall clock, epoch seconds UTC (default: now).
+        rollout_id: The assignment's rollout; a rollback applies only when it names it.
 
     Returns:
         The parsed manifest.
@@ -219,7 +221,7 @@ def verify_package_dir(
     check_rollback(
         rollback, device_id=device_id, stream=stream, name=manifest.name,
         from_version=installed_version, to_version=manifest.version, policy=rollback_policy,
-        now=time.time() if now is None else now, where=where,
+        now=time.time() if now is None else now, where=where, rollout_id=rollout_id,
     )
     return manifest
 

@@ -381,17 +381,27 @@ PACKAGE_URL_PATTERN = r"^(?:/[A-Za-z0-9_~-][A-Za-z0-9._~-]{0,127}){1,16}$"
 class SignedRollback(_Wire):
     """Operator permission to install an OLDER version (anti-rollback exception).
 
-    It names the one assignment it belongs to: ``device_id``, ``stream``, model ``name``,
-    ``from_version`` (the newest version of that name the stream ran) and ``to_version`` (the
-    assigned version), and expires: the device refuses it when ``issued_at`` (epoch seconds
-    UTC) is older than its ``updater.rollback_max_age_s`` or in the future.
+    It names the one assignment it belongs to: ``rollout_id`` (the rollout it undoes, equal to
+    the assignment's), ``device_id``, ``stream``, model ``name``, ``from_version`` (the newest
+    version of that name the stream ran) and ``to_version`` (the assigned version), and
+    expires: the device refuses it when ``issued_at`` (epoch seconds UTC) is older than its
+    ``updater.rollback_max_age_s`` or in the future. A device also refuses the rollback of a
+    rollout older than the newest rollout it has installed from on that stream (a captured
+    rollback replayed after a later rollout; :mod:`cloud_sync.rollback`).
 
     ``signature`` is Ed25519 (base64) over the canonical JSON of
-    ``{"role": "rollback", "device_id", "stream", "name", "from_version", "to_version",
-    "issued_at"}`` (:func:`cloud_sync.manifest.canonical_bytes` of that dict), by a key of the
-    device's rollback trust set (``updater.rollback_keys_dir``), never a package-signing key.
-    A rollback without ``stream`` (signed by an older fleet) is refused.
+    ``{"role": "rollback", "rollout_id", "device_id", "stream", "name", "from_version",
+    "to_version", "issued_at"}`` (:func:`cloud_sync.manifest.canonical_bytes` of that dict), by
+    a key of the device's rollback trust set (``updater.rollback_keys_dir``), never a
+    package-signing key. A rollback without ``stream`` or without ``rollout_id`` (signed by an
+    older fleet) is refused, with a message that says so. An older agent refuses a rollback that
+    carries ``rollout_id`` as an invalid assignment (unknown field).
     """
+
+    rollout_id: int | None = Field(
+        None, ge=0, le=2**63 - 1,
+        description="Rollout this rollback undoes (None: an older fleet's, refused).",
+    )
 
     device_id: str = Field(pattern=NAME_PATTERN)
     stream: str | None = Field(None, pattern=STREAM_PATTERN)

@@ -10,7 +10,15 @@ mark: a stream that ran ``skab-wstat@6``, then ``skab-other@1``, still needs a r
 A rollback is valid only when all of these hold:
 
 * it names this device, this stream, this model name, ``from_version`` equal to the mark and
-  ``to_version`` equal to the package's version (it belongs to exactly one assignment);
+  ``to_version`` equal to the package's version, and ``rollout_id`` equal to the assignment's
+  (it belongs to exactly one assignment);
+* its rollout is not older than the newest rollout the stream has installed a package from
+  (kept by the device across restarts): a rollback captured in transit cannot be replayed
+  after a later rollout moved the stream on, even within its age. Rollout ids grow; a fleet
+  whose database was recreated starts again at 1, and its rollbacks are refused until its ids
+  pass the device's mark (the message says so);
+* it carries a ``rollout_id`` at all: a rollback signed by an older fleet (without one) is
+  refused, with a message asking to upgrade the fleet;
 * its ``issued_at`` is at most ``max_age_s`` old and at most ``max_skew_s`` in the future on
   the device's clock (it expires, so a captured one cannot be replayed later);
 * its Ed25519 signature verifies with a key of the ROLLBACK trust set, which is separate from
@@ -77,6 +85,8 @@ def check_rollback(
     policy: RollbackPolicy | None,
     now: float,
     where: str,
+    rollout_id: int | None = None,
+    rollout_floor: int | None = None,
 ) -> None:
     """Refuse unless ``rollback`` allows ``name`` from ``from_version`` down to ``to_version``.
 
@@ -90,10 +100,15 @@ def check_rollback(
         policy: Rollback keys and ages (None: no rollback keys configured, every one refused).
         now: Device wall clock, epoch seconds UTC.
         where: ``name@version`` for the error.
+        rollout_id: The assignment's ``rollout_id`` (None: refused, nothing to bind to).
+        rollout_floor: The newest rollout the stream has installed a package from (None:
+            none yet).
 
     Raises:
-        RollbackRefused: absent, for another device/stream/name/versions, expired, from the
-            future, signed by a key outside the rollback trust set, or a bad signature.
+        RollbackRefused: absent, not bound to a rollout (an older fleet's), for another
+            rollout/device/stream/name/versions, of a rollout older than ``rollout_floor``
+            (a replay), expired, from the future, signed by a key outside the rollback trust
+            set, or a bad signature.
     """
     refuse = (f"version {to_version} is not newer than version {from_version} of {name} "
               "this stream ran")
@@ -109,6 +124,19 @@ def check_rollback(
         raise RollbackRefused(
             f"{refuse}; the rollback is for device/stream/name/from/to {got}, not {want}", where
         )
+    if rollback.rollout_id is None:
+        raise RollbackRefused(
+            f"{refuse}; the rollback names no rollout_id: it was signed by a fleet older than "
+            "this agent, whose rollbacks could be replayed; upgrade the fleet", where)
+    if rollout_id is None or rollback.rollout_id != rollout_id:
+        raise RollbackRefused(
+            f"{refuse}; the rollback is for rollout {rollback.rollout_id}, not this "
+            f"assignment's rollout {rollout_id}", where)
+    if rollout_floor is not None and rollback.rollout_id < rollout_floor:
+        raise RollbackRefused(
+            f"{refuse}; the rollback undoes rollout {rollback.rollout_id}, but this stream has "
+            f"since installed from rollout {rollout_floor}: a replayed rollback (a fleet whose "
+            "database was recreated must pass that rollout id first)", where)
     age = now - rollback.issued_at
     if age > policy.max_age_s:
         raise RollbackRefused(

@@ -16,11 +16,11 @@ where :func:`cloud_sync.manifest.canonical_bytes` drops the ``signature`` key it
 standard with padding (RFC 4648 §4).
 
 :class:`~cloud_sync.protocol.SignedRollback`: ``signature`` is base64 Ed25519 over
-``canonical_bytes({"role": "rollback", "device_id", "stream", "name", "from_version",
-"to_version", "issued_at"})`` and ``key_id`` names the key. Same key files, but a separate trust
-set: a device checks rollbacks against its rollback keys only and manifests against its package
-keys only (:mod:`cloud_sync.rollback`), so the fleet's rollback key (which lives on the server)
-cannot sign a package.
+``canonical_bytes({"role": "rollback", "rollout_id", "device_id", "stream", "name",
+"from_version", "to_version", "issued_at"})`` and ``key_id`` names the key. Same key files, but
+a separate trust set: a device checks rollbacks against its rollback keys only and manifests
+against its package keys only (:mod:`cloud_sync.rollback`), so the fleet's rollback key (which
+lives on the server) cannot sign a package.
 """
 
 from __future__ import annotations
@@ -242,6 +242,7 @@ ROLLBACK_ROLE = "rollback"
 def _rollback_body(rb: SignedRollback) -> dict[str, Any]:
     return {
         "role": ROLLBACK_ROLE,
+        "rollout_id": rb.rollout_id,
         "device_id": rb.device_id,
         "stream": rb.stream,
         "name": rb.name,
@@ -255,6 +256,7 @@ def sign_rollback(
     private_key: Ed25519PrivateKey,
     key_id: str,
     *,
+    rollout_id: int | None,
     device_id: str,
     stream: str | None,
     name: str,
@@ -268,6 +270,8 @@ def sign_rollback(
         private_key: The signer's key; its public half must be in the device's rollback keys
             (``updater.rollback_keys_dir``), not its package keys.
         key_id: Its key id.
+        rollout_id: The rollout it undoes (the assignment's ``rollout_id``; None: refused by
+            devices, kept so that tests can build an older fleet's rollback).
         device_id: The one device this permission is for.
         stream: The one stream of that device (None: refused by devices; kept so that a
             fleet asked without a stream still answers).
@@ -281,6 +285,7 @@ def sign_rollback(
     """
     _check_key_id(key_id)
     rb = SignedRollback(
+        rollout_id=rollout_id,
         device_id=device_id,
         stream=stream,
         name=name,

@@ -10,9 +10,14 @@
   (:mod:`cloud_sync.rollback`) against the stream's persistent high-water marks.
 
 High-water marks: ``<state_dir>/models/high_water.json``, per stream the newest version of every
-model name the stream has run (the configured package at each start, every package swapped in)::
+model name the stream has run (the configured package at each start, every package swapped in),
+and the newest rollout id the stream has installed a package from (a rollback of an older
+rollout is a replay, :mod:`cloud_sync.rollback`)::
 
-    {"format": 1, "streams": {"pump": {"skab-wstat": 6, "skab-other": 1}}}
+    {"format": 1, "streams": {"pump": {"skab-wstat": 6, "skab-other": 1}},
+     "rollouts": {"pump": 12}}
+
+(an agent that predates ``rollouts`` ignores the key).
 
 written atomically (temporary file, fsync, rename, fsync of the directory). A file that cannot
 be read is never replaced by an empty one: every fleet package is refused until an operator
@@ -84,12 +89,14 @@ class HighWater:
         self.path = path
         self._lock = threading.Lock()
         self.broken: str | None = None
+        self._rollouts: dict[str, int] = {}
         self._data: dict[str, dict[str, int]] = self._load()
 
     def _load(self) -> dict[str, dict[str, int]]:
         try:
             raw = json.loads(self.path.read_text(encoding="utf-8"))
             streams = raw["streams"]
+            self._rollouts = {str(s): int(r) for s, r in raw.get("rollouts", {}).items()}
             return {str(s): {str(n): int(v) for n, v in names.items()}
                     for s, names in streams.items()}
         except FileNotFoundError:
@@ -100,22 +107,31 @@ class HighWater:
             log.error("%s", self.broken)
             return {}
 
+    def rollout(self, stream: str) -> int | None:
+        """The newest rollout id ``stream`` has installed a package from, or None."""
+        with self._lock:
+            return self._rollouts.get(stream)
+
     def marks(self, stream: str) -> dict[str, int]:
         """``{model name: newest version run}`` of ``stream``."""
         with self._lock:
             return dict(self._data.get(stream, {}))
 
-    def ran(self, stream: str, name: str, version: int) -> None:
-        """Record that ``stream`` runs ``name@version`` (raises the mark, never lowers it).
+    def ran(self, stream: str, name: str, version: int, rollout_id: int | None = None) -> None:
+        """Record that ``stream`` runs ``name@version``, installed from ``rollout_id`` if any
+        (raises the marks, never lowers them).
 
         A file that cannot be written is logged (error); the mark is kept in memory and written
         with the next change.
         """
         with self._lock:
             names = self._data.setdefault(stream, {})
-            if names.get(name, 0) >= version or self.broken is not None:
+            newer_rollout = rollout_id is not None and rollout_id > self._rollouts.get(stream, -1)
+            if (names.get(name, 0) >= version and not newer_rollout) or self.broken is not None:
                 return
-            names[name] = version
+            names[name] = max(names.get(name, 0), version)
+            if rollout_id is not None and newer_rollout:
+                self._rollouts[stream] = rollout_id
             try:
                 self._write()
             except OSError as exc:
@@ -125,7 +141,8 @@ class HighWater:
     def _write(self) -> None:
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         with tmp.open("w", encoding="utf-8") as fh:
-            json.dump({"format": 1, "streams": self._data}, fh, indent=1, sort_keys=True)
+            json.dump({"format": 1, "streams": self._data, "rollouts": self._rollouts}, fh,
+                      indent=1, sort_keys=True)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, self.path)
@@ -214,7 +231,8 @@ class PackageGuard:
         check_rollback(
             a.rollback, device_id=self.device_id, stream=stream, name=name,
             from_version=floor, to_version=version, policy=self.policy,
-            now=self.clock(), where=label,
+            now=self.clock(), where=label, rollout_id=a.rollout_id,
+            rollout_floor=self.high_water.rollout(stream),
         )
 
 

@@ -249,7 +249,8 @@ class RolloutService:
             return self._assign(row, version, None)
         key_id, key = self._signer
         rollback = sign_rollback(
-            key, key_id, device_id=device_id, stream=stream, name=row.model_name,
+            key, key_id, rollout_id=int(row.id), device_id=device_id, stream=stream,
+            name=row.model_name,
             from_version=int(row.model_version), to_version=version,
             clock=lambda: self._clock().timestamp(),
         )

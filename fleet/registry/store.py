@@ -1,10 +1,13 @@
 """The model registry: accepts signed package archives and serves them back.
 
-An upload is refused unless it is a valid package (:func:`cloud_sync.package.unpack` limits and
-:func:`cloud_sync.package.verify_package_dir`) signed by a key in the fleet's trusted keys
-directory; the fleet never stores an unsigned or untrusted package. What is stored is the
-canonical archive (:func:`cloud_sync.package.pack` of the unpacked directory), so its sha256 is
-the package identity (``ETag``) whatever tool made the upload. ``(name, version)`` is unique.
+An upload is refused unless it is a valid package signed by a key in the fleet's trusted keys
+directory, read as the agent reads a download (:func:`cloud_sync.archive.unpack_verified`:
+bounded headers and bytes, the signed manifest verified before anything is extracted, a member
+the manifest does not name refused, artefacts hashed as they are written); the fleet never
+stores an unsigned or untrusted package, nor one carrying files its manifest does not name.
+What is stored is the canonical archive (:func:`cloud_sync.package.pack` of the unpacked
+directory), so its sha256 is the package identity (``ETag``) whatever tool made the upload.
+``(name, version)`` is unique.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from sqlalchemy import Connection, Engine, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
-from cloud_sync.package import PackageError, pack, read_manifest, unpack, verify_package_dir
+from cloud_sync.archive import unpack_verified
+from cloud_sync.package import PackageError, pack, read_manifest
 from cloud_sync.protocol import INT64_MAX
 from fleet.db.model_tables import models
 from fleet.errors import Conflict, NotFound, Unprocessable
@@ -114,8 +118,7 @@ class ModelRegistry:
             src.write_bytes(archive)
             pkg = Path(tmp) / "pkg"
             try:
-                unpack(src, pkg, max_bytes=self._max_unpacked)
-                manifest = verify_package_dir(pkg, self._trusted, installed_version=None)
+                manifest = unpack_verified(src, pkg, self._trusted, max_bytes=self._max_unpacked)
                 raw, _ = read_manifest(pkg)
                 canonical = Path(tmp) / "canonical.tar.gz"
                 sha = pack(pkg, canonical)

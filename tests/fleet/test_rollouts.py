@@ -191,6 +191,7 @@ def test_abort_falls_back_with_signed_rollback(
     rb: SignedRollback = got.rollback
     assert (rb.device_id, rb.stream, rb.name, rb.from_version, rb.to_version) == (
         "gw1", "pump", "skab-wstat", 2, 1)
+    assert rb.rollout_id == got.rollout_id == r2["id"]  # bound to the aborted rollout
     verify_rollback(rb, load_public_keys(keys[1]))
     stay = assigned(mclient, fleet["gw2"])  # never ran v2: v1 again, nothing to roll back
     assert stay is not None and (stay.version, stay.rollback) == (1, None)

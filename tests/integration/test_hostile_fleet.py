@@ -143,8 +143,8 @@ def test_hostile_fleet_gets_nothing(
         old = attacks.archive(make_package(pkgs, 1, pkg_priv))
 
         def rollback(key: Path = rb_priv, **kw: Any) -> dict[str, Any]:
-            args: dict[str, Any] = {"device_id": "gw1", "stream": "pump", "name": "skab-wstat",
-                                    "from_version": 6, "to_version": 1}
+            args: dict[str, Any] = {"rollout_id": 9, "device_id": "gw1", "stream": "pump",
+                                    "name": "skab-wstat", "from_version": 6, "to_version": 1}
             return sign_rollback(load_private_key(key), key_id_of(key),
                                  **{**args, **kw}).model_dump()
 
@@ -155,6 +155,8 @@ def test_hostile_fleet_gets_nothing(
             (rollback(stream="fan"), "device/stream/name/from/to"),  # another assignment
             (rollback(to_version=2), "device/stream/name/from/to"),
             (rollback(device_id="gw2"), "device/stream/name/from/to"),
+            (rollback(rollout_id=8), "for rollout 8, not this assignment's rollout 9"),
+            (rollback(rollout_id=None), "names no rollout_id"),  # an older fleet's
         ):
             attacks.expect_rejected(
                 lambda rb=rb: fleet.serve(_a("skab-wstat", 1, rollback=rb), old),  # type: ignore[misc]
@@ -162,19 +164,30 @@ def test_hostile_fleet_gets_nothing(
             assert agent.streams["pump"].package.label == "skab-other@1"
             assert not attacks.requested("/v1/models/skab-wstat/1/package")  # not downloaded
         # the one valid rollback for exactly this device, stream, name and versions
-        fleet.serve(_a("skab-wstat", 1, rollback=rollback()), old)
+        captured = _a("skab-wstat", 1, rollback=rollback())
+        fleet.serve(captured, old)
         _wait_for(lambda: agent.streams["pump"].package.label == "skab-wstat@1")
+        # 7. a later rollout (10) moves the stream on; the captured rollout-9 rollback,
+        # replayed well within its hour, is refused
+        other2 = attacks.archive(make_package(pkgs, 2, pkg_priv, name="skab-other"))
+        fleet.serve({**_a("skab-other", 2), "rollout_id": 10}, other2)
+        _wait_for(lambda: agent.streams["pump"].package.label == "skab-other@2")
+        attacks.expect_rejected(lambda: fleet.serve(captured, old),
+                                "undoes rollout 9, but this stream has since installed from "
+                                "rollout 10")
+        assert agent.streams["pump"].package.label == "skab-other@2"
 
     assert _tree(tmp_path, state, pkgs) == outside  # nothing written or removed outside state/
     assert (victim / "keep.txt").read_text() == "operator data"
     models = sorted(p.name for p in (state / "models").iterdir())
-    assert models == ["active.json", "high_water.json", "incoming", "skab-other-1",
-                      "skab-wstat-1"]
+    assert models == ["active.json", "high_water.json", "incoming", "skab-other-2",
+                      "skab-wstat-1"]  # running skab-other@2, previous skab-wstat@1
     assert list((state / "models" / "incoming").iterdir()) == []
     # the marks a restart reads: the rollback to skab-wstat@1 did not lower skab-wstat's
-    assert HighWater(state / "models" / "high_water.json").marks("pump") == {
-        "skab-wstat": 6, "skab-other": 1}
+    marks = HighWater(state / "models" / "high_water.json")
+    assert marks.marks("pump") == {"skab-wstat": 6, "skab-other": 2}
+    assert marks.rollout("pump") == 10
     assert sorted(p.name for p in (state / "models" / "skab-wstat-1").iterdir()) == sorted(
         p.name for p in v6.iterdir())
     assert agent.metrics.registry.get_sample_value(
-        "edge_agent_model_updates_total", {"stream": "pump", "state": "rejected"}) == 13.0
+        "edge_agent_model_updates_total", {"stream": "pump", "state": "rejected"}) == 16.0

@@ -297,7 +297,8 @@ def test_older_version_is_refused_then_accepted_with_a_signed_rollback(
     with _running(agent, finish):
         _assert_refused_and_old_model_scores(agent, fleet, 4, "RollbackRefused", old_version=5)
         rollback = sign_rollback(
-            load_private_key(rb_priv), key_id_of(rb_priv), device_id="gw1", stream="pump",
+            load_private_key(rb_priv), key_id_of(rb_priv), rollout_id=1, device_id="gw1",
+            stream="pump",
             name="skab-wstat", from_version=5, to_version=4,
         )
         fleet.publish(older, tmp_path, rollback=rollback.model_dump())
@@ -315,7 +316,8 @@ def test_rollback_signed_for_another_device_is_refused(
     finish = threading.Event()
     agent = _agent(tmp_path, fleet, trusted, FlowingSource("pump", finish), monkeypatch,
                    model=str(installed), rollback_keys=rb_trusted)
-    rollback = sign_rollback(load_private_key(rb_priv), key_id_of(rb_priv), device_id="gw2",
+    rollback = sign_rollback(load_private_key(rb_priv), key_id_of(rb_priv), rollout_id=1,
+                             device_id="gw2",
                              stream="pump", name="skab-wstat", from_version=5, to_version=4)
     fleet.publish(make_package(tmp_path, 4, priv), tmp_path, rollback=rollback.model_dump())
     with _running(agent, finish):

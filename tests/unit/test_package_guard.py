@@ -114,8 +114,9 @@ def roles(tmp_path: Path) -> tuple[Path, Path, RollbackPolicy]:
 
 
 def _rollback(key: Path, **kw: Any) -> dict[str, Any]:
-    args: dict[str, Any] = {"device_id": "gw1", "stream": "pump", "name": "skab-wstat",
-                            "from_version": 6, "to_version": 1, "clock": lambda: NOW - 5}
+    args: dict[str, Any] = {"rollout_id": 1, "device_id": "gw1", "stream": "pump",
+                            "name": "skab-wstat", "from_version": 6, "to_version": 1,
+                            "clock": lambda: NOW - 5}
     return sign_rollback(load_private_key(key), key.stem, **{**args, **kw}).model_dump()
 
 
@@ -160,8 +161,10 @@ def test_anti_rollback_across_names(
     ({"device_id": "gw2"}, "device/stream/name/from/to"),
     ({"to_version": 2}, "device/stream/name/from/to"),
     ({"from_version": 5}, "device/stream/name/from/to"),
+    ({"rollout_id": 2}, "for rollout 2, not this assignment's rollout 1"),
+    ({"rollout_id": None}, "names no rollout_id: it was signed by a fleet older"),
 ], ids=["package-key", "expired", "future", "other-stream", "no-stream", "other-device",
-        "other-version", "other-from"])
+        "other-version", "other-from", "other-rollout", "older-fleet"])
 def test_rollback_role_expiry_and_binding(
     tmp_path: Path, roles: tuple[Path, Path, RollbackPolicy], change: dict[str, Any],
     reason: str,
@@ -174,6 +177,36 @@ def test_rollback_role_expiry_and_binding(
     a = ModelAssignment.model_validate(_assignment(version=1, rollback=_rollback(key, **change)))
     with pytest.raises(RollbackRefused, match=reason):
         guard.check("pump", ("skab-wstat", 6), a, _manifest("skab-wstat", 1))
+
+
+def test_a_captured_rollback_is_refused_after_a_later_rollout(
+    tmp_path: Path, roles: tuple[Path, Path, RollbackPolicy]
+) -> None:
+    """Rollout 1 signed skab-wstat 6 -> 1; rollout 2 then moved the stream to skab-other@2.
+    The captured rollout-1 assignment, replayed within its hour, is refused, also after a
+    restart (the rollout mark is in high_water.json); a rollback of rollout 2 is accepted."""
+    _pkg, rb_key, policy = roles
+    hw = HighWater(tmp_path / "hw.json")
+    hw.ran("pump", "skab-wstat", 6, rollout_id=1)
+    guard = PackageGuard(hw, policy, "gw1", 10**9, clock=lambda: NOW)
+    captured = ModelAssignment.model_validate(_assignment(version=1, rollback=_rollback(rb_key)))
+    guard.check("pump", ("skab-wstat", 6), captured, _manifest("skab-wstat", 1))  # valid now
+    hw.ran("pump", "skab-wstat", 1, rollout_id=1)  # the rollback installed
+    hw.ran("pump", "skab-other", 2, rollout_id=2)  # a later rollout
+    for marks in (hw, HighWater(tmp_path / "hw.json")):  # in memory and after a restart
+        guard = PackageGuard(marks, policy, "gw1", 10**9, clock=lambda: NOW)
+        with pytest.raises(RollbackRefused, match="undoes rollout 1, but this stream has since "
+                           "installed from rollout 2"):
+            guard.check("pump", ("skab-other", 2), captured, _manifest("skab-wstat", 1))
+        assert "RollbackRefused" in str(guard.before_download(captured, "pump",
+                                                               ("skab-other", 2)))
+        fresh = ModelAssignment.model_validate(
+            _assignment(rollout_id=2, version=1, rollback=_rollback(rb_key, rollout_id=2)))
+        guard.check("pump", ("skab-other", 2), fresh, _manifest("skab-wstat", 1))
+    # the mark never goes down, and a rollout-less install leaves it
+    hw.ran("pump", "skab-other", 3, rollout_id=1)
+    hw.ran("pump", "skab-other", 4)
+    assert hw.rollout("pump") == 2 and hw.marks("pump")["skab-other"] == 4
 
 
 def test_no_rollback_keys_refuses_every_rollback(

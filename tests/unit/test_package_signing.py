@@ -157,11 +157,13 @@ def test_anti_rollback(signed: Path, keys: tuple[Path, Path], tmp_path: Path) ->
     def verify(rb: SignedRollback | None, installed: int = 2, device: str | None = "gw-1",
                stream: str | None = "pump", at: float = now) -> int:
         return verify_package_dir(signed, trusted, installed, rb, device_id=device,
-                                  stream=stream, rollback_policy=policy, now=at).version
+                                  stream=stream, rollback_policy=policy, now=at,
+                                  rollout_id=4).version
 
     def rollback(key: Ed25519PrivateKey = priv, kid: str = "fleet-rb", **kw: Any) -> SignedRollback:
-        args: dict[str, Any] = {"device_id": "gw-1", "stream": "pump", "name": "skab-wstat",
-                                "from_version": 2, "to_version": 1, "clock": lambda: now - 10}
+        args: dict[str, Any] = {"rollout_id": 4, "device_id": "gw-1", "stream": "pump",
+                                "name": "skab-wstat", "from_version": 2, "to_version": 1,
+                                "clock": lambda: now - 10}
         return sign_rollback(key, kid, **{**args, **kw})
 
     # package is v1; device runs v2
@@ -182,6 +184,13 @@ def test_anti_rollback(signed: Path, keys: tuple[Path, Path], tmp_path: Path) ->
         verify(rb, device=None)  # device id unknown
     with pytest.raises(RollbackRefused, match="device/stream/name"):
         verify(rollback(stream=None))  # an older fleet's rollback names no stream
+    # bound to the assignment's rollout; an older fleet's rollback names none
+    with pytest.raises(RollbackRefused, match="for rollout 3, not this assignment's rollout 4"):
+        verify(rollback(rollout_id=3))
+    with pytest.raises(RollbackRefused, match=r"names no rollout_id.*upgrade the fleet"):
+        verify(rollback(rollout_id=None))
+    with pytest.raises(RollbackRefused, match="not valid"):  # the rollout id is signed
+        verify(rollback(rollout_id=3).model_copy(update={"rollout_id": 4}))
     # expires; not from the future
     with pytest.raises(RollbackRefused, match="expired"):
         verify(rb, at=now + 601)
