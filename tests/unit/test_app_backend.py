@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import agent.app as app_module
+import agent.run_loop as run_loop
 from agent.app import Agent
 from agent.config.loader import parse_config
 from agent.inference.deadline import DeadlineGuard
@@ -68,7 +68,7 @@ def test_shutdown_scores_queued_readings_for_a_bounded_time_then_counts_the_rest
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     agent = _agent(tmp_path, "auto")
-    monkeypatch.setattr(app_module, "SHUTDOWN_DRAIN_S", 0.2)
+    monkeypatch.setattr(run_loop, "SHUTDOWN_DRAIN_S", 0.2)
     scored: list[object] = []
 
     def slow_drain(timeout: float) -> None:  # a pipeline far behind its source
