@@ -202,9 +202,9 @@ def grouped(data: Path, families: list[str], package) -> None:
     shipped = Candidate("wstat", m.input.window, float(m.score.top_k),
                         m.score.threshold.holdout, m.score.threshold.factor, frac)
     same = (shipped.detector, shipped.window, shipped.param, shipped.holdout,
-            shipped.factor, shipped.floor) == (choice.detector, choice.window,
-                                               float(choice.param), choice.holdout,
-                                               choice.factor, choice.floor)
+            shipped.factor, shipped.floor, shipped.rule) == (
+                choice.detector, choice.window, float(choice.param), choice.holdout,
+                choice.factor, choice.floor, choice.rule)
     verdict = "the procedure's choice" if same else "NOT the procedure's choice"
     print(f"package {package.label}: {describe(shipped)}: {verdict}")
 
