@@ -36,6 +36,11 @@ from scipy.optimize import brentq
 
 FloatArray = npt.NDArray[np.float64]
 
+#: Excesses at most this fraction of |t| (at least 1) are ties with t, not peaks: float32 runtimes
+#: return scores equal in exact arithmetic a few 1e-7 apart, and an excess of 1e-7 next to ones
+#: of 0.1..1 drives the maximum-likelihood fit to γ ≈ 11, σ ≈ 1e-6 and a threshold of 1e30
+#: (valve1/10 through the agent's FP32 ONNX path, W 10).
+TIE_RTOL = 1e-5
 #: Fewest peaks a fit uses: when ``(1 − init)·n`` is smaller, t is lowered to the score below
 #: the MIN_PEAKS largest ones (fixed with the grid, before any SKAB file was scored).
 MIN_PEAKS = 5
@@ -105,7 +110,8 @@ def pot_threshold(scores: FloatArray, init: float, q: float) -> float:
         q: Exceedance probability, 0 < q < N_t / n.
 
     Returns:
-        z_q (module docstring); t itself when the tail is flat (no excess above t).
+        z_q (module docstring); t itself when the tail is flat (no excess above t beyond
+        :data:`TIE_RTOL`).
 
     Raises:
         ValueError: too few scores, or q or init out of range.
@@ -117,11 +123,11 @@ def pot_threshold(scores: FloatArray, init: float, q: float) -> float:
     k = max(MIN_PEAKS, math.ceil((1 - init) * n))
     t = float(s[n - k - 1])
     y = s[n - k:] - t
-    y = y[y > 0]
+    y = y[y > TIE_RTOL * max(abs(t), 1.0)]
     if y.size == 0:
         return t
     fit = fit_gpd(y)
     r = q * n / y.size
     if abs(fit.gamma) < 1e-12:
         return t + fit.sigma * math.log(1 / r)
-    return t + fit.sigma / fit.gamma * (r ** (-fit.gamma) - 1)
+    return t + fit.sigma / fit.gamma * (float(r ** (-fit.gamma)) - 1)

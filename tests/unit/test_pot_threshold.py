@@ -48,6 +48,16 @@ def test_few_scores_keep_min_peaks_and_flat_tails_give_t() -> None:
         pot_threshold(x[:MIN_PEAKS], 0.9, 1e-4)
 
 
+def test_float32_ties_are_not_peaks() -> None:
+    """Scores equal up to float32 noise at t do not become a near-zero excess that drives the
+    fit to a degenerate shape (the case seen on a SKAB file through the ONNX FP32 path)."""
+    tail = np.array([3.178747875, 3.178748194, 3.178748486, 3.2994585, 3.3043793, 3.5669517,
+                     3.6994758, 4.1038725, 4.4033449])
+    scores = np.concatenate([np.linspace(0.5, 2.8, 382), tail])
+    z = pot_threshold(scores, 0.98, 1e-5)
+    assert 4.4 < z < 20
+
+
 def _file(seed: int, drift: float) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(600, 3))
