@@ -3,8 +3,10 @@
     python models/recipes/skab_select.py --data ../shared/datasets/skab [--json OUT]
 
 Every choice of the shipped sensor detector (detector family, window W, its parameter, the
-input and feature floors, the threshold base and margin) is made here, by a rule that is fixed
-before any file is scored and never looks at the files a figure is reported on:
+input and feature floors, the threshold base, the threshold rule (max × margin, or the
+peaks-over-threshold rule of :mod:`skab_pot` with its ``q`` and initial quantile)) is made here,
+by a rule that is fixed before any file is scored and never looks at the files a figure is
+reported on:
 
 * **Objective** on a set of files (pooled rows, SKAB's metrics): J = F1 − 0.02·max(0, FAR − 10)
   − 0.01·max(0, MAR − 25), FAR and MAR in %. It rewards F1 and charges false alarms above 10 %
@@ -41,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from skab_data import anomaly_free_file, labelled_files, read_skab
 from skab_detectors import FileScores, file_scores
+from skab_pot import pot_threshold
 
 from fleet.training.wstat import scaled_windows
 
@@ -56,13 +59,29 @@ FLOOR_FRAC = 0.1
 GRID: dict[str, dict[str, tuple[float, ...]]] = {
     "wstat": {"window": (5, 10, 20, 30), "param": (1, 2, 3, 4),
               "holdout": (0.0, 0.25, 0.5), "factor": (1.0, 1.1, 1.25, 1.5, 1.75, 2.0),
-              "floor": (0.05, 0.1, 0.2)},
+              "floor": (0.05, 0.1, 0.2),
+              # the POT rule (RULES), fixed before any SKAB figure of it was seen: see RULES
+              "q": (1e-3, 1e-4, 1e-5, 1e-6), "init": (0.9, 0.95, 0.98)},
     "pca": {"window": (1, 5, 10, 20), "param": (0.8, 0.9, 0.95, 0.99),
             "holdout": (0.0, 0.25, 0.5), "factor": (1.0, 1.1, 1.25, 1.5, 1.75, 2.0)},
     "mset": {"window": (1, 5, 10), "param": (50, 100, 200),
              "holdout": (0.0, 0.25, 0.5), "factor": (1.0, 1.25, 1.5, 2.0, 3.0, 4.0)},
 }
-AXES = ("window", "param", "holdout", "factor", "floor")
+AXES = ("window", "param", "holdout", "factor", "floor", "q", "init")
+#: Threshold rules. ``max``: max(base scores) × ``factor`` (every family). ``pot``: the
+#: peaks-over-threshold rule of :mod:`skab_pot` (Siffer et al., KDD 2017) on the same base
+#: scores: a GPD fitted to the scores above their ``init`` quantile, threshold = the score with
+#: exceedance probability ``q`` per window (families whose grid has ``q`` and ``init``).
+#:
+#: The POT grid, fixed before any SKAB figure of the rule was seen: ``init`` in (0.90, 0.95, 0.98):
+#: the paper's initial threshold is the 98 % quantile; a calibration holds 81..396 scores
+#: (W 5..30, hold-out 0..0.5), so at 98 % a fit would see 2..8 peaks: 0.90 and 0.95 give the fit
+#: 10..40 peaks (at least skab_pot.MIN_PEAKS = 5 in every case). ``q`` in (1e-3 .. 1e-6): the
+#: paper's experiments use 1e-3..1e-5; the windows overlap (hop 1, W up to 30), so the scores
+#: are far from independent and the extrapolation must reach further than the paper's for the
+#: same false-alarm meaning; and a scored file has ~700..1,000 windows, so 1e-3 expects about one
+#: exceedance per stationary file and 1e-6 one per thousand files.
+RULES = ("max", "pot")
 #: Families the agent ships as a device-independent INT8 artefact calibrated on the device. PCA's
 #: basis and MSET's memory are fitted per device, so they have no artefact to ship before the
 #: fleet builds per-device models of them; they are studied side by side as references.
@@ -70,6 +89,8 @@ SHIPPABLE = ("wstat",)
 #: The axes along which a rating is smoothed; the threshold base (``holdout``) is a different
 #: rule, not a nearby value, so it is not one of them.
 SMOOTH_AXES = ("window", "param", "factor", "floor")
+#: The same per rule: ``pot`` has no factor (it is 1) and steps along ``q`` and ``init``.
+RULE_AXES = {"max": SMOOTH_AXES, "pot": ("window", "param", "floor", "q", "init")}
 
 #: Floors per floor fraction: ``{f: (input floor (C,), {W: feature floor (3·C,)})}``.
 Floors = dict[float, tuple[np.ndarray, dict[int, np.ndarray]]]
@@ -83,8 +104,10 @@ def axis_values(family: str, axis: str) -> tuple[float, ...]:
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """One point of :data:`GRID`: threshold = max(base scores) × ``factor``; floors at
-    ``floor`` × the anomaly-free recording's (see :data:`GRID`)."""
+    """One point of :data:`GRID`: threshold = max(base scores) × ``factor`` (``rule`` "max") or
+    the POT score with exceedance probability ``q`` above the ``init`` quantile (``rule``
+    "pot", ``factor`` 1; :data:`RULES`); floors at ``floor`` × the anomaly-free recording's
+    (see :data:`GRID`)."""
 
     detector: str
     window: int
@@ -92,6 +115,9 @@ class Candidate:
     holdout: float
     factor: float
     floor: float = FLOOR_FRAC
+    rule: str = "max"
+    q: float = 0.0
+    init: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,14 +179,31 @@ class Study:
                     self._scores[(fam, int(w), p, h, fl, name)] = file_scores(
                         fam, values, N, int(w), p, h, inp, feat.get(int(w), inp))
                 self.candidates += [Candidate(fam, int(w), p, h, f, fl) for f in g["factor"]]
+                if "q" in g and "init" in g:
+                    self.candidates += [Candidate(fam, int(w), p, h, 1.0, fl, "pot", q, i)
+                                        for q, i in itertools.product(g["q"], g["init"])]
         self._counts: dict[tuple[Candidate, str], np.ndarray] = {}
+        self._pot: dict[tuple[str, int, float, float, float, str, float, float], float] = {}
+
+    def threshold(self, c: Candidate, name: str) -> float:
+        """The threshold of candidate ``c`` on one file, from its base scores only."""
+        key = (c.detector, c.window, c.param, c.holdout, c.floor, name)
+        base = self._scores[key].base
+        if c.rule == "max":
+            return float(base.max()) * c.factor
+        if c.rule == "pot":
+            pk = (*key, c.init, c.q)
+            if pk not in self._pot:
+                self._pot[pk] = pot_threshold(base, c.init, c.q)
+            return self._pot[pk]
+        raise ValueError(f"unknown threshold rule {c.rule!r}")
 
     def counts(self, c: Candidate, name: str) -> np.ndarray:
         """(TP, FP, FN, TN) of candidate ``c`` on one file."""
         key = (c, name)
         if key not in self._counts:
             s = self._scores[(c.detector, c.window, c.param, c.holdout, c.floor, name)]
-            pred = s.test > float(s.base.max()) * c.factor
+            pred = s.test > self.threshold(c, name)
             lab = self.labels[name]
             self._counts[key] = np.array([(pred & lab).sum(), (pred & ~lab).sum(),
                                           (~pred & lab).sum(), (~pred & ~lab).sum()])
@@ -171,10 +214,10 @@ class Study:
         return figures(sum((self.counts(c, n) for n in names), np.zeros(4)))
 
     def neighbours(self, c: Candidate) -> list[Candidate]:
-        """``c`` and the candidates one grid step from it along one of :data:`SMOOTH_AXES`
-        (same family and threshold base)."""
+        """``c`` and the candidates one grid step from it along one of its rule's
+        :data:`RULE_AXES` (same family, threshold base and rule)."""
         out = [c]
-        for axis in SMOOTH_AXES:
+        for axis in RULE_AXES[c.rule]:
             vals = axis_values(c.detector, axis)
             i = vals.index(getattr(c, axis))
             for j in (i - 1, i + 1):
@@ -195,10 +238,13 @@ class Study:
             out.setdefault(n.split("/")[0], []).append(n)
         return out
 
-    def choose(self, names: Iterable[str], family: str | None = None) -> Candidate:
-        """The best-rated candidate on ``names`` (ties: the earlier grid point)."""
+    def choose(self, names: Iterable[str], family: str | None = None,
+               rule: str | None = None) -> Candidate:
+        """The best-rated candidate on ``names`` (ties: the earlier grid point), among
+        ``family``'s and ``rule``'s candidates (None: any)."""
         groups = self.group_files(names)
-        pool = [c for c in self.candidates if family is None or c.detector == family]
+        pool = [c for c in self.candidates if (family is None or c.detector == family)
+                and (rule is None or c.rule == rule)]
         return max(pool, key=lambda c: self.rating(c, groups))
 
     def spread(self, c: Candidate, names: Sequence[str]) -> tuple[Figures, Figures]:
@@ -209,24 +255,26 @@ class Study:
                 Figures(max(f.f1 for f in figs), min(f.far for f in figs),
                         min(f.mar for f in figs)))
 
-    def leave_group_out(self, family: str | None = None) -> dict[str, tuple[Candidate, Figures]]:
+    def leave_group_out(self, family: str | None = None, rule: str | None = None
+                        ) -> dict[str, tuple[Candidate, Figures]]:
         """Per group: the candidate chosen on the other groups and its figures on this one."""
         out = {}
         for g in self.groups:
             train = [n for n in self.files if not n.startswith(g + "/")]
             test = [n for n in self.files if n.startswith(g + "/")]
-            c = self.choose(train, family)
+            c = self.choose(train, family, rule)
             out[g] = (c, self.evaluate(c, test))
         return out
 
-    def leave_files_out(self, folds: int = 4, family: str | None = None) -> dict[str, Figures]:
+    def leave_files_out(self, folds: int = 4, family: str | None = None,
+                        rule: str | None = None) -> dict[str, Figures]:
         """Per group: pooled figures of its folds, each scored with the candidate chosen on
         every file outside the fold."""
         total: dict[str, np.ndarray] = {g: np.zeros(4) for g in self.groups}
         for fold in range(folds):
             held = {n for g, names in self.group_files(self.files).items()
                     for i, n in enumerate(names) if i % folds == fold}
-            c = self.choose([n for n in self.files if n not in held], family)
+            c = self.choose([n for n in self.files if n not in held], family, rule)
             for n in held:
                 total[n.split("/")[0]] += self.counts(c, n)
         return {g: figures(v) for g, v in total.items()}
@@ -268,8 +316,10 @@ def load_floors(root: Path, families: Sequence[str]) -> Floors:
 
 def describe(c: Candidate) -> str:
     par = {"wstat": "top_k", "pca": "var", "mset": "memory"}[c.detector]
+    rule = (f"factor={c.factor:g}" if c.rule == "max"
+            else f"POT init={c.init:g} q={c.q:g}")
     return (f"{c.detector} W={c.window} {par}={c.param:g} holdout={c.holdout:g} "
-            f"factor={c.factor:g} floor={c.floor:g}")
+            f"{rule} floor={c.floor:g}")
 
 
 def report(study: Study, families: Sequence[str], log: Callable[[str], None] = print
@@ -282,18 +332,17 @@ def report(study: Study, families: Sequence[str], log: Callable[[str], None] = p
     """
     names = sorted(study.files)
     log("F1 / FAR % / MAR %, pooled rows")
-    for fam in [*families, None] if len(families) > 1 else families:
-        label = fam or "any family"
-        lgo = study.leave_group_out(fam)
+    for label, fam, rule in report_rows(families):
+        lgo = study.leave_group_out(fam, rule)
         for g, (c, f) in lgo.items():
             log(f"{label:<11} held-out group {g:<7} {f.text()}   chosen on the other: "
                 f"{describe(c)}")
             # the spread around the point chosen on the other group, on this group's files: a
             # spread around a point picked on the files it is read on would flatter the point
             log(f"{label:<11} held-out group {g:<7} {spread_text(study, c, group_names(names, g))}")
-        for g, f in study.leave_files_out(family=fam).items():
+        for g, f in study.leave_files_out(family=fam, rule=rule).items():
             log(f"{label:<11} leave files out {g:<6} {f.text()}")
-        pooled_c = study.choose(names, fam)
+        pooled_c = study.choose(names, fam, rule)
         log(f"{label:<11} pooled, chosen on all {study.evaluate(pooled_c, names).text()}   "
             f"{describe(pooled_c)}")
     overall = study.choose(names)
@@ -307,6 +356,21 @@ def report(study: Study, families: Sequence[str], log: Callable[[str], None] = p
     log(f"chosen among shippable families ({', '.join(SHIPPABLE)}): {describe(choice)}")
     log(f"pooled (chosen on the same files) {spread_text(study, choice, names)}")
     return choice
+
+
+def report_rows(families: Sequence[str]) -> list[tuple[str, str | None, str | None]]:
+    """(label, family, rule) of each block of :func:`report`: per family each threshold rule
+    its grid has (``wstat/max``, ``wstat/pot``) side by side, then the family with any rule,
+    then any family (when there are several)."""
+    rows: list[tuple[str, str | None, str | None]] = []
+    for fam in families:
+        rules = [r for r in RULES if r == "max" or all(a in GRID[fam] for a in ("q", "init"))]
+        if len(rules) > 1:
+            rows += [(f"{fam}/{r}", fam, r) for r in rules]
+        rows.append((fam, fam, None))
+    if len(families) > 1:
+        rows.append(("any family", None, None))
+    return rows
 
 
 def group_names(names: Iterable[str], group: str) -> list[str]:

@@ -183,6 +183,10 @@ def main(argv: list[str] | None = None) -> int:
         if chosen["detector"] != "wstat":
             raise SystemExit(f"{args.selection}: the selection chose {chosen['detector']!r}; "
                              "this recipe builds the window-statistics package only")
+        if chosen.get("rule", "max") != "max":
+            raise SystemExit(f"{args.selection}: the selection chose the {chosen['rule']!r} "
+                             "threshold rule; the agent's calibration implements max x factor "
+                             "only (calibration_quantile)")
         args.window, args.top_k = int(chosen["window"]), int(chosen["param"])
         args.threshold_factor, args.holdout = float(chosen["factor"]), float(chosen["holdout"])
         if "floor" in chosen:  # one fraction for both floors (skab_select.GRID)

@@ -80,9 +80,10 @@ def test_leave_files_out_chooses_without_the_fold(study: Study,
     chosen_on: list[set[str]] = []
     original = study.choose
 
-    def choose(names: list[str], family: str | None = None) -> Candidate:
+    def choose(names: list[str], family: str | None = None,
+               rule: str | None = None) -> Candidate:
         chosen_on.append(set(names))
-        return original(names, family)
+        return original(names, family, rule)
 
     monkeypatch.setattr(study, "choose", choose)
     figs = study.leave_files_out(folds=2)
