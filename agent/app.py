@@ -91,6 +91,7 @@ from agent.sources.base import Source
 from agent.sources.camera_watch import ScoredFile
 from agent.state_lock import lock_state_dir
 from agent.store.sqlite import Store
+from agent.store.writer import AlertWriter, commit_delay_from_env
 from agent.systemd import Notifier, watchdog_interval_s
 
 if TYPE_CHECKING:
@@ -249,8 +250,13 @@ class Agent:
                 clock)
         self._lifecycle_setup(config)
         self.readings_dropped = 0
+        #: Commits alerts published while they are stored (None without MQTT: stored first).
+        self.writer: AlertWriter | None = None
+        if self.publisher is not None and config.mqtt.enabled:
+            self.writer = AlertWriter(self.store, self.publisher.committed,
+                                      commit_delay_s=commit_delay_from_env())
         #: Stores alerts; delivers those the store refuses over MQTT from memory.
-        self.keeper = AlertKeeper(self.store, self.publisher, self.metrics)
+        self.keeper = AlertKeeper(self.store, self.publisher, self.metrics, writer=self.writer)
         #: Stores the episode events as alerts and the aggregates, and hands them on.
         self.alerting = Alerting(
             config.agent.device_id, clock, self.store, self.keeper, self.episodes, self.feed,
@@ -375,6 +381,8 @@ class Agent:
         self._warm_up()
         if self.publisher is not None:
             self.publisher.start()
+        if self.writer is not None:
+            self.writer.start()
         if self.sparkplug is not None:
             self.sparkplug.start()
         if self.state_publisher is not None:
@@ -550,6 +558,8 @@ class Agent:
             self.snapshots.stop()
         if self.sparkplug is not None:  # its NDEATH before the alerts' 'offline'
             self.sparkplug.stop()
+        if self.writer is not None and self.writer.stop(SHUTDOWN_FLUSH_S):
+            log.error("alert writer: alerts left uncommitted at shutdown")
         if self.publisher is not None:
             if self.publisher.connected and not self.publisher.flush(SHUTDOWN_FLUSH_S):
                 log.warning("outbox not empty at shutdown; the rest is sent at next start")
