@@ -88,6 +88,7 @@ from agent.sources.base import Source
 from agent.sources.camera_watch import ScoredFile
 from agent.state_lock import lock_state_dir
 from agent.store.sqlite import Store
+from agent.store.writer import AlertWriter, commit_delay_from_env
 from agent.systemd import Notifier, watchdog_interval_s
 
 if TYPE_CHECKING:
@@ -234,7 +235,12 @@ class Agent(AgentLoop):
         self._lifecycle_setup(config)
         self.readings_dropped = 0
         #: Stores alerts; delivers those the store refuses over MQTT from memory.
-        self.keeper = AlertKeeper(self.store, self.publisher, self.metrics)
+        #: Commits alerts published while they are stored (None without MQTT: stored first).
+        self.writer: AlertWriter | None = None
+        if self.publisher is not None and config.mqtt.enabled:
+            self.writer = AlertWriter(self.store, self.publisher.committed,
+                                      commit_delay_s=commit_delay_from_env())
+        self.keeper = AlertKeeper(self.store, self.publisher, self.metrics, writer=self.writer)
         #: Stores the episode events as alerts and the aggregates, and hands them on.
         self.alerting = Alerting(
             config.agent.device_id, clock, self.store, self.keeper, self.episodes, self.feed,

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from agent.services.updater import Updater
     from agent.services.uploader import Uploader
     from agent.store.sqlite import Store
+    from agent.store.writer import AlertWriter
     from agent.systemd import Notifier
 
 log = logging.getLogger("agent")
@@ -97,6 +98,7 @@ class AgentLoop:
     cameras: dict[str, CameraStream]
     image_events: Queue[AlertEvent | Aggregate | ScoredFile]
     publisher: MqttPublisher | None
+    writer: AlertWriter | None
     sparkplug: SparkplugEdgeNode | None
     state_publisher: StatePublisher | None
     uploader: Uploader | None
@@ -151,6 +153,8 @@ class AgentLoop:
         self._warm_up()
         if self.publisher is not None:
             self.publisher.start()
+        if self.writer is not None:
+            self.writer.start()
         if self.sparkplug is not None:
             self.sparkplug.start()
         if self.state_publisher is not None:
@@ -326,6 +330,8 @@ class AgentLoop:
             self.snapshots.stop()
         if self.sparkplug is not None:  # its NDEATH before the alerts' 'offline'
             self.sparkplug.stop()
+        if self.writer is not None and self.writer.stop(SHUTDOWN_FLUSH_S):
+            log.error("alert writer: alerts left uncommitted at shutdown")
         if self.publisher is not None:
             if self.publisher.connected and not self.publisher.flush(SHUTDOWN_FLUSH_S):
                 log.warning("outbox not empty at shutdown; the rest is sent at next start")

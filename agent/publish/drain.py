@@ -22,6 +22,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 from agent.errors import StoreError
 from agent.logs import ALWAYS
 from agent.metrics import Metrics
+from agent.publish.early import EarlyBook
 from agent.publish.limits import PoisonWatch, ProgressGuard, SizeLimit, publish_packet_bytes
 from agent.publish.mqtt_config import MqttConfig
 from agent.publish.volatile import VolatileAlert, VolatileQueue, merge
@@ -56,6 +57,7 @@ class OutboxDrain:
     alerts_topic: str
     limit: SizeLimit
     volatile: VolatileQueue
+    early: EarlyBook
     last_loop_mono: float | None
     _store: Store
     _metrics: Metrics
@@ -110,15 +112,6 @@ class OutboxDrain:
                     self._mids.clear()
                     self._outstanding.clear()
                     self._replace_client()
-                if (self._unsaved or self._rejected) and self._monotonic() >= save_from:
-                    # A store that refuses writes (disk full) must not stop the delivery, least
-                    # of all of the alerts it refused (volatile): the acknowledgements stay in
-                    # memory and are saved by a later pass; publishing goes on below.
-                    try:
-                        self._save_unsaved()
-                    except StoreError as exc:
-                        self._store_trouble(exc, pause=False)
-                        save_from = self._monotonic() + 1.0
                 with self._state_lock:
                     connected, current = self._connected, self._generation
                 if current != generation:
@@ -136,6 +129,16 @@ class OutboxDrain:
                 if connected and not self._stopping.is_set():
                     cursor = self._fill(window, cursor, generation)
                     self._check_progress(self._in_flight(window))
+                if self._saves_due() and self._monotonic() >= save_from:
+                    # After publishing: the save may wait for the store writer's commit. A
+                    # store that refuses writes (disk full) must not stop the delivery, least
+                    # of all of the alerts it refused (volatile): the acknowledgements stay in
+                    # memory and are saved by a later pass.
+                    try:
+                        self._save_unsaved()
+                    except StoreError as exc:
+                        self._store_trouble(exc, pause=False)
+                        save_from = self._monotonic() + 1.0
                 self._update_stats()
             except StoreError as exc:
                 self._store_trouble(exc)
@@ -225,62 +228,89 @@ class OutboxDrain:
         acked.update(row.id for row, _ in self._rejected)
         held_rows = {m.id for m in self._mids.values() if not isinstance(m, VolatileAlert)}
         held_vol = {m.n for m in self._mids.values() if isinstance(m, VolatileAlert)}
+        # Alerts in memory that no unread row goes before: out before the outbox is read (the
+        # read may wait for the store writer's commit).
+        for vol in self.volatile.after(cursor[1]):
+            if (vol.after_row > cursor[0]
+                    or self._in_flight(window) >= self.config.max_inflight):
+                break
+            outcome = "held" if vol.n in held_vol else self._send(vol, window, generation)
+            if outcome == "stop":
+                return cursor
+            cursor = (cursor[0], vol.n)
+            if outcome == "no_conn":
+                return cursor
         while self._in_flight(window) < self.config.max_inflight:
             room = self.config.max_inflight - self._in_flight(window)
             try:
-                rows = self._store.pending_alerts(room, after_id=cursor[0])
+                hint = self._store.last_row_hint()
+                # no row committed after the cursor: nothing to read
+                rows = ([] if hint <= cursor[0]
+                        else self._store.pending_alerts(room, after_id=cursor[0]))
             except StoreError as exc:
                 if not len(self.volatile):
                     raise
                 # The outbox cannot be read (a store not open on a full disk): nothing
                 # stored can go out anyway, the alerts held in memory still do.
                 self._store_trouble(exc, pause=False)
-                rows = []
+                hint, rows = -1, []
             batch = merge(rows, self.volatile.after(cursor[1]), len(rows) < room, room)
             if not batch:
+                # every row up to ``hint`` (committed before the read) is published
+                cursor = (max(cursor[0], hint), cursor[1])
                 break
             for item in batch:
                 if isinstance(item, VolatileAlert):
                     if item.n in held_vol:
                         cursor = (cursor[0], item.n)
                         continue
-                elif item.id in acked or item.id in held_rows:
+                elif (item.id in acked or item.id in held_rows
+                      or self.early.shadows(item.alert_id)):
                     cursor = (item.id, cursor[1])
                     continue
-                with self._state_lock:
-                    if not self._connected or self._generation != generation:
-                        return cursor
-                verdict = self.limit.check(item.payload)
-                if verdict.payload is None:
-                    self._oversized(item, verdict.reason or "too large")
-                    cursor = ((cursor[0], item.n) if isinstance(item, VolatileAlert)
-                              else (item.id, cursor[1]))
-                    continue
-                if verdict.reduced:
-                    self._metrics.mqtt_oversize_total.labels(action="reduced").inc()
-                    self._limited(logging.WARNING, "reduced", "alert %s: %s; sent in its "
-                                  "reduced form", item.alert_id, verdict.reason)
-                topics = self.topics_for(item)
-                sent = self._outstanding[_key(item)] = set()
-                no_conn = False
-                for topic in topics:
-                    info = self._client.publish(topic, verdict.payload, qos=1, retain=False)
-                    if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS,
-                                       MQTTErrorCode.MQTT_ERR_NO_CONN):
-                        self._log.warning("paho refused to publish %s: %s", item.alert_id,
-                                          info.rc, extra={"alert_id": item.alert_id,
-                                                          "stream": item.stream})
-                        return cursor
-                    # paho holds the message even on NO_CONN and re-sends it after reconnecting.
-                    self._mids[info.mid] = item
-                    sent.add(info.mid)
-                    window.add(info.mid)
-                    no_conn = no_conn or info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN
+                outcome = self._send(item, window, generation)
+                if outcome == "stop":
+                    return cursor
                 cursor = ((cursor[0], item.n) if isinstance(item, VolatileAlert)
                           else (item.id, cursor[1]))
-                if no_conn:
+                if outcome == "no_conn":
                     return cursor
         return cursor
+
+    def _send(self, item: OutboxRow | VolatileAlert, window: set[int], generation: int) -> str:
+        """Hand ``item`` to paho on every topic of it (or dead-letter it when too large).
+
+        Returns:
+            ``"sent"`` (or dead-lettered), ``"no_conn"`` (paho holds it until it reconnects;
+            send nothing more) or ``"stop"`` (the connection changed, or paho refused it:
+            not sent, the cursor stays before it).
+        """
+        with self._state_lock:
+            if not self._connected or self._generation != generation:
+                return "stop"
+        verdict = self.limit.check(item.payload)
+        if verdict.payload is None:
+            self._oversized(item, verdict.reason or "too large")
+            return "sent"
+        if verdict.reduced:
+            self._metrics.mqtt_oversize_total.labels(action="reduced").inc()
+            self._limited(logging.WARNING, "reduced", "alert %s: %s; sent in its "
+                          "reduced form", item.alert_id, verdict.reason)
+        topics = self.topics_for(item)
+        sent = self._outstanding[_key(item)] = set()
+        no_conn = False
+        for topic in topics:
+            info = self._client.publish(topic, verdict.payload, qos=1, retain=False)
+            if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
+                self._log.warning("paho refused to publish %s: %s", item.alert_id, info.rc,
+                                  extra={"alert_id": item.alert_id, "stream": item.stream})
+                return "stop"
+            # paho holds the message even on NO_CONN and re-sends it after reconnecting.
+            self._mids[info.mid] = item
+            sent.add(info.mid)
+            window.add(info.mid)
+            no_conn = no_conn or info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN
+        return "no_conn" if no_conn else "sent"
 
     def _in_flight(self, window: set[int]) -> int:
         """Alerts (rows, volatile alerts) with a message in flight: a ``raised`` event has
@@ -323,6 +353,8 @@ class OutboxDrain:
             del self._outstanding[_key(row)]
             if isinstance(row, VolatileAlert):
                 if self.volatile.ack(row.n):
+                    if row.early:  # its row is marked published once committed
+                        self.early.on_ack(row.alert_id, at)
                     self._metrics.mqtt_published_total.inc()
                     self._observe_latency(row.alert_id, row.stream, at_mono)
                 continue
@@ -353,6 +385,12 @@ class OutboxDrain:
         """Stop sending ``item``: a stored row is dead-lettered with ``dead_reason`` (it is
         still uploaded to the fleet); a volatile one is lost and counted in
         ``dropped_total{kind="alert", reason=kind}``. Logged at a limited rate."""
+        if isinstance(item, VolatileAlert) and item.early:
+            self.volatile.ack(item.n)
+            if self.early.give_up(item.alert_id, dead_reason):  # stored: dead-lettered
+                self._limited(logging.ERROR, kind, "alert %s: %s; dead-lettered in the store "
+                              "(still uploaded to the fleet)", item.alert_id, why)
+                return
         if isinstance(item, VolatileAlert):
             self.volatile.ack(item.n)
             self._metrics.dropped_total.labels(kind="alert", reason=kind).inc()
@@ -376,13 +414,28 @@ class OutboxDrain:
             msg += f" ({skipped} more like it in the last {now - last:.0f} s)"
         self._log.log(level, msg, *args)
 
+    def _saves_due(self) -> bool:
+        """Acknowledgements or dead letters wait to be written."""
+        return bool(self._unsaved or self._rejected or self.early.has_ready())
+
     def _save_unsaved(self) -> None:
-        """Write the acknowledged rows of ``_unsaved`` as published (one transaction) and the
-        rows of ``_rejected`` as dead letters.
+        """Write the acknowledged rows of ``_unsaved`` as published (one transaction), the
+        rows of ``_rejected`` as dead letters and the committed early alerts acknowledged
+        (:mod:`agent.publish.early`; counted when acknowledged) as published.
 
         Raises:
             StoreError: A write failed; the rows not written stay queued.
         """
+        ready = self.early.take_ready()
+        if ready:
+            try:
+                self._store.mark_published([r for _, r, _ in ready], max(at for _, _, at in ready))
+            except StoreError:
+                self.early.put_back(ready)
+                raise
+            self.early.saved([a for a, _, _ in ready])
+        for row_id, why in self.early.take_dead():
+            self._rejected.append((OutboxRow(row_id, "", "", "", 0.0), why))
         while self._rejected:
             row, why = self._rejected[0]
             self._store.mqtt_dead_letter(row.id, why, self._clock())

@@ -9,6 +9,14 @@ alert that is neither stored nor handed to MQTT (MQTT disabled, queue full, the 
 unreadable) counts in ``dropped_total{kind="alert", reason="store_error"}``; one the publisher still
 holds unacknowledged when it stops is counted there by the publisher.
 
+Publish while committing (``writer`` given and MQTT enabled): a new alert is numbered from the
+id ledger's reserved block (:meth:`agent.store.ids.IdLedger.take`, durable before the number is
+used) and handed to the publisher (:meth:`MqttPublisher.publish_early`) and to the store writer
+(:class:`agent.store.writer.AlertWriter`, group commits) at the same time; what holds after a
+crash between the publish and the commit is in :mod:`agent.publish.early`. When the ledger cannot
+be written, or alerts of a refused episode are still numbered in memory, the alert takes the
+path above (stored first).
+
 Logging: one ERROR line when an episode of refused alerts starts, one WARNING line with the
 figures when the store takes alerts again.
 """
@@ -26,6 +34,7 @@ from agent.publish.mqtt import MqttPublisher
 from agent.records import Alert
 from agent.store.episodes import EpisodeMark
 from agent.store.sqlite import Store
+from agent.store.writer import AlertWriter
 
 log = logging.getLogger("agent")
 
@@ -39,26 +48,35 @@ class AlertKeeper:
         metrics: Receives ``dropped_total{kind="alert", reason="store_error"}``.
         clock: Wall clock, epoch seconds: the first refused alert of a stream numbers on from
             ``max(stored last + 1, clock() in ms)`` (:mod:`agent.publish.volatile`).
+        writer: The store writer for publish while committing (None: every alert is stored
+            before it is published); its ``on_commit`` must be ``publisher.committed``.
     """
 
     def __init__(self, store: Store, publisher: MqttPublisher | None, metrics: Metrics,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, *,
+                 writer: AlertWriter | None = None) -> None:
         self._store = store
+        self._writer = writer
         self._clock = clock
         self._publisher = publisher
         self._metrics = metrics
         #: Per stream: the last sequence number used in memory and not yet persisted.
         self._floor: dict[str, int] = {}
         self._episode = 0  # alerts refused in the current episode
-        #: Alerts the store refused (this agent).
-        self.not_stored = 0
+        self._not_stored = 0
         #: Alerts neither stored nor handed to MQTT (this agent; see also the publisher's).
         self.lost = 0
 
     @property
+    def not_stored(self) -> int:
+        """Alerts the store refused (this agent)."""
+        return self._not_stored + (0 if self._writer is None else self._writer.refused)
+
+    @property
     def delivered_from_memory(self) -> int:
         """Refused alerts the broker acknowledged."""
-        return 0 if self._publisher is None else self._publisher.volatile.delivered
+        pub = self._publisher
+        return 0 if pub is None else pub.volatile.delivered + pub.early.delivered_unstored
 
     @property
     def lost_total(self) -> int:
@@ -67,7 +85,7 @@ class AlertKeeper:
 
     def add(self, stream: str, make: Callable[[int], Alert],
             episode: EpisodeMark | None = None, seq: int | None = None,
-            ) -> tuple[Alert | None, bool]:
+            received_mono: float | None = None) -> tuple[Alert | None, bool]:
         """Store ``make(seq)`` with the stream's next sequence number, or deliver it from memory.
 
         Args:
@@ -77,6 +95,8 @@ class AlertKeeper:
             seq: A sequence number already decided (an event of a recorded input: derived from
                 the input, :mod:`agent.pipeline.event_ids`) instead of the stream's next one;
                 an event already stored under it is not stored again (``(None, False)``).
+            received_mono: When the newest reading behind the alert was received (monotonic
+                s), for the publisher's latency histogram.
 
         Returns:
             ``(alert, stored)``; ``alert`` is None only when no unique id could be made (the
@@ -88,6 +108,10 @@ class AlertKeeper:
         """
         if seq is not None:
             return self._add_fixed(stream, make(seq), episode)
+        if self._writer is not None and not self._floor:
+            early = self._add_early(stream, make, episode, received_mono)
+            if early is not None:
+                return early, True
         try:
             floor = self._floor.get(stream, 0)
             alert = (self._store.add_new_alert(stream, make, floor) if episode is None
@@ -104,6 +128,35 @@ class AlertKeeper:
             self._episode = 0
         return alert, True
 
+    def _add_early(self, stream: str, make: Callable[[int], Alert],
+                   episode: EpisodeMark | None, received_mono: float | None) -> Alert | None:
+        """Publish and commit at the same time (module docstring); None when the id ledger
+        cannot reserve a number (nothing done: the caller stores the alert first)."""
+        pub, writer = self._publisher, self._writer
+        if pub is None or writer is None or not pub.config.enabled or not writer.running:
+            return None
+        try:
+            seq = self._store.ids.take(stream, lambda: self._store.last_alert_seq(stream))
+        except (OSError, StoreError):
+            return None
+        alert = make(seq)
+        payload = json.dumps(
+            alert.to_payload(), ensure_ascii=False, separators=(",", ":"), allow_nan=False
+        )
+        if received_mono is not None:
+            pub.track(alert.alert_id, received_mono)
+        published = pub.publish_early(alert.alert_id, stream, payload)
+        try:
+            writer.put(alert, payload, episode)
+        except StoreError as exc:  # the writer is stopped (shutdown)
+            self._not_stored += 1
+            if published:
+                pub.committed([(alert.alert_id, -1)])  # a volatile alert from now on
+            else:
+                self._lose(f"stream {stream}: alert {alert.alert_id} not stored ({exc}) and "
+                           "not handed to MQTT: lost")
+        return alert
+
     def _add_fixed(self, stream: str, alert: Alert,
                    episode: EpisodeMark | None) -> tuple[Alert | None, bool]:
         """Store an event whose id is decided (idempotent on its id), or deliver it from
@@ -111,7 +164,7 @@ class AlertKeeper:
         try:
             inserted = self._store.add_alert(alert, episode)
         except StoreError as exc:
-            self.not_stored += 1
+            self._not_stored += 1
             payload = json.dumps(alert.to_payload(), ensure_ascii=False,
                                  separators=(",", ":"), allow_nan=False)
             pub = self._publisher
@@ -132,7 +185,7 @@ class AlertKeeper:
                 del self._floor[stream]
 
     def _refused(self, stream: str, make: Callable[[int], Alert], exc: StoreError) -> Alert | None:
-        self.not_stored += 1
+        self._not_stored += 1
         self._episode += 1
         first = self._episode == 1
         last = self._floor.get(stream)

@@ -75,7 +75,10 @@ Delivery guarantee (what consumers may rely on):
       publish_volatile` and held in memory instead (:mod:`agent.publish.volatile`): same
       guarantees while the process lives, in order among the stored ones; lost (and counted in
       ``dropped_total{kind="alert", reason="store_error"}``) if the process stops before its
-      PUBACK.
+      PUBACK;
+    * publish while committing (:meth:`MqttPublisher.publish_early`): a new alert goes out from
+      memory while the store writer commits it; its outbox row is marked published once both
+      are done (:mod:`agent.publish.early`, which says what holds after a crash between the two).
 
 Threads: paho's network loop (``loop_start``) runs the callbacks; they only set flags, queue the
 acknowledged message ids and wake the drain thread. The drain thread (``mqtt-outbox``) is the
@@ -121,7 +124,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
@@ -133,6 +136,7 @@ from agent.errors import ConfigError, StoreError
 from agent.metrics import Metrics
 from agent.publish.callbacks import NO_CONNACK_STRIKES, PahoCallbacks
 from agent.publish.drain import OutboxDrain
+from agent.publish.early import EarlyBook
 from agent.publish.limits import PoisonWatch, ProgressGuard, SizeLimit
 from agent.publish.mqtt_config import (
     _WILDCARDS,
@@ -251,6 +255,8 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
         self._rejected: list[tuple[OutboxRow, str]] = []
         #: Alerts the store refused, held in memory until acknowledged.
         self.volatile = VolatileQueue()
+        #: Alerts published while their commit runs (:meth:`publish_early`).
+        self.early = EarlyBook()
         self._store_failing = False
         self._last_stats = -math.inf
 
@@ -450,6 +456,36 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
         self._wake.set()
         return True
 
+    def publish_early(self, alert_id: str, stream: str, payload: str) -> bool:
+        """Publish a new alert from memory while the store writer commits it (the caller
+        hands it to :class:`agent.store.writer.AlertWriter` as well, and passes that writer's
+        results to :meth:`committed`). No store I/O and no lock the store writer holds.
+
+        Returns:
+            False when MQTT is disabled, the publisher is stopping, the in-memory queue is
+            full or the outbox's end is unknown (the store cannot be read): nothing was
+            queued; the alert still drains from the outbox once committed.
+        """
+        if not self.config.enabled or self._stopping.is_set():
+            return False
+        try:
+            after = self._store.last_row_hint()
+        except StoreError:
+            return False
+        self.early.begin(alert_id)
+        if not self.volatile.put(after, alert_id, stream, payload, early=True):
+            self.early.forget(alert_id)  # not queued: its row drains as any other
+            return False
+        self._wake.set()
+        return True
+
+    def committed(self, results: Sequence[tuple[str, int]]) -> None:
+        """The store writer's results for early alerts: ``(alert_id, row id)``, row id <= 0
+        when not stored (:data:`agent.store.writer.Committed`); any thread, never blocks."""
+        for alert_id, row in results:
+            self.early.on_commit(alert_id, row)
+        self._wake.set()
+
     def flush(self, timeout_s: float) -> bool:
         """Wait until the outbox is empty (every alert acknowledged) or ``timeout_s`` passes.
 
@@ -465,7 +501,7 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
                 depth, _ = self._store.outbox_stats()
             except StoreError:
                 depth = 0
-            if depth == 0 and not len(self.volatile):
+            if depth == 0 and not len(self.volatile) and not len(self.early):
                 return True
             remaining = deadline - self._monotonic()
             if remaining <= 0:
@@ -502,7 +538,11 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
                 self._update_stats(force=True)
             except StoreError as exc:
                 self._log.error("MQTT outbox: %s; acknowledged alerts will be re-sent", exc)
-        lost = self.volatile.clear()
+        dropped = self.volatile.drop_all()
+        # an early alert committed and not acknowledged is in the outbox: sent at next start
+        lost = sum(1 for v in dropped if not v.early or not self.early.committed(v.alert_id))
+        self.volatile.lost += sum(1 for v in dropped if v.early
+                                  and not self.early.committed(v.alert_id))
         if lost:
             self._metrics.dropped_total.labels(kind="alert", reason="store_error").inc(lost)
             self._log.error(

@@ -19,6 +19,11 @@ continued the stored counter itself, and a crash during a disk-full episode reis
 (a tester saw 68 new alerts take delivered ids; a consumer deduplicating by ``alert_id`` would
 drop them).
 
+The same queue carries the alerts published while their commit runs (``early``,
+:mod:`agent.publish.early`): they are stored too, once the store writer's commit is in, and are
+not counted here (:attr:`VolatileQueue.delivered`, :attr:`VolatileQueue.lost`) but by the
+publisher.
+
 Ordering (:func:`merge`) is pure code over the pending outbox rows and the queue.
 """
 
@@ -46,6 +51,7 @@ class VolatileAlert:
         alert_id: ``<device>:<stream>:<seq>``.
         stream: Stream name (metric label).
         payload: ``Alert.to_payload()`` as compact JSON text.
+        early: Handed to the store writer too (:mod:`agent.publish.early`), not refused.
     """
 
     n: int
@@ -53,6 +59,7 @@ class VolatileAlert:
     alert_id: str
     stream: str
     payload: str
+    early: bool = False
 
 
 class VolatileQueue:
@@ -72,13 +79,15 @@ class VolatileQueue:
         #: Volatile alerts forgotten unacknowledged (:meth:`clear`) so far.
         self.lost = 0
 
-    def put(self, after_row: int, alert_id: str, stream: str, payload: str) -> bool:
+    def put(self, after_row: int, alert_id: str, stream: str, payload: str,
+            early: bool = False) -> bool:
         """Queue one alert; False when the queue is full (nothing queued)."""
         with self._lock:
             if len(self._items) >= self._limit:
                 return False
             self._n += 1
-            self._items[self._n] = VolatileAlert(self._n, after_row, alert_id, stream, payload)
+            self._items[self._n] = VolatileAlert(self._n, after_row, alert_id, stream, payload,
+                                                 early)
             return True
 
     def after(self, n: int) -> list[VolatileAlert]:
@@ -89,9 +98,10 @@ class VolatileQueue:
     def ack(self, n: int) -> bool:
         """The broker acknowledged alert ``n``: forget it; True the first time."""
         with self._lock:
-            if self._items.pop(n, None) is None:
+            item = self._items.pop(n, None)
+            if item is None:
                 return False
-            self.delivered += 1
+            self.delivered += not item.early
             return True
 
     def __len__(self) -> int:
@@ -99,12 +109,18 @@ class VolatileQueue:
             return len(self._items)
 
     def clear(self) -> int:
-        """Forget every alert still queued (at stop); returns how many were lost."""
+        """Forget every alert still queued (at stop); returns how many were lost (the early
+        ones are the caller's to count: :meth:`drop_all`)."""
+        return sum(1 for v in self.drop_all() if not v.early)
+
+    def drop_all(self) -> list[VolatileAlert]:
+        """Forget every alert still queued (at stop) and return them; the ones not ``early``
+        count as lost."""
         with self._lock:
-            lost = len(self._items)
+            items = list(self._items.values())
             self._items.clear()
-            self.lost += lost
-            return lost
+            self.lost += sum(1 for v in items if not v.early)
+            return items
 
 
 def merge(

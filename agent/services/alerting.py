@@ -2,8 +2,9 @@
 alert handed on to its consumers, and every closed aggregate interval a stored aggregate.
 
 An event is planned against its stream's open episode (:mod:`agent.services.episode_book`),
-numbered and stored with the episode mark in one transaction (:mod:`agent.publish.keeper`:
-an alert the store refuses goes over MQTT from memory), then the state board, the snapshot
+numbered and stored with the episode mark in one transaction, or published while the store
+writer commits it (:mod:`agent.publish.keeper`: an alert the store refuses goes over MQTT from
+memory), then the state board, the snapshot
 worker (a camera's raised event), the MQTT publisher, the fleet uploader and the console are
 told. Runs on the pipeline (main) thread only.
 """
@@ -125,7 +126,8 @@ class Alerting:
             )
 
         # A refused alert goes over MQTT from memory (or is counted lost): agent.publish.keeper.
-        alert, stored = self.keeper.add(event.stream, make, plan.mark, plan.seq)
+        alert, stored = self.keeper.add(event.stream, make, plan.mark, plan.seq,
+                                        received_mono=event.received_mono or None)
         if alert is None:
             return
         self.episodes.stored(event, alert.alert_id, plan)
@@ -138,7 +140,7 @@ class Alerting:
         if snaps is not None and isinstance(s, CameraStream):
             snaps.submit(alert, event, s)
         if self.publisher is not None:
-            self.publisher.notify(alert.alert_id, event.received_mono or None)
+            self.publisher.notify(alert.alert_id)  # tracked by the keeper
         if self.uploader is not None and stored:
             self.uploader.notify()
         if self.console is not None:

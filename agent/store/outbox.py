@@ -9,6 +9,7 @@ writes and the counters run with ``synchronous=FULL`` (module docstring of
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,10 @@ class OutboxRow:
 
 class StoreOutbox(StoreBudget):
     """Counters and the alert outbox of :class:`agent.store.sqlite.Store`."""
+
+    #: The largest alert row id committed, None until known (:meth:`last_row_hint`).
+    _last_row: int | None = None
+    _row_lock = threading.Lock()  # shared by every store: held for a comparison only
 
     def next_seq(self, name: str) -> int:
         """Increment and return the counter ``name`` (1 on first use); durable across restarts.
@@ -146,6 +151,89 @@ class StoreOutbox(StoreBudget):
         self._maintain()
         return alert
 
+    def add_numbered_alerts(
+        self, items: Sequence[tuple[Alert, str, EpisodeMark | None]]
+    ) -> list[int]:
+        """Store alerts numbered already (:meth:`agent.store.ids.IdLedger.take`) in ONE durable
+        transaction: a group commit of the alerts raised while the previous one ran.
+
+        Each alert's stream counter is raised to its ``seq`` and its episode mark is written in
+        the same transaction; an alert whose id is stored already is left alone.
+
+        Args:
+            items: ``(alert, payload, episode mark)`` in raising order; ``payload`` is
+                ``alert.to_payload()`` as compact JSON text.
+
+        Returns:
+            The outbox row id of each alert (0 for an id stored already), in order.
+
+        Raises:
+            StoreError: The write failed (disk full after trying to make room); nothing of
+                the group is stored.
+        """
+        if not items:
+            return []
+        try:
+            try:
+                rows = self._insert_numbered(items)
+            except StoreError as exc:
+                if not mt.is_disk_full(exc) or not self._make_room():
+                    raise
+                rows = self._insert_numbered(items)
+        except StoreError:
+            self._alerts_not_stored += len(items)
+            self._maintain()
+            raise
+        top: dict[str, int] = {}
+        for alert, _, _ in items:
+            top[alert.stream] = max(top.get(alert.stream, 0), alert.seq)
+        for stream, seq in top.items():
+            self.ids.record(stream, seq)
+        self._maintain()
+        return rows
+
+    def _insert_numbered(
+        self, items: Sequence[tuple[Alert, str, EpisodeMark | None]]
+    ) -> list[int]:
+        rows: list[int] = []
+        with self._use("add_alert", transaction=True, durable=True) as conn:
+            for alert, payload, episode in items:
+                conn.execute(
+                    "INSERT INTO counters (name, value) VALUES (?, ?) "
+                    "ON CONFLICT (name) DO UPDATE SET value = MAX(value, excluded.value)",
+                    (_ALERT_SEQ_PREFIX + alert.stream, int(alert.seq)),
+                )
+                cur = conn.execute(
+                    "INSERT OR IGNORE INTO alerts (alert_id, stream, seq, payload, created_at) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (alert.alert_id, alert.stream, alert.seq, payload, self._clock()),
+                )
+                inserted = cur.rowcount == 1
+                rows.append(int(cur.lastrowid or 0) if inserted else 0)
+                if inserted and episode is not None:
+                    episodes.apply(conn, alert, episode, self._clock())
+        self._note_row(max(rows))
+        return rows
+
+    def last_row_hint(self) -> int:
+        """The largest alert row id committed, from memory (no lock, no I/O; read from the
+        store on the first call): outbox rows up to it are visible to :meth:`pending_alerts`.
+
+        Raises:
+            StoreError: The first call's read failed.
+        """
+        hint = self._last_row
+        if hint is None:
+            hint = self.last_alert_row()
+            self._note_row(hint)
+        return hint
+
+    def _note_row(self, row: int) -> None:
+        """Remember ``row`` as committed (after the commit)."""
+        with self._row_lock:
+            if self._last_row is None or row > self._last_row:
+                self._last_row = row
+
     def last_alert_seq(self, stream: str) -> int:
         """The last alert sequence number of ``stream`` taken (0 for none); a read only.
 
@@ -200,6 +288,8 @@ class StoreOutbox(StoreBudget):
             )
             if episode is not None:
                 episodes.apply(conn, alert, episode, self._clock())
+            row_id = int(conn.execute("SELECT last_insert_rowid()").fetchone()[0])
+        self._note_row(row_id)
         self.ids.record(stream, alert.seq)
         return alert
 
@@ -213,7 +303,11 @@ class StoreOutbox(StoreBudget):
             )
             if cur.rowcount == 1 and episode is not None:
                 episodes.apply(conn, alert, episode, self._clock())
-            return cur.rowcount == 1
+            inserted = cur.rowcount == 1
+            row_id = int(cur.lastrowid or 0)
+        if inserted:
+            self._note_row(row_id)
+        return inserted
 
     def open_episodes(self) -> dict[str, OpenEpisode]:
         """Every stream's open episode (raised, not cleared), by stream.
