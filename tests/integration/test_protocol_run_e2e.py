@@ -187,9 +187,7 @@ def test_skab_rows_over_secure_opcua_with_a_password_file_raise_alerts(
     password.write_text("pump room 7\n", encoding="utf-8")
     # the server offers Basic256Sha256 SignAndEncrypt and user-name sessions, nothing else
     peer = OpcuaPeer(_free_port(), names=names, secure=True, certificate=server_cert,
-                     mode="SignAndEncrypt", users={"edge": "pump room 7"}).start()
-    peer.write_many(dict(zip(names, data.values[0].tolist(), strict=True)),
-                    dt.datetime.fromtimestamp(data.ts[0] - 1, dt.timezone.utc))
+                     mode="SignAndEncrypt", users={"edge": "pump room 7"})
     nodes = "".join(f'[[streams.source.nodes]]\nchannel = "{c}"\n'
                     f'node_id = "ns=2;s=Pump1.{n}"\n' for c, n in zip(data.channels, names,
                                                                        strict=True))
@@ -198,10 +196,15 @@ def test_skab_rows_over_secure_opcua_with_a_password_file_raise_alerts(
               f'security_policy = "Basic256Sha256"\nsecurity_mode = "SignAndEncrypt"\n'
               f'certificate_file = "{client_cert}"\nprivate_key_file = "{client_key}"\n'
               f'server_certificate_file = "{server_cert[0]}"\n'
-              f'username = "edge"\npassword_file = "{password}"\n{nodes}')
+              f'username = "edge"\npassword_file = "{password}"\n'
+              f'reconnect_initial_s = 0.2\nreconnect_max_s = 1.0\n{nodes}')
     config = write_config(tmp_path / "agent.toml", source)
+    # both take seconds to start (the agent its model, asyncua its address space): together
     agent = run_agent(["run", "--config", str(config)], tmp_path)
     try:
+        peer.start()
+        peer.write_many(dict(zip(names, data.values[0].tolist(), strict=True)),
+                        dt.datetime.fromtimestamp(data.ts[0] - 1, dt.timezone.utc))
         wait_until(lambda: ("edge", True) in peer.logins or agent.proc.poll() is not None, 45,
                    "the agent's session", agent.stderr)
         assert agent.proc.poll() is None, agent.stderr()[-3000:]
