@@ -59,6 +59,18 @@ class Metrics:
             ["stream"],
             registry=r,
         )
+        self.source_outages_total = Counter(
+            "edge_agent_source_outages_total",
+            "Source outages (a lost connection or a failed start, however many retries it "
+            "took), counted when each begins.",
+            ["stream"], registry=r,
+        )
+        self.source_outage_seconds_total = Counter(
+            "edge_agent_source_outage_seconds_total",
+            "Seconds the source was down (from its first failure to its recovery), added when "
+            "each outage ends (or the stream stops).",
+            ["stream"], registry=r,
+        )
         self.source_up = Gauge(
             "edge_agent_source_up", "1 while the source is reading.", ["stream"], registry=r
         )
@@ -80,7 +92,8 @@ class Metrics:
         self.polls_missed_total = Counter(
             "edge_agent_polls_missed_total",
             "Polls not made, by reason: overrun (slow polls left no time for them), "
-            "unreachable (the device was down or not answering).",
+            "unreachable (the device was down or not answering); gap (MQTT in with "
+            "expected_interval_s: readings a jump in the payload timestamps says never came).",
             ["stream", "reason"], registry=r,
         )
         # MQTT-in streams with Sparkplug B (agent.sources.mqtt_in)

@@ -8,6 +8,8 @@ Sources stay simple (:mod:`agent.sources.base`); this wraps any of them:
   it starts and once at INFO when it ends (the first reading after it, or the source reporting
   recovery), never per retry; these lines are state changes, never rate-limited
   (:data:`agent.logs.ALWAYS`), so five outages give five "down" and five "recovered" lines;
+  each outage counts ``source_outages_total`` when it starts and adds its length to
+  ``source_outage_seconds_total`` when it ends (or when the stream stops during it);
 * :class:`agent.errors.SourceExhausted` (a finite replay ended) is logged at INFO and ends the
   thread with :attr:`SourceSupervisor.done` set; any other non-retryable
   :class:`agent.errors.AgentError` is logged at ERROR and ends it with ``error`` set;
@@ -110,6 +112,8 @@ class SourceSupervisor:
         self._readings = metrics.readings_total.labels(stream=self.stream)
         self._errors = metrics.source_errors_total.labels(stream=self.stream)
         self._up = metrics.source_up.labels(stream=self.stream)
+        self._outages = metrics.source_outages_total.labels(stream=self.stream)
+        self._outage_seconds = metrics.source_outage_seconds_total.labels(stream=self.stream)
         self._thread: threading.Thread | None = None
         self._done = False
         self._in_outage = False
@@ -171,6 +175,8 @@ class SourceSupervisor:
             self._loop()
         finally:
             self._up.set(0)
+            if self._in_outage:  # stopped while down: the outage so far counts
+                self._outage_seconds.inc(max(0.0, self._monotonic() - self._outage_since))
             for reason, count in self._limiter.drain().items():
                 self._log.warning(
                     "stream %s: %d more rejected records (%s) were not logged",
@@ -264,6 +270,7 @@ class SourceSupervisor:
         self._in_outage = True
         self._outage_since = self._monotonic()
         self._outage_failures = 1
+        self._outages.inc()
         self._log.warning(
             "stream %s: source down: %s; retrying with backoff (logged again on recovery)",
             self.stream,
@@ -277,10 +284,12 @@ class SourceSupervisor:
         if not self._in_outage:
             return
         self._in_outage = False
+        down_s = max(0.0, self._monotonic() - self._outage_since)
+        self._outage_seconds.inc(down_s)
         self._log.info(
             "stream %s: source recovered after %.1f s and %d failed attempt(s)",
             self.stream,
-            self._monotonic() - self._outage_since,
+            down_s,
             self._outage_failures,
             extra=ALWAYS,
         )

@@ -9,7 +9,8 @@ in order and the reading carries the arrival time of the last response (``ts``, 
   due times that passed by a whole interval meanwhile are skipped and counted
   (``edge_agent_polls_missed_total{reason="overrun"}``), the next poll starts at once;
 * while the device is down, the polls that would have been made are counted on reconnect
-  (``edge_agent_polls_missed_total{reason="unreachable"}``).
+  (``edge_agent_polls_missed_total{reason="unreachable"}``), from the slot after the poll that
+  found the connection lost (its timeout and late-answer wait may span many slots).
 
 A poll whose reading cannot be accepted is rejected with one of these reasons (the supervisor
 counts ``edge_agent_records_rejected_total{reason}`` and logs once per reason per minute):
@@ -209,7 +210,9 @@ class ModbusSource(DeviceHooks):
                     self._poll(emit, reject)
                 except _ConnectionLost as exc:
                     self._lose(str(exc))
-                    down_since = self._monotonic()
+                    # the failed poll had its own slot; every later one is missed until the
+                    # reconnect (an RTU timeout and its late-answer wait span many slots)
+                    down_since = now + interval
                     stop.wait(self._backoff.next_delay())
                     continue
                 end = self._monotonic()

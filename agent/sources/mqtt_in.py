@@ -64,6 +64,8 @@ class MqttInSource(DeviceHooks):
     Attributes:
         stream, channels: As every source.
         connects: Sessions established. events: Sparkplug B events by name.
+        missed: Readings counted missed from gaps in the payload timestamps
+            (``expected_interval_s``).
     """
 
     def __init__(
@@ -96,7 +98,9 @@ class MqttInSource(DeviceHooks):
         self._lost_why: str | None = None
         self._node: Any = None
         self._last_rebirth = -np.inf
+        self._last_ts: float | None = None
         self.connects = 0
+        self.missed = 0
         self.events: dict[str, int] = {}
 
     # -- the loop -------------------------------------------------------------------------------
@@ -200,6 +204,7 @@ class MqttInSource(DeviceHooks):
                 updates, ts = {i: payloads.decode_number(msg.payload, msg.topic)}, None
             else:
                 updates, ts = self._sparkplug(client, msg, reject)
+            self._observe_cadence(ts)
             self._check_range(updates)
         except RecordError as exc:
             reject(exc)
@@ -212,6 +217,22 @@ class MqttInSource(DeviceHooks):
             return
         emit(Reading(self.stream, ts if ts is not None else self._clock(), self._values.copy(),
                      received_mono=received_mono))
+
+    def _observe_cadence(self, ts: float | None) -> None:
+        """With ``expected_interval_s``: count the readings a jump in the payload timestamps
+        says were never received (published while the broker was down, or dropped before it).
+        Late or repeated messages (QoS 1 may deliver twice) move nothing back."""
+        cadence = self.config.expected_interval_s
+        if cadence is None or ts is None:
+            return
+        last = self._last_ts
+        self._last_ts = ts if last is None else max(last, ts)
+        if last is None or ts - last <= 1.5 * cadence:
+            return
+        missed = round((ts - last) / cadence) - 1
+        self.missed += missed
+        if self._metrics is not None:
+            self._metrics.polls_missed_total.labels(stream=self.stream, reason="gap").inc(missed)
 
     def _check_range(self, updates: dict[int, float]) -> None:
         for i, v in updates.items():

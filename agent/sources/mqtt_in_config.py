@@ -8,6 +8,7 @@ TOML shapes, by ``format``::
     format = "json"
     topics = ["plant/pump1/telemetry"]
     timestamp_field = "ts"            # optional; epoch s, epoch ms (> 1e11) or ISO 8601
+    expected_interval_s = 1.0         # optional, needs timestamp_field: count missed readings
     [streams.source.fields]           # channel = field (a dotted path into the object)
     Pressure = "p"
     Flow = "flow.value"
@@ -72,6 +73,11 @@ class MqttInConfig(StrictModel):
     timestamp_field: str | None = Field(
         None, min_length=1, max_length=256,
         description="format = json: field holding the reading time; unset = receive time.")
+    expected_interval_s: float | None = Field(
+        None, gt=0, le=86400.0,
+        description="format = json with timestamp_field: the publisher's cadence, seconds. A "
+        "jump of more than 1.5 intervals between the payload timestamps of two messages counts "
+        "the readings in between as missed (edge_agent_polls_missed_total{reason=\"gap\"}).")
     channel_topics: dict[str, str] = Field(
         default_factory=dict, max_length=4096,
         description="format = number: channel -> the topic carrying its value.")
@@ -117,6 +123,10 @@ class MqttInConfig(StrictModel):
         missing = [k for k in need if not getattr(self, k)]
         if missing:
             raise ValueError(f"format {self.format!r} needs {', '.join(missing)}")
+        if self.expected_interval_s is not None and (self.format != "json"
+                                                     or self.timestamp_field is None):
+            raise ValueError("expected_interval_s needs format 'json' with a timestamp_field "
+                             "(the gaps are read from the payload timestamps)")
         others = {"topics", "fields", "timestamp_field", "channel_topics", "group_id",
                   "edge_node_id", "device_id", "metrics"} - set(need) - (
                       {"timestamp_field"} if self.format == "json" else set()) - (

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -249,6 +250,47 @@ def test_rtu_reads_and_survives_a_device_restart(rtu: tuple[Socat, SimServer]) -
         server.start()
         assert wait_for(lambda: len(run.readings) >= count + 3, timeout=15.0)
         assert run.sup.outage is None
+        assert all(r.values.tolist() == pytest.approx(EXPECTED) for r in run.readings)
+    finally:
+        run.close()
+
+
+def test_rtu_device_restart_every_poll_slot_is_made_or_counted_missed(
+        rtu: tuple[Socat, SimServer]) -> None:
+    # While the device is down, each timed-out poll waits timeout_s and then up to
+    # late_answer_s for a late answer (about 1 s here, 20 poll slots): the slots it spans and
+    # those of the reconnect backoff must show up in edge_agent_polls_missed_total, so that
+    # polls made + polls missed covers the outage's poll grid.
+    pair, server = rtu
+    interval = 0.05
+    run = Running(**_rtu(pair), poll_interval_s=interval, timeout_s=0.2,
+                  reconnect_after_timeouts=2)
+    source = run.source
+
+    def accounted() -> int:
+        return int(source.polls + sum(source.missed.values()))
+
+    try:
+        assert wait_for(lambda: len(run.readings) >= 10, timeout=10.0)
+        t0, before, kept = time.monotonic(), accounted(), len(run.readings)
+        server.stop()
+        assert wait_for(lambda: run.sup.outage is not None, timeout=10.0)
+        time.sleep(1.5)
+        server.start()
+        assert wait_for(lambda: run.sup.outage is None and len(run.readings) >= kept + 10,
+                        timeout=15.0)
+        slots, made_or_missed = (time.monotonic() - t0) / interval, accounted() - before
+        reconnects = run.metric("edge_agent_source_errors_total")
+        # each reconnect restarts the grid (up to one slot lost to rounding), +-2 at the edges
+        assert slots - 2 - reconnects <= made_or_missed <= slots + 2, (
+            slots, made_or_missed, source.polls, source.missed, reconnects)
+        assert source.missed["unreachable"] >= 1
+        assert run.metric("edge_agent_polls_missed_total", reason="unreachable") == \
+            source.missed["unreachable"]
+        # nothing accepted is lost: every poll that was made is a reading or a timeout
+        timeouts = run.rejected("timeout")
+        assert timeouts >= 2
+        assert wait_for(lambda: source.polls - 1 <= len(run.readings) + timeouts <= source.polls)
         assert all(r.values.tolist() == pytest.approx(EXPECTED) for r in run.readings)
     finally:
         run.close()

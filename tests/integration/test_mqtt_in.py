@@ -159,6 +159,64 @@ def test_broker_restart_reconnects_and_silent_broker_is_reported(mosquitto: Mosq
         silent.close()
 
 
+def test_broker_restart_keeps_every_accepted_reading_and_counts_the_outage(
+        mosquitto_persistent: MosquittoBroker) -> None:
+    # A device publishes one JSON reading a second (payload timestamps t0 + k). The broker
+    # goes down: what the device publishes meanwhile is lost at the device (k = 10..14), and
+    # nothing in the protocol tells the agent; only the jump in the timestamps does. The
+    # broker comes back with the agent's persistent session, and the device publishes
+    # k = 15..24 before the agent is back (reconnect delay 5-10 s): the broker queues them.
+    broker = mosquitto_persistent
+    t0 = 1_767_225_600.0
+    run = Running(broker.port, format="json", topics=["plant/pump1/telemetry"],
+                  fields={"p": "pressure"}, timestamp_field="ts", expected_interval_s=1.0,
+                  client_id="edge-in-restart", reconnect_initial_s=10.0, reconnect_max_s=10.0)
+
+    def publish(pub: Publisher, ks: range) -> None:
+        for k in ks:
+            pub.send("plant/pump1/telemetry", json.dumps({"pressure": float(k), "ts": t0 + k}))
+
+    try:
+        assert wait_for(run.connected, timeout=10)
+        pub = Publisher(broker.port)
+        publish(pub, range(10))
+        pub.close()
+        assert wait_for(lambda: len(run.readings) == 10)
+        stopping_at = time.monotonic()
+        broker.stop()  # SIGTERM: the broker saves the session and its subscription
+        down_at = time.monotonic()
+        assert wait_for(lambda: run.sup.outage is not None, timeout=5)
+        time.sleep(1.0)
+        broker.start()
+        up_at = time.monotonic()
+        pub = Publisher(broker.port)
+        publish(pub, range(15, 25))
+        pub.close()
+        assert run.source.connects == 1, "the agent was back before the device published"
+        assert wait_for(lambda: len(run.readings) == 20, timeout=15), run.values()
+        assert run.sup.outage is None and run.source.connects == 2
+        # every reading accepted before and after the outage is kept, once, in order
+        assert run.values() == [[float(k)] for k in [*range(10), *range(15, 25)]]
+        assert [r.ts for r in run.readings] == [t0 + k for k in [*range(10), *range(15, 25)]]
+        # what was missed: the five readings the timestamps skip, and one outage with its length
+        assert run.source.missed == 5
+        assert run.metric("edge_agent_polls_missed_total", reason="gap") == 5
+        assert run.metric("edge_agent_source_outages_total") == 1
+        down_s = run.metric("edge_agent_source_outage_seconds_total")
+        # at least while the broker was surely down; at most from its stop to now
+        assert up_at - down_at - 0.5 <= down_s <= time.monotonic() - stopping_at, down_s
+    finally:
+        run.close()
+
+
+def test_expected_interval_needs_payload_timestamps() -> None:
+    for fields in ({"format": "json", "topics": ["a"], "fields": {"p": "p"}},
+                   {"format": "number", "channel_topics": {"p": "a"}}):
+        with pytest.raises(ValueError, match="expected_interval_s needs format 'json' with a "
+                           "timestamp_field"):
+            MqttInConfig.model_validate({**fields, "expected_interval_s": 1.0})
+
+
 class EdgeNode:
     """A Sparkplug B edge node with one device, publishing births and data with aliases."""
 

@@ -350,3 +350,28 @@ def test_a_reading_time_that_is_no_date_is_rejected_not_passed_on() -> None:
     assert [r.ts for r in h.out] == [1_767_225_600.0]
     assert value(h.metrics, "edge_agent_records_rejected_total", stream="s",
                  reason="bad_timestamp") == 3
+
+
+def test_outages_and_their_seconds_are_counted() -> None:
+    """Two outages (3 s, then 5 s) and one still open when the stream stops (2 s so far):
+    three outages, however many failed attempts each had, and 10 s down."""
+    clock = [100.0]
+
+    class Flapping(StatusSource):
+        def run(self, emit: Emit, reject: Reject, stop: threading.Event) -> None:
+            assert self.listener is not None
+            for down_s, attempts in ((3.0, 4), (5.0, 1)):
+                for _ in range(attempts):
+                    self.listener(SourceError("broker gone", stream="s"))
+                clock[0] += down_s
+                self.listener(None)
+                clock[0] += 60.0  # up: not counted
+            self.listener(SourceError("broker gone", stream="s"))
+            clock[0] += 2.0
+            raise SourceExhausted("end")
+
+    h = Harness(Flapping(), monotonic=lambda: clock[0])
+    h.run()
+    assert value(h.metrics, "edge_agent_source_outages_total", stream="s") == 3
+    assert value(h.metrics, "edge_agent_source_outage_seconds_total", stream="s") == 10.0
+    assert value(h.metrics, "edge_agent_source_errors_total", stream="s") == 6
