@@ -324,14 +324,15 @@ def _cmd_sim_opcua(args: argparse.Namespace) -> int:
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
-    """One line per builtin package: ``builtin:NAME  version V  KIND  DIRECTORY``."""
-    from agent.config.builtin_models import available_builtins  # noqa: PLC0415 - this command only
+    """One line per builtin package: ``builtin:NAME  version V  KIND  DIRECTORY``, then one per
+    known package not found (``builtin:mtd-patchcore  not found: ...`` from a wheel)."""
+    from agent.config.builtin_models import (  # noqa: PLC0415 - this command only
+        absent_builtins,
+        available_builtins,
+        how_to_get,
+    )
 
     found = available_builtins()
-    if not found:
-        print("no builtin model packages found (docs/install.md: where they come from)",
-              file=sys.stderr)
-        return EX_FAILURE
     for name, path in found.items():
         try:
             manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
@@ -339,6 +340,12 @@ def _cmd_models(args: argparse.Namespace) -> int:
         except (OSError, ValueError, AttributeError) as exc:
             about = f"unreadable manifest ({exc})"
         print(f"builtin:{name}  {about}  {path}")
+    for name in absent_builtins():
+        print(f"builtin:{name}  not found: {how_to_get(name)}")
+    if not found:
+        print("no builtin model packages found (docs/install.md: where they come from)",
+              file=sys.stderr)
+        return EX_FAILURE
     return EX_OK
 
 
