@@ -16,8 +16,9 @@ Commands::
 Exit codes (:mod:`agent.exitcodes`): 0 success, 78 (``EX_CONFIG``) invalid configuration,
 69 (``EX_UNAVAILABLE``) ``run``: every source has ended and at least one failed for good,
 1 any other failure, 130 interrupted (Ctrl-C); ``status`` exits 0 green, 1 yellow, 2 red,
-3 unreachable. systemd's ``RestartPreventExitStatus=78`` keeps a unit with a broken
-config from restarting in a loop; 69 is restarted (``Restart=on-failure``).
+3 unreachable, 4 another agent (another ``device_id``) answers on ``--config``'s port.
+systemd's ``RestartPreventExitStatus=78`` keeps a unit with a broken config from restarting in
+a loop; 69 is restarted (``Restart=on-failure``).
 """
 
 from __future__ import annotations
@@ -45,9 +46,11 @@ from agent.exitcodes import (  # noqa: F401 - EX_UNAVAILABLE: re-exported with t
     EX_UNAVAILABLE,
 )
 
-#: ``status`` exit codes by overall health; ``STATUS_UNREACHABLE`` when /healthz cannot be read.
+#: ``status`` exit codes by overall health; ``STATUS_UNREACHABLE`` when /healthz cannot be read;
+#: ``STATUS_OTHER_AGENT`` when ``--config``'s port answers with another device_id.
 STATUS_EXIT = {"green": 0, "yellow": 1, "red": 2}
 STATUS_UNREACHABLE = 3
+STATUS_OTHER_AGENT = 4
 DEFAULT_STATUS_PORT = 9851
 
 
@@ -105,7 +108,8 @@ def _parser() -> argparse.ArgumentParser:
 
     status = sub.add_parser(
         "status",
-        help="show a running agent's health (exit 0 green, 1 yellow, 2 red, 3 unreachable)",
+        help="show a running agent's health (exit 0 green, 1 yellow, 2 red, 3 unreachable, "
+        "4 --config's port answered by an agent with another device_id)",
     )
     status.add_argument(
         "--url", metavar="URL", help="the agent's base URL (default http://127.0.0.1:PORT, "
@@ -224,6 +228,7 @@ def _cmd_print_default_config(args: argparse.Namespace) -> int:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     url: str | None = args.url
+    expected: str | None = None  # the device_id --config names
     if url is None:
         host, port = "127.0.0.1", DEFAULT_STATUS_PORT
         if args.config is not None:
@@ -235,7 +240,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
                 print(f"error: {args.config} sets no agent.metrics_port: that agent serves no "
                       "/healthz to ask (set one, or give --url)", file=sys.stderr)
                 return STATUS_UNREACHABLE
-            port = agent.metrics_port
+            port, expected = agent.metrics_port, agent.device_id
             if agent.metrics_address not in {"0.0.0.0", "::"}:  # noqa: S104 - compared, not bound
                 host = agent.metrics_address
         url = f"http://{host}:{port}"
@@ -257,6 +262,15 @@ def _cmd_status(args: argparse.Namespace) -> int:
     except (ValueError, KeyError, TypeError):
         print(f"edge-agent at {url}: not a health report: {raw[:200]!r}", file=sys.stderr)
         return STATUS_UNREACHABLE
+    answered = body.get("device_id")
+    if expected is not None and answered is None:  # an agent older than /healthz's device_id
+        print(f"edge-agent at {url}: names no device_id; cannot check it is {expected!r}",
+              file=sys.stderr)
+    elif expected is not None and answered != expected:
+        print(f"edge-agent at {url}: another agent answers (device_id {answered!r}, not "
+              f"{expected!r} of {args.config}): is {expected!r} running? Give one of them "
+              "another [agent] metrics_port", file=sys.stderr)
+        return STATUS_OTHER_AGENT
     if args.json:
         print(json.dumps(body, indent=2))
     else:
@@ -277,7 +291,9 @@ def format_health(url: str, body: dict[str, object]) -> str:
       yellow  calibration      calibrating: a
       off     mqtt             disabled in the config
     """
-    lines = [f"edge-agent at {url}: {str(body.get('status')).upper()}"]
+    who = "".join(f", {k} {body[k]}" for k in ("device_id", "version") if k in body)
+    lines = [f"edge-agent at {url}: {str(body.get('status')).upper()}"
+             + (f" ({who[2:]})" if who else "")]
     comps = body.get("components")
     if isinstance(comps, dict):
         for name, comp in comps.items():
@@ -324,14 +340,15 @@ def _cmd_sim_opcua(args: argparse.Namespace) -> int:
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
-    """One line per builtin package: ``builtin:NAME  version V  KIND  DIRECTORY``."""
-    from agent.config.builtin_models import available_builtins  # noqa: PLC0415 - this command only
+    """One line per builtin package: ``builtin:NAME  version V  KIND  DIRECTORY``, then one per
+    known package not found (``builtin:mtd-patchcore  not found: ...`` from a wheel)."""
+    from agent.config.builtin_models import (  # noqa: PLC0415 - this command only
+        absent_builtins,
+        available_builtins,
+        how_to_get,
+    )
 
     found = available_builtins()
-    if not found:
-        print("no builtin model packages found (docs/install.md: where they come from)",
-              file=sys.stderr)
-        return EX_FAILURE
     for name, path in found.items():
         try:
             manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
@@ -339,6 +356,12 @@ def _cmd_models(args: argparse.Namespace) -> int:
         except (OSError, ValueError, AttributeError) as exc:
             about = f"unreadable manifest ({exc})"
         print(f"builtin:{name}  {about}  {path}")
+    for name in absent_builtins():
+        print(f"builtin:{name}  not found: {how_to_get(name)}")
+    if not found:
+        print("no builtin model packages found (docs/install.md: where they come from)",
+              file=sys.stderr)
+        return EX_FAILURE
     return EX_OK
 
 

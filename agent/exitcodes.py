@@ -11,8 +11,9 @@ code   name                when
                            good (a video file that does not open or holds no readable frame, a
                            source that raised a fatal error); systemd's ``Restart=on-failure``
                            restarts the unit
-78     ``EX_CONFIG``       invalid configuration (``RestartPreventExitStatus=78``: no restart
-                           loop on a broken config)
+78     ``EX_CONFIG``       invalid configuration, or ``agent.metrics_port`` already in use
+                           (``RestartPreventExitStatus=78``: no restart loop on a broken
+                           config)
 130    ``EX_INTERRUPTED``  Ctrl-C outside ``run``'s own signal handling
 =====  ==================  ==================================================================
 """

@@ -8,9 +8,11 @@ another host, by setting ``0.0.0.0``) and ``agent.metrics_port``:
     ``prometheus_client.generate_latest`` of the agent's registry (content type
     ``text/plain; version=0.0.4``).
 ``GET /healthz``
-    The :class:`agent.health.Report` as JSON: ``{"status": "green|yellow|red", "at": epoch_s,
-    "components": {name: {"state", "reason", ...figures}}}``; HTTP 200 for green and yellow, 503
-    for red.
+    Who answers, then the :class:`agent.health.Report`, as JSON: ``{"device_id": "gw1",
+    "version": "0.1.0", "status": "green|yellow|red", "at": epoch_s, "components": {name:
+    {"state", "reason", ...figures}}}``; HTTP 200 for green and yellow, 503 for red.
+    ``edge-agent status --config`` compares ``device_id`` with the config's, so another agent
+    on the same port is not taken for this one.
 
 Anything else is 404. Requests are not logged (Prometheus scrapes every 15 s).
 """
@@ -38,6 +40,8 @@ class OpsServer:
         health: Returns the current report; None = ``/healthz`` answers 503 "starting".
         address: Address to bind (``127.0.0.1`` by default).
         port: TCP port; 0 picks a free one (see :attr:`port`).
+        identity: Returns the fields naming this agent in ``/healthz`` (``device_id``,
+            ``version``); None = none.
 
     Raises:
         OSError: The address cannot be bound (port in use, address not local).
@@ -49,9 +53,11 @@ class OpsServer:
         health: Callable[[], Report] | None = None,
         address: str = "127.0.0.1",
         port: int = 0,
+        identity: Callable[[], dict[str, object]] | None = None,
     ) -> None:
         self.registry = registry
         self.health = health
+        self.identity = identity
         self._server = ThreadingHTTPServer((address, port), _handler_for(self))
         self._server.daemon_threads = True
         self.address = address
@@ -90,6 +96,8 @@ def _handler_for(server: OpsServer) -> type[BaseHTTPRequestHandler]:
                 else:
                     report = server.health()
                     body, code = report.to_json(), report.http_status
+                if server.identity is not None:
+                    body = {**server.identity(), **body}
                 data = json.dumps(body, indent=1).encode()
                 self._send(code, "application/json", data)
             else:

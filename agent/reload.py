@@ -9,6 +9,7 @@ config when the new one cannot be built after all (module docstring of :mod:`age
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -18,6 +19,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Protocol
 
+from agent import __version__
 from agent.config.loader import load_config
 from agent.config.schema import AgentConfig, resolve_model_path
 from agent.errors import AgentError, ConfigError, ModelError, StoreError
@@ -82,6 +84,25 @@ def check_reload(config_file: Path) -> AgentConfig | None:
     return config
 
 
+def metrics_bind_error(address: str, port: int, exc: OSError) -> AgentError:
+    """The error for an ops endpoint that cannot be bound: a :class:`ConfigError` (exit 78)
+    naming the key to change when the port is taken or the address is not local.
+
+    >>> err = metrics_bind_error("127.0.0.1", 9851, OSError(errno.EADDRINUSE, "in use"))
+    >>> isinstance(err, ConfigError), "set [agent] metrics_port" in err.problems[0]
+    (True, True)
+    """
+    if exc.errno == errno.EADDRINUSE:
+        return ConfigError(f"cannot serve /metrics on {address}:{port}: in use", problems=[
+            f"agent.metrics_port: {address}:{port} is already in use (another agent, or another "
+            "program): set [agent] metrics_port to a free port, or stop what listens there"])
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return ConfigError(f"cannot serve /metrics on {address}:{port}: not local", problems=[
+            f"agent.metrics_address: {address} is not an address of this host: set [agent] "
+            "metrics_address (127.0.0.1, or 0.0.0.0 for every interface)"])
+    return AgentError(f"cannot serve /metrics on {address}:{port}: {exc}")
+
+
 def run_with_reload(config: AgentConfig, config_dir: Path, config_file: Path | None,
                     make_agent: AgentFactory) -> int:
     """CLI entry: resolve paths, set up logging, signals and /metrics, run the agent.
@@ -119,9 +140,10 @@ def run_with_reload(config: AgentConfig, config_dir: Path, config_file: Path | N
                 lambda: current[-1].monitor.report(),  # noqa: PLW0108 - the agent changes
                 address,
                 port,
+                identity=lambda: {"device_id": config.agent.device_id, "version": __version__},
             )
         except OSError as exc:
-            raise AgentError(f"cannot serve /metrics on {address}:{port}: {exc}") from exc
+            raise metrics_bind_error(address, port, exc) from exc
     stopping = threading.Event()
 
     def _stop(signum: int, _frame: FrameType | None) -> None:

@@ -111,7 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
     from fleet.jobs import cli as jobs_cli  # noqa: PLC0415 (idem)
     from fleet.training import cli as training_cli  # noqa: PLC0415 (idem)
 
-    parser = argparse.ArgumentParser(prog="edge-fleet", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="edge-fleet", description=__doc__.splitlines()[0],
+        epilog=f"model push|list and rollout talk HTTP to the fleet at --url, default "
+        f"${operator_cli.URL_ENV} (else http://127.0.0.1:{DEFAULT_PORT}), with the token of "
+        f"${ADMIN_TOKEN_ENV} or --admin-token-file. serve, device, user, token, webhook, jobs "
+        f"and db work on the database in --state-dir (default ./{DEFAULT_STATE_DIR}) or --db.")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--db", help="SQLAlchemy URL (default sqlite:///<state dir>/fleet.db)")
     common.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)

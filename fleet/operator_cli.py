@@ -57,8 +57,13 @@ class OperatorError(Exception):
 def add_commands(sub: Any) -> None:
     """Add the ``keys``, ``model`` and ``rollout`` sub-commands to the ``edge-fleet`` parser."""
     http = argparse.ArgumentParser(add_help=False)
-    http.add_argument("--url", default=os.environ.get(URL_ENV, f"http://127.0.0.1:{DEFAULT_PORT}"))
-    http.add_argument("--admin-token-file", type=Path)
+    url = os.environ.get(URL_ENV, f"http://127.0.0.1:{DEFAULT_PORT}")
+    http.add_argument("--url", default=url,
+                      help=f"the fleet's base URL (default ${URL_ENV}, else "
+                           f"http://127.0.0.1:{DEFAULT_PORT}; now {url.replace('%', '%%')})")
+    http.add_argument("--admin-token-file", type=Path,
+                      help=f"file holding the admin or a personal API token (default "
+                           f"${ADMIN_TOKEN_ENV})")
 
     keys = sub.add_parser("keys", help="Ed25519 signing keys")
     ksub = keys.add_subparsers(dest="keys_command", required=True)
@@ -70,7 +75,11 @@ def add_commands(sub: Any) -> None:
                           "'rollback' (the fleet's rollbacks on abort: serve --rollback-key); "
                           "default 'rollback' when the key id contains 'rollback'")
 
-    model = sub.add_parser("model", help="sign, push, list model packages")
+    over_http = (f"the fleet at --url (default ${URL_ENV}, else http://127.0.0.1:{DEFAULT_PORT}) "
+                 f"with --admin-token-file (default ${ADMIN_TOKEN_ENV})")
+    model = sub.add_parser("model", help="sign, push, list model packages",
+                           description="Sign and pack work on files; push and list talk to "
+                                       f"{over_http}.")
     msub = model.add_subparsers(dest="model_command", required=True)
     sign = msub.add_parser("sign", help="sign PACKAGE_DIR/manifest.json in place")
     sign.add_argument("package_dir", type=Path)
@@ -82,7 +91,8 @@ def add_commands(sub: Any) -> None:
     push.add_argument("package_dir", type=Path)
     msub.add_parser("list", parents=[http], help="table of stored packages")
 
-    ro = sub.add_parser("rollout", help="canary, promote, pause, resume, abort rollouts")
+    ro = sub.add_parser("rollout", help="canary, promote, pause, resume, abort rollouts",
+                        description=f"Staged model rollouts; every command talks to {over_http}.")
     rsub = ro.add_subparsers(dest="rollout_command", required=True)
     create = rsub.add_parser("create", parents=[http], help="start a rollout")
     create.add_argument("name")

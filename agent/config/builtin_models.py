@@ -35,6 +35,10 @@ PACKAGE_DATA_DIR = "builtin_models"
 #: every artefact is listed with its sha256 in the signed manifest, so none can be left out)
 #: is not shipped: it comes from a checkout, ``$EDGE_AGENT_MODELS_DIR`` or a fleet rollout.
 SHIPPED_IN_WHEEL = ("skab-wstat", "univariate-wstat")
+#: Every builtin package the project makes, the ones the wheel lacks included: ``edge-agent
+#: models`` lists one that is not found with :func:`how_to_get` (a wheel install lacks
+#: ``mtd-patchcore``).
+KNOWN_BUILTINS = ("mtd-patchcore", *SHIPPED_IN_WHEEL)
 
 
 def package_models_dir() -> Path | None:
@@ -108,8 +112,31 @@ def not_found_problem(path: Path) -> str | None:
     if (path / "manifest.json").is_file() or path.parent not in _roots():
         return None
     there = ", ".join(f"builtin:{n}" for n in available_builtins()) or "none"
-    return (f"no model package at {path} (builtin packages found: {there}; `edge-agent "
-            "models` lists them; docs/install.md says where the others come from)")
+    return f"no model package at {path} (builtin packages found: {there}; {how_to_get(path.name)})"
+
+
+def how_to_get(name: str) -> str:
+    """What to do about the builtin package ``name`` that this install lacks.
+
+    >>> print(how_to_get("mtd-patchcore"))  # doctest: +NORMALIZE_WHITESPACE
+    builtin:mtd-patchcore is not in the wheel: copy models/mtd-patchcore from a checkout into
+    a directory DIR and set EDGE_AGENT_MODELS_DIR=DIR, or give the package directory's path as
+    the stream's model (docs/install.md)
+    >>> print(how_to_get("mtd-patchcor"))
+    builtin:mtd-patchcor is no package this project makes: `edge-agent models` lists them
+    """
+    if name not in KNOWN_BUILTINS:
+        return f"builtin:{name} is no package this project makes: `edge-agent models` lists them"
+    where = "is not in the wheel" if name not in SHIPPED_IN_WHEEL else "is not installed here"
+    return (f"builtin:{name} {where}: copy models/{name} from a checkout into a directory DIR "
+            f"and set {MODELS_DIR_ENV}=DIR, or give the package directory's path as the "
+            "stream's model (docs/install.md)")
+
+
+def absent_builtins() -> list[str]:
+    """The names of :data:`KNOWN_BUILTINS` that no lookup directory holds, sorted."""
+    found = available_builtins()
+    return sorted(name for name in KNOWN_BUILTINS if name not in found)
 
 
 def available_builtins() -> dict[str, Path]:

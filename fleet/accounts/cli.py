@@ -4,6 +4,7 @@
 
     edge-fleet user add NAME --role viewer|operator|admin [--password-file F | --no-password]
                                   without either, the password is asked twice on the terminal
+                                  (no terminal: exit 78, use --password-file)
     edge-fleet user list
     edge-fleet user set NAME [--role R] [--password-file F | --ask-password] [--disable|--enable]
     edge-fleet token create --user NAME --role R [--label L] [--token-file F]
@@ -45,7 +46,9 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     add.add_argument("username")
     add.add_argument("--role", required=True, choices=ROLES)
     pw = add.add_mutually_exclusive_group()
-    pw.add_argument("--password-file", type=Path, help="read the password from this file")
+    pw.add_argument("--password-file", type=Path, metavar="FILE",
+                    help="read the password from FILE (a final newline is dropped); without it "
+                         "or --no-password, the password is asked twice on the terminal")
     pw.add_argument("--no-password", action="store_true",
                     help="no console login: API tokens only")
     usub.add_parser("list", parents=[common], help="table of accounts")
@@ -74,7 +77,14 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     rev.add_argument("token_id", type=int)
 
 
-def _password(path: Path | None, ask: bool) -> str | None:
+#: What a missing terminal's error says: where the password goes instead (``user set``) ...
+_FILE_HINT = " (the file holds the password; a final newline is dropped)"
+#: ... and for ``user add``, an example and the account without a password.
+_ADD_HINT = (f"{_FILE_HINT}, e.g. `edge-fleet user add NAME --role admin --password-file FILE`; "
+             "or --no-password for an account that uses API tokens only")
+
+
+def _password(path: Path | None, ask: bool, hint: str = _FILE_HINT) -> str | None:
     if path is not None:
         try:
             return path.read_text(encoding="utf-8").rstrip("\r\n")
@@ -83,7 +93,7 @@ def _password(path: Path | None, ask: bool) -> str | None:
     if not ask:
         return None
     if not sys.stdin.isatty():
-        raise ConfigError("no terminal to ask the password: use --password-file")
+        raise ConfigError(f"no terminal to ask the password: use --password-file FILE{hint}")
     first = getpass.getpass("password: ")
     if first != getpass.getpass("again: "):
         raise ConfigError("the passwords differ")
@@ -109,7 +119,7 @@ def run(args: argparse.Namespace, engine: Engine, session_ttl_s: float) -> int:
     if args.command == "user":
         if args.user_command == "add":
             role: Role = parse_role(args.role)
-            password = _password(args.password_file, not args.no_password)
+            password = _password(args.password_file, not args.no_password, _ADD_HINT)
             users.add(args.username, role, password)
             audit.record(actor, "cli", "user.create", args.username, None, {"role": role})
             print(f"user {args.username} ({role}) created")

@@ -3,6 +3,7 @@ act over the API with the roles they were given; every change is in the audit lo
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import signal
@@ -115,3 +116,21 @@ def test_serve_without_the_bootstrap_token(tmp_path: Path) -> None:
             proc.kill()
             proc.wait()
     assert "Traceback" not in log.read_text()
+
+
+def test_user_add_without_a_terminal_says_to_use_a_password_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The first admin from a script or CI: no prompt to hang on, the way to do it instead."""
+    common = ["--db", f"sqlite:///{tmp_path / 'fleet.db'}", "--state-dir", str(tmp_path)]
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # not a terminal
+    assert main(["user", "add", "me", "--role", "admin", *common]) == EX_CONFIG
+    err = capsys.readouterr().err
+    assert err == (
+        "edge-fleet: configuration error: no terminal to ask the password: use --password-file "
+        "FILE (the file holds the password; a final newline is dropped), e.g. `edge-fleet user "
+        "add NAME --role admin --password-file FILE`; or --no-password for an account that uses "
+        "API tokens only\n")
+    assert main(["user", "list", *common]) == 0
+    assert "me" not in capsys.readouterr().out.split()  # nothing created
+

@@ -19,6 +19,7 @@ import requests
 from sqlalchemy import Engine
 
 from cloud_sync.package import pack
+from fleet.cli import main as fleet_main
 from fleet.settings import Settings
 from tests.fleet.conftest import wait_healthy
 from tests.fleet.model_pkg import SHIPPED
@@ -137,3 +138,12 @@ def test_model_pack_writes_the_archive_push_sends(tmp_path: Path) -> None:
     broken = tmp_path / "broken"
     broken.mkdir()
     assert cli("model", "pack", broken, "--out", tmp_path / "x.tar.gz", ok=False).returncode == 78
+
+
+def test_fleet_url_variable_is_in_the_help(capsys: pytest.CaptureFixture[str]) -> None:
+    """The operator commands that speak HTTP say where they go and how to change it."""
+    for argv in (["--help"], ["model", "--help"], ["model", "push", "--help"],
+                 ["rollout", "--help"], ["rollout", "create", "--help"]):
+        with pytest.raises(SystemExit):
+            fleet_main(argv)
+        assert "$EDGE_FLEET_URL" in " ".join(capsys.readouterr().out.split()), argv

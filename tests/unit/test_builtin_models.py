@@ -83,6 +83,27 @@ def test_models_command(roots: tuple[Path, Path], capsys: pytest.CaptureFixture[
     assert lines[0].startswith("builtin:bad  unreadable manifest (")
     assert lines[0].endswith(str(checkout / "bad"))
     assert lines[1] == f"builtin:m  version 3  sensor  {wheel / 'm'}"
+    assert lines[2].startswith("builtin:mtd-patchcore  not found: builtin:mtd-patchcore is not in "
+                               "the wheel: copy models/mtd-patchcore from a checkout")
+    assert f"set {MODELS_DIR_ENV}=DIR" in lines[2]
+
+
+def test_models_command_lists_the_image_model_a_wheel_lacks(
+        roots: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """A wheel install: the shipped packages found, mtd-patchcore named with how to get it."""
+    checkout, wheel = roots
+    checkout.rmdir()
+    for name in builtin_models.SHIPPED_IN_WHEEL:
+        _package(wheel, name)
+    assert cli.main(["models"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == [
+        "builtin:skab-wstat", "builtin:univariate-wstat", "builtin:mtd-patchcore"]
+    assert lines[-1] == (
+        "builtin:mtd-patchcore  not found: builtin:mtd-patchcore is not in the wheel: copy "
+        "models/mtd-patchcore from a checkout into a directory DIR and set "
+        "EDGE_AGENT_MODELS_DIR=DIR, or give the package directory's path as the stream's model "
+        "(docs/install.md)")
 
 
 def test_available_builtins_lists_both(roots: tuple[Path, Path]) -> None:
@@ -111,8 +132,14 @@ def test_missing_builtin_names_the_packages_there(roots: tuple[Path, Path], tmp_
         "source": {"kind": "camera", "folder": str(tmp_path)}}]}).resolved(tmp_path)
     assert preflight(config) == [
         f"streams[0].model: no model package at {wheel / 'mtd-patchcore'} (builtin packages "
-        "found: builtin:skab-wstat; `edge-agent models` lists them; docs/install.md says where "
-        "the others come from)"
+        "found: builtin:skab-wstat; builtin:mtd-patchcore is not in the wheel: copy "
+        "models/mtd-patchcore from a checkout into a directory DIR and set "
+        "EDGE_AGENT_MODELS_DIR=DIR, or give the package directory's path as the stream's model "
+        "(docs/install.md))"
     ]
+    assert not_found_problem(wheel / "mtd-patchcor") == (
+        f"no model package at {wheel / 'mtd-patchcor'} (builtin packages found: "
+        "builtin:skab-wstat; builtin:mtd-patchcor is no package this project makes: "
+        "`edge-agent models` lists them)")
     assert not_found_problem(wheel / "skab-wstat") is None
     assert not_found_problem(tmp_path / "elsewhere") is None  # a path model: the loader's error

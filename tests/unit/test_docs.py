@@ -112,6 +112,15 @@ def test_the_readme_is_short_and_keeps_its_two_set_up_commands() -> None:
     assert "python3 -m pytest" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
 
 
+def test_the_readme_answers_what_a_wheel_user_asks_first() -> None:
+    """Build the wheel, reach its commands, get the image model, log in, pick the fleet URL."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    for words in ("python3 -m pip wheel --no-deps -w dist .", "~/ea/bin/activate",
+                  "~/ea/bin/edge-agent", "EDGE_AGENT_MODELS_DIR=", "EDGE_FLEET_URL",
+                  "edge-fleet user add me --role admin", "--password-file", "/console/"):
+        assert words in text, words
+
+
 def test_the_checks_catch_what_they_look_for(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
     page.write_text("# Title\n\n## A heading: `x`\n\n[ok](#a-heading-x) [bad](missing.md) "
