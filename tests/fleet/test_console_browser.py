@@ -231,8 +231,8 @@ def browser() -> Iterator[Any]:
             b.close()
 
 
-def _shot(page: Any, fleet: Fleet, name: str) -> None:
-    path = fleet.shots / f"{name}.png"
+def _shot(page: Any, fleet: Fleet | Path, name: str) -> None:
+    path = (fleet if isinstance(fleet, Path) else fleet.shots) / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
     print(f"screenshot: {path}")
 
@@ -663,3 +663,63 @@ health_interval_s = 1
                 agent.wait(10)
         log = err.read_text(errors="replace")
         assert "Traceback" not in log, log[-3000:]
+
+
+def test_an_aborted_rollouts_page_follows_the_rollback(browser: Any, tmp_path: Path) -> None:
+    """With ``--rollback-key``, aborting a rollout a device runs sends it back: the page says
+    where it goes and, left open, refreshes until the device reports the rollback."""
+    key, trusted = make_keys(tmp_path / "keys")
+    _cli("keys", "generate", "--out", tmp_path / "rb", "--key-id", "fleet-rollback",
+         "--role", "rollback")
+    with _serving(tmp_path, "--trusted-keys", str(trusted),
+                  "--rollback-key", str(tmp_path / "rb" / "fleet-rollback.key")) as served:
+        r = requests.post(f"{served.base}/v1/devices", json={"device_id": "gw1"},
+                          headers=served.admin, timeout=10)
+        assert r.status_code == 201, r.text
+        device = FleetClient(served.base, r.json()["token"])
+        for version in (7, 8):
+            r = requests.post(f"{served.base}/v1/models", data=archive(tmp_path, version, key),
+                              headers={**served.admin, "Content-Type": "application/gzip"},
+                              timeout=30)
+            assert r.status_code == 201, r.text
+
+        def report(version: int, state: str, rollout_id: int | None = None) -> None:
+            device.report_status(ModelStatusReport(
+                device_id="gw1", stream="pump1", name="skab-wstat", version=version,
+                rollout_id=rollout_id, state=state, at=time.time()))  # type: ignore[arg-type]
+
+        report(7, "active")
+        r = requests.post(f"{served.base}/v1/rollouts", headers=served.admin, timeout=10,
+                          json={"name": "skab-wstat", "version": 8, "devices": ["gw1"]})
+        assert r.status_code == 201, r.text
+        rollout = r.json()["id"]
+        report(8, "active", rollout)
+
+        op = _login(browser, served, "otto")
+        op.goto(f"{served.base}/console/#/rollout/{rollout}")
+        expect(op.locator("#rollout-devices")).to_contain_text("active (@8)")
+        dialogs: list[str] = []
+
+        def accept(dialog: Any) -> None:
+            dialogs.append(dialog.message)
+            dialog.accept()
+
+        op.once("dialog", accept)
+        op.click("#rollout-abort")
+        expect(op.locator("#rollout-state")).to_have_text("aborted")
+        assert "(gw1) are sent back" in dialogs[0], dialogs
+        expect(op.locator("#flash")).to_contain_text("gw1 goes back to skab-wstat@7")
+        expect(op.locator("#rollout-rolling-back")).to_contain_text(
+            "gw1 to skab-wstat@7 (active (@8))")
+        _shot(op, tmp_path, "rollout-rolling-back")
+        # the device takes the signed rollback and reports it; the page left open follows
+        assigned = device.assignment("pump1")
+        assert assigned is not None and assigned.version == 7
+        report(7, "shadow", rollout)
+        expect(op.locator("#rollout-rolling-back")).to_contain_text("(shadow (@7))",
+                                                                    timeout=30_000)
+        report(7, "rolled_back", rollout)
+        expect(op.locator("#rollout-devices")).to_contain_text("rolled_back (@7)",
+                                                               timeout=30_000)
+        expect(op.locator("#rollout-rolling-back")).to_have_count(0)
+        device.close()
