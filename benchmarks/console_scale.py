@@ -9,7 +9,10 @@ after it, then ``VACUUM ANALYZE``, as a bulk load is done):
 * ``--rows`` aggregates: ``--streams`` streams per device, one aggregate every ``--interval-s``
   seconds (default 300 s: 10,000 per stream is 35 days), time-ordered across devices as an
   ingesting fleet writes them;
-* ``--alerts`` alerts spread over the devices and the same time span, one in ten acknowledged.
+* ``--alerts`` alerts spread over the devices and the same time span, one in ten acknowledged;
+* ``--models`` versions of one package in the registry (a 4 KiB archive each), ``--rollouts``
+  rollouts of them (each to one ``line=<k>`` tag, every tenth to every device, with a
+  per-device row each, most ``active``) and ``--audit`` audit log entries over the same span.
 
 Then it times the routes the console (``fleet/console/static/app.js``) calls, with the
 console's query parameters, through the fleet's HTTP routes (the app in process, over ASGI, so
@@ -24,14 +27,24 @@ data end at a fixed time, so "now" in the console's parameters is that time:
   console's four zoom ranges (default ``points``: 500);
 * alerts page: ``alerts`` = ``GET /v1/alerts?limit=500``, ``alerts_device``, ``alerts_tag``,
   ``alerts_week`` (``since`` = now - 7 d), ``alerts_unacked`` (``acked=false``), each
-  ``limit=500``.
+  ``limit=500``;
+* device page, the two requests before the plot: ``device_one`` = ``GET /v1/devices?device=``
+  (the device's own state and health), ``series_ahead`` = the ``newestAfter`` probe
+  ``GET /v1/devices/{id}/series?stream=&since=now&until=now+366d&points=2000`` (whether a
+  score is later than now);
+* rollouts page: ``rollouts`` = ``GET /v1/rollouts`` (with the registry's ``GET /v1/models``,
+  timed as ``models``), rollout page: ``rollout`` = ``GET /v1/rollouts/{id}`` of a random one;
+* registry page: ``models`` and ``models_running``;
+* audit page: ``audit`` = ``GET /v1/audit?limit=100``, ``audit_action`` (``action=`` one of the
+  actions), ``audit_actor`` (``actor=``), ``audit_older`` (``before=`` a random entry id).
 
 Prints p50/p99 per route (milliseconds); the last line is
 ``devices=<n> rows=<n> p99_ms_max=<ms>``. The 10 M load takes minutes on two cores: run it
 once, under ``nice``; ``--rows 200000`` is a quick run::
 
     nice -n 10 python benchmarks/console_scale.py [--devices 1000] [--rows 10000000]
-        [--streams 1] [--interval-s 300] [--alerts 100000] [--repeat 50]
+        [--streams 1] [--interval-s 300] [--alerts 100000] [--models 20]
+        [--rollouts 100] [--audit 100000] [--repeat 50]
         [--pg "host=127.0.0.1 port=5432 user=postgres dbname=test"] [--keep] [--reuse DB]
 
 ``--keep`` keeps the loaded database (its name is printed) and ``--reuse DB`` measures again on
@@ -44,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import hashlib
 import json
 import random
 import secrets
@@ -177,9 +191,84 @@ def load(dsn: str, args: argparse.Namespace) -> None:
                        f"{now}\t\\N\n" for k in range(0, args.alerts, 10))
         _copy(conn, "COPY alert_acks (alert_id, acked_by, acked_at, note) FROM STDIN",
               iter([acks]), len(range(0, args.alerts, 10)), "acks")
+        load_registry(conn, args)
         t0 = time.perf_counter()
         conn.execute("VACUUM ANALYZE")
         print(f"vacuum analyze: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+
+
+#: COPY's NULL.
+NULL = "\\N"
+#: Audit actions the generated log uses (``audit_action`` filters by one of them).
+AUDIT_ACTIONS = ("alert.ack", "rollout.create", "rollout.promote", "rollout.abort",
+                 "model.push", "session.login", "device.tag")
+#: Operators the generated log names (``audit_actor`` filters by one of them).
+ACTORS = ("ada", "otto", "olga", "oscar", "vera")
+
+
+def load_registry(conn: psycopg.Connection[Any], args: argparse.Namespace) -> None:
+    """Packages, rollouts (with their per-device rows) and the audit log (module docstring)."""
+    devices = _devices(args.devices)
+    span = max(1, args.rows // (args.devices * args.streams)) * args.interval_s
+    start = END.timestamp() - span
+    rng = random.Random(13)
+    blob = bytes(rng.randrange(256) for _ in range(4096))
+    with conn.cursor() as cur:
+        for v in range(1, args.models + 1):
+            at = _ts(start + span * v / (args.models + 1))
+            manifest = json.dumps({"name": "skab-wstat", "version": v,
+                                   "description": f"SKAB pump model, retrained #{v}"})
+            cur.execute(
+                "INSERT INTO models (name, version, archive, archive_sha256, size, manifest, "
+                "key_id, uploaded_at, uploaded_by) VALUES ('skab-wstat', %s, %s, %s, %s, %s, "
+                "'ops', %s, 'otto')",
+                (v, blob, hashlib.sha256(blob + bytes([v % 256])).hexdigest(), len(blob),
+                 manifest, at))
+    states = ("aborted", "promoted", "halted", "promoted", "canary", "paused")
+    rollout_rows, member_rows = [], []
+    for r in range(1, args.rollouts + 1):
+        version = 1 + r % args.models
+        at = _ts(start + span * r / (args.rollouts + 1))
+        everyone = r % 10 == 0
+        tag = None if everyone else f"line={r % 20}"
+        targets = devices if everyone else [d for i, d in enumerate(devices) if i % 20 == r % 20]
+        state = states[r % len(states)]
+        reason = NULL if state != "halted" else "2 devices failed (halt after 2)"
+        target_devices = json.dumps([] if tag else targets)
+        rollout_rows.append(f"{r}\tskab-wstat\t{version}\t{tag or NULL}\t{target_devices}\t"
+                            f"{NULL}\t10\t2\t{state}\t{NULL}\t{reason}\t{at}\t{at}\n")
+        for k, d in enumerate(targets):
+            dstate = "active" if k % 13 else "rejected"
+            why = NULL if dstate == "active" else "self-test failed: score 3.1 over 2.0"
+            member_rows.append(f"{r}\t{d}\t{'t' if k % 10 == 0 else 'f'}\tt\t{version - 1 or 1}"
+                               f"\t{dstate}\t{why}\t{at}\t{at}\n")
+    _copy(conn, "COPY rollouts (id, model_name, model_version, target_tag, target_devices, "
+          "stream, canary_percent, halt_after_failures, state, resume_state, reason, "
+          "created_at, updated_at) FROM STDIN", iter(["".join(rollout_rows)]), len(rollout_rows),
+          "rollouts")
+    conn.execute("SELECT setval(pg_get_serial_sequence('rollouts', 'id'), %s)",
+                 (max(1, args.rollouts),))
+    _copy(conn, "COPY rollout_devices (rollout_id, device_id, canary, assigned, "
+          "previous_version, state, reason, reported_at, updated_at) FROM STDIN",
+          iter(["".join(member_rows)]), len(member_rows), "rollout devices")
+
+    def audit_chunks() -> Iterator[str]:
+        lines = []
+        for k in range(args.audit):
+            at = _ts(start + span * k / max(1, args.audit))
+            action = AUDIT_ACTIONS[k % len(AUDIT_ACTIONS)]
+            target = devices[k % len(devices)] if action in ("alert.ack", "device.tag") else str(k)
+            lines.append(f"{k + 1}\t{at}\t{ACTORS[k % len(ACTORS)]}\tsession\t{action}\t"
+                         f"{target}\t10.0.{k % 250}.{k % 199}\t{{}}\n")
+            if len(lines) == 10_000:
+                yield "".join(lines)
+                lines = []
+        yield "".join(lines)
+
+    _copy(conn, "COPY audit_log (id, at, actor, via, action, target, address, detail) "
+          "FROM STDIN", audit_chunks(), args.audit, "audit")
+    conn.execute("SELECT setval(pg_get_serial_sequence('audit_log', 'id'), %s)",
+                 (max(1, args.audit),))
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -210,12 +299,15 @@ def measure(url: str, args: argparse.Namespace) -> float:
                     f"&until={float(end)}")
 
         week_ago = float(end - 7 * day)
+        ahead = (f"&since={float(end)}&until={float(end + 366 * day)}&points=2000")
         queries: dict[str, Any] = {
             "devices": lambda: "/v1/devices",
             "models_running": lambda: "/v1/models/running",
             "streams": lambda: f"/v1/devices/{device()}/streams",
             "device_alerts": lambda: f"/v1/alerts?device={device()}&limit=50",
             "device_models": lambda: f"/v1/devices/{device()}/models?limit=50",
+            "device_one": lambda: f"/v1/devices?device={device()}",
+            "series_ahead": lambda: f"/v1/devices/{device()}/series?stream=s0{ahead}",
             "series_6h": lambda: series(6),
             "series_24h": lambda: series(24),
             "series_7d": lambda: series(7 * 24),
@@ -225,6 +317,13 @@ def measure(url: str, args: argparse.Namespace) -> float:
             "alerts_tag": lambda: f"/v1/alerts?tag=line%3D{rng.randrange(20)}&limit=500",
             "alerts_week": lambda: f"/v1/alerts?since={week_ago}&limit=500",
             "alerts_unacked": lambda: "/v1/alerts?acked=false&limit=500",
+            "rollouts": lambda: "/v1/rollouts",
+            "rollout": lambda: f"/v1/rollouts/{rng.randrange(1, args.rollouts + 1)}",
+            "models": lambda: "/v1/models",
+            "audit": lambda: "/v1/audit?limit=100",
+            "audit_action": lambda: f"/v1/audit?limit=100&action={rng.choice(AUDIT_ACTIONS)}",
+            "audit_actor": lambda: f"/v1/audit?limit=100&actor={rng.choice(ACTORS)}",
+            "audit_older": lambda: f"/v1/audit?limit=100&before={rng.randrange(2, args.audit + 2)}",
         }
         worst = 0.0
         with TestClient(create_app(settings, engine)) as client:
@@ -255,6 +354,9 @@ def main() -> int:
     parser.add_argument("--streams", type=int, default=1)
     parser.add_argument("--interval-s", type=float, default=300.0)
     parser.add_argument("--alerts", type=int, default=100_000)
+    parser.add_argument("--models", type=int, default=20)
+    parser.add_argument("--rollouts", type=int, default=100)
+    parser.add_argument("--audit", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=50)
     parser.add_argument("--pg", default="host=127.0.0.1 port=5432 user=postgres dbname=test")
     parser.add_argument("--keep", action="store_true", help="keep the database")

@@ -398,8 +398,9 @@ def _serve(args: argparse.Namespace) -> int:
     engine = make_engine(settings)
     migrate.upgrade(engine)
     scheme = "https" if "ssl_certfile" in options else "http"
-    _log.info("edge-fleet on %s://%s:%d, database %s, %d worker(s)", scheme, args.host,
-              args.port, engine.url.render_as_string(hide_password=True), args.workers)
+    _log.info("edge-fleet on %s://%s:%d (console: %s://%s:%d/console/), database %s, "
+              "%d worker(s)", scheme, args.host, args.port, scheme, args.host, args.port,
+              engine.url.render_as_string(hide_password=True), args.workers)
     conn_guard.configure(settings.request_timeout_s)
     if scheme == "http" and not _loopback(args.host):
         _log.warning("serving plain HTTP on %s: tokens cross the network in clear; use "

@@ -1,4 +1,5 @@
-"""``GET /console/`` and its assets: the console's page, script, style sheet and icon.
+"""``GET /console/`` and its assets: the console's page, script, style sheet and icon (``GET /``
+redirects to the console).
 
 The files (``fleet/console/static``) are read once at import and served from memory. They carry
 no data: the script asks the JSON API with the session cookie (:mod:`fleet.api.accounts`), so
@@ -34,6 +35,12 @@ def security_headers(cache: str) -> dict[str, str]:
     """Headers of every console answer."""
     return {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
             "X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer", "Cache-Control": cache}
+
+
+@router.get("/")
+def root_redirect() -> RedirectResponse:
+    """The fleet's bare address (what a person types first) opens the console."""
+    return RedirectResponse("/console/", status_code=307)
 
 
 @router.get("/console")

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -173,15 +173,21 @@ class RolloutService:
         return _out(row, members, with_devices, versions, self._signer is not None)
 
     def list(self) -> list[RolloutOut]:
-        """Every rollout, newest first, without per-device rows."""
+        """Every rollout, newest first, without per-device rows: their states are counted in
+        the database (a row per rollout and state, not one per device: 100 rollouts over a
+        1,000-device fleet are tens of thousands of device rows)."""
+        state = func.coalesce(rollout_devices.c.state, "none")
         with self._engine.connect() as conn:
             rows = conn.execute(select(rollouts).order_by(rollouts.c.id.desc())).all()
-            members = conn.execute(select(rollout_devices)).all()
-        by_rollout: dict[int, list[Any]] = {}
-        for m in members:
-            by_rollout.setdefault(int(m.rollout_id), []).append(m)
+            counted = conn.execute(
+                select(rollout_devices.c.rollout_id, state, func.count())
+                .group_by(rollout_devices.c.rollout_id, state)
+            ).all()
+        counts: dict[int, dict[str, int]] = {}
+        for rollout_id, device_state, n in counted:
+            counts.setdefault(int(rollout_id), {})[str(device_state)] = int(n)
         can = self._signer is not None
-        return [_out(r, by_rollout.get(int(r.id), []), False, None, can) for r in rows]
+        return [_out(r, (), False, None, can, counts.get(int(r.id), {})) for r in rows]
 
     def act(
         self, rollout_id: int, action: Action, expected_state: RolloutState | None = None
@@ -420,10 +426,13 @@ def _reported_versions(conn: Connection, ro: Any, device_ids: Sequence[str]) -> 
 
 def _out(
     row: Any, members: Sequence[Any], with_devices: bool, versions: dict[str, int] | None = None,
-    can_roll_back: bool = False,
+    can_roll_back: bool = False, counts: Mapping[str, int] | None = None,
 ) -> RolloutOut:
+    """``counts``: devices per state when the caller counted them (``members`` is then
+    empty); by default counted from ``members``."""
     versions = versions or {}
-    counts = Counter(m.state or "none" for m in members)
+    if counts is None:
+        counts = Counter(m.state or "none" for m in members)
     return RolloutOut(
         id=int(row.id), name=row.model_name, version=int(row.model_version),
         target_tag=row.target_tag, target_devices=list(row.target_devices), stream=row.stream,

@@ -11,14 +11,17 @@ tests/fleet/test_console_data.py and test_accounts.py).
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -152,22 +155,31 @@ def _feed(base: str, admin: dict[str, str], tmp: Path, key: Path) -> dict[str, s
     return tokens
 
 
-@pytest.fixture
-def fleet(tmp_path: Path) -> Iterator[Fleet]:
+@dataclass
+class Served:
+    """A running ``edge-fleet serve``: its URL, database URL, state dir and admin header."""
+
+    base: str
+    db: str
+    state: Path
+    admin: dict[str, str]
+
+
+@contextmanager
+def _serving(tmp_path: Path, *serve_args: str) -> Iterator[Served]:
+    """``edge-fleet serve`` on a free port and a SQLite file in ``tmp_path``, with the users
+    vera (viewer), otto (operator) and ada (admin) added by ``edge-fleet user add``."""
     port = _free_port()
     state = tmp_path / "state"
     db = f"sqlite:///{tmp_path / 'fleet.db'}"
-    key, trusted = make_keys(tmp_path / "keys")
     log = tmp_path / "serve.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [*CMD, "serve", "--db", db, "--port", str(port), "--state-dir", str(state),
-             "--trusted-keys", str(trusted), "--webhook-max-attempts", "2",
-             "--webhook-backoff", "0.2"],
+             *serve_args],
             stdout=out, stderr=subprocess.STDOUT, env=ENV,
         )
     base = f"http://127.0.0.1:{port}"
-    receiver = Receiver(status=500).start()
     try:
         wait_healthy(base, proc, log, 60)
         admin = {"Authorization": f"Bearer {(state / 'admin.token').read_text().strip()}"}
@@ -176,15 +188,8 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
         for name, role in (("vera", "viewer"), ("otto", "operator"), ("ada", "admin")):
             _cli("user", "add", name, "--role", role, "--password-file", pw, "--db", db,
                  "--state-dir", state)
-        tokens = _feed(base, admin, tmp_path, key)
-        shots = tmp_path / "screenshots"
-        shots.mkdir()
-        v8 = tmp_path / "skab-wstat-8.tar.gz"
-        v8.write_bytes(archive(tmp_path, 8, key))
-        yield Fleet(base=base, admin=admin, tokens=tokens, shots=shots, archive_v8=v8,
-                    receiver=receiver)
+        yield Served(base=base, db=db, state=state, admin=admin)
     finally:
-        receiver.stop()
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=15)
@@ -192,6 +197,25 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
             proc.kill()
             proc.wait()
     assert "Traceback" not in log.read_text()
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[Fleet]:
+    key, trusted = make_keys(tmp_path / "keys")
+    receiver = Receiver(status=500).start()
+    try:
+        with _serving(tmp_path, "--trusted-keys", str(trusted), "--webhook-max-attempts", "2",
+                      "--webhook-backoff", "0.2") as served:
+            base, admin = served.base, served.admin
+            tokens = _feed(base, admin, tmp_path, key)
+            shots = tmp_path / "screenshots"
+            shots.mkdir()
+            v8 = tmp_path / "skab-wstat-8.tar.gz"
+            v8.write_bytes(archive(tmp_path, 8, key))
+            yield Fleet(base=base, admin=admin, tokens=tokens, shots=shots, archive_v8=v8,
+                        receiver=receiver)
+    finally:
+        receiver.stop()
 
 
 @pytest.fixture
@@ -207,13 +231,13 @@ def browser() -> Iterator[Any]:
             b.close()
 
 
-def _shot(page: Any, fleet: Fleet, name: str) -> None:
-    path = fleet.shots / f"{name}.png"
+def _shot(page: Any, fleet: Fleet | Path, name: str) -> None:
+    path = (fleet if isinstance(fleet, Path) else fleet.shots) / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
     print(f"screenshot: {path}")
 
 
-def _login(browser: Any, fleet: Fleet, user: str) -> Any:
+def _login(browser: Any, fleet: Fleet | Served, user: str) -> Any:
     page = browser.new_context().new_page()
     page.set_default_timeout(30_000)
     page.goto(f"{fleet.base}/console/")
@@ -485,3 +509,217 @@ def test_admin_sees_dead_letters_and_redelivers_others_do_not(
     expect(page.locator("#deliveries tbody tr.empty")).to_have_text("nothing yet")
     page.goto(f"{fleet.base}/console/#/audit?action=webhook.redeliver")
     expect(page.locator("#audit tbody tr")).to_contain_text("ada")
+
+
+def _agent_command() -> list[str]:
+    exe = shutil.which("edge-agent")
+    return [exe] if exe else [sys.executable, "-m", "agent.cli"]
+
+
+def _sqlite_rows(path: Path, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    """Rows of ``sql`` on the SQLite file ``path``, read-only ([] while it does not exist)."""
+    if not path.exists():
+        return []
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+    try:
+        return list(conn.execute(sql, params))
+    finally:
+        conn.close()
+
+
+#: Distinct intervals of one stream's aggregates, and those with a score (a point of the plot:
+#: the series merges an interval's parts, max of their max_score, and draws non-null ones).
+_INTERVALS = ("SELECT COUNT(DISTINCT interval_start), COUNT(DISTINCT CASE WHEN max_score IS "
+              "NOT NULL THEN interval_start END), MIN(interval_start), MAX(interval_start) "
+              "FROM aggregates WHERE device_id = ? AND stream = ?")
+
+
+def test_console_shows_a_device_fed_by_a_real_agent(browser: Any, tmp_path: Path) -> None:
+    """A real ``edge-agent run`` (a simulated pump with a fault, as fast as it goes, and a
+    real-time second stream that keeps it running) enrolled with ``edge-fleet device add
+    --token-file`` uploads aggregates, alerts and health reports to a real ``edge-fleet
+    serve``; the viewer sees it online with the agent's version, its alerts, and a plot of as
+    many points as the fleet holds scored intervals of the stream."""
+    from agent import __version__  # noqa: PLC0415
+
+    device = "gw7"
+    with _serving(tmp_path) as served:
+        token_file = tmp_path / "gw7.token"
+        _cli("device", "add", device, "--tag", "line=2", "--token-file", token_file,
+             "--db", served.db, "--state-dir", served.state)
+        agent_state = tmp_path / "agent-state"
+        config = tmp_path / "agent.toml"
+        config.write_text(f"""
+[agent]
+device_id = "{device}"
+state_dir = "{agent_state}"
+console_alerts = false
+
+[[streams]]
+name = "pump1"
+model = "builtin:skab-wstat"
+[streams.source]
+kind = "simulator"
+speed = 0                 # 30 minutes of pump readings as fast as the agent scores them
+duration_s = 1800
+[[streams.source.faults]]
+kind = "offset"
+channel = "Volume Flow RateRMS"
+start_s = 600.0
+duration_s = 180.0
+magnitude = -15.0
+
+[[streams]]
+name = "yard"             # real time: keeps the agent (and its health reports) running
+model = "builtin:skab-wstat"
+[streams.source]
+kind = "simulator"
+speed = 1
+
+[fleet]
+enabled = true
+url = "{served.base}"
+token_file = "{token_file}"
+interval_s = 0.5
+health_interval_s = 1
+""")
+        env = {k: v for k, v in ENV.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC")}
+        err = tmp_path / "agent.stderr"
+        with err.open("wb") as fh:
+            agent = subprocess.Popen([*_agent_command(), "run", "--config", str(config)],
+                                     stdout=subprocess.DEVNULL, stderr=fh, env=env,
+                                     cwd=tmp_path)
+        fleet_db = tmp_path / "fleet.db"
+        try:
+            def listed() -> dict[str, Any]:
+                got = requests.get(f"{served.base}/v1/devices?device={device}",
+                                   headers=served.admin, timeout=10).json()["devices"]
+                return dict(got[0])
+
+            def everything_uploaded() -> bool:
+                assert agent.poll() is None, err.read_text(errors="replace")[-3000:]
+                d = listed()
+                pump = [s for s in ((d["health"] or {}).get("streams") or [])
+                        if s["stream"] == "pump1"]
+                if d["state"] != "online" or not pump or "exhausted" not in (
+                        pump[0]["reason"] or ""):
+                    return False  # the pump's simulation has not ended yet
+                mine = _sqlite_rows(agent_state / "agent.db",
+                                    "SELECT COUNT(DISTINCT interval_start), "
+                                    "SUM(uploaded_at IS NULL) FROM aggregates WHERE stream = ?",
+                                    "pump1")
+                if not mine or not mine[0][0] or mine[0][1]:
+                    return False  # none yet, or some not acknowledged by the fleet
+                held = _sqlite_rows(fleet_db, _INTERVALS, device, "pump1")
+                return bool(held) and held[0][0] == mine[0][0]
+
+            wait_for(everything_uploaded, "the agent's pump1 aggregates in the fleet", 240)
+            intervals, scored, oldest, newest = _sqlite_rows(fleet_db, _INTERVALS, device,
+                                                             "pump1")[0]
+            # scored intervals only: the first ones, while the model calibrates, have no score
+            assert 0 < scored < intervals, (scored, intervals)
+            # all of them inside the plot's 24 h range (it ends at the newest score)
+            span = (dt.datetime.fromisoformat(newest) - dt.datetime.fromisoformat(oldest))
+            assert span < dt.timedelta(hours=23), (oldest, newest)
+            alerts = wait_for(lambda: requests.get(
+                f"{served.base}/v1/alerts?device={device}", headers=served.admin,
+                timeout=10).json()["items"], "the agent's alerts in the fleet", 60)
+            episodes = sorted({a["episode_id"] for a in alerts})
+            assert {a["stream"] for a in alerts} == {"pump1"}
+            assert "raised" in {a["event"] for a in alerts}
+            health = listed()["health"]
+
+            page = _login(browser, served, "vera")
+            assert _device_ids(page) == [device]
+            cells = page.locator("#devices tbody tr").first.locator("td").all_text_contents()
+            assert "online" in cells[1], cells
+            assert cells[2].startswith(health["status"]), (cells, health)
+            assert cells[4] == __version__ and "line=2" in cells[7], cells
+            page.screenshot(path=str(tmp_path / "agent-devices.png"), full_page=True)
+
+            page.click(f"#devices a.device-link >> text={device}")
+            page.wait_for_selector("#score-plot")
+            assert page.get_attribute("#score-plot", "data-points") == str(scored)
+            assert page.locator("#score-plot polyline.threshold").count() == 1
+            # 30 simulated minutes from the agent's start: the newest score is ahead of now
+            expect(page.locator("#plot-ahead")).to_contain_text("later than now")
+            own = page.locator("#device-health tbody td").all_text_contents()
+            assert "online" in own[0] and own[4] == __version__, own
+            rows = page.locator("#alerts tbody tr")
+            assert sorted({r.get_attribute("data-episode") for r in rows.all()}) == episodes
+            assert rows.count() == len(alerts)
+            assert "pump1" in (page.text_content("#alerts") or "")
+            page.screenshot(path=str(tmp_path / "agent-device.png"), full_page=True)
+            print(f"screenshots: {tmp_path}/agent-*.png")
+            # the fleet still holds what the plot drew (the pump's input has ended)
+            assert _sqlite_rows(fleet_db, _INTERVALS, device, "pump1")[0][1] == scored
+            page.context.close()
+
+            agent.send_signal(signal.SIGTERM)
+            assert agent.wait(60) == 0, err.read_text(errors="replace")[-3000:]
+        finally:
+            if agent.poll() is None:
+                agent.kill()
+                agent.wait(10)
+        log = err.read_text(errors="replace")
+        assert "Traceback" not in log, log[-3000:]
+
+
+def test_an_aborted_rollouts_page_follows_the_rollback(browser: Any, tmp_path: Path) -> None:
+    """With ``--rollback-key``, aborting a rollout a device runs sends it back: the page says
+    where it goes and, left open, refreshes until the device reports the rollback."""
+    key, trusted = make_keys(tmp_path / "keys")
+    _cli("keys", "generate", "--out", tmp_path / "rb", "--key-id", "fleet-rollback",
+         "--role", "rollback")
+    with _serving(tmp_path, "--trusted-keys", str(trusted),
+                  "--rollback-key", str(tmp_path / "rb" / "fleet-rollback.key")) as served:
+        r = requests.post(f"{served.base}/v1/devices", json={"device_id": "gw1"},
+                          headers=served.admin, timeout=10)
+        assert r.status_code == 201, r.text
+        device = FleetClient(served.base, r.json()["token"])
+        for version in (7, 8):
+            r = requests.post(f"{served.base}/v1/models", data=archive(tmp_path, version, key),
+                              headers={**served.admin, "Content-Type": "application/gzip"},
+                              timeout=30)
+            assert r.status_code == 201, r.text
+
+        def report(version: int, state: str, rollout_id: int | None = None) -> None:
+            device.report_status(ModelStatusReport(
+                device_id="gw1", stream="pump1", name="skab-wstat", version=version,
+                rollout_id=rollout_id, state=state, at=time.time()))  # type: ignore[arg-type]
+
+        report(7, "active")
+        r = requests.post(f"{served.base}/v1/rollouts", headers=served.admin, timeout=10,
+                          json={"name": "skab-wstat", "version": 8, "devices": ["gw1"]})
+        assert r.status_code == 201, r.text
+        rollout = r.json()["id"]
+        report(8, "active", rollout)
+
+        op = _login(browser, served, "otto")
+        op.goto(f"{served.base}/console/#/rollout/{rollout}")
+        expect(op.locator("#rollout-devices")).to_contain_text("active (@8)")
+        dialogs: list[str] = []
+
+        def accept(dialog: Any) -> None:
+            dialogs.append(dialog.message)
+            dialog.accept()
+
+        op.once("dialog", accept)
+        op.click("#rollout-abort")
+        expect(op.locator("#rollout-state")).to_have_text("aborted")
+        assert "(gw1) are sent back" in dialogs[0], dialogs
+        expect(op.locator("#flash")).to_contain_text("gw1 goes back to skab-wstat@7")
+        expect(op.locator("#rollout-rolling-back")).to_contain_text(
+            "gw1 to skab-wstat@7 (active (@8))")
+        _shot(op, tmp_path, "rollout-rolling-back")
+        # the device takes the signed rollback and reports it; the page left open follows
+        assigned = device.assignment("pump1")
+        assert assigned is not None and assigned.version == 7
+        report(7, "shadow", rollout)
+        expect(op.locator("#rollout-rolling-back")).to_contain_text("(shadow (@7))",
+                                                                    timeout=30_000)
+        report(7, "rolled_back", rollout)
+        expect(op.locator("#rollout-devices")).to_contain_text("rolled_back (@7)",
+                                                               timeout=30_000)
+        expect(op.locator("#rollout-rolling-back")).to_have_count(0)
+        device.close()

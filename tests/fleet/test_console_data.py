@@ -136,6 +136,8 @@ def test_console_files_are_local_with_a_strict_csp(client: TestClient) -> None:
     assert client.get("/console/../fleet.db").status_code == 404
     assert client.get("/console/index.html").status_code == 404
     assert client.get("/console", follow_redirects=False).headers["location"] == "/console/"
+    root = client.get("/", follow_redirects=False)  # the bare address a person types first
+    assert root.status_code == 307 and root.headers["location"] == "/console/"
     for path in STATIC_DIR.iterdir():
         text = path.read_text()
         urls = set(re.findall(r"https?://[^\s\"')]+", text)) - {"http://www.w3.org/2000/svg"}

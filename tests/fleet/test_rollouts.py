@@ -168,6 +168,9 @@ def test_promote_assigns_whole_group(
         assert got is not None and got.version == 2
     listed = mclient.get("/v1/rollouts", headers=admin).json()["rollouts"]
     assert [x["id"] for x in listed] == [ro["id"]] and listed[0]["counts"]["active"] == 1
+    # the list counts device states in the database; the rollout's own page from its rows
+    one = mclient.get(f"/v1/rollouts/{ro['id']}", headers=admin).json()
+    assert listed[0]["counts"] == one["counts"] == {"active": 1, "none": len(ro["devices"]) - 1}
 
 
 def test_abort_falls_back_with_signed_rollback(

@@ -29,6 +29,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/metrics"): "public",
     ("GET", "/docs"): "public",
     ("GET", "/docs/assets/{name}"): "public",
+    ("GET", "/"): "public",
     ("GET", "/console"): "public",
     ("GET", "/console/"): "public",
     ("GET", "/console/{asset}"): "public",

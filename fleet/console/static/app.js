@@ -469,7 +469,10 @@ async function rolloutsPage() {
     } catch (err) { refused(err); }
   } },
   el("label", {}, "Model", el("select", { name: "name" }, names.map((n) => el("option", { value: n }, n)))),
-  el("label", {}, "Version", el("input", { name: "version", type: "number", min: 1, required: true })),
+  el("label", {}, "Version", el("input", { name: "version", type: "number", min: 1, required: true,
+    list: "rollout-versions" })),
+  el("datalist", { id: "rollout-versions" }, models.models.map((m) =>
+    el("option", { value: String(m.version) }, `${m.name}@${m.version}`))),
   el("label", {}, "Target", el("select", { name: "target_kind" }, el("option", { value: "tag" }, "tag"),
     el("option", { value: "devices" }, "devices"))),
   el("label", {}, "Tag or device ids", el("input", { name: "target", required: true })),
@@ -510,9 +513,26 @@ function abortQuestion(r) {
   return text;
 }
 
+// After an abort with a rollback key: the devices a signed rollback is taking back to their
+// previous version, until each reports it (rolled_back) or refuses it.
+function rollingBack(r) {
+  if (r.state !== "aborted" || !r.can_roll_back) return [];
+  return r.devices.filter((d) => d.previous_version != null &&
+    ((d.state === "active" && d.version === r.version) ||
+     (d.version === d.previous_version && !["rolled_back", "rejected", "active"].includes(d.state))));
+}
+// How long an aborted rollout's page keeps refreshing while rollbacks are on their way.
+const ROLLBACK_WATCH_MS = 15 * 60 * 1000;
+
 function abortOutcome(r) {
   const label = `${r.name}@${r.version}`;
   const keep = activeOnIt(r).filter((d) => !r.can_roll_back || d.previous_version == null);
+  const back = rollingBack(r);
+  if (!keep.length && back.length) {
+    flash(`Rollout ${r.id} aborted: ${back.map((d) => `${d.device_id} goes back to ${r.name}@${d.previous_version}`).join(", ")} ` +
+      "(signed rollback). This page refreshes until each device reports it (a minute or so).", true);
+    return;
+  }
   if (!keep.length) { flash(`Rollout ${r.id} aborted: no device keeps ${label}.`, true); return; }
   const why = r.can_roll_back
     ? "no previous version known for them (see the reason line)"
@@ -529,6 +549,9 @@ async function rolloutPage(id) {
   clearTimeout(rolloutTimer);
   const here = location.hash;
   const r = await api("GET", `/v1/rollouts/${encodeURIComponent(id)}`);
+  const back = rollingBack(r);
+  const live = ROLLOUT_LIVE.has(r.state) ||
+    (back.length > 0 && Date.now() - Date.parse(r.updated_at) < ROLLBACK_WATCH_MS);
   const act = (action) => el("button", { type: "button", id: `rollout-${action}`, onclick: async () => {
     if (action === "abort" && !window.confirm(abortQuestion(r))) return;
     try {
@@ -544,12 +567,15 @@ async function rolloutPage(id) {
       r.reason ? el("span", { id: "rollout-reason" }, ` (${r.reason})`) : "",
       ` · target ${r.target_tag ? "tag " + r.target_tag : "devices"} · stream ${r.stream || "(all)"}` +
       ` · canary ${r.canary_percent ?? 100} % · halts after ${r.halt_after_failures} failure(s)` +
-      (ROLLOUT_LIVE.has(r.state) ? ` · refreshes every ${ROLLOUT_POLL_MS / 1000} s` : "")),
+      (live ? ` · refreshes every ${ROLLOUT_POLL_MS / 1000} s` : "")),
+    back.length ? el("p", { id: "rollout-rolling-back" }, `Rolling back: ` +
+      back.map((d) => `${d.device_id} to ${r.name}@${d.previous_version} (${deviceState(d)})`).join(", ") +
+      ". The agent verifies the signed rollback, runs it in shadow, then reports rolled_back.") : "",
     el("div", { class: "controls" }, ["promote", "pause", "resume", "abort"].map(act)),
     table("rollout-devices", ["Device", "Canary", "Assigned", "Previous version", "State (version)", "Reason", "Reported (UTC)"],
       r.devices.map((d) => [d.device_id, d.canary ? "yes" : "no", d.assigned ? "yes" : "no",
         d.previous_version ?? "-", deviceState(d), d.reason || "", when(d.reported_at)])));
-  if (ROLLOUT_LIVE.has(r.state)) {
+  if (live) {
     rolloutTimer = setTimeout(() => {
       if (location.hash === here) rolloutPage(id).catch((err) => { if (err.status !== 401) refused(err); });
     }, ROLLOUT_POLL_MS);
