@@ -87,6 +87,9 @@ class OutboxDrain:
     _log_limits: dict[str, tuple[float, int]]
     _store_failing: bool
     _retain_rebuild: bool
+    #: paho's network thread ended or its socket is gone unnoticed: the run loop starts a
+    #: new client (:meth:`_check_progress`).
+    _client_dead: bool = False
     _last_stats: float
     _wake: threading.Event
     _stopping: threading.Event
@@ -106,8 +109,9 @@ class OutboxDrain:
                 if self._take_acks(window):
                     self._guard.progress(self._monotonic())
                 self._check_losses(window)
-                if self._retain_rebuild:  # the broker refused the retained will (MQTT 5)
-                    self._retain_rebuild = False
+                # the broker refused the retained will (MQTT 5), or paho's thread has ended
+                if self._retain_rebuild or self._client_dead:
+                    self._retain_rebuild = self._client_dead = False
                     window.clear()
                     self._mids.clear()
                     self._outstanding.clear()
@@ -206,12 +210,23 @@ class OutboxDrain:
             "the connection is up; dropping the connection to rebuild it",
             self.config.host, self.config.port, in_flight, self._guard.timeout_s, extra=ALWAYS,
         )
+        loop = getattr(self._client, "_thread", None)  # paho's network thread (loop_start)
+        if isinstance(loop, threading.Thread) and not loop.is_alive():
+            # It ended on an exception paho does not handle: nothing reads or reconnects.
+            self._log.warning("the MQTT client's network thread has ended: starting a new MQTT "
+                              "client", extra=ALWAYS)
+            self._client_dead = True  # the run loop replaces it (with what it held)
+            return
         sock = self._client.socket()
         if isinstance(sock, socket.socket):  # also an ssl.SSLSocket
             try:  # paho's network thread sees the connection end and reconnects
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError as exc:
-                self._log.warning("could not drop the MQTT connection: %s", exc)
+                # Already gone, and paho did not notice: its network thread is not running
+                # (it ends on an exception it does not handle). A new client starts one.
+                self._log.warning("could not drop the MQTT connection (%s): starting a new "
+                                  "MQTT client", exc, extra=ALWAYS)
+                self._client_dead = True
             else:
                 self._own_drops += 1
 

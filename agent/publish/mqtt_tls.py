@@ -159,13 +159,30 @@ class DiagnosedClient(paho.Client):
     ``connect_error``: the exception of the last failed :meth:`reconnect` (paho's loop drops
     it), None after a successful one. ``socket_error``: paho's last error-level log line
     (e.g. the broker's TLS alert), cleared at each attempt.
+
+    A packet from the broker that paho cannot decode ends the connection as a protocol error
+    instead of paho's network thread: paho 2.1's ``ReasonCode`` raises ``ValueError`` for a
+    reason code it does not know for that packet type (mosquitto 2.0 answers an MQTT 5 PUBLISH
+    over its ``message_size_limit`` with such a PUBACK), and the exception ended the thread
+    that reads, reconnects and calls back, so nothing was delivered again until a restart.
+    ``undecodable``: how many such packets ended a connection (paho then reconnects; the
+    publisher's size-limit learning sees short connections as for a dropped one).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.connect_error: BaseException | None = None
         self.socket_error: str | None = None
+        self.undecodable = 0
         self.on_log = self._record_log
+
+    def _packet_handle(self) -> MQTTErrorCode:
+        try:
+            return super()._packet_handle()
+        except ValueError as exc:  # see the class docstring
+            self.undecodable += 1
+            self.socket_error = f"undecodable packet from the broker ({exc})"
+            return MQTTErrorCode.MQTT_ERR_PROTOCOL
 
     def reconnect(self) -> MQTTErrorCode:
         self.socket_error = None

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from paho.mqtt.enums import MQTTErrorCode
 from prometheus_client import CollectorRegistry
 
 from agent.logs import RATE_LIMIT_S, RateLimitFilter
@@ -91,6 +92,39 @@ def big_alert(store: Store, pub: MqttPublisher, channels: int, model: str = "ae"
 
 
 # -- item: no progress guard ---------------------------------------------------------------------
+
+
+def test_a_dead_paho_network_thread_is_replaced_by_a_new_client(
+    mosquitto: MosquittoBroker, store: Store, cleanup: list[Callable[[], None]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """paho's network thread ends on an exception it does not handle (paho 2.1 did on a PUBACK
+    reason code it cannot decode) and leaves the socket open behind it: nothing is read,
+    nothing reconnects, and dropping the socket fails (ENOTCONN once the broker closed it). The
+    progress guard then starts a new client, and the alerts in the outbox are delivered."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    sub = Subscriber(mosquitto, [f"edge/{DEVICE}/alerts"])
+    cleanup.append(sub.close)
+    pub = publisher(mosquitto.host, mosquitto.port, store, CollectorRegistry(), cleanup,
+                    progress_timeout_s=3.0)
+    pub.start()
+    wait_until(lambda: pub.connected, 10, "the connection")
+    first = raise_alert(store, pub)
+    wait_until(lambda: first.alert_id in sub.alert_ids(), 10, "the first alert")
+    dying = pub._client
+
+    def crash() -> MQTTErrorCode:
+        raise RuntimeError("a packet paho cannot handle")
+
+    dying._packet_handle = crash  # type: ignore[method-assign]
+    rest = [raise_alert(store, pub) for _ in range(3)]
+    wait_until(lambda: dying._thread is None or not dying._thread.is_alive(), 10,
+               "paho's network thread to end")
+    # the broker has them (paho wrote them before it died) but no PUBACK is ever read
+    wait_until(lambda: store.outbox_stats()[0] == 0, 30, "the outbox to empty")
+    assert {a.alert_id for a in rest} <= set(sub.alert_ids())
+    assert pub._client is not dying
+    assert messages(caplog, "starting a new MQTT client")
 
 
 def test_lost_pubacks_on_a_live_link_rebuild_the_connection(
