@@ -60,3 +60,22 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
         raise StorageUnavailable(f"database unreachable: {exc.orig}") from exc
     except SQLAlchemyError as exc:
         raise MigrationError(f"migration to {revision} failed: {exc}") from exc
+
+
+def downgrade(engine: Engine, revision: str) -> None:
+    """Migrate the database back to ``revision`` in one transaction (operators and tests; the
+    service never downgrades).
+
+    Raises:
+        StorageUnavailable: The database cannot be reached.
+        MigrationError: A migration failed.
+    """
+    cfg = _config()
+    try:
+        with engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.downgrade(cfg, revision)
+    except OperationalError as exc:
+        raise StorageUnavailable(f"database unreachable: {exc.orig}") from exc
+    except SQLAlchemyError as exc:
+        raise MigrationError(f"migration to {revision} failed: {exc}") from exc
