@@ -34,6 +34,7 @@ from fleet.db.devices import DeviceRegistry
 from fleet.db.engine import make_engine
 from fleet.db.health import HealthStore
 from fleet.db.invalidation import DEVICE, InvalidationListener, listener_connect
+from fleet.db.partitions import PartitionMaintainer
 from fleet.db.records import RecordStore
 from fleet.db.samples import SampleStore
 from fleet.db.snapshots import SnapshotStore
@@ -73,7 +74,8 @@ def create_app(
     listener = _listener(engine, token_cache, metrics) if shared else None
     health_store = HealthStore(engine, settings.offline_after_s)
     hooks = WebhookStore(engine)
-    keeper = Housekeeper(settings, health_store, hooks, retention_for(settings, engine), metrics)
+    keeper = Housekeeper(settings, health_store, hooks, retention_for(settings, engine), metrics,
+                         PartitionMaintainer(engine))
     metrics.add_scrape_collector(DeviceStates(health_store.counts))
     metrics.add_scrape_collector(ReplicaInfo(
         settings.replica_id or socket.gethostname(),

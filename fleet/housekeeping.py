@@ -3,7 +3,9 @@
 :class:`Housekeeper` runs one thread (``fleet-housekeeping``) that every
 ``Settings.housekeeping_s`` marks silent devices offline (queuing their ``device_offline``
 webhook events in the same transaction, :meth:`fleet.db.health.HealthStore.sweep`) and, at most
-hourly, applies the retention ages (:class:`fleet.db.retention.Retention`); and the webhook
+hourly, applies the retention ages (:class:`fleet.db.retention.Retention`) and creates the
+time partitions ahead on PostgreSQL (:class:`fleet.db.partitions.PartitionMaintainer`, also once
+right after start); and the webhook
 :class:`fleet.notify.Dispatcher`. Every worker process runs its own: the sweep and the deletes
 are idempotent and a delivery is leased to one process, so N workers do the work once.
 """
@@ -18,6 +20,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from fleet.db.health import HealthStore
+from fleet.db.partitions import PartitionMaintainer
 from fleet.db.retention import DEFAULT_RETENTION_S, Retention
 from fleet.db.webhooks import WebhookStore
 from fleet.events import Events
@@ -45,11 +48,14 @@ class Housekeeper:
         webhooks: The delivery queue.
         retention: Table ages.
         metrics: Delivery outcomes are counted here.
+        partitions: Creates time partitions ahead (None: nothing to maintain).
     """
 
     def __init__(self, settings: Settings, health: HealthStore, webhooks: WebhookStore,
-                 retention: Retention, metrics: FleetMetrics) -> None:
+                 retention: Retention, metrics: FleetMetrics,
+                 partitions: PartitionMaintainer | None = None) -> None:
         self.settings = settings
+        self.partitions = partitions
         self.health = health
         self.webhooks = webhooks
         self.retention = retention
@@ -98,12 +104,23 @@ class Housekeeper:
         return gone
 
     def _run(self) -> None:
+        self._maintain()
         while not self._stop.wait(self.settings.housekeeping_s):
             try:
                 self.sweep_once()
                 self.retention.maybe_run()
+                self._maintain()
             except SQLAlchemyError as exc:  # the database is down: try again next period
                 _log.warning("housekeeping failed (next try in %.0f s): %s",
                              self.settings.housekeeping_s, exc)
             except Exception:
                 _log.exception("housekeeping failed unexpectedly")
+
+    def _maintain(self) -> None:
+        if self.partitions is None:
+            return
+        try:
+            self.partitions.maybe_run()
+        except SQLAlchemyError as exc:  # lock timeout or database down: next period
+            _log.warning("partition maintenance failed (next try in %.0f s): %s",
+                         self.settings.housekeeping_s, exc)

@@ -4,7 +4,11 @@ One ingest batch is ONE transaction: the device row update (last_seen, backlog, 
 every insert commit together or not at all. Inserts are ``INSERT ... ON CONFLICT (id) DO
 NOTHING RETURNING id`` with the dialect's own ``insert`` (PostgreSQL, SQLite >= 3.35): the
 returned ids are exactly the rows stored now; every other id was already there (duplicate).
-Concurrent retries of the same batch are safe: the unique index arbitrates.
+Concurrent retries of the same batch are safe: the unique index arbitrates. On PostgreSQL the
+tables are partitioned by time (migration ``0009``, :mod:`fleet.db.partitions`), so the unique
+keys hold the time: aggregates conflict on ``(id, interval_start)`` (the id carries the interval
+start, checked by :mod:`fleet.ingest`), and an alert is stored only when its id was new in
+``alert_ids`` (an alert id carries no time).
 
 Per-batch cost (a 5,000-record backlog batch, or 200 gateways a second) is kept off the Python
 side: no ORM objects and no per-value SQLAlchemy bind processing.
@@ -318,15 +322,23 @@ def _pg_ingest_sql() -> str:
     last_seen, agent_version, backlog_alerts, backlog_aggregates, model_name (twice),
     model_version, device_id, alert rows (jsonb array), aggregate rows (jsonb array), then the
     columns' parameters (:func:`_pg_columns`)."""
-    def insert(table: Table) -> str:
-        names = ", ".join(c.name for c in table.c if c.name != "pk")
-        return (  # table and column names come from fleet.db.schema, never from input
-            f"INSERT INTO {table.name} ({names}) SELECT {names} "  # noqa: S608
-            f"FROM jsonb_populate_recordset(NULL::{table.name}, %s::jsonb) "
-            "ON CONFLICT (id) DO NOTHING RETURNING id"
-        )
+    def names(table: Table) -> str:
+        return ", ".join(c.name for c in table.c if c.name != "pk")
 
-    inserts = f"a AS ({insert(alerts)}), g AS ({insert(aggregates)}), c AS ({_pg_columns()}) "
+    # table and column names come from fleet.db.schema, never from input
+    new_alerts = (
+        "ar AS (SELECT * FROM jsonb_populate_recordset(NULL::alerts, %s::jsonb)), "  # noqa: S608
+        "ai AS (INSERT INTO alert_ids (id, device_id, window_start) "
+        "SELECT id, device_id, window_start FROM ar ON CONFLICT (id) DO NOTHING RETURNING id), "
+        f"a AS (INSERT INTO alerts ({names(alerts)}) SELECT {names(alerts)} FROM ar "
+        "WHERE ar.id IN (SELECT id FROM ai) RETURNING id), "
+    )
+    new_aggregates = (
+        f"g AS (INSERT INTO aggregates ({names(aggregates)}) SELECT {names(aggregates)} "  # noqa: S608
+        "FROM jsonb_populate_recordset(NULL::aggregates, %s::jsonb) "
+        "ON CONFLICT (id, interval_start) DO NOTHING RETURNING id), "
+    )
+    inserts = new_alerts + new_aggregates + f"c AS ({_pg_columns()}) "
     return (
         "WITH dev AS (UPDATE devices SET last_seen = %s, "  # noqa: S608 - names from schema
         "agent_version = %s, backlog_alerts = %s, backlog_aggregates = %s, "
@@ -353,5 +365,5 @@ def _pg_columns() -> str:
         "%s::float8[], %s::int8[], %s::int8[]) WITH ORDINALITY "
         "AS u(id, stream, interval_start, interval_s, count, max_score, windows, alert_count, "
         "pos), jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS ch(doc, pos) "
-        "WHERE ch.pos = u.pos ON CONFLICT (id) DO NOTHING RETURNING id"
+        "WHERE ch.pos = u.pos ON CONFLICT (id, interval_start) DO NOTHING RETURNING id"
     )

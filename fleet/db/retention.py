@@ -18,8 +18,10 @@ import threading
 from collections.abc import Callable
 
 from sqlalchemy import Engine, MetaData, Table, delete, inspect, literal, select
+from sqlalchemy.exc import OperationalError
 
 from fleet.db.model_tables import model_status_reports
+from fleet.db.partitions import LOCK_TIMEOUT, SPECS, PartitionSpec, drop_older, is_partitioned
 from fleet.db.schema import UtcDateTime
 
 #: Default age after which a status report is deleted (days).
@@ -108,6 +110,9 @@ DEFAULT_RETENTION_S: dict[str, float] = {
     "status_reports": DEFAULT_STATUS_RETENTION_DAYS * 86400, "health": 30 * 86400.0,
     "audit": 0.0, "webhook_deliveries": 30 * 86400.0,
 }
+#: Tables pruned with a retention name, by the same age: PostgreSQL's alert id table (migration
+#: ``0009``; deleting an id deletes its acknowledgement).
+_COMPANIONS: dict[str, tuple[str, str]] = {"alerts": ("alert_ids", "window_start")}
 #: Rows one DELETE removes at most (short transactions: ingest is never blocked for long).
 BATCH_ROWS = 10_000
 #: Batches one run removes at most per table (the rest waits for the next run).
@@ -150,7 +155,10 @@ class Retention:
     """Deletes rows older than each table's age, in batches, at most once per ``every_s``.
 
     Each batch is one ``DELETE ... WHERE <pk> IN (SELECT <pk> ... WHERE <time> < cutoff LIMIT
-    n)`` in its own transaction, so a large backlog of old rows never holds a long lock. Pending
+    n)`` in its own transaction, so a large backlog of old rows never holds a long lock. On
+    PostgreSQL, alerts and aggregates are partitioned by time: the partitions wholly older than
+    the cutoff are first detached and dropped (:func:`fleet.db.partitions.drop_older`), so the
+    batches only delete in the boundary and DEFAULT partitions. Pending
     webhook deliveries are never deleted (only delivered and dead ones). Safe to run from every
     worker process at once (the deletes are idempotent).
 
@@ -199,16 +207,45 @@ class Retention:
         return done
 
     def _prune(self, name: str, table: Table, cutoff: dt.datetime) -> int:
-        time_col = table.c[RETENTION_TABLES[name][1]]
+        spec = SPECS.get(name)
+        if spec is not None and self._engine.dialect.name == "postgresql":
+            self._drop_partitions(spec, cutoff)
+        total = self._delete(name, table, RETENTION_TABLES[name][1], cutoff)
+        companion = _COMPANIONS.get(name)
+        if companion is not None and inspect(self._engine).has_table(companion[0]):
+            ids = Table(companion[0], MetaData(), autoload_with=self._engine)
+            self._delete(name, ids, companion[1], cutoff)
+        return total
+
+    def _drop_partitions(self, spec: PartitionSpec, cutoff: dt.datetime) -> None:
+        """PostgreSQL: detach and drop the partitions wholly older than ``cutoff`` (what is left
+        older than it, in the boundary and DEFAULT partitions, :meth:`_delete` deletes)."""
+        try:
+            with self._engine.begin() as conn:
+                if not is_partitioned(conn, spec.table):
+                    return
+                conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+                gone = drop_older(conn, spec, cutoff)
+        except OperationalError as exc:  # lock_timeout: ingest was busy, try next run
+            _log.warning("retention: partitions of %s not dropped now: %s", spec.table, exc)
+            return
+        if gone:
+            _log.info("retention: dropped partition(s) %s (all rows older than %s)",
+                      ", ".join(gone), cutoff.isoformat(timespec="seconds"))
+
+    def _delete(self, name: str, table: Table, column: str, cutoff: dt.datetime) -> int:
+        time_col = table.c[column]
         pk = next(iter(table.primary_key.columns))
-        old = select(pk).where(time_col < literal(cutoff, UtcDateTime()))
+        is_old = time_col < literal(cutoff, UtcDateTime())
+        old = select(pk).where(is_old)
         if name == "webhook_deliveries":
             old = old.where(table.c.state != "pending")
         total = 0
         for _ in range(MAX_BATCHES):
             with self._engine.begin() as conn:
-                n = int(conn.execute(
-                    delete(table).where(pk.in_(old.limit(self.batch_rows).scalar_subquery()))
+                n = int(conn.execute(  # is_old again: prunes a partitioned table's partitions
+                    delete(table).where(pk.in_(old.limit(self.batch_rows).scalar_subquery()),
+                                        is_old)
                 ).rowcount or 0)
             total += n
             if n < self.batch_rows:

@@ -4,6 +4,11 @@ Times are :class:`UtcDateTime`: ``timestamptz`` on PostgreSQL, naive UTC text on
 sorts and compares correctly because every value is UTC in one format); Python sees aware UTC.
 A record's ``id`` (``<device>:<stream>:<seq or interval ms>``, see :mod:`cloud_sync.protocol`) is
 UNIQUE: ingest inserts with ``ON CONFLICT DO NOTHING`` so retries store each record once.
+
+On PostgreSQL, migration ``0009`` partitions ``alerts`` and ``aggregates`` by time
+(:mod:`fleet.db.partitions`): their keys there include the time column (``(pk, time)``,
+``(id, time)``) and alert ids are unique in the extra table ``alert_ids``. These Core tables
+describe the SQLite schema and are the columns every query uses on both.
 """
 
 from __future__ import annotations

@@ -59,9 +59,10 @@ def test_a_given_workdir_is_created_and_kept(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("script", ["backlog.py", "fleet_hostile_bodies.py", "fleet_ingest.py",
-                                    "ingest.py", "latency.py", "skab_loop.py"])
+                                    "fleet_scale.py", "ingest.py", "latency.py", "skab_loop.py"])
 def test_every_benchmark_that_starts_a_peer_takes_port_and_workdir(script: str) -> None:
-    if script == "fleet_ingest.py":  # the fleet extra (CI's Python 3.10 run has the test one)
+    if script in ("fleet_ingest.py", "fleet_scale.py"):  # the fleet extra (CI's Python 3.10
+        # run has the test one)
         pytest.importorskip("psycopg")
     out = subprocess.run([sys.executable, str(BENCH / script), "--help"], capture_output=True,
                          text=True, timeout=120, check=False)
