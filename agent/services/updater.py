@@ -474,7 +474,7 @@ class Updater:
         if swap.error is not None:
             raise _Rejected(f"swap refused: {swap.error}")
         new = Installed(a.name, a.version, str(package.path))
-        self.guard.high_water.ran(h.name, a.name, a.version, a.rollout_id)
+        self.guard.installed(h.name, a)  # the rollback mark only from a signed rollback
         h.previous, h.installed = h.installed, new
         self.store.set_active(h.name, new, h.previous)
         self._report(h, a, "active", details=details)

@@ -173,21 +173,30 @@ def test_hostile_fleet_gets_nothing(
         fleet.serve({**_a("skab-other", 2), "rollout_id": 10}, other2)
         _wait_for(lambda: agent.streams["pump"].package.label == "skab-other@2")
         attacks.expect_rejected(lambda: fleet.serve(captured, old),
-                                "undoes rollout 9, but this stream has since installed from "
-                                "rollout 10")
+                                "undoes rollout 9, but this stream has already applied a "
+                                "signed rollback of rollout 9")
         assert agent.streams["pump"].package.label == "skab-other@2"
+        # 8. (retest of issue 15) a genuine signed newer package served under an unsigned
+        # rollout_id of 2**63-1 installs, but raises no mark: the operator's genuine abort of
+        # rollout 11 (skab-other 3 -> 2, signed now) still applies
+        other3 = attacks.archive(make_package(pkgs, 3, pkg_priv, name="skab-other"))
+        fleet.serve({**_a("skab-other", 3), "rollout_id": 2**63 - 1}, other3)
+        _wait_for(lambda: agent.streams["pump"].package.label == "skab-other@3")
+        abort = rollback(rollout_id=11, name="skab-other", from_version=3, to_version=2)
+        fleet.serve({**_a("skab-other", 2, rollback=abort), "rollout_id": 11}, other2)
+        _wait_for(lambda: agent.streams["pump"].package.label == "skab-other@2")
 
     assert _tree(tmp_path, state, pkgs) == outside  # nothing written or removed outside state/
     assert (victim / "keep.txt").read_text() == "operator data"
     models = sorted(p.name for p in (state / "models").iterdir())
     assert models == ["active.json", "high_water.json", "incoming", "skab-other-2",
-                      "skab-wstat-1"]  # running skab-other@2, previous skab-wstat@1
+                      "skab-other-3"]  # running skab-other@2, previous skab-other@3
     assert list((state / "models" / "incoming").iterdir()) == []
     # the marks a restart reads: the rollback to skab-wstat@1 did not lower skab-wstat's
     marks = HighWater(state / "models" / "high_water.json")
-    assert marks.marks("pump") == {"skab-wstat": 6, "skab-other": 2}
-    assert marks.rollout("pump") == 10
-    assert sorted(p.name for p in (state / "models" / "skab-wstat-1").iterdir()) == sorted(
+    assert marks.marks("pump") == {"skab-wstat": 6, "skab-other": 3}
+    assert marks.rollback_mark("pump") == 11  # only signed rollbacks raised it
+    assert sorted(p.name for p in (state / "models" / "skab-other-2").iterdir()) == sorted(
         p.name for p in v6.iterdir())
     assert agent.metrics.registry.get_sample_value(
         "edge_agent_model_updates_total", {"stream": "pump", "state": "rejected"}) == 16.0
