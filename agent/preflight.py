@@ -160,7 +160,7 @@ def _credentials(config: AgentConfig) -> list[str]:
     from the shell's.
     """
     from agent.publish.mqtt import read_password  # noqa: PLC0415 - loads paho
-    from agent.secret_files import check_trust_file  # noqa: PLC0415
+    from agent.secret_files import check_trust_file, read_secret  # noqa: PLC0415
     from agent.services.uploader import read_token  # noqa: PLC0415
 
     problems: list[str] = []
@@ -180,6 +180,13 @@ def _credentials(config: AgentConfig) -> list[str]:
             tls_context(mqtt)  # loads the CA, the client certificate and key as run does
         except ConfigError as exc:
             problems.extend(exc.problems or [str(exc)])
+    for i, stream in enumerate(config.streams):  # the mqtt and opcua sources' passwords
+        source_password = getattr(stream.source, "password_file", None)
+        if isinstance(source_password, str) and Path(source_password).is_file():
+            try:
+                read_secret(source_password, f"streams[{i}].source.password_file", "password")
+            except ConfigError as exc:
+                problems.extend(exc.problems or [str(exc)])
     fleet = config.fleet
     if fleet.enabled and fleet.ca_file is not None and Path(fleet.ca_file).is_file():
         try:

@@ -1,8 +1,9 @@
 """Permissions of the secret files the agent reads and of the data files it writes.
 
 Secret files read (``fleet.token_file``, ``mqtt.password_file``, ``mqtt.key_file``,
-``mqtt.cert_file`` when it holds the key, ``mqtt.key_password_file``), checked each time one is
-read (:func:`check_secret_file`), as OpenSSH checks private keys:
+``mqtt.cert_file`` when it holds the key, ``mqtt.key_password_file``, the ``password_file`` of
+``mqtt`` and ``opcua`` stream sources), checked each time one is read
+(:func:`check_secret_file`), as OpenSSH checks private keys:
 
 * writable by the group or by others (``mode & 0o022``): **refused** with :class:`ConfigError`
   (whoever can write it can swap the device's identity or key for their own); ``edge-agent
@@ -200,3 +201,32 @@ def read_secret(path: str, key: str, what: str = "secret") -> str:
         msg = f"{key}: {path!r} is empty (the {what} is its first line)"
         raise ConfigError(msg, problems=[msg])
     return secret
+
+
+def warn_clear_password(
+    key: str, host: str, port: int, username: str | None, fix: str,
+    logger: logging.Logger | None = None,
+) -> bool:
+    """Warn once per process, key and peer that a password goes to a non-loopback ``host``
+    without transport encryption (the ``[mqtt]`` publisher's warning, for the other clients
+    that send one: the ``mqtt`` and ``opcua`` sources).
+
+    Args:
+        key: The config key of the password file, named in the message.
+        host, port: The peer.
+        username: The user the password belongs to.
+        fix: What to configure instead (``set source.ca_file``).
+        logger: Where the warning goes; None = ``agent.secrets``.
+
+    Returns:
+        True when this call logged the warning.
+    """
+    from agent.loopback import is_loopback  # noqa: PLC0415 - keep this module's imports small
+
+    if is_loopback(host) or not _first_time(f"clear:{key}:{host}:{port}"):
+        return False
+    (logger or log).warning(
+        "%s: the password for user %r goes to %s:%d over plain TCP, readable by anyone on the "
+        "path; %s (docs/security.md)", key, username, host, port, fix,
+    )
+    return True

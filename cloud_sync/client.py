@@ -55,6 +55,7 @@ from cloud_sync.errors import (
     AssignmentInvalid,
     FleetAuthError,
     FleetDeadlineExceeded,
+    FleetDownloadShort,
     FleetProtocolError,
     FleetRejected,
     FleetUnavailable,
@@ -647,8 +648,8 @@ class FleetClient:
                         chunk = resp.raw.read1(_CHUNK, decode_content=False)
                     except (requests.RequestException, urllib3.exceptions.HTTPError,
                             OSError) as exc:
-                        raise FleetUnavailable(f"package download broke at byte {size} of "
-                                               f"{expected_size}: {_short(exc)}") from exc
+                        raise FleetDownloadShort(f"package download broke at byte {size} of "
+                                                 f"{expected_size}: {_short(exc)}") from exc
                     if not chunk:
                         break
                     size += len(chunk)
@@ -670,8 +671,8 @@ class FleetClient:
     def _finish(part: Path, dest: Path, expected_size: int, expected_sha256: str) -> Path:
         size = part.stat().st_size if part.exists() else 0
         if size < expected_size:
-            raise FleetUnavailable(
-                f"package download ended at byte {size} of {expected_size}; resuming later"
+            raise FleetDownloadShort(
+                f"package download ended at byte {size} of {expected_size}"
             )
         h = hashlib.sha256()
         with part.open("rb") as fh:

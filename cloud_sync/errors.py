@@ -63,6 +63,13 @@ class FleetUnavailable(FleetError):
         super().__init__(message)
 
 
+class FleetDownloadShort(FleetUnavailable):
+    """A package download was answered but ended before the announced size (the body ended
+    early or the connection broke mid-body); the part file is kept for a resume. A fleet that
+    always ends short at the same byte never completes: the updater counts a resume that
+    brought no new byte as a failed try (:mod:`agent.services.update_retry`)."""
+
+
 class FleetDeadlineExceeded(FleetUnavailable):
     """A call did not complete within its total (wall-clock) deadline; its connection was
     closed (:mod:`cloud_sync.deadline`).

@@ -83,6 +83,8 @@ NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
 INT64_MAX = 2**63 - 1
 #: Free text: no NUL character (PostgreSQL ``text``/``jsonb`` cannot hold it).
 TEXT_PATTERN = r"^[^\x00]*$"
+#: A query or path parameter of free form (a time, an actor): no control character at all.
+PLAIN_PATTERN = r"^[^\x00-\x1f\x7f]*$"
 #: Most entries, key and text lengths of a status report's ``details``.
 MAX_DETAILS, MAX_DETAIL_KEY, MAX_DETAIL_TEXT = 32, 64, 512
 

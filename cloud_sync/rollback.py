@@ -12,11 +12,18 @@ A rollback is valid only when all of these hold:
 * it names this device, this stream, this model name, ``from_version`` equal to the mark and
   ``to_version`` equal to the package's version, and ``rollout_id`` equal to the assignment's
   (it belongs to exactly one assignment);
-* its rollout is not older than the newest rollout the stream has installed a package from
-  (kept by the device across restarts): a rollback captured in transit cannot be replayed
-  after a later rollout moved the stream on, even within its age. Rollout ids grow; a fleet
-  whose database was recreated starts again at 1, and its rollbacks are refused until its ids
-  pass the device's mark (the message says so);
+* its rollout is newer than the rollout of the last SIGNED rollback the stream applied (the
+  device's rollback mark, kept across restarts): a rollback is applied at most once, and an
+  older one never after a newer one. Only a verified rollback's own, signed ``rollout_id``
+  raises this mark, never an assignment's (unsigned) ``rollout_id``: a hostile fleet that
+  installed a genuine package under ``rollout_id = 2**63 - 1`` raised the previous,
+  install-based mark for good and so switched every later genuine rollback off. Rollout ids
+  grow; a fleet whose database was recreated starts again at 1, and its rollbacks are refused
+  until its ids pass the device's mark (the message says so);
+* it was issued (its signed ``issued_at``) no more than ``max_skew_s`` before the stream's last
+  fleet install (device clock): a rollback captured before the stream moved on cannot be
+  replayed after it, even within its age and even if this device never applied it. The fleet
+  signs afresh at every poll, so a genuine abort of the package just installed passes;
 * it carries a ``rollout_id`` at all: a rollback signed by an older fleet (without one) is
   refused, with a message asking to upgrade the fleet;
 * its ``issued_at`` is at most ``max_age_s`` old and at most ``max_skew_s`` in the future on
@@ -86,7 +93,8 @@ def check_rollback(
     now: float,
     where: str,
     rollout_id: int | None = None,
-    rollout_floor: int | None = None,
+    rollback_mark: int | None = None,
+    installed_at: float | None = None,
 ) -> None:
     """Refuse unless ``rollback`` allows ``name`` from ``from_version`` down to ``to_version``.
 
@@ -101,14 +109,16 @@ def check_rollback(
         now: Device wall clock, epoch seconds UTC.
         where: ``name@version`` for the error.
         rollout_id: The assignment's ``rollout_id`` (None: refused, nothing to bind to).
-        rollout_floor: The newest rollout the stream has installed a package from (None:
+        rollback_mark: The rollout id of the last signed rollback the stream applied (None:
             none yet).
+        installed_at: When the stream last installed a fleet package, device clock (None:
+            never).
 
     Raises:
         RollbackRefused: absent, not bound to a rollout (an older fleet's), for another
-            rollout/device/stream/name/versions, of a rollout older than ``rollout_floor``
-            (a replay), expired, from the future, signed by a key outside the rollback trust
-            set, or a bad signature.
+            rollout/device/stream/name/versions, of a rollout not newer than
+            ``rollback_mark`` or issued before ``installed_at`` (a replay), expired, from
+            the future, signed by a key outside the rollback trust set, or a bad signature.
     """
     refuse = (f"version {to_version} is not newer than version {from_version} of {name} "
               "this stream ran")
@@ -132,11 +142,11 @@ def check_rollback(
         raise RollbackRefused(
             f"{refuse}; the rollback is for rollout {rollback.rollout_id}, not this "
             f"assignment's rollout {rollout_id}", where)
-    if rollout_floor is not None and rollback.rollout_id < rollout_floor:
+    if rollback_mark is not None and rollback.rollout_id <= rollback_mark:
         raise RollbackRefused(
             f"{refuse}; the rollback undoes rollout {rollback.rollout_id}, but this stream has "
-            f"since installed from rollout {rollout_floor}: a replayed rollback (a fleet whose "
-            "database was recreated must pass that rollout id first)", where)
+            f"already applied a signed rollback of rollout {rollback_mark}: a replayed rollback "
+            "(a fleet whose database was recreated must pass that rollout id first)", where)
     age = now - rollback.issued_at
     if age > policy.max_age_s:
         raise RollbackRefused(
@@ -146,6 +156,12 @@ def check_rollback(
         raise RollbackRefused(
             f"{refuse}; the rollback is issued {-age:.0f} s in the future (device clock), at "
             f"most {policy.max_skew_s:.0f} s", where)
+    skew = policy.max_skew_s
+    if installed_at is not None and rollback.issued_at < min(installed_at, now) - skew:
+        raise RollbackRefused(
+            f"{refuse}; the rollback was issued {min(installed_at, now) - rollback.issued_at:.0f}"
+            " s before this stream last installed a package: the stream has moved on since, a "
+            "replayed rollback", where)
     if rollback.key_id not in policy.keys:
         raise RollbackRefused(
             f"{refuse}; the rollback is signed by key {rollback.key_id!r}, which is not a "

@@ -89,6 +89,7 @@ _ENV_HALT = "EDGE_FLEET_HALT_AFTER"
 _ENV_AUTH_TTL = "EDGE_FLEET_AUTH_CACHE_TTL"
 _ENV_TOKEN_FILE, _ENV_RETENTION = "EDGE_FLEET_ADMIN_TOKEN_FILE", "EDGE_FLEET_STATUS_RETENTION_DAYS"
 _ENV_REQUEST_TIMEOUT = "EDGE_FLEET_REQUEST_TIMEOUT"
+_ENV_MAX_CONNS = "EDGE_FLEET_MAX_CONNS_PER_CLIENT"
 _ENV_OPS, _ENV_PROM = "EDGE_FLEET_OPS_SETTINGS", "PROMETHEUS_MULTIPROC_DIR"
 _ENV_NO_ADMIN, _ENV_SESSION = "EDGE_FLEET_NO_ADMIN_TOKEN", "EDGE_FLEET_SESSION_S"
 _ENV_REPLICA = "EDGE_FLEET_REPLICA_ID"
@@ -154,6 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--request-timeout", type=float, default=Settings.request_timeout_s,
                        metavar="S", help="close a connection that has not sent its request "
                        "headers within S seconds (the body gets S + 1 s per 32 KiB; default 10)")
+    serve.add_argument("--max-conns-per-client", type=int, default=0, metavar="N",
+                       help="answer 503 to a client address that already holds N open "
+                       "connections (per worker; 0: no limit, the default; behind a proxy or "
+                       "NAT many devices share an address: limit in the proxy instead)")
     serve.add_argument("--status-retention-days", type=float,
                        default=Settings.status_retention_days, metavar="D",
                        help="delete model status reports older than D days (0: keep; default 90)")
@@ -372,6 +377,8 @@ def _serve(args: argparse.Namespace) -> int:
         raise ConfigError("--workers must be 1..64 and --pool-size at least 1")
     if not 0 <= args.auth_cache_ttl <= 3600:
         raise ConfigError("--auth-cache-ttl must be 0..3600 seconds")
+    if args.max_conns_per_client < 0:
+        raise ConfigError("--max-conns-per-client must be 0 (no limit) or more")
     if not 0 < args.request_timeout <= 3600 or not 0 <= args.status_retention_days <= 36500:
         raise ConfigError("--request-timeout must be 0..3600 s, --status-retention-days 0..36500")
     if not 0 < args.offline_after <= 30 * 86400 or not 1 <= args.webhook_max_attempts <= 100:
@@ -401,7 +408,7 @@ def _serve(args: argparse.Namespace) -> int:
     _log.info("edge-fleet on %s://%s:%d (console: %s://%s:%d/console/), database %s, "
               "%d worker(s)", scheme, args.host, args.port, scheme, args.host, args.port,
               engine.url.render_as_string(hide_password=True), args.workers)
-    conn_guard.configure(settings.request_timeout_s)
+    conn_guard.configure(settings.request_timeout_s, args.max_conns_per_client)
     if scheme == "http" and not _loopback(args.host):
         _log.warning("serving plain HTTP on %s: tokens cross the network in clear; use "
                      "--tls-cert/--tls-key or a TLS proxy", args.host)
@@ -424,6 +431,7 @@ def _serve(args: argparse.Namespace) -> int:
         _ENV_TOKEN_FILE: str(Path(token_file).absolute()),
         _ENV_RETENTION: str(settings.status_retention_days),
         _ENV_REQUEST_TIMEOUT: str(settings.request_timeout_s),
+        _ENV_MAX_CONNS: str(args.max_conns_per_client),
         _ENV_POOL: str(settings.pool_size),
         _ENV_STATE: str(settings.state_dir),
         _ENV_KEYS: str(settings.trusted_keys_dir or ""),
@@ -495,7 +503,7 @@ def worker_app() -> FastAPI:
 
     state_dir = Path(os.environ[_ENV_STATE])
     timeout = float(os.environ.get(_ENV_REQUEST_TIMEOUT, str(Settings.request_timeout_s)))
-    conn_guard.configure(timeout)
+    conn_guard.configure(timeout, int(os.environ.get(_ENV_MAX_CONNS, "0")))
     no_admin = bool(os.environ.get(_ENV_NO_ADMIN))
     settings = Settings(
         db_url=os.environ[_ENV_DB],

@@ -17,6 +17,13 @@ runs) with a request deadline:
 * once the response is sent, an unread rest of the body must arrive within ``request_timeout_s``;
 * request headers over :data:`MAX_HEADER_BYTES` are refused (431).
 
+Optionally (``edge-fleet serve --max-conns-per-client N``, off by default) a client address
+holds at most N open connections per process: a further one is answered ``503`` and closed at
+once, so a single host reconnecting as fast as the fleet closes its slow connections cannot
+hold more than N descriptors. Off by default because the address is the TCP peer: behind a
+reverse proxy or a NAT many devices share one (put the limit in the proxy then); with
+``--workers W`` each worker counts its own connections (W x N in all).
+
 A connection past its deadline gets ``408 Request Timeout`` (when no response has started) and
 is closed; the first one is logged, later ones are counted and summed up at most once a minute.
 HTTPS: the TLS handshake precedes all this. It is bounded by the same ``request_timeout_s``:
@@ -51,6 +58,11 @@ _RESPONSE_408 = (
     b"content-length: 69\r\nconnection: close\r\n\r\n"
     b'{"error": "request_timeout", "detail": "request not received in time"}'
 )
+_RESPONSE_503 = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+    b"content-length: 72\r\nretry-after: 5\r\nconnection: close\r\n\r\n"
+    b'{"error": "too_many_connections", "detail": "too many connections open"}'
+)
 _RESPONSE_431 = (
     b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n"
     b"connection: close\r\n\r\n"
@@ -84,10 +96,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """
 
     request_timeout_s: ClassVar[float] = DEFAULT_REQUEST_TIMEOUT_S
+    #: Open connections per client address in this process (0: no limit).
+    max_per_client: ClassVar[int] = 0
+    _open: ClassVar[dict[str, int]] = {}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._deadline: asyncio.TimerHandle | None = None
+        self._client: str | None = None
         self._header_bytes = 0
         self._in_headers = True
 
@@ -113,10 +129,28 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        if self.max_per_client > 0:
+            peer = transport.get_extra_info("peername")
+            client = str(peer[0]) if isinstance(peer, tuple) and peer else None
+            if client is not None:
+                if self._open.get(client, 0) >= self.max_per_client:
+                    transport.write(_RESPONSE_503)
+                    _Tally.count(f"more than {self.max_per_client} connections from {client}")
+                    transport.close()
+                    return
+                self._open[client] = self._open.get(client, 0) + 1
+                self._client = client
         self._arm(self.request_timeout_s, "no request headers")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._client is not None:
+            left = self._open.get(self._client, 1) - 1
+            if left > 0:
+                self._open[self._client] = left
+            else:
+                self._open.pop(self._client, None)
+            self._client = None
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -156,15 +190,19 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._arm(self.request_timeout_s, "unread request body after the response")
 
 
-def configure(request_timeout_s: float) -> None:
-    """Set the request deadline of every later connection of this process (seconds, > 0).
+def configure(request_timeout_s: float, max_per_client: int = 0) -> None:
+    """Set the request deadline (seconds, > 0) and the open connections allowed per client
+    address (0: no limit) of every later connection of this process.
 
     Raises:
-        ValueError: not positive.
+        ValueError: a deadline not positive, or a negative limit.
     """
     if not request_timeout_s > 0:
         raise ValueError("request_timeout_s must be positive")
+    if max_per_client < 0:
+        raise ValueError("max_per_client must be 0 (no limit) or more")
     GuardedHttpToolsProtocol.request_timeout_s = request_timeout_s
+    GuardedHttpToolsProtocol.max_per_client = max_per_client
     # every TLS handshake of this process's asyncio loop (module docstring)
     asyncio.constants.SSL_HANDSHAKE_TIMEOUT = request_timeout_s
 

@@ -160,6 +160,15 @@ class ModelStore:
             entry["refused"] = sorted({*entry.get("refused", []), refuse})[-64:]
         self._write(data)
 
+    def drop_parts(self, keep: set[Path]) -> list[Path]:
+        """Delete the partial downloads (``incoming/*.part``) not in ``keep``; returns them."""
+        gone = []
+        for part in self.incoming.glob("*.part"):
+            if part not in keep and part.is_file():
+                part.unlink(missing_ok=True)
+                gone.append(part)
+        return gone
+
     def prune(self, keep: set[Path]) -> None:
         """Delete installed package directories not in ``keep`` and not recorded for a stream."""
         data = self._read()

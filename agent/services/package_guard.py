@@ -11,13 +11,34 @@
 
 High-water marks: ``<state_dir>/models/high_water.json``, per stream the newest version of every
 model name the stream has run (the configured package at each start, every package swapped in),
-and the newest rollout id the stream has installed a package from (a rollback of an older
-rollout is a replay, :mod:`cloud_sync.rollback`)::
+the newest rollout id of a SIGNED rollback the stream has applied, and the time (this device's
+clock) it last installed a fleet package (:mod:`cloud_sync.rollback` refuses a rollback of a
+rollout not newer than that mark, or issued before that install)::
 
     {"format": 1, "streams": {"pump": {"skab-wstat": 6, "skab-other": 1}},
-     "rollouts": {"pump": 12}}
+     "rollbacks": {"pump": 12}, "installed_at": {"pump": 1767225600.0}}
 
-(an agent that predates ``rollouts`` ignores the key).
+Why only signed values raise the rollback mark: an assignment's own ``rollout_id`` is not signed.
+Earlier versions kept the newest ``rollout_id`` the stream had INSTALLED from (``"rollouts"``);
+a hostile fleet (or anyone on the path of a plain-HTTP URL) serving a genuine, operator-signed
+newer package with ``rollout_id = 2**63 - 1`` raised that mark for good, and every genuine
+rollback was then refused "as a replay". Now the mark is raised only by the ``rollout_id``
+inside a rollback whose signature this device verified and which it applied; the install time
+is this device's own clock. Nothing an unauthenticated peer sends can raise either beyond what
+the operator's rollback key signed or the device observed. The old ``"rollouts"`` key is
+ignored (it may have been raised that way).
+
+What still stops a captured rollback from being replayed (each is signed or local):
+
+* ``rollout_id`` must equal the assignment's, and name this device, stream, name and versions,
+  ``from_version`` being the stream's current mark: once a later version of the name ran, an
+  old rollback no longer matches;
+* a rollback of a rollout not newer than the last applied one is refused: a rollback is applied
+  at most once, and never after a newer one;
+* a rollback issued (signed ``issued_at``) more than ``max_skew_s`` before the stream's last
+  fleet install is refused: the stream has moved since it was signed (the fleet signs afresh at
+  every poll, so a genuine abort of the package just installed is never older than that);
+* it expires after ``rollback_max_age_s``.
 
 written atomically (temporary file, fsync, rename, fsync of the directory). A file that cannot
 be read is never replaced by an empty one: every fleet package is refused until an operator
@@ -89,14 +110,18 @@ class HighWater:
         self.path = path
         self._lock = threading.Lock()
         self.broken: str | None = None
-        self._rollouts: dict[str, int] = {}
+        self._rollbacks: dict[str, int] = {}
+        self._installed: dict[str, float] = {}
         self._data: dict[str, dict[str, int]] = self._load()
 
     def _load(self) -> dict[str, dict[str, int]]:
         try:
             raw = json.loads(self.path.read_text(encoding="utf-8"))
             streams = raw["streams"]
-            self._rollouts = {str(s): int(r) for s, r in raw.get("rollouts", {}).items()}
+            # "rollouts" (install-based, raised by unsigned rollout ids) is ignored on purpose
+            self._rollbacks = {str(s): int(r) for s, r in raw.get("rollbacks", {}).items()}
+            self._installed = {str(s): float(t)
+                               for s, t in raw.get("installed_at", {}).items()}
             return {str(s): {str(n): int(v) for n, v in names.items()}
                     for s, names in streams.items()}
         except FileNotFoundError:
@@ -107,31 +132,49 @@ class HighWater:
             log.error("%s", self.broken)
             return {}
 
-    def rollout(self, stream: str) -> int | None:
-        """The newest rollout id ``stream`` has installed a package from, or None."""
+    def rollback_mark(self, stream: str) -> int | None:
+        """The newest rollout id of a signed rollback ``stream`` has applied, or None."""
         with self._lock:
-            return self._rollouts.get(stream)
+            return self._rollbacks.get(stream)
+
+    def installed_at(self, stream: str) -> float | None:
+        """When ``stream`` last installed a fleet package (this device's clock), or None."""
+        with self._lock:
+            return self._installed.get(stream)
 
     def marks(self, stream: str) -> dict[str, int]:
         """``{model name: newest version run}`` of ``stream``."""
         with self._lock:
             return dict(self._data.get(stream, {}))
 
-    def ran(self, stream: str, name: str, version: int, rollout_id: int | None = None) -> None:
-        """Record that ``stream`` runs ``name@version``, installed from ``rollout_id`` if any
-        (raises the marks, never lowers them).
+    def ran(
+        self, stream: str, name: str, version: int, *, installed_at: float | None = None,
+        rollback_of: int | None = None,
+    ) -> None:
+        """Record that ``stream`` runs ``name@version`` (raises the marks, never lowers them).
+
+        Args:
+            installed_at: A fleet package was installed at this time (device clock); None for
+                the configured package at start.
+            rollback_of: The rollout id of the SIGNED rollback (verified) that allowed this
+                install; never an assignment's unsigned ``rollout_id``.
 
         A file that cannot be written is logged (error); the mark is kept in memory and written
         with the next change.
         """
         with self._lock:
-            names = self._data.setdefault(stream, {})
-            newer_rollout = rollout_id is not None and rollout_id > self._rollouts.get(stream, -1)
-            if (names.get(name, 0) >= version and not newer_rollout) or self.broken is not None:
+            if self.broken is not None:
                 return
+            names = self._data.setdefault(stream, {})
+            changed = names.get(name, 0) < version or installed_at is not None
             names[name] = max(names.get(name, 0), version)
-            if rollout_id is not None and newer_rollout:
-                self._rollouts[stream] = rollout_id
+            if installed_at is not None:
+                self._installed[stream] = installed_at
+            if rollback_of is not None and rollback_of > self._rollbacks.get(stream, -1):
+                self._rollbacks[stream] = rollback_of
+                changed = True
+            if not changed:
+                return
             try:
                 self._write()
             except OSError as exc:
@@ -141,8 +184,8 @@ class HighWater:
     def _write(self) -> None:
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         with tmp.open("w", encoding="utf-8") as fh:
-            json.dump({"format": 1, "streams": self._data, "rollouts": self._rollouts}, fh,
-                      indent=1, sort_keys=True)
+            json.dump({"format": 1, "streams": self._data, "rollbacks": self._rollbacks,
+                       "installed_at": self._installed}, fh, indent=1, sort_keys=True)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, self.path)
@@ -173,6 +216,9 @@ class PackageGuard:
         self.device_id = device_id
         self.max_archive_bytes = max_archive_bytes
         self.clock = clock
+        #: Per stream, ``(name, version, rollout id)`` of the signed rollback :meth:`check`
+        #: verified last (consumed by :meth:`installed`).
+        self._verified: dict[str, tuple[str, int, int]] = {}
 
     def before_download(
         self, a: ModelAssignment, stream: str, running: tuple[str, int]
@@ -215,11 +261,25 @@ class PackageGuard:
         if (manifest.name, manifest.version) != (a.name, a.version):
             raise PackageFormatError(
                 f"archive holds {label}, not the assigned {a.name}@{a.version}", label)
-        self._anti_rollback(stream, running, a, manifest.name, manifest.version)
+        self._verified.pop(stream, None)
+        if self._anti_rollback(stream, running, a, manifest.name, manifest.version) \
+                and a.rollback is not None and a.rollback.rollout_id is not None:
+            self._verified[stream] = (a.name, a.version, a.rollback.rollout_id)
+
+    def installed(self, stream: str, a: ModelAssignment) -> None:
+        """``a``'s package now runs on ``stream``: raise its marks, the install time, and the
+        rollback mark when :meth:`check` verified a signed rollback for exactly this package
+        (the signed ``rollout_id``, never the assignment's)."""
+        verified = self._verified.pop(stream, None)
+        rollback_of = verified[2] if verified is not None and verified[:2] == (
+            a.name, a.version) else None
+        self.high_water.ran(stream, a.name, a.version, installed_at=self.clock(),
+                            rollback_of=rollback_of)
 
     def _anti_rollback(
         self, stream: str, running: tuple[str, int], a: ModelAssignment, name: str, version: int
-    ) -> None:
+    ) -> bool:
+        """True when the package needed a rollback (and ``a``'s, signed, allowed it)."""
         label = f"{name}@{version}"
         marks = self.high_water.marks(stream)
         floor = rollback_floor(name, version, running, marks)
@@ -227,13 +287,15 @@ class PackageGuard:
             if name not in marks and len(marks) >= MAX_NAMES:
                 raise PackageFormatError(f"stream {stream} has run {MAX_NAMES} model names "
                                          "already; no new name is accepted", label)
-            return
+            return False
         check_rollback(
             a.rollback, device_id=self.device_id, stream=stream, name=name,
             from_version=floor, to_version=version, policy=self.policy,
             now=self.clock(), where=label, rollout_id=a.rollout_id,
-            rollout_floor=self.high_water.rollout(stream),
+            rollback_mark=self.high_water.rollback_mark(stream),
+            installed_at=self.high_water.installed_at(stream),
         )
+        return True
 
 
 def load_keys_dir(directory: str, key: str) -> TrustedKeys:

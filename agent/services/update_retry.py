@@ -1,7 +1,9 @@
 """Bounded tries with backoff for model updates that fail for want of the right bytes or room.
 
 A download that breaks (:class:`~cloud_sync.errors.FleetUnavailable`) is resumed at the next
-poll and costs no try. A download that completes but fails its check (the size or sha256
+poll and costs no try, as long as each resume brings new bytes; one that ends short again
+without a new byte (:class:`~cloud_sync.errors.FleetDownloadShort`: a fleet announcing more than
+it sends) costs a try. A download that completes but fails its check (the size or sha256
 differs from the assignment, or the fleet answers with a ``Content-Range`` that does not continue
 the file: :class:`~cloud_sync.errors.FleetProtocolError`) is a wrong archive, and one that
 cannot be written or unpacked (``OSError``: a full or read-only disk) fails the same way again:

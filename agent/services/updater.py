@@ -32,10 +32,13 @@ jitter), or at once when :meth:`Updater.notify` is called (an MQTT message on
 Any failed step ends in ``rejected`` with the reason; the running model is untouched. Every state
 is reported to the fleet (:class:`~cloud_sync.protocol.ModelStatusReport`; reports that fail are
 retried on the next pass), counted in ``edge_agent_model_updates_total{stream,state}`` and logged
-once. A download that breaks is resumed on the next pass without a report; an archive whose size
-or sha256 differs from the assignment, or one that cannot be written or installed (a full disk),
-is tried again at most ``download_tries`` times, with backoff
-(:mod:`agent.services.update_retry`), then rejected. One stream's update runs to its end
+once. A download that breaks is resumed on the next pass without a report as long as each resume
+brings new bytes; one that ends short again without a new byte (a fleet that announces more than
+it sends), an archive whose size or sha256 differs from the assignment, or one that cannot be
+written or installed (a full disk), is tried again at most ``download_tries`` times, with
+backoff (:mod:`agent.services.update_retry`), then rejected. At most one partial download
+(``incoming/*.part``) is kept per stream: the current assignment's; any other is deleted when a
+stream starts a download or has nothing to download. One stream's update runs to its end
 (through the watch) before the next stream is looked at. At its first pass the updater reports
 each stream's running package as ``active`` (no rollout; ``details.origin`` = ``configured`` or
 ``installed``), so the fleet knows the version an abort of the first rollout goes back to.
@@ -80,6 +83,7 @@ from cloud_sync.archive import unpack_verified
 from cloud_sync.errors import (
     AssignmentInvalid,
     FleetAuthError,
+    FleetDownloadShort,
     FleetError,
     FleetProtocolError,
     FleetRejected,
@@ -256,6 +260,10 @@ class Updater:
         self._rejected: dict[str, set[tuple[str, str, str]]] = {n: set() for n in streams}
         self._fleet_failing = False
         self._retry = RetryBudget(config.download_tries, config.download_backoff_s)
+        #: Per stream, the part file of its current download (the only ones kept).
+        self._parts: dict[str, Path] = {}
+        #: Per stream, ``(assignment key, most bytes a short download of it left)``.
+        self._short: dict[str, tuple[tuple[str, str, str], int]] = {}
         self._announced = False
         self.guard = guard if guard is not None else PackageGuard(
             HighWater(store.root / HIGH_WATER_FILE), None, device_id, config.max_archive_bytes,
@@ -339,10 +347,12 @@ class Updater:
             return
         self._fleet_ok()
         if a is None or a.stream not in (None, h.name):
+            self._keep_part(h, None)
             return
         m = h.slot.package.manifest
         label = f"{a.name}@{a.version}"
         if (a.name, a.version) == (m.name, m.version) or label in self.store.refused(h.name):
+            self._keep_part(h, None)
             return
         if _key(a) in self._rejected[h.name] or not self._retry.ready(_key(a)):
             return
@@ -355,6 +365,7 @@ class Updater:
             self._reject(h, a, refused)
             return
         archive = self.store.incoming / f"{a.name}-{a.version}.tar.gz"
+        self._keep_part(h, archive.with_suffix(".part"))
         try:
             self.client.download(a.url, archive, a.archive_size, a.archive_sha256)
         except FleetRejected as exc:
@@ -365,6 +376,9 @@ class Updater:
             return
         except FleetProtocolError as exc:  # the archive arrived wrong
             self._failed_try(h, a, "download failed its check", exc)
+            return
+        except FleetDownloadShort as exc:
+            self._ended_short(h, a, archive.with_suffix(".part"), exc)
             return
         except FleetError as exc:
             log.warning("stream %s: download of %s@%d interrupted (%s); resuming later",
@@ -391,6 +405,32 @@ class Updater:
                 self._reject(h, a, str(exc))
             if final is not None and final not in (_path(h.installed), _path(h.previous)):
                 shutil.rmtree(final, ignore_errors=True)
+
+    def _keep_part(self, h: StreamHandle, part: Path | None) -> None:
+        """``part`` is ``h``'s current download (None: none); delete every other stream's
+        stale part file in ``incoming/`` (a fleet that assigns a new name at every poll must
+        not fill the disk with partial downloads)."""
+        if part is None:
+            self._parts.pop(h.name, None)
+        else:
+            self._parts[h.name] = part
+        for gone in self.store.drop_parts(set(self._parts.values())):
+            log.info("stream %s: partial download %s deleted (no longer assigned)", h.name,
+                     gone.name)
+
+    def _ended_short(
+        self, h: StreamHandle, a: ModelAssignment, part: Path, exc: FleetError
+    ) -> None:
+        """A download ended before the announced size: resumed later when it brought new bytes,
+        a failed try (backoff, then rejected and reported) when it did not."""
+        size = part.stat().st_size if part.exists() else 0
+        key, best = self._short.get(h.name, (None, -1))
+        if key != _key(a) or size > best:
+            self._short[h.name] = (_key(a), size)
+            log.warning("stream %s: download of %s@%d interrupted (%s); resuming later",
+                        h.name, a.name, a.version, exc, extra=_fields(h, a))
+            return
+        self._failed_try(h, a, "download ended short again without a new byte", exc)
 
     def _failed_try(self, h: StreamHandle, a: ModelAssignment, what: str, exc: Exception) -> None:
         """A try of ``a`` failed (a wrong archive, a full disk): tried again after the backoff,
@@ -474,7 +514,7 @@ class Updater:
         if swap.error is not None:
             raise _Rejected(f"swap refused: {swap.error}")
         new = Installed(a.name, a.version, str(package.path))
-        self.guard.high_water.ran(h.name, a.name, a.version, a.rollout_id)
+        self.guard.installed(h.name, a)  # the rollback mark only from a signed rollback
         h.previous, h.installed = h.installed, new
         self.store.set_active(h.name, new, h.previous)
         self._report(h, a, "active", details=details)

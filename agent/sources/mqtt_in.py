@@ -37,6 +37,7 @@ import numpy as np
 
 from agent.errors import RecordError, SourceError
 from agent.records import Reading
+from agent.secret_files import read_secret, warn_clear_password
 from agent.sources import mqtt_in_payloads as payloads
 from agent.sources.backoff import Backoff
 from agent.sources.base import DeviceHooks, Emit, Reject, StatusListener
@@ -102,6 +103,21 @@ class MqttInSource(DeviceHooks):
         self.connects = 0
         self.missed = 0
         self.events: dict[str, int] = {}
+        self._password = self._read_password(config, stream)
+
+    @staticmethod
+    def _read_password(config: MqttInConfig, stream: str) -> str | None:
+        """The broker password, checked as ``[mqtt]``'s (:func:`agent.secret_files.read_secret`:
+        a file others can write is a ConfigError, one they can read a warning) and warned about
+        once when it would cross the network in clear (no ``ca_file``, a non-loopback host)."""
+        if config.username is None or config.password_file is None:
+            return None
+        key = f"stream {stream!r} source.password_file"
+        password = read_secret(config.password_file, key, "password")
+        if config.ca_file is None:
+            warn_clear_password(key, config.host, config.port, config.username,
+                                "set source.ca_file (TLS, port 8883)")
+        return password
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -109,9 +125,8 @@ class MqttInSource(DeviceHooks):
         """Read until ``stop`` is set; never raises for a broker that is down."""
         cfg = self.config
         client = self._factory(self.client_id, cfg.clean_session)
-        if cfg.username is not None and cfg.password_file is not None:
-            with open(cfg.password_file, encoding="utf-8") as fh:
-                client.username_pw_set(cfg.username, fh.read().strip())
+        if cfg.username is not None and self._password is not None:
+            client.username_pw_set(cfg.username, self._password)
         if cfg.ca_file is not None:
             client.tls_set(ca_certs=cfg.ca_file)
         client.on_connect = self._on_connect

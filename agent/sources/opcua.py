@@ -32,13 +32,14 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
 from agent.errors import RecordError, SourceError
 from agent.records import Reading
+from agent.secret_files import read_secret, warn_clear_password
 from agent.sources.backoff import Backoff
 from agent.sources.base import DeviceHooks, Emit, Reject, StatusListener
 from agent.sources.opcua_config import NodeMap, OpcuaConfig
@@ -95,8 +96,30 @@ class OpcuaSource(DeviceHooks):
         self.connects = 0
         self.publishes = 0
         self.missed = 0
+        self._password = self._read_password(config, stream)
         # asyncua logs every failed request and reconnect attempt itself; the agent reports once.
         logging.getLogger("asyncua").setLevel(logging.CRITICAL)
+
+    @staticmethod
+    def _read_password(config: OpcuaConfig, stream: str) -> str | None:
+        """The user's password, checked as ``[mqtt]``'s (:func:`agent.secret_files.read_secret`:
+        a file others can write is a ConfigError, one they can read a warning) and warned about
+        once when the session has no security policy and the server is not loopback (the
+        password may then cross the network in clear, unless the server's token policy
+        encrypts it)."""
+        if config.username is None or config.password_file is None:
+            return None
+        key = f"stream {stream!r} source.password_file"
+        password = read_secret(config.password_file, key, "password")
+        if config.security_policy == "None":
+            url = urlsplit(config.endpoint)
+            try:
+                port = url.port or 4840
+            except ValueError:
+                port = 4840
+            warn_clear_password(key, url.hostname or "", port, config.username,
+                                'set source.security_policy = "Basic256Sha256"')
+        return password
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -158,9 +181,9 @@ class OpcuaSource(DeviceHooks):
             await client.set_security(SecurityPolicyBasic256Sha256, str(cfg.certificate_file),
                                       str(cfg.private_key_file),
                                       server_certificate=cfg.server_certificate_file, mode=mode)
-        if cfg.username is not None and cfg.password_file is not None:
+        if cfg.username is not None and self._password is not None:
             client.set_user(cfg.username)
-            client.set_password(Path(cfg.password_file).read_text(encoding="utf-8").strip())
+            client.set_password(self._password)
 
         async def on_lost(exc: Exception) -> None:
             self._lost_why = _why(exc)

@@ -29,7 +29,7 @@ from fastapi.responses import JSONResponse, RedirectResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from cloud_sync.protocol import NAME_PATTERN
+from cloud_sync.protocol import NAME_PATTERN, PLAIN_PATTERN
 from fleet.accounts.roles import Role
 from fleet.accounts.service import (
     CSRF_COOKIE,
@@ -307,8 +307,8 @@ def audit(
     request: Request, _viewer: ViewerDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     before: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
-    actor: Annotated[str | None, Query(max_length=64)] = None,
-    action: Annotated[str | None, Query(max_length=64)] = None,
+    actor: Annotated[str | None, Query(max_length=64, pattern=PLAIN_PATTERN)] = None,
+    action: Annotated[str | None, Query(max_length=64, pattern=PLAIN_PATTERN)] = None,
 ) -> AuditPage:
     rows = get_accounts(request).audit.list(limit=limit, before_id=before, actor=actor,
                                             action=action)

@@ -29,7 +29,7 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from cloud_sync.protocol import ID_PATTERN, NAME_PATTERN, TEXT_PATTERN
+from cloud_sync.protocol import ID_PATTERN, NAME_PATTERN, PLAIN_PATTERN, TEXT_PATTERN
 from fleet.api.auditing import arecord
 from fleet.api.deps import OperatorDep, ServicesDep, ViewerDep
 from fleet.api.devices import _time as parse_time
@@ -40,7 +40,8 @@ from fleet.errors import NotFound, Unprocessable
 
 router = APIRouter()
 DeviceId = Annotated[str, Path(pattern=NAME_PATTERN)]
-Time = Annotated[str | None, Query(max_length=40, description="Epoch s or ISO 8601.")]
+Time = Annotated[str | None, Query(
+    max_length=40, pattern=PLAIN_PATTERN, description="Epoch s or ISO 8601.")]
 Name = Annotated[str | None, Query(pattern=NAME_PATTERN)]
 ACK_MAX_BYTES = 16 * 1024
 
@@ -109,7 +110,7 @@ def _known(services: ServicesDep, device_id: str) -> None:
 def fleet_alerts(
     request: Request, _viewer: ViewerDep,
     device: Name = None, stream: Name = None,
-    tag: Annotated[str | None, Query(max_length=64, pattern=TEXT_PATTERN)] = None,
+    tag: Annotated[str | None, Query(max_length=64, pattern=PLAIN_PATTERN)] = None,
     since: Time = None, until: Time = None, acked: bool | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ) -> Response:

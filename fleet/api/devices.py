@@ -34,7 +34,7 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from cloud_sync.isotime import fromisoformat
-from cloud_sync.protocol import NAME_PATTERN, EnrollRequest, EnrollResponse
+from cloud_sync.protocol import NAME_PATTERN, PLAIN_PATTERN, EnrollRequest, EnrollResponse
 from fleet.api.auditing import arecord, record
 from fleet.api.deps import OperatorDep, PrincipalDep, ServicesDep, ViewerDep
 from fleet.api.json_body import ENROLL_MAX_BYTES, body_doc, read_model
@@ -96,14 +96,16 @@ async def change_tags(
     return DeviceOut.of(device)
 
 
-Since = Annotated[str | None, Query(max_length=40, description="Epoch s or ISO 8601.")]
+Since = Annotated[str | None, Query(
+    max_length=40, pattern=PLAIN_PATTERN, description="Epoch s or ISO 8601.")]
 Stream = Annotated[str | None, Query(pattern=NAME_PATTERN)]
+AnyDeviceId = Annotated[str, Path(max_length=64, pattern=PLAIN_PATTERN)]
 Limit = Annotated[int, Query(ge=1)]
 
 
 @router.get("/v1/devices/{device_id}/aggregates", response_model=AggregatePage)
 def device_aggregates(
-    device_id: str,
+    device_id: AnyDeviceId,
     services: ServicesDep,
     principal: PrincipalDep,
     stream: Stream = None,
@@ -118,7 +120,7 @@ def device_aggregates(
 
 @router.get("/v1/devices/{device_id}/alerts", response_model=AlertPage)
 def device_alerts(
-    device_id: str,
+    device_id: AnyDeviceId,
     services: ServicesDep,
     principal: PrincipalDep,
     stream: Stream = None,

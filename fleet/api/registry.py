@@ -24,7 +24,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from cloud_sync.protocol import INT64_MAX, NAME_PATTERN
+from cloud_sync.protocol import INT64_MAX, NAME_PATTERN, PLAIN_PATTERN
 from fleet.api.auditing import arecord
 from fleet.api.deps import OperatorDep, PrincipalDep, ViewerDep
 from fleet.api.handlers import error_response
@@ -114,7 +114,8 @@ def parse_range(header: str, size: int) -> tuple[int, int] | None:
 
 @router.get("/v1/models/{name}/{version}/package")
 def download(
-    name: str, version: Annotated[int, Path(ge=1, le=INT64_MAX)], request: Request,
+    name: Annotated[str, Path(max_length=64, pattern=PLAIN_PATTERN)],
+    version: Annotated[int, Path(ge=1, le=INT64_MAX)], request: Request,
     loop: ModelLoopDep, who: PrincipalDep,
 ) -> Response:
     if not re.fullmatch(NAME_PATTERN, name):

@@ -28,7 +28,13 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Path, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from cloud_sync.protocol import ID_PATTERN, MAX_SNAPSHOT_BYTES, MAX_SNAPSHOT_EDGE, SNAPSHOT_KINDS
+from cloud_sync.protocol import (
+    ID_PATTERN,
+    MAX_SNAPSHOT_BYTES,
+    MAX_SNAPSHOT_EDGE,
+    PLAIN_PATTERN,
+    SNAPSHOT_KINDS,
+)
 from fleet.api.body import _read_limited
 from fleet.api.deps import DeviceDep, PrincipalDep, ServicesDep
 from fleet.db.devices import utcnow
@@ -49,8 +55,8 @@ Kind = Literal["snapshot", "heatmap"]
 FORMATS = {"snapshot": "JPEG", "heatmap": "PNG"}
 _ALERT_ID = re.compile(ID_PATTERN)
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-DeviceId = Annotated[str, Path(max_length=64)]
-AlertId = Annotated[str, Path(max_length=160)]
+DeviceId = Annotated[str, Path(max_length=64, pattern=PLAIN_PATTERN)]
+AlertId = Annotated[str, Path(max_length=160, pattern=PLAIN_PATTERN)]
 
 
 def check_image(data: bytes, kind: str) -> StoredImage:

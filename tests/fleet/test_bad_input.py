@@ -227,3 +227,67 @@ def test_retention_prunes_at_most_once_per_interval(engine: Engine, client: Test
     now[0] += dt.timedelta(minutes=31)
     assert retention.maybe_prune() == 1
     assert ModelStatusReport.model_fields["details"].metadata  # bounded in the wire schema
+
+
+# --- every string path or query parameter: control characters are a 4xx, never a 500 ----------
+
+#: ``GET /v1/audit?actor=%00`` was a 500 on PostgreSQL (a retest of issue 15): each string
+#: parameter the OpenAPI lists is checked here, so a new one without a bound fails this file.
+CONTROL_VALUES = ["a\x00b", "\x00", "a\x01b", "a\nb", "a\x7fb"]
+
+
+def _string_params() -> list[tuple[str, str, str, str]]:
+    from tests.fleet.test_fuzz_routes import DOC  # noqa: PLC0415
+
+    out = []
+    for path, item in DOC["paths"].items():
+        for method, op in item.items():
+            for param in op.get("parameters", []):
+                schema = param["schema"]
+                kinds = [schema, *schema.get("anyOf", [])]
+                if any(k.get("type") == "string" for k in kinds):
+                    out.append((method.upper(), path, param["in"], param["name"]))
+    return out
+
+
+STRING_PARAMS = _string_params()
+_VALID = {"device_id": "gw1", "alert_id": "gw1:pump1:1", "kind": "snapshot", "name": "skab-wstat",
+          "version": "1", "rollout_id": "1", "action": "pause", "username": "admin"}
+
+
+def test_every_string_parameter_is_bounded_against_control_characters() -> None:
+    import re  # noqa: PLC0415
+
+    from tests.fleet.test_fuzz_routes import DOC  # noqa: PLC0415
+
+    loose = []
+    for method, path, _where, name in STRING_PARAMS:
+        param = next(p for p in DOC["paths"][path][method.lower()]["parameters"]
+                     if p["name"] == name)
+        kinds = [param["schema"], *param["schema"].get("anyOf", [])]
+        strings = [k for k in kinds if k.get("type") == "string"]
+        for k in strings:
+            if "enum" in k:
+                continue
+            pattern = k.get("pattern")
+            if pattern is None or any(re.search(pattern, v) for v in CONTROL_VALUES):
+                loose.append(f"{method} {path} {name}")
+    assert not loose, loose
+
+
+@pytest.mark.parametrize(("method", "path", "where", "name"), STRING_PARAMS,
+                         ids=[f"{m} {p} {n}" for m, p, _w, n in STRING_PARAMS])
+def test_control_characters_in_string_parameters_are_refused(
+    raw_client: TestClient, method: str, path: str, where: str, name: str
+) -> None:
+    from urllib.parse import quote  # noqa: PLC0415
+
+    enroll(raw_client, "gw1")
+    for value in CONTROL_VALUES:
+        url = path
+        for key, good in _VALID.items():
+            url = url.replace("{" + key + "}", quote(value, safe="") if key == name else good)
+        if where == "query":
+            url += f"?{name}={quote(value, safe='')}"
+        resp = raw_client.request(method, url, headers=ADMIN)
+        assert _refused(resp.status_code), (method, url, resp.status_code, resp.text[:300])

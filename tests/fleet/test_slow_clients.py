@@ -164,3 +164,49 @@ def test_trickled_body_gets_408_and_is_closed(fleet: FleetProcess) -> None:
                 if not chunk or data.endswith(b"}"):
                     break
     assert data.startswith(b"HTTP/1.1 408 "), data[:200]
+
+
+def _healthz_from(port: int, source: str) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10,
+                                  source_address=(source, 0)) as s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: fleet\r\nConnection: close\r\n\r\n")
+        data = b""
+        while chunk := s.recv(4096):
+            data += chunk
+    return data
+
+
+def test_a_per_client_connection_cap_keeps_one_host_from_taking_every_descriptor(
+    tmp_path: Path,
+) -> None:
+    """Retest of issue 15 (H5): one host that keeps more slow connections open than the
+    descriptor limit locked every device out. With ``--max-conns-per-client 20`` its 21st
+    connection is answered 503 and closed at once, and another address (a device) is served
+    while 300 trickling connections are attempted."""
+    proc = FleetProcess(tmp_path / "fleet", nofile=256,
+                        extra_args=("--request-timeout", "30", "--max-conns-per-client", "20"))
+    proc.start()
+    held: list[socket.socket] = []
+    try:
+        refused = 0
+        for _ in range(300):
+            s = socket.create_connection(("127.0.0.1", proc.port), timeout=5)
+            s.sendall(b"POST /v1/ingest HTTP/1.1\r\nHost: fleet\r\nX-Slow: ")
+            held.append(s)
+        for s in held[20:]:
+            s.settimeout(5)
+            with contextlib.suppress(OSError):
+                if s.recv(4096).startswith(b"HTTP/1.1 503 "):
+                    refused += 1
+        assert refused == 280, refused
+        answer = _healthz_from(proc.port, "127.0.0.2")
+        assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+        for s in held[:20]:  # the first 20 are still open (their deadline is 30 s)
+            s.settimeout(0.2)
+            with pytest.raises(TimeoutError):
+                s.recv(1)
+    finally:
+        for s in held:
+            s.close()
+        proc.stop()
+    assert "Traceback" not in proc.log_tail(400)

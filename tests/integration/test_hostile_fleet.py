@@ -173,21 +173,87 @@ def test_hostile_fleet_gets_nothing(
         fleet.serve({**_a("skab-other", 2), "rollout_id": 10}, other2)
         _wait_for(lambda: agent.streams["pump"].package.label == "skab-other@2")
         attacks.expect_rejected(lambda: fleet.serve(captured, old),
-                                "undoes rollout 9, but this stream has since installed from "
-                                "rollout 10")
+                                "undoes rollout 9, but this stream has already applied a "
+                                "signed rollback of rollout 9")
         assert agent.streams["pump"].package.label == "skab-other@2"
+        # 8. (retest of issue 15) a genuine signed newer package served under an unsigned
+        # rollout_id of 2**63-1 installs, but raises no mark: the operator's genuine abort of
+        # rollout 11 (skab-other 3 -> 2, signed now) still applies
+        other3 = attacks.archive(make_package(pkgs, 3, pkg_priv, name="skab-other"))
+        fleet.serve({**_a("skab-other", 3), "rollout_id": 2**63 - 1}, other3)
+        _wait_for(lambda: agent.streams["pump"].package.label == "skab-other@3")
+        abort = rollback(rollout_id=11, name="skab-other", from_version=3, to_version=2)
+        fleet.serve({**_a("skab-other", 2, rollback=abort), "rollout_id": 11}, other2)
+        _wait_for(lambda: agent.streams["pump"].package.label == "skab-other@2")
 
     assert _tree(tmp_path, state, pkgs) == outside  # nothing written or removed outside state/
     assert (victim / "keep.txt").read_text() == "operator data"
     models = sorted(p.name for p in (state / "models").iterdir())
     assert models == ["active.json", "high_water.json", "incoming", "skab-other-2",
-                      "skab-wstat-1"]  # running skab-other@2, previous skab-wstat@1
+                      "skab-other-3"]  # running skab-other@2, previous skab-other@3
     assert list((state / "models" / "incoming").iterdir()) == []
     # the marks a restart reads: the rollback to skab-wstat@1 did not lower skab-wstat's
     marks = HighWater(state / "models" / "high_water.json")
-    assert marks.marks("pump") == {"skab-wstat": 6, "skab-other": 2}
-    assert marks.rollout("pump") == 10
-    assert sorted(p.name for p in (state / "models" / "skab-wstat-1").iterdir()) == sorted(
+    assert marks.marks("pump") == {"skab-wstat": 6, "skab-other": 3}
+    assert marks.rollback_mark("pump") == 11  # only signed rollbacks raised it
+    assert sorted(p.name for p in (state / "models" / "skab-other-2").iterdir()) == sorted(
         p.name for p in v6.iterdir())
     assert agent.metrics.registry.get_sample_value(
         "edge_agent_model_updates_total", {"stream": "pump", "state": "rejected"}) == 16.0
+
+
+def test_short_downloads_do_not_fill_the_disk(
+    tmp_path: Path, fleet: FakeFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retest of issue 15: a fleet that assigns a new name at every poll and always sends one
+    byte less than it announces. At most one partial download is on disk at any time (a part
+    file an earlier run left is deleted too), each short download is rejected and reported
+    after ``download_tries`` tries without a new byte, and the part files count in the disk
+    budget's ``models`` part."""
+    from agent.disk_budget import default_parts  # noqa: PLC0415
+
+    pkg_priv, pkg_pub = generate_keypair(tmp_path / "package-signer", "ops")
+    trusted = tmp_path / "trusted"
+    trusted.mkdir()
+    (trusted / pkg_pub.name).write_bytes(pkg_pub.read_bytes())
+    v6 = make_package(tmp_path / "pkgs" / "installed", 6, pkg_priv)
+    incoming = tmp_path / "state" / "models" / "incoming"
+    incoming.mkdir(parents=True)
+    (incoming / "left-by-an-attack-9.tar.part").write_bytes(b"x" * 50_000)
+    finish = threading.Event()
+    agent = _agent(tmp_path, fleet, trusted, FlowingSource("pump", finish), monkeypatch,
+                   model=str(v6), updater="download_tries = 2\ndownload_backoff_s = 0.2")
+    attacks = Attacks(fleet, tmp_path / "archives")
+    junk = b"x" * 100_000
+    most = [0]
+    seen_parts: set[str] = set()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            parts = list(incoming.glob("*.part"))
+            most[0] = max(most[0], len(parts))
+            seen_parts.update(p.name for p in parts)
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    with _running(agent, finish):
+        watcher.start()
+        for i in range(1, 5):
+            name = f"fill-{i}"
+            a = {**_a(name, 1), "archive_size": len(junk) + 1}
+            rep = attacks.expect_rejected(lambda a=a: fleet.serve(a, junk),  # type: ignore[misc]
+                                          "ended short again without a new byte 2 times")
+            assert f"ended at byte {len(junk)} of {len(junk) + 1}" in str(rep["reason"])
+            assert rep["name"] == name
+        # a part file of the current download counts in the models part of the disk budget
+        fleet.serve({**_a("fill-5", 1), "archive_size": len(junk) + 1}, junk)
+        _wait_for((incoming / "fill-5-1.tar.part").exists)
+        models = {p.name: p for p in default_parts(tmp_path / "state")}["models"]
+        assert models.used_bytes() >= len(junk)
+    done.set()
+    watcher.join()
+    assert most[0] <= 1, most
+    assert {f"fill-{i}-1.tar.part" for i in range(1, 6)} <= seen_parts
+    assert not (incoming / "left-by-an-attack-9.tar.part").exists()
+    assert {p.name for p in incoming.glob("*.part")} <= {"fill-5-1.tar.part"}

@@ -182,31 +182,106 @@ def test_rollback_role_expiry_and_binding(
 def test_a_captured_rollback_is_refused_after_a_later_rollout(
     tmp_path: Path, roles: tuple[Path, Path, RollbackPolicy]
 ) -> None:
-    """Rollout 1 signed skab-wstat 6 -> 1; rollout 2 then moved the stream to skab-other@2.
-    The captured rollout-1 assignment, replayed within its hour, is refused, also after a
-    restart (the rollout mark is in high_water.json); a rollback of rollout 2 is accepted."""
+    """Rollout 1 signed skab-wstat 6 -> 1 and the stream applied it; rollout 2 then moved the
+    stream to skab-other@2. The captured rollout-1 rollback, replayed within its hour, is
+    refused, also after a restart (the rollback mark is in high_water.json); a rollback of
+    rollout 2 is accepted."""
     _pkg, rb_key, policy = roles
     hw = HighWater(tmp_path / "hw.json")
-    hw.ran("pump", "skab-wstat", 6, rollout_id=1)
+    hw.ran("pump", "skab-wstat", 6)
     guard = PackageGuard(hw, policy, "gw1", 10**9, clock=lambda: NOW)
     captured = ModelAssignment.model_validate(_assignment(version=1, rollback=_rollback(rb_key)))
     guard.check("pump", ("skab-wstat", 6), captured, _manifest("skab-wstat", 1))  # valid now
-    hw.ran("pump", "skab-wstat", 1, rollout_id=1)  # the rollback installed
-    hw.ran("pump", "skab-other", 2, rollout_id=2)  # a later rollout
+    guard.installed("pump", captured)  # the rollback applied: its signed rollout 1 is the mark
+    assert hw.rollback_mark("pump") == 1
+    later = ModelAssignment.model_validate(_assignment(rollout_id=2, name="skab-other",
+                                                       version=2))
+    guard.check("pump", ("skab-wstat", 1), later, _manifest("skab-other", 2))
+    guard.installed("pump", later)  # a later rollout
     for marks in (hw, HighWater(tmp_path / "hw.json")):  # in memory and after a restart
         guard = PackageGuard(marks, policy, "gw1", 10**9, clock=lambda: NOW)
-        with pytest.raises(RollbackRefused, match="undoes rollout 1, but this stream has since "
-                           "installed from rollout 2"):
+        with pytest.raises(RollbackRefused, match="undoes rollout 1, but this stream has "
+                           "already applied a signed rollback of rollout 1"):
             guard.check("pump", ("skab-other", 2), captured, _manifest("skab-wstat", 1))
         assert "RollbackRefused" in str(guard.before_download(captured, "pump",
                                                                ("skab-other", 2)))
         fresh = ModelAssignment.model_validate(
             _assignment(rollout_id=2, version=1, rollback=_rollback(rb_key, rollout_id=2)))
         guard.check("pump", ("skab-other", 2), fresh, _manifest("skab-wstat", 1))
-    # the mark never goes down, and a rollout-less install leaves it
-    hw.ran("pump", "skab-other", 3, rollout_id=1)
-    hw.ran("pump", "skab-other", 4)
-    assert hw.rollout("pump") == 2 and hw.marks("pump")["skab-other"] == 4
+    # the mark never goes down, and installs (whatever their rollout_id) never raise it
+    hw.ran("pump", "skab-other", 3, installed_at=NOW)
+    assert hw.rollback_mark("pump") == 1 and hw.marks("pump")["skab-other"] == 3
+
+
+def test_an_unapplied_rollback_is_refused_once_the_stream_installed_after_it(
+    tmp_path: Path, roles: tuple[Path, Path, RollbackPolicy]
+) -> None:
+    """The abort of rollout 1 (signed at NOW-5) never reached this device; rollout 2 installed
+    skab-other@2 405 s later. Replayed within its age, the captured rollback is
+    refused (issued before the last install); a fresh one for rollout 2 is accepted."""
+    _pkg, rb_key, policy = roles
+    hw = HighWater(tmp_path / "hw.json")
+    hw.ran("pump", "skab-wstat", 6)
+    hw.ran("pump", "skab-other", 2, installed_at=NOW + 400)
+    guard = PackageGuard(hw, policy, "gw1", 10**9, clock=lambda: NOW + 500)
+    captured = ModelAssignment.model_validate(_assignment(version=1, rollback=_rollback(rb_key)))
+    with pytest.raises(RollbackRefused, match="issued 405 s before this stream last installed"):
+        guard.check("pump", ("skab-other", 2), captured, _manifest("skab-wstat", 1))
+    fresh = ModelAssignment.model_validate(_assignment(
+        rollout_id=2, version=1, rollback=_rollback(rb_key, rollout_id=2,
+                                                    clock=lambda: NOW + 490)))
+    guard.check("pump", ("skab-other", 2), fresh, _manifest("skab-wstat", 1))
+    # a fleet clock up to max_skew_s behind the device's still passes
+    behind = ModelAssignment.model_validate(_assignment(
+        rollout_id=2, version=1, rollback=_rollback(rb_key, rollout_id=2,
+                                                    clock=lambda: NOW + 400 - 250)))
+    guard.check("pump", ("skab-other", 2), behind, _manifest("skab-wstat", 1))
+
+
+def test_an_unsigned_rollout_id_cannot_switch_rollbacks_off(
+    tmp_path: Path, roles: tuple[Path, Path, RollbackPolicy]
+) -> None:
+    """The retest of issue 15: a hostile fleet served a genuine signed skab-wstat@12 with
+    rollout_id 2**63-1; the operator's genuine abort of rollout 30 (12 -> 11) must still apply,
+    also after a restart, and the install left no mark that blocks it."""
+    _pkg, rb_key, policy = roles
+    hw = HighWater(tmp_path / "hw.json")
+    hw.ran("pump", "skab-wstat", 11)
+    guard = PackageGuard(hw, policy, "gw1", 10**9, clock=lambda: NOW)
+    hostile = ModelAssignment.model_validate(_assignment(rollout_id=2**63 - 1, version=12))
+    guard.check("pump", ("skab-wstat", 11), hostile, _manifest("skab-wstat", 12))
+    guard.installed("pump", hostile)
+    assert hw.rollback_mark("pump") is None
+    abort = ModelAssignment.model_validate(_assignment(
+        rollout_id=30, version=11, rollback=_rollback(rb_key, rollout_id=30, from_version=12,
+                                                      to_version=11, clock=lambda: NOW)))
+    for marks in (hw, HighWater(tmp_path / "hw.json")):
+        PackageGuard(marks, policy, "gw1", 10**9, clock=lambda: NOW).check(
+            "pump", ("skab-wstat", 12), abort, _manifest("skab-wstat", 11))
+    # a rollback in an assignment that did not need one (a newer version) is not verified:
+    # it raises nothing either
+    carried = ModelAssignment.model_validate(_assignment(
+        rollout_id=31, version=13, rollback=_rollback(rb_key, rollout_id=2**63 - 1,
+                                                      from_version=12, to_version=13)))
+    guard.check("pump", ("skab-wstat", 12), carried, _manifest("skab-wstat", 13))
+    guard.installed("pump", carried)
+    assert hw.rollback_mark("pump") is None
+
+
+def test_an_old_install_based_rollout_mark_is_ignored(
+    tmp_path: Path, roles: tuple[Path, Path, RollbackPolicy]
+) -> None:
+    """A high_water.json whose "rollouts" mark a hostile fleet raised (earlier versions) does
+    not block the operator's rollback after the upgrade."""
+    _pkg, rb_key, policy = roles
+    path = tmp_path / "hw.json"
+    path.write_text(json.dumps({"format": 1, "streams": {"pump": {"skab-wstat": 12}},
+                                "rollouts": {"pump": 2**63 - 1}}))
+    guard = PackageGuard(HighWater(path), policy, "gw1", 10**9, clock=lambda: NOW)
+    abort = ModelAssignment.model_validate(_assignment(
+        rollout_id=30, version=11, rollback=_rollback(rb_key, rollout_id=30, from_version=12,
+                                                      to_version=11)))
+    guard.check("pump", ("skab-wstat", 12), abort, _manifest("skab-wstat", 11))
 
 
 def test_no_rollback_keys_refuses_every_rollback(

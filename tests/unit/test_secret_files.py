@@ -19,6 +19,10 @@ from agent.exitcodes import EX_CONFIG
 from agent.publish.mqtt import read_password
 from agent.secret_files import check_secret_file, secure_state
 from agent.services.uploader import FleetConfig, read_token
+from agent.sources.mqtt_in import MqttInSource
+from agent.sources.mqtt_in_config import MqttInConfig
+from agent.sources.opcua import OpcuaSource
+from agent.sources.opcua_config import OpcuaConfig
 from agent.store.sqlite import Store
 from tests.integration.test_agent_e2e import edge_agent
 from tests.tls_certs import TestCA
@@ -160,3 +164,75 @@ ca_file = "{ca.cert_file}"
         assert f"{key}: {str(ca.cert_file)!r} is writable by its group" in err, err
     ca.cert_file.chmod(0o644)  # readable by all is right for a CA
     assert main(["check-config", str(config)]) == 0, capsys.readouterr().err
+
+
+# --- the mqtt and opcua sources' password files (a retest of issue 15 found them unchecked) ---
+
+
+def _mqtt_in(password: Path, host: str = "127.0.0.1", **extra: object) -> MqttInConfig:
+    return MqttInConfig.model_validate({
+        "format": "json", "topics": ["t"], "fields": {"p": "p"}, "host": host,
+        "username": "in", "password_file": str(password), **extra})
+
+
+def _opcua(password: Path, endpoint: str, **extra: object) -> OpcuaConfig:
+    return OpcuaConfig.model_validate({
+        "endpoint": endpoint, "nodes": [{"channel": "a", "node_id": "ns=2;s=A"}],
+        "username": "edge", "password_file": str(password), **extra}, strict=False)
+
+
+@pytest.mark.parametrize("mode", [0o666, 0o620])
+def test_source_password_files_others_can_write_are_refused(tmp_path: Path, mode: int) -> None:
+
+    path = secret(tmp_path, mode, "pw")
+    with pytest.raises(ConfigError, match=r"source\.password_file.*writable") as info:
+        MqttInSource(_mqtt_in(path), "in-w")
+    assert "s3cret" not in str(info.value)
+    with pytest.raises(ConfigError, match=r"source\.password_file.*writable"):
+        OpcuaSource(_opcua(path, "opc.tcp://127.0.0.1:4840"), "opc-w")
+
+
+def test_source_password_files_readable_by_others_are_warned_about_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+
+    mqtt_pw, opc_pw = secret(tmp_path, 0o644, "mqtt-pw"), secret(tmp_path, 0o604, "opc-pw")
+    with caplog.at_level(logging.WARNING, logger="agent.secrets"):
+        for _ in range(2):
+            MqttInSource(_mqtt_in(mqtt_pw), "in-r")
+            OpcuaSource(_opcua(opc_pw, "opc.tcp://127.0.0.1:4840"), "opc-r")
+    texts = [r.getMessage() for r in caplog.records if "readable by" in r.getMessage()]
+    assert len(texts) == 2, texts
+    assert any(str(mqtt_pw) in t for t in texts) and any(str(opc_pw) in t for t in texts)
+
+
+def test_a_source_password_in_clear_to_a_remote_peer_is_warned_about_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+
+    pw = secret(tmp_path, 0o600, "pw")
+    ca = tmp_path / "ca.pem"
+    ca.write_text("x")
+    with caplog.at_level(logging.WARNING, logger="agent.secrets"):
+        for _ in range(3):
+            MqttInSource(_mqtt_in(pw, host="0.0.0.0", port=18884), "in-c")
+            OpcuaSource(_opcua(pw, "opc.tcp://10.0.0.7:4840", security_policy="None"), "opc-c")
+        # TLS, or a loopback peer, or a security policy: no warning
+        MqttInSource(_mqtt_in(pw, host="broker.lan", ca_file=str(ca)), "in-t")
+        MqttInSource(_mqtt_in(pw, host="127.0.0.1"), "in-l")
+        OpcuaSource(_opcua(pw, "opc.tcp://localhost:4840", security_policy="None"), "opc-l")
+    texts = [r.getMessage() for r in caplog.records if "plain TCP" in r.getMessage()]
+    assert len(texts) == 2, texts
+    assert "0.0.0.0:18884" in texts[0] and "'in'" in texts[0] and "ca_file" in texts[0]
+    assert "10.0.0.7:4840" in texts[1] and "security_policy" in texts[1]
+    assert "s3cret" not in " ".join(texts)
+
+
+def test_a_source_password_file_others_can_write_fails_check_config(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    secret(tmp_path, 0o666, "pw")
+    config = tmp_path / "agent.toml"
+    config.write_text(SENSOR + '[[streams]]\nname = "in"\n[streams.source]\nkind = "mqtt"\n'
+                      'format = "json"\ntopics = ["t"]\nfields = {p = "p"}\nhost = "0.0.0.0"\n'
+                      'username = "in"\npassword_file = "pw"\n')
+    assert main(["check-config", str(config)]) == EX_CONFIG
+    err = capsys.readouterr().err
+    assert "streams[1].source.password_file" in err and "writable by its group and others" in err
