@@ -21,7 +21,12 @@ The last line is ``int8_vs_ort_fp32=<x> int8_vs_torch=<x>``: batch-1, 1-thread p
 the INT8 backend that auto-selection picks over ONNX Runtime FP32 and over PyTorch eager FP32,
 for the image model (targets: ≥ 3 and ≥ 5; INT8 size ≤ 0.3 × FP32, counting every file of the
 selected artefact, e.g. an IR's .xml and .bin), or for the sensor model when
-there is no image model (said on the line before).
+there is no image model (said on the line before). With several image packages these are
+``mtd-patchcore``'s. When the distilled student ``mtd-student`` is there too, the line gains
+``student_vs_patchcore_ort_fp32=<x> student_vs_patchcore_torch=<x>``: the student's selected INT8
+backend against mtd-patchcore on ONNX Runtime FP32 and in PyTorch eager FP32, batch 1, one
+thread, p50, measured head to head in one more interleaved round (:func:`head_to_head`; targets:
+≥ 5 and ≥ 10).
 """
 
 from __future__ import annotations
@@ -234,6 +239,44 @@ def ratios(package: Any, configs: list[Config]) -> tuple[str, float, float, floa
     return f"{label}/int8", vs_ort, vs_torch, size_ratio
 
 
+def head_to_head(student: Any, teacher: Any, root: Path, reps: int, calls: int
+                 ) -> tuple[float, float]:
+    """Batch-1, 1-thread p50 of the student's auto-selected INT8 backend against the teacher
+    package on ONNX Runtime FP32 and in torch eager, the three interleaved (same load for all).
+
+    Returns:
+        ``(teacher ORT FP32 / student, teacher torch / student)``; NaN where one is missing.
+    """
+    chosen = select_backend(student, "auto", "int8").chosen.candidate
+    configs = [Config(f"student {chosen.label}", "int8", 1, 1, build_backend(
+        chosen.kind, student.path / chosen.artefact.path, "int8", threads=1).run)]
+    fp32 = candidates(teacher, "onnxruntime", "fp32")
+    if fp32:
+        configs.append(Config("patchcore ort", "fp32", 1, 1, build_backend(
+            "onnxruntime", teacher.path / fp32[0].artefact.path, "fp32", threads=1).run))
+    torch_run = torch_image(teacher, root)
+    if torch_run is not None:
+        configs.append(Config("patchcore torch", "fp32", 1, 1, torch_run, torch_threads(1)))
+    golden = golden_inputs(teacher)[:1]
+    for cfg in configs:
+        cfg.setup()
+        for _ in range(3):
+            cfg.run(golden)
+    for _ in range(reps):
+        for cfg in configs:
+            cfg.setup()
+            for _ in range(calls):
+                t0 = time.perf_counter()
+                cfg.run(golden)
+                cfg.times.append(time.perf_counter() - t0)
+    p50 = {c.label: float(np.median(c.times)) for c in configs}
+    print(f"\nhead to head, batch 1, 1 thread, p50 ({reps * calls} calls each, interleaved): "
+          + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in p50.items()))
+    s = p50[configs[0].label]
+    return (p50.get("patchcore ort", float("nan")) / s,
+            p50.get("patchcore torch", float("nan")) / s)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     root = Path(__file__).resolve().parents[1]
@@ -276,8 +319,10 @@ def main(argv: list[str] | None = None) -> int:
             configs = configs_for(package, root)
             measure(package, configs, args.reps, args.calls)
         report(package, configs)
-        results[package.manifest.kind] = ratios(package, configs)
-        label, vs_ort, vs_torch, size = results[package.manifest.kind]
+        res = ratios(package, configs)
+        if package.manifest.kind not in results or package.manifest.name == "mtd-patchcore":
+            results[package.manifest.kind] = res
+        label, vs_ort, vs_torch, size = res
         print(f"{package.label}: selected {label}: batch-1 p50 speedup {vs_ort:.2f}x over ORT "
               f"FP32, {vs_torch:.2f}x over torch FP32; ONNX INT8/FP32 size {size:.2f}")
     if "image" in results:
@@ -286,7 +331,14 @@ def main(argv: list[str] | None = None) -> int:
         print("note: no image model package (manifest kind 'image') under "
               f"{args.models}: the figures below are the sensor model's")
         _, vs_ort, vs_torch, _ = results["sensor"]
-    print(f"int8_vs_ort_fp32={vs_ort:.2f} int8_vs_torch={vs_torch:.2f}")
+    last = f"int8_vs_ort_fp32={vs_ort:.2f} int8_vs_torch={vs_torch:.2f}"
+    named = {p.manifest.name: p for p in packages}
+    if "mtd-student" in named and "mtd-patchcore" in named:
+        s_ort, s_torch = head_to_head(named["mtd-student"], named["mtd-patchcore"], root,
+                                      args.image_reps * 3, args.image_calls)
+        last += (f" student_vs_patchcore_ort_fp32={s_ort:.2f}"
+                 f" student_vs_patchcore_torch={s_torch:.2f}")
+    print(last)
     return 0
 
 

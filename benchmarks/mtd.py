@@ -3,7 +3,8 @@
     python3 benchmarks/mtd.py --data ../shared/datasets/mtd               # the shipped package
     python3 benchmarks/mtd.py --data ../shared/datasets/mtd --train       # train, then score
 
-By default the shipped package ``models/mtd-patchcore`` is scored; ``--package`` names another,
+By default the shipped package ``models/mtd-patchcore`` is scored; ``--package`` (or ``--model``,
+e.g. ``--model models/mtd-student``) names another,
 ``--train`` builds one first with the recipe (``models/recipes/mtd_patchcore.py``, ``train`` and
 ``openvino`` extras plus nncf) from the good ``train`` rows of ``DATA/splits/split.csv``. The
 ``test`` rows (good + every defect class in the file) are preprocessed like the agent's camera
@@ -66,8 +67,10 @@ def evaluate(data: Path, package: Path) -> dict[str, dict[str, float]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--data", type=Path, required=True, help="MTD root (has splits/split.csv)")
-    ap.add_argument("--package", type=Path, default=ROOT / "models" / "mtd-patchcore",
-                    help="package to score (default: the shipped one)")
+    ap.add_argument("--package", "--model", dest="package", type=Path,
+                    default=ROOT / "models" / "mtd-patchcore",
+                    help="package to score (default: the shipped mtd-patchcore; "
+                         "models/mtd-student: the distilled student)")
     ap.add_argument("--train", action="store_true", help="build a package with the recipe first")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
