@@ -57,12 +57,13 @@ class PartitionSpec:
     def floor(self, when: dt.datetime) -> dt.datetime:
         """Start of the period holding ``when`` (aware UTC).
 
-        >>> SPECS["aggregates"].floor(dt.datetime(2026, 1, 8, 13, tzinfo=dt.UTC)).isoformat()
+        >>> thursday = dt.datetime(2026, 1, 8, 13, tzinfo=dt.timezone.utc)
+        >>> SPECS["aggregates"].floor(thursday).isoformat()
         '2026-01-05T00:00:00+00:00'
-        >>> SPECS["alerts"].floor(dt.datetime(2026, 1, 8, 13, tzinfo=dt.UTC)).isoformat()
+        >>> SPECS["alerts"].floor(thursday).isoformat()
         '2026-01-01T00:00:00+00:00'
         """
-        day = when.astimezone(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+        day = when.astimezone(dt.timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
         if self.period == "week":
             return day - dt.timedelta(days=day.weekday())
         return day.replace(day=1)
@@ -112,7 +113,7 @@ def partitions(conn: Connection, spec: PartitionSpec) -> list[Partition]:
     for name in names:
         match = pattern.match(name)
         if match:
-            lower = dt.datetime.strptime(match.group(1), "%Y%m%d").replace(tzinfo=dt.UTC)
+            lower = dt.datetime.strptime(match.group(1), "%Y%m%d").replace(tzinfo=dt.timezone.utc)
             found.append(Partition(name, lower, spec.next(lower)))
     return sorted(found, key=lambda p: p.lower)
 
@@ -167,7 +168,7 @@ def drop_older(conn: Connection, spec: PartitionSpec, cutoff: dt.datetime) -> li
 
 
 def _now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
+    return dt.datetime.now(dt.timezone.utc)
 
 
 class PartitionMaintainer:

@@ -58,7 +58,7 @@ _TABLES: dict[str, tuple[str, str]] = {  # table: (time column, period)
 
 
 def _floor(when: dt.datetime, period: str) -> dt.datetime:
-    day = when.astimezone(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    day = when.astimezone(dt.timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
     if period == "week":
         return day - dt.timedelta(days=day.weekday())
     return day.replace(day=1)
@@ -83,7 +83,7 @@ def _partition(table: str, column: str, period: str) -> None:
     _sql(f'CREATE TABLE "{table}" (LIKE "{old}" INCLUDING DEFAULTS) '
          f"PARTITION BY RANGE ({column})")
     _sql(f'CREATE TABLE "{table}_default" PARTITION OF "{table}" DEFAULT')
-    now = dt.datetime.now(dt.UTC)
+    now = dt.datetime.now(dt.timezone.utc)
     start = _floor(now, period)
     oldest = _sql(f'SELECT min({column}) FROM "{old}"').scalar()  # noqa: S608
     for _ in range(_MAX_BACK):
