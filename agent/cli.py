@@ -134,23 +134,13 @@ def _parser() -> argparse.ArgumentParser:
     sim = sub.add_parser(
         "sim-modbus", help="serve a recorded CSV (SKAB layout) as Modbus TCP holding registers "
         "in real time: channel i as float32 at registers 2i, 2i+1 of unit 1")
-    sim.add_argument("--csv", required=True, metavar="FILE", help="the recording")
-    sim.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    sim.add_argument("--port", type=int, default=5020, help="TCP port (default 5020)")
-    sim.add_argument("--speed", type=float, default=1.0,
-                     help="1 = the file's own pace, N = N times faster (default 1)")
-    sim.add_argument("--once", action="store_true", help="stop at the end of the file")
+    _add_replay_server_args(sim, port=5020)
     sim.set_defaults(func=_cmd_sim_modbus)
 
     simua = sub.add_parser(
         "sim-opcua", help="serve a recorded CSV (SKAB layout) as OPC UA variables in real time: "
         "one Double per channel, ns=<ns>;s=Pump1.<name>, security None")
-    simua.add_argument("--csv", required=True, metavar="FILE", help="the recording")
-    simua.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    simua.add_argument("--port", type=int, default=4840, help="TCP port (default 4840)")
-    simua.add_argument("--speed", type=float, default=1.0,
-                       help="1 = the file's own pace, N = N times faster (default 1)")
-    simua.add_argument("--once", action="store_true", help="stop at the end of the file")
+    _add_replay_server_args(simua, port=4840)
     simua.set_defaults(func=_cmd_sim_opcua)
 
     models = sub.add_parser(
@@ -161,6 +151,18 @@ def _parser() -> argparse.ArgumentParser:
     version = sub.add_parser("version", help="print the version")
     version.set_defaults(func=_cmd_version)
     return parser
+
+
+def _add_replay_server_args(parser: argparse.ArgumentParser, port: int) -> None:
+    """The options ``sim-modbus`` and ``sim-opcua`` share: the recording, where to serve it
+    (``port``: the protocol's usual port) and its pace."""
+    parser.add_argument("--csv", required=True, metavar="FILE", help="the recording")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=port, help=f"TCP port (default {port})")
+    parser.add_argument("--speed", type=float, default=1.0,
+                        help="1 = the file's own pace, N = N times faster (default 1)")
+    parser.add_argument("--once", action="store_true", help="stop at the end of the file")
 
 
 def _load(config_file: Path | None) -> tuple[AgentConfig, Path]:
