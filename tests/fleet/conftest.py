@@ -7,6 +7,7 @@ dropped at the end. Unreachable PostgreSQL skips those tests locally and FAILS t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import subprocess
@@ -31,16 +32,17 @@ PG_ADMIN_DSN = os.environ.get(
 ADMIN_TOKEN = "admin-" + "x" * 40
 
 
-@pytest.fixture(scope="session")
-def pg_url() -> Iterator[str]:
-    """URL of a fresh, migrated PostgreSQL database for this session."""
+@contextlib.contextmanager
+def fresh_pg_database(prefix: str) -> Iterator[str]:
+    """A new, migrated PostgreSQL database named ``<prefix>_<random>``: its SQLAlchemy URL;
+    dropped on exit. Skips the test when PostgreSQL is unreachable (fails under CI)."""
     try:
         admin = psycopg.connect(PG_ADMIN_DSN, autocommit=True)
     except psycopg.OperationalError as exc:
         if os.environ.get("CI"):
             pytest.fail(f"PostgreSQL unreachable under CI: {exc}")
         pytest.skip(f"PostgreSQL unreachable: {exc}")
-    name = f"fleet_test_{secrets.token_hex(6)}"
+    name = f"{prefix}_{secrets.token_hex(6)}"
     with admin:
         admin.execute(f'CREATE DATABASE "{name}"')
         try:
@@ -51,6 +53,13 @@ def pg_url() -> Iterator[str]:
             yield url
         finally:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """URL of a fresh, migrated PostgreSQL database for this session."""
+    with fresh_pg_database("fleet_test") as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

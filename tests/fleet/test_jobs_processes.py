@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -15,19 +14,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-import psycopg
 import pytest
 from sqlalchemy import Engine, func, select
 
 from cloud_sync.protocol import SampleBatch
-from fleet.db import migrate
 from fleet.db.devices import DeviceRegistry
 from fleet.db.engine import make_engine
 from fleet.db.model_tables import models, rollouts
 from fleet.db.samples import SampleStore
 from fleet.jobs.queue import Job, JobQueue
 from fleet.settings import Settings
-from tests.fleet.conftest import ADMIN_TOKEN, PG_ADMIN_DSN
+from tests.fleet.conftest import ADMIN_TOKEN, fresh_pg_database
 from tests.fleet.live import wait_for
 from tests.fleet.test_training import NEXT, _batch, _keys
 
@@ -38,23 +35,12 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def pg_engine() -> Iterator[Engine]:
     """A fresh migrated PostgreSQL database of its own (worker processes connect to it too)."""
-    try:
-        admin = psycopg.connect(PG_ADMIN_DSN, autocommit=True)
-    except psycopg.OperationalError as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"PostgreSQL unreachable under CI: {exc}")
-        pytest.skip(f"PostgreSQL unreachable: {exc}")
-    name = f"fleet_jobs_{secrets.token_hex(6)}"
-    with admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-        engine = make_engine(Settings(db_url=f"postgresql+psycopg://postgres@127.0.0.1:5432/"
-                                      f"{name}", admin_token=ADMIN_TOKEN))
+    with fresh_pg_database("fleet_jobs") as url:
+        engine = make_engine(Settings(db_url=url, admin_token=ADMIN_TOKEN))
         try:
-            migrate.upgrade(engine)
             yield engine
         finally:
             engine.dispose()
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def _start(url: str, tmp: Path, n: int, key: Path, keydir: Path) -> tuple[subprocess.Popen[bytes],
