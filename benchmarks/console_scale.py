@@ -74,7 +74,7 @@ from fastapi.testclient import TestClient
 from tqdm import tqdm
 
 from fleet.app import create_app
-from fleet.db import migrate
+from fleet.db import migrate, partitions
 from fleet.db.engine import make_engine
 from fleet.settings import Settings
 
@@ -166,7 +166,9 @@ def load(dsn: str, args: argparse.Namespace) -> None:
               aggregate_chunks(), per_stream * len(devices) * len(streams), "aggregates")
         for name, ddl in indexes:
             t0 = time.perf_counter()
-            conn.execute(ddl)
+            # pg_indexes gives a partitioned table's index as "ON ONLY" (the parent alone,
+            # invalid until each partition has one): build it on every partition
+            conn.execute(ddl.replace(" ON ONLY ", " ON ", 1))
             print(f"index {name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
 
         def alert_chunks() -> Iterator[str]:
@@ -187,6 +189,10 @@ def load(dsn: str, args: argparse.Namespace) -> None:
         _copy(conn, "COPY alerts (id, device_id, stream, seq, score, threshold, window_start, "
               "window_end, raised_at, model_name, model_version, payload, received_at) "
               "FROM STDIN", alert_chunks(), args.alerts, "alerts")
+        if conn.execute("SELECT to_regclass('alert_ids')").fetchone() != (None,):
+            # partitioned alerts keep their ids unique in alert_ids (fleet.db.records)
+            conn.execute("INSERT INTO alert_ids (id, device_id, window_start) "
+                         "SELECT id, device_id, window_start FROM alerts")
         acks = "".join(f"{devices[k % len(devices)]}:{streams[k % len(streams)]}:{k}\tbench\t"
                        f"{now}\t\\N\n" for k in range(0, args.alerts, 10))
         _copy(conn, "COPY alert_acks (alert_id, acked_by, acked_at, note) FROM STDIN",
@@ -374,6 +380,14 @@ def main() -> int:
     try:
         engine = make_engine(Settings(db_url=url, admin_token=ADMIN))
         migrate.upgrade(engine)
+        if not args.reuse:
+            # the data end at END, not now: create their periods' partitions as a serving
+            # fleet would have (else every row lands in the DEFAULT partition)
+            span = (args.rows // (args.devices * args.streams)) * args.interval_s
+            with engine.begin() as conn:
+                for spec in partitions.SPECS.values():
+                    if partitions.is_partitioned(conn, spec.table):
+                        partitions.ensure(conn, spec, END - dt.timedelta(seconds=span), END)
         engine.dispose()
         if not args.reuse:
             t0 = time.perf_counter()
