@@ -139,7 +139,10 @@ def test_a_stalled_camera_is_red_with_the_reason_keeps_the_watchdog_and_is_in_me
     assert hcode == 503
     body = json.loads(hbody)["components"]["source:cam1"]
     assert body["state"] == "red" and body["reason"] == comp.reason
-    assert body["frames_scored"] == 3 and body["stalls"] >= 1 and body["reconnects"] >= 1
+    # real time: a frame replaced by a newer one before it was taken (a loaded machine) is
+    # dropped and counted, not scored
+    assert body["frames_scored"] == 3 - source.dropped >= 1
+    assert body["stalls"] >= 1 and body["reconnects"] >= 1
     assert body["frame_age_s"] is not None
     text = mbody.decode()
     assert mcode == 200
