@@ -1,0 +1,58 @@
+"""``edge-fleet device list`` shows each device's enrolment (enrolled / pending / revoked) and
+connection (online / offline / never, by last contact against ``--offline-after``), on a real
+SQLite file."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pytest
+from sqlalchemy import update
+
+from fleet.cli import EX_CONFIG, main
+from fleet.db.devices import DeviceRegistry
+from fleet.db.engine import make_engine
+from fleet.db.schema import devices
+from fleet.settings import Settings
+from tests.fleet.conftest import ADMIN_TOKEN
+
+
+def _rows(out: str) -> dict[str, list[str]]:
+    lines = out.splitlines()
+    assert lines[0].split()[:3] == ["DEVICE", "ENROLMENT", "CONNECTION"]
+    return {ln.split()[0]: ln.split()[1:3] for ln in lines[1:]}
+
+
+def test_enrolment_and_connection_columns(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    common = ["--db", f"sqlite:///{tmp_path / 'fleet.db'}", "--state-dir", str(tmp_path)]
+    for device in ("fresh", "live", "quiet", "gone"):
+        assert main(["device", "add", device, "--create-db", *common]) == 0
+    engine = make_engine(Settings(db_url=f"sqlite:///{tmp_path / 'fleet.db'}",
+                                  admin_token=ADMIN_TOKEN))
+    now = dt.datetime.now(dt.timezone.utc)
+    try:
+        with engine.begin() as conn:
+            for device, ago_s in (("live", 5), ("quiet", 600), ("gone", 30)):
+                conn.execute(update(devices).where(devices.c.device_id == device)
+                             .values(last_seen=now - dt.timedelta(seconds=ago_s)))
+        DeviceRegistry(engine).revoke("gone")
+    finally:
+        engine.dispose()
+    capsys.readouterr()
+
+    assert main(["device", "list", *common]) == 0
+    assert _rows(capsys.readouterr().out) == {
+        "fresh": ["pending", "never"],   # enrolled, its token never used
+        "live": ["enrolled", "online"],
+        "quiet": ["enrolled", "offline"],  # silent 600 s > the default 300 s
+    }
+    assert main(["device", "list", "--all", "--offline-after", "900", *common]) == 0
+    assert _rows(capsys.readouterr().out) == {
+        "fresh": ["pending", "never"], "gone": ["revoked", "online"],
+        "live": ["enrolled", "online"], "quiet": ["enrolled", "online"],
+    }
+    assert main(["device", "list", "--offline-after", "0", *common]) == EX_CONFIG
+    assert "--offline-after" in capsys.readouterr().err
