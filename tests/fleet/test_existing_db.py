@@ -5,7 +5,9 @@ migrates it. On real SQLite files and a real, empty PostgreSQL database."""
 from __future__ import annotations
 
 import secrets
+import shlex
 import sqlite3
+import subprocess
 from pathlib import Path
 
 import psycopg
@@ -116,3 +118,34 @@ def test_an_empty_postgresql_database_is_refused(capsys: pytest.CaptureFixture[s
             assert "gw1" in capsys.readouterr().out
         finally:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _fleet_quick_start() -> list[str]:
+    """The shell lines of the README's fleet quick start block (comments dropped)."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    block = text.split("## Quick start: fleet sync end to end", 1)[1].split("```sh\n", 1)[1]
+    return [ln.split("  #", 1)[0].strip() for ln in block.split("\n```", 1)[0].splitlines()]
+
+
+def test_the_readme_fleet_quick_start_works_in_order_on_a_fresh_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every ``edge-fleet`` database command of the block runs as written, in order, in an empty
+    directory; the database exists before ``serve &`` starts (nothing races the server)."""
+    monkeypatch.chdir(tmp_path)
+    ran: list[str] = []
+    for line in _fleet_quick_start():
+        argv = shlex.split(line.removesuffix("&").strip())
+        if argv[:1] == ["mkdir"]:
+            subprocess.run(["bash", "-c", line], check=True, timeout=30)
+        elif argv[:2] == ["edge-fleet", "serve"]:
+            assert (tmp_path / "fleet-state" / "fleet.db").stat().st_size > 0, \
+                "serve & starts before any command created the fleet database"
+        elif argv[:1] == ["edge-fleet"]:
+            assert main(argv[1:]) == 0, (line, capsys.readouterr().err)
+        ran.append(argv[1] if argv[0] == "edge-fleet" else argv[0])
+    assert ran.index("device") < ran.index("serve")
+    assert (tmp_path / "gw1.token").read_text().strip()
