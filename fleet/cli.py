@@ -40,7 +40,8 @@ in ``--db`` or ``--state-dir`` would otherwise start a second, empty fleet) unle
 ``sqlite:///<state dir>/fleet.db`` (WAL). Exit codes: 0 ok, 1 refused (unknown or already
 enrolled device), 69 database unreachable (EX_UNAVAILABLE; also the console script without
 the fleet extra, :mod:`fleet.entry`), 70 migration failed
-(EX_SOFTWARE), 78 bad configuration or no database (EX_CONFIG).
+(EX_SOFTWARE), 78 bad configuration or no database (EX_CONFIG), 141 the reader of stdout closed
+it (``| head``).
 
 What these commands write (database, state directory, token files) is owner-only (umask 077,
 :mod:`fleet.secret_files`). ``serve --workers N`` hands its worker processes the admin token as
@@ -88,6 +89,8 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
 EX_REFUSED, EX_UNAVAILABLE, EX_SOFTWARE, EX_CONFIG = 1, 69, 70, 78
+#: Exit code when stdout's reader closed it early, as a shell reports a process killed by SIGPIPE.
+EX_PIPE = 128 + 13
 _ENV_DB, _ENV_POOL, _ENV_STATE = "EDGE_FLEET_DB", "EDGE_FLEET_POOL_SIZE", "EDGE_FLEET_STATE_DIR"
 _ENV_KEYS, _ENV_SIGNING = "EDGE_FLEET_TRUSTED_KEYS", "EDGE_FLEET_SIGNING_KEY"
 _ENV_ROLLBACK = "EDGE_FLEET_ROLLBACK_KEY"
@@ -259,6 +262,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ApiError as exc:
         print(f"edge-fleet: {exc.detail}", file=sys.stderr)
         return EX_REFUSED
+    except BrokenPipeError:
+        # the reader went away (`edge-fleet rollout show 1 | head`): no traceback, and none
+        # from the interpreter's last flush of stdout either
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EX_PIPE
 
 
 def _run(args: argparse.Namespace) -> int:

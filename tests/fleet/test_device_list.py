@@ -5,6 +5,9 @@ SQLite file."""
 from __future__ import annotations
 
 import datetime as dt
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -56,3 +59,19 @@ def test_enrolment_and_connection_columns(
     }
     assert main(["device", "list", "--offline-after", "0", *common]) == EX_CONFIG
     assert "--offline-after" in capsys.readouterr().err
+
+
+def test_a_closed_pipe_ends_the_command_without_a_traceback(tmp_path: Path) -> None:
+    """``edge-fleet device list | head -1`` (or ``rollout show``): the reader is gone before the
+    table is written; the command exits 141 (as killed by SIGPIPE), with nothing on stderr."""
+    common = ["--db", f"sqlite:///{tmp_path / 'fleet.db'}", "--state-dir", str(tmp_path)]
+    assert main(["device", "add", "gw1", "--create-db", *common]) == 0
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "fleet.cli", "device", "list", *common],
+                              stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60,
+                              check=False)
+    finally:
+        os.close(write_end)
+    assert (proc.returncode, proc.stderr) == (141, "")
