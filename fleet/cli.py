@@ -105,7 +105,7 @@ _ENV_REPLICA = "EDGE_FLEET_REPLICA_ID"
 _ENV_AUTO_RETRAIN = "EDGE_FLEET_AUTO_RETRAIN"
 #: Commands that write the database, the state directory or a token.
 _PRIVATE_COMMANDS = ("serve", "db", "device", "retrain", "worker", "jobs", "webhook", "user",
-                     "token")
+                     "token", "audit")
 #: Seconds uvicorn's supervisor waits for a worker's health answer (``--workers N``) before it
 #: kills and respawns the worker; uvicorn's default is 5. A worker answers only once it has
 #: imported the app (1.5-2.5 s of CPU here), so on a busy 2-core host a new worker missed 5 s,

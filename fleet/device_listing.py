@@ -1,7 +1,8 @@
 """``edge-fleet device list``: the devices as a text table, with enrolment and connection.
 
-* ENROLMENT: ``revoked`` (token revoked), ``pending`` (enrolled, the token never used: the
-  device has not contacted the fleet yet), ``enrolled`` (the device has used its token).
+* ENROLMENT: ``revoked`` (token revoked), ``pending`` (enrolled, the token not used yet: no
+  contact since the enrolment; a re-enrolled device's earlier contacts do not count),
+  ``enrolled`` (the device has used its token).
 * CONNECTION: ``never`` (no contact yet), ``online`` (last contact, a health report or an
   upload, within ``offline_after_s``), ``offline`` (silent longer).
 """
@@ -21,10 +22,13 @@ HEADER = ("DEVICE", "ENROLMENT", "CONNECTION", "LAST SEEN (UTC)", "AGENT", "MODE
 
 
 def enrolment(device: Device) -> Enrolment:
-    """``revoked``, ``pending`` (never contacted the fleet) or ``enrolled``."""
+    """``revoked``, ``pending`` (no contact since it was enrolled, or re-enrolled: ``created_at``
+    is the latest enrolment) or ``enrolled``."""
     if device.revoked_at is not None:
         return "revoked"
-    return "pending" if device.last_seen is None else "enrolled"
+    if device.last_seen is None or device.last_seen < device.created_at:
+        return "pending"
+    return "enrolled"
 
 
 def connection(last_seen: dt.datetime | None, now: dt.datetime,

@@ -31,29 +31,35 @@ def test_enrolment_and_connection_columns(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     common = ["--db", f"sqlite:///{tmp_path / 'fleet.db'}", "--state-dir", str(tmp_path)]
-    for device in ("fresh", "live", "quiet", "gone"):
+    for device in ("fresh", "live", "quiet", "gone", "again"):
         assert main(["device", "add", device, "--create-db", *common]) == 0
     engine = make_engine(Settings(db_url=f"sqlite:///{tmp_path / 'fleet.db'}",
                                   admin_token=ADMIN_TOKEN))
     now = dt.datetime.now(dt.timezone.utc)
     try:
         with engine.begin() as conn:
-            for device, ago_s in (("live", 5), ("quiet", 600), ("gone", 30)):
+            for device, ago_s in (("live", 5), ("quiet", 600), ("gone", 30), ("again", 60)):
                 conn.execute(update(devices).where(devices.c.device_id == device)
-                             .values(last_seen=now - dt.timedelta(seconds=ago_s)))
-        DeviceRegistry(engine).revoke("gone")
+                             .values(created_at=now - dt.timedelta(hours=1),
+                                     last_seen=now - dt.timedelta(seconds=ago_s)))
+        registry = DeviceRegistry(engine)
+        registry.revoke("gone")
+        registry.revoke("again")
+        registry.enroll("again", [])  # a new token, not used yet: its old contacts don't count
     finally:
         engine.dispose()
     capsys.readouterr()
 
     assert main(["device", "list", *common]) == 0
     assert _rows(capsys.readouterr().out) == {
+        "again": ["pending", "online"],
         "fresh": ["pending", "never"],   # enrolled, its token never used
         "live": ["enrolled", "online"],
         "quiet": ["enrolled", "offline"],  # silent 600 s > the default 300 s
     }
     assert main(["device", "list", "--all", "--offline-after", "900", *common]) == 0
     assert _rows(capsys.readouterr().out) == {
+        "again": ["pending", "online"],
         "fresh": ["pending", "never"], "gone": ["revoked", "online"],
         "live": ["enrolled", "online"], "quiet": ["enrolled", "online"],
     }
