@@ -51,6 +51,7 @@ a file path (a 0600 file), never in their environment.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import ipaddress
 import json
@@ -265,7 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         # the reader went away (`edge-fleet rollout show 1 | head`): no traceback, and none
         # from the interpreter's last flush of stdout either
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        with contextlib.suppress(OSError, ValueError):  # stdout may have no descriptor
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EX_PIPE
 
 
