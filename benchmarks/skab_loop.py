@@ -214,12 +214,7 @@ def main(argv: list[str] | None = None) -> int:
              str(signing), "--auto-retrain"],
             stdout=log, stderr=subprocess.STDOUT,
         )
-        worker = subprocess.Popen(
-            [*FLEET, "worker", "--db", f"sqlite:///{tmp}/fleet.db", "--state-dir",
-             str(tmp / "fleet-state"), "--trusted-keys", str(keys), "--signing-key",
-             str(signing), "--base-model", str(SHIPPED), "--poll", "0.5"],
-            stdout=log, stderr=subprocess.STDOUT,
-        )
+        worker: subprocess.Popen[bytes] | None = None
         try:
             up_by = time.monotonic() + 120.0  # a loaded 2-core machine took over 20 s
             while True:
@@ -229,6 +224,13 @@ def main(argv: list[str] | None = None) -> int:
                 if time.monotonic() > up_by or fleet.poll() is not None:
                     raise SystemExit(f"edge-fleet did not come up; see {tmp / 'fleet.log'}")
                 time.sleep(0.1)
+            # only now: serve has created the database, which the worker refuses to create
+            worker = subprocess.Popen(
+                [*FLEET, "worker", "--db", f"sqlite:///{tmp}/fleet.db", "--state-dir",
+                 str(tmp / "fleet-state"), "--trusted-keys", str(keys), "--signing-key",
+                 str(signing), "--base-model", str(SHIPPED), "--poll", "0.5"],
+                stdout=log, stderr=subprocess.STDOUT,
+            )
             t0 = time.perf_counter()
             totals = np.zeros(4, dtype=np.int64)
             delivered = 0
@@ -248,8 +250,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"{pkg.label:<16}{outcome[:39]:<40}{f1:>6.3f}{far:>7.2f}{mar:>7.2f}",
                       flush=True)
         finally:
-            worker.terminate()
-            worker.wait(30)
+            if worker is not None:
+                worker.terminate()
+                worker.wait(30)
             fleet.terminate()
             fleet.wait(30)
             log.close()

@@ -17,25 +17,31 @@
                                                (see fleet/training/cli.py)
     edge-fleet worker --signing-key F --trusted-keys DIR [--lease 30] [--once]
     edge-fleet jobs list|enqueue               retraining jobs (see fleet/jobs/cli.py)
-    edge-fleet db upgrade [--db URL]
-    edge-fleet device add ID [--tag T ...] [--token-file F]
+    edge-fleet db upgrade [--db URL] [--create-db]
+    edge-fleet device add ID [--tag T ...] [--token-file F] [--create-db]
                                                prints the new token (shown once), or writes
                                                it to a NEW file F (mode 0600)
-    edge-fleet device list [--all]
+    edge-fleet device list [--all] [--offline-after SECONDS]
+                                               ENROLMENT enrolled/pending/revoked, CONNECTION
+                                               online/offline/never (fleet/device_listing.py)
     edge-fleet device revoke ID
     edge-fleet device tag ID [--add T ...] [--remove T ...]   change an enrolled device's tags
     edge-fleet keys|model|rollout ...          model rollout (see fleet/operator_cli.py)
     edge-fleet webhook add|list|remove|deliveries|redeliver   (see fleet/webhook_cli.py)
-    edge-fleet user|token ...                  operator accounts and API tokens
+    edge-fleet user|token|audit ...            operator accounts, API tokens, the audit log
                                                (see fleet/accounts/cli.py)
 
 The ``device`` commands talk to the database directly (same ``--db``), not over HTTP: they work
 before the server is up and need no admin token, which is the operator's file-system access.
-``serve`` migrates the schema before it listens. Without ``--db`` the database is
+``serve`` creates and migrates the database before it listens; the other database commands
+refuse a database that does not exist, is an empty file or holds no fleet schema (exit 78: a typo
+in ``--db`` or ``--state-dir`` would otherwise start a second, empty fleet) unless given
+``--create-db`` (:mod:`fleet.db.existing`). Without ``--db`` the database is
 ``sqlite:///<state dir>/fleet.db`` (WAL). Exit codes: 0 ok, 1 refused (unknown or already
 enrolled device), 69 database unreachable (EX_UNAVAILABLE; also the console script without
 the fleet extra, :mod:`fleet.entry`), 70 migration failed
-(EX_SOFTWARE), 78 bad configuration (EX_CONFIG).
+(EX_SOFTWARE), 78 bad configuration or no database (EX_CONFIG), 141 the reader of stdout closed
+it (``| head``).
 
 What these commands write (database, state directory, token files) is owner-only (umask 077,
 :mod:`fleet.secret_files`). ``serve --workers N`` hands its worker processes the admin token as
@@ -45,6 +51,7 @@ a file path (a 0600 file), never in their environment.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import ipaddress
 import json
@@ -60,8 +67,9 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
 
-from fleet.db.devices import Device, DeviceRegistry
+from fleet.db.devices import DeviceRegistry, utcnow
 from fleet.db.engine import make_engine
+from fleet.device_listing import format_table
 from fleet.errors import ApiError, ConfigError, MigrationError, StorageUnavailable
 from fleet.secret_files import (
     create_secret_file,
@@ -82,6 +90,8 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
 EX_REFUSED, EX_UNAVAILABLE, EX_SOFTWARE, EX_CONFIG = 1, 69, 70, 78
+#: Exit code when stdout's reader closed it early, as a shell reports a process killed by SIGPIPE.
+EX_PIPE = 128 + 13
 _ENV_DB, _ENV_POOL, _ENV_STATE = "EDGE_FLEET_DB", "EDGE_FLEET_POOL_SIZE", "EDGE_FLEET_STATE_DIR"
 _ENV_KEYS, _ENV_SIGNING = "EDGE_FLEET_TRUSTED_KEYS", "EDGE_FLEET_SIGNING_KEY"
 _ENV_ROLLBACK = "EDGE_FLEET_ROLLBACK_KEY"
@@ -96,7 +106,7 @@ _ENV_REPLICA = "EDGE_FLEET_REPLICA_ID"
 _ENV_AUTO_RETRAIN = "EDGE_FLEET_AUTO_RETRAIN"
 #: Commands that write the database, the state directory or a token.
 _PRIVATE_COMMANDS = ("serve", "db", "device", "retrain", "worker", "jobs", "webhook", "user",
-                     "token")
+                     "token", "audit")
 #: Seconds uvicorn's supervisor waits for a worker's health answer (``--workers N``) before it
 #: kills and respawns the worker; uvicorn's default is 5. A worker answers only once it has
 #: imported the app (1.5-2.5 s of CPU here), so on a busy 2-core host a new worker missed 5 s,
@@ -121,6 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--db", help="SQLAlchemy URL (default sqlite:///<state dir>/fleet.db)")
     common.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
+    # the commands other than serve: a missing or empty database is refused (fleet.db.existing)
+    dbcommon = argparse.ArgumentParser(add_help=False, parents=[common])
+    dbcommon.add_argument("--create-db", action="store_true",
+                          help="create and migrate the database when it does not exist yet "
+                               "(without it, a missing or empty database is refused: exit 78)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", parents=[common], help="run the HTTP API")
@@ -184,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
                        metavar="H", help="console session lifetime from login (default 12)")
     training_cli.add_arguments(serve, serve=True)
 
-    retrain = sub.add_parser("retrain", parents=[common],
+    retrain = sub.add_parser("retrain", parents=[dbcommon],
                              help="retrain a device stream's model from its samples and publish")
     retrain.add_argument("--signing-key", type=Path, help="the fleet's ID.key (signs the package)")
     retrain.add_argument("--trusted-keys", type=Path, help="dir of ID.pub keys (registry check)")
@@ -192,20 +207,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     db = sub.add_parser("db", help="schema migrations")
     db_sub = db.add_subparsers(dest="db_command", required=True)
-    db_sub.add_parser("upgrade", parents=[common], help="migrate to the newest schema")
+    db_sub.add_parser("upgrade", parents=[dbcommon], help="migrate to the newest schema")
 
     device = sub.add_parser("device", help="enroll, list, tag, revoke devices")
     dev_sub = device.add_subparsers(dest="device_command", required=True)
-    add = dev_sub.add_parser("add", parents=[common], help="enroll; prints the token once")
+    add = dev_sub.add_parser("add", parents=[dbcommon], help="enroll; prints the token once")
     add.add_argument("device_id")
     add.add_argument("--tag", action="append", default=[], dest="tags")
     add.add_argument("--token-file", type=Path,
                      help="write the token to this NEW file (mode 0600) instead of stdout")
-    lst = dev_sub.add_parser("list", parents=[common], help="table of devices")
+    lst = dev_sub.add_parser("list", parents=[dbcommon], help="table of devices")
     lst.add_argument("--all", action="store_true", help="include revoked devices")
-    rev = dev_sub.add_parser("revoke", parents=[common], help="invalidate a device token")
+    lst.add_argument("--offline-after", type=float, default=Settings.offline_after_s,
+                     metavar="SECONDS", help="CONNECTION is offline after this long without "
+                     "contact (default 300, as edge-fleet serve --offline-after)")
+    rev = dev_sub.add_parser("revoke", parents=[dbcommon], help="invalidate a device token")
     rev.add_argument("device_id")
-    tag = dev_sub.add_parser("tag", parents=[common],
+    tag = dev_sub.add_parser("tag", parents=[dbcommon],
                              help="add or remove an enrolled device's tags (the token stays)")
     tag.add_argument("device_id")
     tag.add_argument("--add", action="append", default=[], metavar="TAG",
@@ -213,9 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     tag.add_argument("--remove", action="append", default=[], metavar="TAG",
                      help="remove a tag (a bare key k also removes k=...)")
     operator_cli.add_commands(sub)
-    webhook_cli.add_commands(sub, common)
-    accounts_cli.add_commands(sub, common)
-    jobs_cli.add_commands(sub, common)
+    webhook_cli.add_commands(sub, dbcommon)
+    accounts_cli.add_commands(sub, dbcommon)
+    jobs_cli.add_commands(sub, dbcommon)
     return parser
 
 
@@ -245,12 +263,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ApiError as exc:
         print(f"edge-fleet: {exc.detail}", file=sys.stderr)
         return EX_REFUSED
+    except BrokenPipeError:
+        # the reader went away (`edge-fleet rollout show 1 | head`): no traceback, and none
+        # from the interpreter's last flush of stdout either
+        with contextlib.suppress(OSError, ValueError):  # stdout may have no descriptor
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EX_PIPE
 
 
 def _run(args: argparse.Namespace) -> int:
     from fleet import operator_cli  # noqa: PLC0415 (see build_parser)
     from fleet.accounts import cli as accounts_cli  # noqa: PLC0415 (idem)
-    from fleet.db import migrate  # noqa: PLC0415 (alembic: not in the worker processes)
+    from fleet.db import existing, migrate  # noqa: PLC0415 (alembic: not in the workers)
     from fleet.jobs import cli as jobs_cli  # noqa: PLC0415
     from fleet.training import cli as training_cli  # noqa: PLC0415
 
@@ -259,8 +283,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.command in operator_cli.COMMANDS:
         return operator_cli.run(args)
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    engine = _engine(args)
+    settings = _settings(args)
+    existing.check_path(settings.db_url, create=args.create_db)
+    engine = make_engine(settings)
     try:
+        existing.check_schema(engine, create=args.create_db)
         migrate.upgrade(engine)
         if args.command == "db":
             print(f"database at revision {migrate.current_revision(engine)}")
@@ -285,7 +312,10 @@ def _run(args: argparse.Namespace) -> int:
                 raise ConfigError(f"invalid device id or tags: {exc}") from None
             _enroll(registry, args)
         elif args.device_command == "list":
-            print(format_table(registry.list(include_revoked=args.all)))
+            if not args.offline_after > 0:
+                raise ConfigError("--offline-after must be more than 0 seconds")
+            print(format_table(registry.list(include_revoked=args.all), utcnow(),
+                               args.offline_after))
         elif args.device_command == "tag":
             if not args.add and not args.remove:
                 raise ConfigError("device tag: give --add TAG and/or --remove TAG")
@@ -358,10 +388,6 @@ def _enroll(registry: DeviceRegistry, args: argparse.Namespace) -> None:
             raise
         fh.write(token + "\n")
     print(f"enrolled {args.device_id}: token written to {path} (mode 0600)")
-
-
-def _engine(args: argparse.Namespace) -> Engine:
-    return make_engine(_settings(args))
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -548,30 +574,6 @@ def _enqueue_hook(engine: Engine) -> Callable[[str, str], object]:
 
     queue = JobQueue(engine)
     return lambda device_id, stream: queue.enqueue(device_id, stream, "auto")
-
-
-def format_table(devices: Sequence[Device]) -> str:
-    """Devices as a fixed-width text table (one header line, one line per device)."""
-    header = ("DEVICE", "LAST SEEN (UTC)", "AGENT", "MODEL", "BACKLOG AL/AG", "TAGS", "STATE")
-    rows = [header]
-    for d in devices:
-        rows.append((
-            d.device_id,
-            d.last_seen.strftime("%Y-%m-%d %H:%M:%S") if d.last_seen else "never",
-            d.agent_version or "-",
-            f"{d.model_name}@{d.model_version}" if d.model_name else "-",
-            f"{_n(d.backlog_alerts)}/{_n(d.backlog_aggregates)}",
-            ",".join(d.tags) or "-",
-            "revoked" if d.revoked_at else "active",
-        ))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows
-    )
-
-
-def _n(value: int | None) -> str:
-    return "-" if value is None else str(value)
 
 
 if __name__ == "__main__":

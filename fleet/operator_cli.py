@@ -34,7 +34,13 @@ from typing import Any
 
 import requests
 
-from cloud_sync.package import PackageError, generate_keypair, pack, read_manifest
+from cloud_sync.package import (
+    PackageError,
+    PackageFormatError,
+    generate_keypair,
+    pack,
+    read_manifest,
+)
 from cloud_sync.package import sign_package_dir as _sign_dir
 from fleet.settings import ADMIN_TOKEN_ENV, DEFAULT_PORT
 
@@ -142,6 +148,13 @@ def key_hint(role: str, priv: Path, pub: Path) -> str:
             "[updater] trusted_keys_dir)")
 
 
+def unsigned_warning(package_dir: Path) -> str:
+    """What ``model push`` prints (stderr) before it uploads an unsigned package."""
+    return (f"edge-fleet: warning: {package_dir} is not signed: devices that check signatures "
+            "(an agent's [updater] trusted_keys_dir) will refuse it, and the fleet stores only "
+            f"signed packages; sign it first: edge-fleet model sign {package_dir} --key ID.key")
+
+
 def run(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
     """Run one operator command; returns the exit code (errors go to stderr)."""
     try:
@@ -160,7 +173,11 @@ def run(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
         else:
             _rollout(args, out)
     except PackageError as exc:
-        print(f"edge-fleet: {type(exc).__name__}: {exc}", file=sys.stderr)
+        hint = ""
+        if isinstance(exc, PackageFormatError) and args.command == "model":
+            hint = (" (PACKAGE_DIR must be a model package directory: manifest.json and the "
+                    "artefacts it names, like the shipped models/skab-wstat)")
+        print(f"edge-fleet: {type(exc).__name__}: {exc}{hint}", file=sys.stderr)
         return EX_CONFIG
     except OperatorError as exc:
         print(f"edge-fleet: {exc}", file=sys.stderr)
@@ -201,6 +218,9 @@ def _call(args: argparse.Namespace, method: str, path: str, **kw: Any) -> Any:
 
 def _model(args: argparse.Namespace, out: Callable[[str], None]) -> None:
     if args.model_command == "push":
+        _, manifest = read_manifest(args.package_dir)
+        if not manifest.signature:
+            print(unsigned_warning(args.package_dir), file=sys.stderr)
         with tempfile.TemporaryDirectory(prefix="edge-fleet-push-") as tmp:
             archive = Path(tmp) / "package.tar.gz"
             pack(args.package_dir, archive)

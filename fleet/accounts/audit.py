@@ -16,7 +16,7 @@ import datetime as dt
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Engine, insert, select
+from sqlalchemy import Engine, insert, or_, select
 
 from fleet.db.account_tables import audit_log
 from fleet.db.devices import utcnow
@@ -50,13 +50,20 @@ class AuditLog:
         self, *, limit: int = 100, before_id: int | None = None, actor: str | None = None,
         action: str | None = None,
     ) -> list[dict[str, Any]]:
-        """Entries newest first (``before_id``: older than that entry, to page back)."""
+        """Entries newest first (``before_id``: older than that entry, to page back).
+
+        ``action`` matches that action and every action under it as a prefix: ``rollout`` (or
+        ``rollout.``) matches ``rollout.create``, ``rollout.abort``, ...; ``rollout.abort`` matches
+        itself.
+        """
         query = select(audit_log).order_by(audit_log.c.id.desc()).limit(limit)
         if before_id is not None:
             query = query.where(audit_log.c.id < before_id)
         if actor is not None:
             query = query.where(audit_log.c.actor == actor)
         if action is not None:
-            query = query.where(audit_log.c.action == action)
+            prefix = action.rstrip(".")
+            query = query.where(or_(audit_log.c.action == prefix,
+                                    audit_log.c.action.startswith(prefix + ".", autoescape=True)))
         with self._engine.connect() as conn:
             return [dict(row._mapping) for row in conn.execute(query)]

@@ -11,16 +11,20 @@
                                   prints the token once (or writes it to a NEW 0600 file)
     edge-fleet token list [--user NAME]
     edge-fleet token revoke ID
+    edge-fleet audit list [--action A] [--actor NAME] [--limit 50]
+                                  newest first; --action rollout matches every rollout.* action
+                                  ("No entries match" when none does)
 
 Like ``edge-fleet device``, these talk to the database (same ``--db``) and need no token: file
 system access to the fleet's database is the operator's authority. Each change is recorded in the
-audit log as ``cli:<login name>`` via ``cli``.
+audit log as ``cli:<login name>`` via ``cli`` (``audit list`` only reads it).
 """
 
 from __future__ import annotations
 
 import argparse
 import getpass
+import json
 import os
 import sys
 from pathlib import Path
@@ -35,7 +39,7 @@ from fleet.accounts.users import UserStore
 from fleet.errors import ConfigError
 from fleet.secret_files import create_secret_file
 
-COMMANDS = ("user", "token")
+COMMANDS = ("user", "token", "audit")
 
 
 def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -75,6 +79,14 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     lst.add_argument("--user")
     rev = tsub.add_parser("revoke", parents=[common], help="revoke a token by id")
     rev.add_argument("token_id", type=int)
+
+    audit = sub.add_parser("audit", help="the audit log of operator actions")
+    asub = audit.add_subparsers(dest="audit_command", required=True)
+    alst = asub.add_parser("list", parents=[common], help="entries, newest first")
+    alst.add_argument("--action", help="an action (rollout.abort) or a prefix of actions "
+                      "(rollout: every rollout.* action)")
+    alst.add_argument("--actor", help="a username, bootstrap or cli:<login name>")
+    alst.add_argument("--limit", type=int, default=50, help="at most this many (1..1000)")
 
 
 #: What a missing terminal's error says: where the password goes instead (``user set``) ...
@@ -116,6 +128,12 @@ def run(args: argparse.Namespace, engine: Engine, session_ttl_s: float) -> int:
     """
     users, audit = UserStore(engine), AuditLog(engine)
     actor = _actor()
+    if args.command == "audit":
+        if not 1 <= args.limit <= 1000:
+            raise ConfigError("--limit must be 1..1000")
+        entries = audit.list(limit=args.limit, actor=args.actor, action=args.action)
+        print(audit_table(entries) if entries else "No entries match")
+        return 0
     if args.command == "user":
         if args.user_command == "add":
             role: Role = parse_role(args.role)
@@ -174,6 +192,39 @@ def run(args: argparse.Namespace, engine: Engine, session_ttl_s: float) -> int:
         audit.record(actor, "cli", "token.revoke", owner, None, {"id": args.token_id})
         print(f"revoked token {args.token_id} of {owner}")
     return 0
+
+
+def audit_table(entries: list[dict[str, Any]]) -> str:
+    """Audit entries (:meth:`~fleet.accounts.audit.AuditLog.list`) as a text table; the detail
+    as ``key=value`` pairs."""
+    rows: list[tuple[str, ...]] = [("ID", "AT (UTC)", "ACTOR", "VIA", "ACTION", "TARGET",
+                                    "DETAIL")]
+    rows += [
+        (str(e["id"]), e["at"].strftime("%Y-%m-%d %H:%M:%S"), e["actor"], e["via"], e["action"],
+         e["target"] or "-",
+         " ".join(f"{k}={_detail_value(v)}" for k, v in _ordered(e["detail"] or {})) or "-")
+        for e in entries]
+    return _table(rows)
+
+
+#: Detail keys shown first (in this order), and last; the others sorted between them (the
+#: database may hand them back in any order: PostgreSQL's JSONB sorts them its own way).
+_FIRST, _LAST = ("rollout", "model", "stream", "tag", "devices", "device_count", "state"), "reason"
+
+
+def _ordered(detail: dict[str, Any]) -> list[tuple[str, Any]]:
+    def rank(key: str) -> tuple[int, int, str]:
+        if key in _FIRST:
+            return 0, _FIRST.index(key), key
+        return (2 if key == _LAST else 1), 0, key
+    return [(k, detail[k]) for k in sorted(detail, key=rank)]
+
+
+def _detail_value(value: object) -> str:
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    text = str(value)
+    return json.dumps(text) if not text or any(c.isspace() for c in text) else text
 
 
 def _table(rows: list[tuple[str, ...]]) -> str:

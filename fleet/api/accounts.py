@@ -13,7 +13,7 @@
   password or disabled. ``GET|POST /v1/tokens``, ``DELETE /v1/tokens/{id}`` (admin): personal
   API tokens (the token is in the POST answer only).
 * ``GET /v1/audit`` (viewer): newest first, ``limit`` (1..1000), ``before`` (an entry id),
-  ``actor``, ``action``.
+  ``actor``, ``action`` (a prefix: ``rollout`` matches every ``rollout.*`` action).
 
 Every change and every login (and failed login) is recorded in the audit log.
 """

@@ -1,6 +1,7 @@
 """Rollout routes (operator) and the device side of the model loop.
 
-Operator (reads: viewer; create and actions: operator, recorded in the audit log):
+Operator (reads: viewer; create and actions: operator, recorded in the audit log with
+:func:`audit_detail`):
 
 * ``POST /v1/rollouts`` (:class:`~fleet.registry.views.RolloutCreate`) → 201 RolloutOut; 404
   unknown package; 422 empty target, unknown devices or a bad body.
@@ -59,8 +60,7 @@ RolloutId = Annotated[int, Path(ge=1, le=INT64_MAX)]
 async def create(request: Request, loop: ModelLoopDep, who: OperatorDep) -> RolloutOut:
     req = await read_model(request, RolloutCreate, ROLLOUT_MAX_BYTES)  # after the token check
     out = await run_in_threadpool(loop.rollouts.create, req)
-    await arecord(request, who, "rollout.create", str(out.id),
-                  req.model_dump(mode="json", exclude_none=True, exclude={"devices"}))
+    await arecord(request, who, "rollout.create", str(out.id), audit_detail(out))
     return out
 
 
@@ -86,8 +86,31 @@ def act(
         description="refuse (409) unless the rollout is in this state")] = None,
 ) -> RolloutOut:
     out = loop.rollouts.act(rollout_id, action, expected_state)
-    record(request, who, f"rollout.{action}", str(rollout_id), {"state": out.state})
+    record(request, who, f"rollout.{action}", str(rollout_id), audit_detail(out))
     return out
+
+
+#: Device ids an audit entry names at most (a rollout may target 10,000).
+AUDIT_MAX_DEVICES = 20
+
+
+def audit_detail(out: RolloutOut) -> dict[str, Any]:
+    """What a ``rollout.*`` audit entry records: rollout id, ``model`` (``name@version``),
+    ``stream`` (``*``: every stream), the target (``tag``, or up to :data:`AUDIT_MAX_DEVICES`
+    ``devices``; ``device_count`` either way), canary percent, halt threshold, the state after
+    the action and, when there is one, the rollout's ``reason`` (an abort's outcome)."""
+    detail: dict[str, Any] = {
+        "rollout": out.id, "model": f"{out.name}@{out.version}", "stream": out.stream or "*",
+    }
+    if out.target_tag is not None:
+        detail["tag"] = out.target_tag
+    else:
+        detail["devices"] = out.target_devices[:AUDIT_MAX_DEVICES]
+    detail.update(device_count=len(out.target_devices), canary_percent=out.canary_percent,
+                  halt_after_failures=out.halt_after_failures, state=out.state)
+    if out.reason:
+        detail["reason"] = out.reason
+    return detail
 
 
 @router.get("/v1/models/assignment", response_model=ModelAssignment)

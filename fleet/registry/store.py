@@ -25,11 +25,38 @@ from sqlalchemy import Connection, Engine, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from cloud_sync.archive import unpack_verified
-from cloud_sync.package import PackageError, pack, read_manifest
+from cloud_sync.package import PackageError, PackageFormatError, pack, read_manifest
 from cloud_sync.protocol import INT64_MAX
 from fleet.db.model_tables import models
 from fleet.errors import Conflict, NotFound, Unprocessable
 from fleet.ingest import unstorable
+
+#: Starts of the reasons an upload is not a model package archive at all (cloud_sync.archive).
+_NOT_A_PACKAGE = ("not a valid tar.gz archive", "archive holds no manifest.json",
+                  "manifest.json is not JSON", "manifest.json is not a JSON object",
+                  "manifest.json fails the schema")
+#: What such a refusal adds: how to build a package archive.
+PACK_HINT = ("not a model package: build one from a signed package directory with `edge-fleet "
+             "model pack DIR --out FILE.tar.gz`, or upload the directory with `edge-fleet model "
+             "push DIR`")
+
+
+def upload_error(exc: PackageError, tmp_dir: str) -> str:
+    """The 422 ``detail`` of a refused upload: ``<error class>: <reason>``, without the
+    server's temporary paths (the upload is unpacked in ``tmp_dir``), and with
+    :data:`PACK_HINT` when the file is not a model package at all.
+
+    >>> err = PackageFormatError("archive holds no manifest.json", "/tmp/up-1/upload.tar.gz")
+    >>> upload_error(err, "/tmp/up-1").split(" (")[0]
+    'PackageFormatError: archive holds no manifest.json'
+    """
+    text = str(exc)
+    if exc.package is not None and exc.package.startswith(tmp_dir):
+        text = text[len(exc.package) + 2:]  # PackageError's "<package>: " prefix
+    text = text.replace(tmp_dir + "/", "").replace(tmp_dir, "")
+    if isinstance(exc, PackageFormatError) and text.startswith(_NOT_A_PACKAGE):
+        text = f"{text} ({PACK_HINT})"
+    return f"{type(exc).__name__}: {text}"
 
 
 @dataclass(frozen=True)
@@ -123,7 +150,7 @@ class ModelRegistry:
                 canonical = Path(tmp) / "canonical.tar.gz"
                 sha = pack(pkg, canonical)
             except PackageError as exc:
-                raise Unprocessable(f"{type(exc).__name__}: {exc}") from None
+                raise Unprocessable(upload_error(exc, tmp)) from None
             data = canonical.read_bytes()
         bad = unstorable(raw, "manifest")
         if bad is None and not 1 <= manifest.version <= INT64_MAX:

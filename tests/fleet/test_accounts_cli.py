@@ -29,7 +29,7 @@ def test_user_and_token_commands(tmp_path: Path, capsys: pytest.CaptureFixture[s
     pw = tmp_path / "pw"
     pw.write_text(PASSWORD + "\n")
     assert main(["user", "add", "root", "--role", "admin", "--password-file", str(pw),
-                 *common]) == 0
+                 "--create-db", *common]) == 0
     assert main(["user", "add", "bot", "--role", "operator", "--no-password", *common]) == 0
     assert main(["user", "add", "bot", "--role", "viewer", "--no-password", *common]) == \
         EX_REFUSED
@@ -86,7 +86,7 @@ def test_serve_without_the_bootstrap_token(tmp_path: Path) -> None:
     pw = tmp_path / "pw"
     pw.write_text(PASSWORD)
     assert main(["user", "add", "root", "--role", "admin", "--password-file", str(pw),
-                 "--db", db, "--state-dir", str(state)]) == 0
+                 "--db", db, "--state-dir", str(state), "--create-db"]) == 0
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -122,7 +122,8 @@ def test_user_add_without_a_terminal_says_to_use_a_password_file(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     """The first admin from a script or CI: no prompt to hang on, the way to do it instead."""
-    common = ["--db", f"sqlite:///{tmp_path / 'fleet.db'}", "--state-dir", str(tmp_path)]
+    common = ["--db", f"sqlite:///{tmp_path / 'fleet.db'}", "--state-dir", str(tmp_path),
+              "--create-db"]
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # not a terminal
     assert main(["user", "add", "me", "--role", "admin", *common]) == EX_CONFIG
     err = capsys.readouterr().err

@@ -64,7 +64,7 @@ def test_change_tags_rules() -> None:
 def test_edge_fleet_device_tag_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     db = f"sqlite:///{tmp_path / 'fleet.db'}"
     common = ["--db", db, "--state-dir", str(tmp_path)]
-    assert main(["device", "add", "gw1", "--tag", "line=3", *common]) == 0
+    assert main(["device", "add", "gw1", "--tag", "line=3", "--create-db", *common]) == 0
     capsys.readouterr()
     assert main(["device", "tag", "gw1", "--add", "line=4", "--add", "cell/7", *common]) == 0
     assert capsys.readouterr().out.strip() == "gw1: tags cell/7 line=4"

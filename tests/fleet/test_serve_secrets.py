@@ -132,7 +132,7 @@ def test_device_add_writes_the_token_to_a_new_0600_file(tmp_path: Path) -> None:
     state, token_file = tmp_path / "state", tmp_path / "gw1.token"
     env = {k: v for k, v in os.environ.items() if k != "EDGE_FLEET_ADMIN_TOKEN"}
     cmd = [*fleet_command(), "device", "add", "gw1", "--state-dir", str(state),
-           "--token-file", str(token_file)]
+           "--token-file", str(token_file), "--create-db"]
     out = subprocess.run(["sh", "-c", 'umask 022; exec "$@"', "sh", *cmd], env=env,
                          capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr

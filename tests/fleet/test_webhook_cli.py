@@ -14,7 +14,7 @@ def test_webhook_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     secret = tmp_path / "hook.secret"
     secret.write_text("a-long-enough-secret-value\n")
     assert main(["webhook", "add", "https://hooks.example/edge", "--events",
-                 "alert,device_offline", "--secret-file", str(secret), *db]) == 0
+                 "alert,device_offline", "--secret-file", str(secret), "--create-db", *db]) == 0
     assert "webhook 1: https://hooks.example/edge (alert,device_offline)" in capsys.readouterr().out
     assert main(["webhook", "list", *db]) == 0
     listed = capsys.readouterr().out

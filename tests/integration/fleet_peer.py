@@ -60,7 +60,7 @@ class FleetProcess:
         self.log_path = workdir / "fleet.log"
         out = subprocess.run(
             [*fleet_command(), "device", "add", device_id, "--db", self.db_url,
-             "--state-dir", str(workdir)],
+             "--state-dir", str(workdir), "--create-db"],
             env=self.env, capture_output=True, text=True, check=True, timeout=60,
         )
         self.token = out.stdout.strip().splitlines()[-1].strip()
