@@ -722,6 +722,7 @@ def test_an_aborted_rollouts_page_follows_the_rollback(browser: Any, tmp_path: P
         op = _login(browser, served, "otto")
         op.goto(f"{served.base}/console/#/rollout/{rollout}")
         expect(op.locator("#rollout-devices")).to_contain_text("active (@8)")
+        expect(op.locator("#rollout-refresh")).to_contain_text("final (completed")
         dialogs: list[str] = []
 
         def accept(dialog: Any) -> None:
@@ -747,3 +748,11 @@ def test_an_aborted_rollouts_page_follows_the_rollback(browser: Any, tmp_path: P
                                                                timeout=30_000)
         expect(op.locator("#rollout-rolling-back")).to_have_count(0)
         device.close()
+        # a newer rollout of gw1 supersedes it: the page links to it and offers no action
+        r = requests.post(f"{served.base}/v1/rollouts", headers=served.admin, timeout=10,
+                          json={"name": "skab-wstat", "version": 8, "devices": ["gw1"]})
+        assert r.status_code == 201, r.text
+        op.reload()
+        expect(op.locator("#rollout-superseded")).to_contain_text(f"rollout {r.json()['id']}")
+        expect(op.locator("#rollout-refresh")).to_contain_text("final (superseded by rollout")
+        assert op.locator("#rollout-actions button").count() == 0

@@ -18,11 +18,16 @@ function canAct() {
 }
 
 function refreshIn(ms, redraw) {
-  // redraw the page after ms if it is still the one shown
+  // redraw the page after ms if it is still the one shown; after a failure other than 401/403
+  // (the fleet restarting, a network error) it says so and tries again after ms
   clearTimeout(pageTimer);
   const here = location.hash;
   pageTimer = setTimeout(() => {
-    if (location.hash === here && me !== null) redraw().catch(refused);
+    if (location.hash !== here || me === null) return;
+    redraw().catch((err) => {
+      refused(err);
+      if (err.status !== 401 && err.status !== 403 && location.hash === here) refreshIn(ms, redraw);
+    });
   }, ms);
 }
 
