@@ -503,6 +503,12 @@ def test_admin_sees_dead_letters_and_redelivers_others_do_not(
         assert page.locator("#devices").count() == 0  # the page before it is not left shown
         if user == "otto":
             _shot(page, fleet, "webhooks-operator-refused")
+        else:  # the session ends (its cookie is gone): the login form says so
+            page.context.clear_cookies()
+            page.goto(f"{fleet.base}/console/#/devices")
+            expect(page.locator("#login-error")).to_have_text(
+                "Your session has ended: log in again.")
+            expect(page.locator("#top")).to_be_hidden()
         page.context.close()
 
     page = _login(browser, fleet, "ada")
