@@ -24,14 +24,15 @@ data end at a fixed time, so "now" in the console's parameters is that time:
 * device page: ``streams`` = ``GET /v1/devices/{id}/streams``, ``device_alerts`` =
   ``GET /v1/alerts?device=&limit=50``, ``device_models`` = ``GET /v1/devices/{id}/models?limit=50``,
   ``series_6h|24h|7d|28d`` = ``GET /v1/devices/{id}/series?stream=&since=&until=`` over the
-  console's four zoom ranges (default ``points``: 500);
+  console's four zoom ranges ending at the newest score (default ``points``: 500);
 * alerts page: ``alerts`` = ``GET /v1/alerts?limit=500``, ``alerts_device``, ``alerts_tag``,
   ``alerts_week`` (``since`` = now - 7 d), ``alerts_unacked`` (``acked=false``), each
   ``limit=500``;
-* device page, the two requests before the plot: ``device_one`` = ``GET /v1/devices?device=``
-  (the device's own state and health), ``series_ahead`` = the ``newestAfter`` probe
-  ``GET /v1/devices/{id}/series?stream=&since=now&until=now+366d&points=2000`` (whether a
-  score is later than now);
+* device page, the requests of its default plot: ``device_one`` = ``GET /v1/devices?device=``
+  (the device's own state and health), ``series_extent`` = ``GET /v1/devices/{id}/series?
+  stream=&points=10`` (the server's default range, the last 24 h before the real now: empty
+  here, so mostly the data's extent, ``first_at``/``last_at``, and the newest alert's
+  threshold), then ``series_all`` = the "all data" range ``since=first_at&until=last_at+1``;
 * rollouts page: ``rollouts`` = ``GET /v1/rollouts`` (with the registry's ``GET /v1/models``,
   timed as ``models``), rollout page: ``rollout`` = ``GET /v1/rollouts/{id}`` of a random one;
 * registry page: ``models`` and ``models_running``;
@@ -306,7 +307,8 @@ def measure(url: str, args: argparse.Namespace) -> tuple[float, str]:
                     f"&until={float(end)}")
 
         week_ago = float(end - 7 * day)
-        ahead = (f"&since={float(end)}&until={float(end + 366 * day)}&points=2000")
+        span = (args.rows // (args.devices * args.streams)) * args.interval_s
+        first = float(end) - span  # the data's extent (aggregates up to END, see load)
         queries: dict[str, Any] = {
             "devices": lambda: "/v1/devices",
             "models_running": lambda: "/v1/models/running",
@@ -314,7 +316,9 @@ def measure(url: str, args: argparse.Namespace) -> tuple[float, str]:
             "device_alerts": lambda: f"/v1/alerts?device={device()}&limit=50",
             "device_models": lambda: f"/v1/devices/{device()}/models?limit=50",
             "device_one": lambda: f"/v1/devices?device={device()}",
-            "series_ahead": lambda: f"/v1/devices/{device()}/series?stream=s0{ahead}",
+            "series_extent": lambda: f"/v1/devices/{device()}/series?stream=s0&points=10",
+            "series_all": lambda: (f"/v1/devices/{device()}/series?stream=s0&since={first}"
+                                   f"&until={float(end) + 1}"),
             "series_6h": lambda: series(6),
             "series_24h": lambda: series(24),
             "series_7d": lambda: series(7 * 24),

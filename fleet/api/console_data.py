@@ -14,7 +14,10 @@
 * ``GET /v1/devices/{id}/series?stream=S`` (viewer): the stream's max score per aggregate
   interval in ``[since, until)`` (default: the last 24 h), at most ``points`` (10..2000,
   default 500) points, bucketed (max of the max scores) past that; with the thresholds of the
-  stream's alerts (:class:`fleet.db.console_queries.Series`). Times are epoch seconds.
+  stream's alerts (:class:`fleet.db.console_queries.Series`), and, whatever the range, the
+  data's extent ``first_at``/``last_at`` (oldest and newest aggregate interval start, None
+  without aggregates) and ``current_threshold`` (the newest alert's, None: never alerted):
+  :class:`fleet.db.console_queries.Extent`. Times are epoch seconds.
 * ``GET /v1/devices/{id}/models`` (viewer): the device's model status reports, newest first.
 * ``GET /v1/models/running`` (viewer): which device runs which model version on which stream.
 """
@@ -83,7 +86,10 @@ class StreamOut(_Out):
 
 
 class SeriesOut(_Out):
-    """Epoch seconds; ``points`` are ``[t, max_score | null, windows, alerts]``."""
+    """Epoch seconds; ``points`` are ``[t, max_score | null, windows, alerts]``.
+
+    ``first_at``/``last_at`` and ``current_threshold`` do not depend on the range: the
+    console's "all data" range is ``[first_at, last_at]``."""
 
     stream: str
     since: float
@@ -93,6 +99,10 @@ class SeriesOut(_Out):
     points: list[tuple[float, float | None, int, int]]
     thresholds: list[tuple[float, float]]
     last_threshold: float | None
+    first_at: float | None = Field(description="Oldest aggregate interval start of the stream.")
+    last_at: float | None = Field(description="Newest aggregate interval start of the stream.")
+    current_threshold: float | None = Field(
+        description="Threshold of the stream's newest alert (None: it never alerted).")
 
 
 def _queries(request: Request) -> ConsoleQueries:
@@ -157,9 +167,16 @@ def device_series(
     if hi <= lo:
         raise Unprocessable("until must be after since")
     found = _queries(request).series(device_id, stream, lo, hi, points)
+    extent = _queries(request).extent(device_id, stream)
     return SeriesOut(stream=stream, since=lo.timestamp(), until=hi.timestamp(),
                      bucket_s=found.bucket_s, truncated=found.truncated, points=found.points,
-                     thresholds=found.thresholds, last_threshold=found.last_threshold)
+                     thresholds=found.thresholds, last_threshold=found.last_threshold,
+                     first_at=_epoch_s(extent.first_at), last_at=_epoch_s(extent.last_at),
+                     current_threshold=extent.current_threshold)
+
+
+def _epoch_s(at: dt.datetime | None) -> float | None:
+    return None if at is None else at.timestamp()
 
 
 @router.get("/v1/devices/{device_id}/models")

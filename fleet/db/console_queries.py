@@ -87,6 +87,22 @@ class Series:
     truncated: bool
 
 
+@dataclass(frozen=True)
+class Extent:
+    """Where a stream's data lie, for a plot's "all data" range.
+
+    Attributes:
+        first_at: Oldest aggregate interval start (aware UTC), None without aggregates.
+        last_at: Newest aggregate interval start, None without aggregates.
+        current_threshold: Threshold of the stream's newest alert (the one in force when the
+            device last alerted), None when it never alerted.
+    """
+
+    first_at: dt.datetime | None
+    last_at: dt.datetime | None
+    current_threshold: float | None
+
+
 class ConsoleQueries:
     """Console reads and alert acknowledgements.
 
@@ -257,6 +273,24 @@ class ConsoleQueries:
         return Series(points=points,
                       thresholds=[(r.window_start.timestamp(), r.threshold) for r in thresholds],
                       last_threshold=last, bucket_s=bucket_s, truncated=truncated)
+
+    def extent(self, device_id: str, stream: str) -> Extent:
+        """The stream's :class:`Extent`: ``min``/``max`` of ``interval_start`` (on PostgreSQL
+        each an index-only scan of ``ix_aggregates_series`` reading one entry per partition)
+        and the newest alert's threshold (the alerts' ``(device_id, stream, window_start)``
+        index, read backwards)."""
+        a = aggregates
+        with self._engine.connect() as conn:
+            first, last = conn.execute(
+                select(func.min(a.c.interval_start), func.max(a.c.interval_start))
+                .where(a.c.device_id == device_id, a.c.stream == stream)
+            ).one()
+            threshold = conn.execute(
+                select(alerts.c.threshold)
+                .where(alerts.c.device_id == device_id, alerts.c.stream == stream)
+                .order_by(alerts.c.window_start.desc()).limit(1)
+            ).scalar_one_or_none()
+        return Extent(first_at=first, last_at=last, current_threshold=_float(threshold))
 
     def _buckets(
         self, conn: Connection, in_range: tuple[ColumnElement[bool], ...], since: dt.datetime,

@@ -11,6 +11,10 @@ States (``rollouts.state``)::
     canary|promoted ──(failures)──► halted       operator's override (back to canary)
     any but aborted ──abort──► aborted   aborted: terminal; devices not yet active on it stop;
                                                   active ones fall back (rollback key)
+
+A rollout whose devices all follow a newer rollout of the same stream (or of every stream) is
+superseded (``superseded_by``, :mod:`fleet.registry.rollouts`): no action applies to it any more
+(it would change what no device runs), whatever its state.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ RolloutState = Literal["canary", "paused", "promoted", "halted", "aborted"]
 Action = Literal["promote", "pause", "resume", "abort"]
 #: States in which assigned devices get the rollout's version.
 ASSIGNING: frozenset[str] = frozenset({"canary", "promoted"})
+#: Every operator action, in the order the console shows them.
+ACTIONS: tuple[Action, ...] = ("promote", "pause", "resume", "abort")
 #: Device report states that count as a failure of the rollout.
 FAILED: frozenset[str] = frozenset({"rejected", "rolled_back"})
 #: Device report states after which the device may be running the new version.
@@ -78,6 +84,27 @@ def transition(
     if action == "resume" and state == "halted":
         return "canary", None
     raise Conflict(f"cannot {action} a rollout that is {state}")
+
+
+def allowed_actions(state: str, resume_state: str | None, superseded: bool = False) -> list[Action]:
+    """The operator actions :func:`transition` accepts now, in :data:`ACTIONS` order; none for
+    a superseded rollout.
+
+    >>> allowed_actions("canary", None), allowed_actions("halted", None)
+    (['promote', 'pause', 'abort'], ['resume', 'abort'])
+    >>> allowed_actions("aborted", None), allowed_actions("canary", None, superseded=True)
+    ([], [])
+    """
+    if superseded:
+        return []
+    found: list[Action] = []
+    for action in ACTIONS:
+        try:
+            transition(state, resume_state, action)
+        except Conflict:
+            continue
+        found.append(action)
+    return found
 
 
 def should_halt(failures: int, halt_after_failures: int) -> bool:

@@ -26,6 +26,12 @@
   An action whose ``expected_state`` (the state the operator saw) is no longer the rollout's is
   refused with a Conflict (409): of a promote and an abort sent together from the same view,
   exactly one applies.
+* Superseded (``superseded_by``): every device of the rollout follows a newer rollout of the
+  same stream or of every stream (the assignment's rule above), so the rollout decides nothing
+  any more; every action on it is refused (409) and its ``actions`` are empty
+  (:func:`superseded`).
+* Resuming a halted rollout (and any action but abort) clears its ``reason``: the reason says
+  why it is halted or what its abort did, and it is neither any more.
 """
 
 from __future__ import annotations
@@ -36,7 +42,18 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from sqlalchemy import ColumnElement, Connection, Engine, and_, func, insert, or_, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Engine,
+    and_,
+    case,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
 
 from cloud_sync.package import sign_rollback
 from cloud_sync.protocol import ModelAssignment, ModelStatusReport
@@ -50,6 +67,7 @@ from fleet.registry.policy import (
     FAILED,
     Action,
     RolloutState,
+    allowed_actions,
     pick_canaries,
     should_halt,
     transition,
@@ -170,7 +188,9 @@ class RolloutService:
             ).all()
             versions = (_reported_versions(conn, row, [m.device_id for m in members])
                         if with_devices else {})
-        return _out(row, members, with_devices, versions, self._signer is not None)
+            newer = superseded(conn, rollout_id).get(rollout_id)
+        return _out(row, members, with_devices, versions, self._signer is not None,
+                    superseded_by=newer)
 
     def list(self) -> list[RolloutOut]:
         """Every rollout, newest first, without per-device rows: their states are counted in
@@ -183,11 +203,13 @@ class RolloutService:
                 select(rollout_devices.c.rollout_id, state, func.count())
                 .group_by(rollout_devices.c.rollout_id, state)
             ).all()
+            newer = superseded(conn)
         counts: dict[int, dict[str, int]] = {}
         for rollout_id, device_state, n in counted:
             counts.setdefault(int(rollout_id), {})[str(device_state)] = int(n)
         can = self._signer is not None
-        return [_out(r, (), False, None, can, counts.get(int(r.id), {})) for r in rows]
+        return [_out(r, (), False, None, can, counts.get(int(r.id), {}),
+                     superseded_by=newer.get(int(r.id))) for r in rows]
 
     def act(
         self, rollout_id: int, action: Action, expected_state: RolloutState | None = None
@@ -202,8 +224,8 @@ class RolloutService:
 
         Raises:
             NotFound: No such rollout.
-            Conflict: The action is not allowed in the current state, or the state is not
-                ``expected_state`` (another operator acted first).
+            Conflict: The action is not allowed in the current state, the state is not
+                ``expected_state`` (another operator acted first), or the rollout is superseded.
         """
         now = self._clock()
         with self._engine.begin() as conn:
@@ -217,8 +239,14 @@ class RolloutService:
                 raise Conflict(f"rollout {rollout_id} is {row.state}, not {expected_state}: "
                                f"someone changed it since you looked; reload before you "
                                f"{action}")
+            newer = superseded(conn, rollout_id).get(rollout_id)
+            if newer is not None:
+                raise Conflict(f"cannot {action} rollout {rollout_id}: it is superseded by "
+                               f"rollout {newer}, which its devices follow now")
             state, resume = transition(row.state, row.resume_state, action)
-            values: dict[str, Any] = {"state": state, "resume_state": resume, "updated_at": now}
+            # the reason said why it halted (or what an abort did): neither holds after this
+            values: dict[str, Any] = {"state": state, "resume_state": resume, "updated_at": now,
+                                      "reason": None}
             if action == "abort":
                 ro = conn.execute(select(rollouts).where(rollouts.c.id == rollout_id)).one()
                 values["reason"] = self._abort_reason(conn, ro)
@@ -407,6 +435,39 @@ class RolloutService:
                                  "version": int(ro.model_version), "reason": reason})
 
 
+def superseded(conn: Connection, rollout_id: int | None = None) -> dict[int, int]:
+    """``{rollout id: superseded_by}`` of the superseded rollouts (all, or ``rollout_id`` only).
+
+    A device follows its newest rollout whose stream is the asked one or None (every stream):
+    for a rollout of stream S that is the newer of its newest rollouts of S and of None; for a
+    rollout of every stream, its newest of None. A rollout is superseded when that newest one
+    is newer than it for every one of its devices; ``superseded_by`` is the oldest of them.
+    Two grouped reads of ``rollout_devices`` (a row per rollout and device) in the database.
+    """
+    rd, r = rollout_devices, rollouts
+    newest_q = (select(rd.c.device_id, r.c.stream, func.max(r.c.id).label("id"))
+                .select_from(rd.join(r, r.c.id == rd.c.rollout_id))
+                .group_by(rd.c.device_id, r.c.stream))
+    if rollout_id is not None:
+        newest_q = newest_q.where(rd.c.device_id.in_(
+            select(rd.c.device_id).where(rd.c.rollout_id == rollout_id).scalar_subquery()))
+    newest = newest_q.cte("newest")
+    every, same = newest.alias("every_stream"), newest.alias("same_stream")
+    of_every, of_same = func.coalesce(every.c.id, 0), func.coalesce(same.c.id, 0)
+    follows = case((of_every >= of_same, of_every), else_=of_same)
+    stmt = (select(rd.c.rollout_id, func.min(follows))
+            .select_from(rd.join(r, r.c.id == rd.c.rollout_id)
+                         .outerjoin(every, and_(every.c.device_id == rd.c.device_id,
+                                                every.c.stream.is_(None)))
+                         .outerjoin(same, and_(same.c.device_id == rd.c.device_id,
+                                               same.c.stream == r.c.stream)))
+            .group_by(rd.c.rollout_id)
+            .having(func.min(follows) > rd.c.rollout_id))
+    if rollout_id is not None:
+        stmt = stmt.where(rd.c.rollout_id == rollout_id)
+    return {int(rid): int(newer) for rid, newer in conn.execute(stmt)}
+
+
 def _reported_versions(conn: Connection, ro: Any, device_ids: Sequence[str]) -> dict[str, int]:
     """Version named by each device's newest report of rollout ``ro`` (the report its row's
     ``state`` came from: one naming the rollout, or naming its model and version)."""
@@ -427,6 +488,7 @@ def _reported_versions(conn: Connection, ro: Any, device_ids: Sequence[str]) -> 
 def _out(
     row: Any, members: Sequence[Any], with_devices: bool, versions: dict[str, int] | None = None,
     can_roll_back: bool = False, counts: Mapping[str, int] | None = None,
+    superseded_by: int | None = None,
 ) -> RolloutOut:
     """``counts``: devices per state when the caller counted them (``members`` is then
     empty); by default counted from ``members``."""
@@ -439,7 +501,8 @@ def _out(
         canary_percent=row.canary_percent, halt_after_failures=int(row.halt_after_failures),
         state=row.state, reason=row.reason, created_at=row.created_at,
         updated_at=row.updated_at, counts=dict(sorted(counts.items())),
-        can_roll_back=can_roll_back,
+        can_roll_back=can_roll_back, superseded_by=superseded_by,
+        actions=list(allowed_actions(row.state, row.resume_state, superseded_by is not None)),
         devices=[
             RolloutDeviceOut(
                 device_id=m.device_id, canary=bool(m.canary), assigned=bool(m.assigned),

@@ -96,6 +96,13 @@ class RolloutOut(_Body):
         False, description="The fleet holds a rollback key (--rollback-key): an abort sends "
         "devices already active on the version back to their previous one; without it they "
         "keep it (devices not yet active on it are stopped either way).")
+    superseded_by: int | None = Field(
+        None, description="A newer rollout of the same stream (or of every stream) that all "
+        "its devices follow now (when they follow several, the oldest of them); None while "
+        "any device still follows this one.")
+    actions: list[str] = Field(
+        default_factory=list, description="The operator actions the fleet accepts now "
+        "(promote, pause, resume, abort; none once aborted or superseded).")
 
     def summary(self) -> dict[str, Any]:
         """Without the per-device list."""

@@ -289,10 +289,19 @@ def test_viewer_sees_devices_and_reads_the_plot(browser: Any, fleet: Fleet) -> N
     assert row2.locator(".health-stale").count() == 1  # a yellow report: amber
     assert page.locator("#devices img").count() == 0
     _shot(page, fleet, "devices")
+    # the page refreshes itself: a device enrolled meanwhile appears without a reload
+    expect(page.locator("#devices-refresh")).to_contain_text("Refreshes every 15 s")
+    r = requests.post(f"{fleet.base}/v1/devices", json={"device_id": "gw3"}, headers=fleet.admin,
+                      timeout=10)
+    assert r.status_code == 201, r.text
+    expect(page.locator("#devices a.device-link")).to_have_count(3, timeout=25_000)
 
     page.click("#devices a.device-link >> text=gw1")
     page.wait_for_selector("#score-plot")
-    assert page.get_attribute("#score-plot", "data-points") == str(N_AGGREGATES)
+    # the default range is all the stream's data (the old ones too), whatever "now" is
+    assert page.get_attribute("#score-plot", "data-points") == str(N_AGGREGATES + N_OLD)
+    assert page.locator("#score-plot text.y-tick").first.evaluate(
+        "t => getComputedStyle(t).fontSize") == "12px"
     own = page.locator("#device-health tbody td").all_text_contents()
     assert "online" in own[0] and own[1] == "green" and own[4] == XSS
     assert page.locator("#streams tbody td").all_text_contents()[3] == "green"
@@ -307,6 +316,7 @@ def test_viewer_sees_devices_and_reads_the_plot(browser: Any, fleet: Fleet) -> N
     alerts_text = page.text_content("#alerts")
     assert alerts_text is not None and XSS in alerts_text  # hostile channel name, as text
     assert page.locator("#alerts img").count() == 0  # the hostile <img> stayed text
+    assert page.locator("#view button.ack").count() == 0  # a viewer acknowledges nothing
     # the camera alert's frame and heatmap, loaded with the session cookie
     figures = page.locator("#snapshots figure")
     assert figures.count() == 1 and figures.first.get_attribute("data-alert") == CAM_ALERT
@@ -318,7 +328,7 @@ def test_viewer_sees_devices_and_reads_the_plot(browser: Any, fleet: Fleet) -> N
     assert _natural_size(frame) == (FRAME_W, FRAME_H)
     heat_w, heat_h = _natural_size(heat)
     assert heat_w == FRAME_W and heat_h > FRAME_H  # the frame plus the legend strip
-    _shot(page, fleet, "device-24h")
+    _shot(page, fleet, "device-all-data")
     heat.click()  # enlarges it in a dialog; a click anywhere closes it
     expect(page.locator("#enlarged")).to_be_visible()
     assert _natural_size(page.locator("#enlarged-img")) == (heat_w, heat_h)
@@ -327,6 +337,8 @@ def test_viewer_sees_devices_and_reads_the_plot(browser: Any, fleet: Fleet) -> N
     page.locator("#enlarged").click()
     expect(page.locator("#enlarged")).to_be_hidden()
     assert page.locator("#nav-webhooks").is_hidden()  # a viewer has no Webhooks page
+    page.click("#ranges button >> text=24 h")
+    expect(page.locator("#score-plot")).to_have_attribute("data-points", str(N_AGGREGATES))
     page.click("#ranges button >> text=7 d")
     expect(page.locator("#score-plot")).to_have_attribute("data-points",
                                                           str(N_AGGREGATES + N_OLD))
@@ -359,6 +371,7 @@ def test_viewer_sees_devices_and_reads_the_plot(browser: Any, fleet: Fleet) -> N
     page.goto(f"{fleet.base}/console/#/registry")
     page.wait_for_selector("#models")
     assert "skab-wstat" in (page.text_content("#models") or "")
+    assert page.locator("#push-form").count() == 0
     page.click("#logout")
     expect(page.locator("#login-form")).to_be_visible()
     expect(page.locator("#top")).to_be_hidden()
@@ -385,6 +398,9 @@ def test_operator_starts_and_aborts_a_rollout_viewer_is_refused(
     op.click("#rollout-create")
     op.wait_for_selector("#rollout-state")
     assert op.text_content("#rollout-state") == "canary"
+    # only the actions the fleet accepts in canary (resume is not one)
+    assert [b.get_attribute("id") for b in op.locator("#rollout-actions button").all()] == [
+        "rollout-promote", "rollout-pause", "rollout-abort"]
     rollout_url = op.url
     _shot(op, fleet, "rollout-created")
 
@@ -404,11 +420,12 @@ def test_operator_starts_and_aborts_a_rollout_viewer_is_refused(
     viewer = _login(browser, fleet, "vera")
     viewer.goto(rollout_url)
     viewer.wait_for_selector("#rollout-state")
-    viewer.once("dialog", lambda dialog: dialog.accept())
-    viewer.click("#rollout-abort")
-    expect(viewer.locator("#flash")).to_contain_text("Refused (403)")
     assert viewer.text_content("#rollout-state") == "canary"
-    _shot(viewer, fleet, "rollout-viewer-refused")
+    assert viewer.locator("#view button").count() == 0  # a viewer is offered no action
+    viewer.goto(f"{fleet.base}/console/#/rollouts")
+    viewer.wait_for_selector("#rollouts")
+    assert viewer.locator("#rollout-form").count() == 0
+    _shot(viewer, fleet, "rollout-viewer-no-actions")
 
     # the operator's page was left open: it refreshes itself while the rollout runs
     expect(op.locator("#rollout-devices")).to_contain_text("active (@8)", timeout=30_000)
@@ -430,6 +447,8 @@ def test_operator_starts_and_aborts_a_rollout_viewer_is_refused(
     expect(op.locator("#flash")).to_contain_text(f"{canary} keep skab-wstat@8")
     expect(op.locator("#flash")).to_contain_text("--rollback-key")
     assert op.get_attribute("#flash", "class") != "ok"  # a warning, not "done"
+    assert op.locator("#rollout-actions button").count() == 0
+    expect(op.locator("#rollout-refresh")).to_have_text("final (aborted): not refreshed")
     _shot(op, fleet, "rollout-aborted")
 
     op.goto(f"{fleet.base}/console/#/audit")
@@ -443,6 +462,9 @@ def test_operator_starts_and_aborts_a_rollout_viewer_is_refused(
     expect(op.locator("#view")).to_have_attribute("data-route", "#/audit?action=rollout.abort")
     actions = op.locator("#audit tbody tr td:nth-child(4)").all_text_contents()
     assert actions == ["rollout.abort"]
+    op.fill("#audit-filters input[name=action]", "no.such.action")
+    op.click("#audit-filters button[type=submit]")
+    expect(op.locator("#audit tbody tr.empty")).to_have_text("No entries match these filters.")
 
     # acknowledging an episode's raised record, with a note
     op.goto(f"{fleet.base}/console/#/alerts")
@@ -476,9 +498,17 @@ def test_admin_sees_dead_letters_and_redelivers_others_do_not(
         assert page.locator("#nav-webhooks").is_hidden()
         page.goto(f"{fleet.base}/console/#/webhooks")
         expect(page.locator("#flash")).to_contain_text("Refused (403)")
+        expect(page.locator("#refused")).to_contain_text(f"refused this to {user}")
         assert page.locator("#deliveries").count() == 0
+        assert page.locator("#devices").count() == 0  # the page before it is not left shown
         if user == "otto":
             _shot(page, fleet, "webhooks-operator-refused")
+        else:  # the session ends (its cookie is gone): the login form says so
+            page.context.clear_cookies()
+            page.goto(f"{fleet.base}/console/#/devices")
+            expect(page.locator("#login-error")).to_have_text(
+                "Your session has ended: log in again.")
+            expect(page.locator("#top")).to_be_hidden()
         page.context.close()
 
     page = _login(browser, fleet, "ada")
@@ -698,6 +728,7 @@ def test_an_aborted_rollouts_page_follows_the_rollback(browser: Any, tmp_path: P
         op = _login(browser, served, "otto")
         op.goto(f"{served.base}/console/#/rollout/{rollout}")
         expect(op.locator("#rollout-devices")).to_contain_text("active (@8)")
+        expect(op.locator("#rollout-refresh")).to_contain_text("final (completed")
         dialogs: list[str] = []
 
         def accept(dialog: Any) -> None:
@@ -723,3 +754,11 @@ def test_an_aborted_rollouts_page_follows_the_rollback(browser: Any, tmp_path: P
                                                                timeout=30_000)
         expect(op.locator("#rollout-rolling-back")).to_have_count(0)
         device.close()
+        # a newer rollout of gw1 supersedes it: the page links to it and offers no action
+        r = requests.post(f"{served.base}/v1/rollouts", headers=served.admin, timeout=10,
+                          json={"name": "skab-wstat", "version": 8, "devices": ["gw1"]})
+        assert r.status_code == 201, r.text
+        op.reload()
+        expect(op.locator("#rollout-superseded")).to_contain_text(f"rollout {r.json()['id']}")
+        expect(op.locator("#rollout-refresh")).to_contain_text("final (superseded by rollout")
+        assert op.locator("#rollout-actions button").count() == 0

@@ -85,6 +85,19 @@ def test_series_has_one_point_per_interval_then_buckets(client: TestClient) -> N
     half = client.get(f"/v1/devices/gw1/series?stream=pump1&since={T0}&until={T0 + 1800}",
                       headers=ADMIN).json()
     assert len(half["points"]) == 30
+    # whatever the range: the data's extent and the threshold of the newest alert
+    ingest(client, token, "gw1", [alert("gw1", "pump1", 2, T0 + 6000, threshold=0.7)])
+    for doc in (full, half, client.get(base + "&points=10", headers=ADMIN).json(),
+                client.get(f"/v1/devices/gw1/series?stream=pump1&since={T0 - 86400}"
+                           f"&until={T0 - 3600}", headers=ADMIN).json()):
+        assert (doc["first_at"], doc["last_at"]) == (T0, T0 + 119 * 60)
+    late = client.get(f"{base}&points=10", headers=ADMIN).json()
+    assert late["current_threshold"] == 0.7 and late["last_threshold"] == 0.7
+    early = client.get(f"/v1/devices/gw1/series?stream=pump1&since={T0}&until={T0 + 1800}",
+                       headers=ADMIN).json()
+    assert early["current_threshold"] == 0.7 and early["last_threshold"] == 0.55
+    none = client.get("/v1/devices/gw1/series?stream=nothing", headers=ADMIN).json()
+    assert (none["first_at"], none["last_at"], none["current_threshold"]) == (None, None, None)
     assert client.get("/v1/devices/nope/series?stream=pump1", headers=ADMIN).status_code == 404
     streams = client.get("/v1/devices/gw1/streams", headers=ADMIN).json()
     assert [s["stream"] for s in streams] == ["fan", "pump1"]

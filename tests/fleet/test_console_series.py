@@ -5,10 +5,11 @@ marks the series truncated only when rows were left out."""
 from __future__ import annotations
 
 import datetime as dt
+import re
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, insert
+from sqlalchemy import Engine, event, insert
 
 from fleet.db import console_queries
 from fleet.db.console_queries import ConsoleQueries
@@ -87,3 +88,33 @@ def test_truncated_only_when_rows_were_left_out(
     s = queries.series("gw1", "pump1", _at(T0), _at(T0 + 1800), 10)
     assert s.truncated and s.points == _expected_buckets(180, _rows()[:12])
     assert s.points[-1][0] == T0 + 540  # intervals 0..10: the newest buckets are missing
+
+
+def test_extent_is_the_streams_data_whatever_the_range(
+    queries: ConsoleQueries, engine: Engine
+) -> None:
+    ext = queries.extent("gw1", "pump1")
+    assert (ext.first_at, ext.last_at) == (_at(T0), _at(T0 + 29 * 60))
+    assert ext.current_threshold is None  # no alert: no threshold known
+    assert queries.extent("gw1", "nothing") == console_queries.Extent(None, None, None)
+    seen: list[tuple[str, Any]] = []
+
+    def grab(conn: Any, cursor: Any, statement: str, params: Any, *_: Any) -> None:
+        if "FROM aggregates" in statement:
+            seen.append((statement, params))
+
+    event.listen(engine, "before_cursor_execute", grab)
+    try:
+        queries.extent("gw1", "pump1")
+    finally:
+        event.remove(engine, "before_cursor_execute", grab)
+    assert len(seen) == 1
+    if engine.dialect.name != "postgresql":
+        return
+    with engine.connect() as conn:
+        conn.exec_driver_sql("SET enable_seqscan = off")  # tiny tables: show the index anyway
+        plan = "\n".join(conn.exec_driver_sql("EXPLAIN " + seen[0][0], seen[0][1]).scalars())
+    # min and max each read one end of the (device, stream, time) index: no scan, no sort
+    assert "Index Only Scan" in plan and "Backward" in plan, plan
+    assert "Seq Scan" not in plan and not re.search(r"(^|->)\s*Sort\s+\(", plan, re.M), plan
+    assert "ix_aggregates_series" in plan or "device_id_stream_interval_start" in plan, plan

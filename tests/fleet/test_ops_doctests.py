@@ -10,9 +10,10 @@ import pytest
 
 from fleet import notify
 from fleet.db import health, retention
+from fleet.registry import policy
 
 
-@pytest.mark.parametrize("module", [health, retention, notify], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [health, retention, notify, policy], ids=lambda m: m.__name__)
 def test_doctests(module: ModuleType) -> None:
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0

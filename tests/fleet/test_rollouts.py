@@ -447,3 +447,82 @@ def test_expected_state_refuses_a_stale_action(
     assert bad.status_code == 422
     assert mclient.post(f"{url}/abort?expected_state=promoted",
                         headers=admin).json()["state"] == "aborted"
+
+
+def _act(client: TestClient, admin: dict[str, str], rid: int, action: str) -> Any:
+    return client.post(f"/v1/rollouts/{rid}/{action}", headers=admin)
+
+
+def test_actions_are_exactly_those_the_fleet_accepts(
+    mclient: TestClient, admin: dict[str, str], fleet: dict[str, dict[str, str]]
+) -> None:
+    """In every state the rollout's ``actions`` list is what the fleet does not refuse: each
+    listed action succeeds (tried on a fresh rollout in that state), each other one is 409."""
+    every = ["promote", "pause", "resume", "abort"]
+    expected = {"canary": ["promote", "pause", "abort"], "paused": ["promote", "resume", "abort"],
+                "promoted": ["pause", "abort"], "halted": ["resume", "abort"], "aborted": []}
+    steps = {"canary": [], "paused": ["pause"], "promoted": ["promote"], "aborted": ["abort"]}
+
+    def in_state(state: str, device: str) -> Any:
+        ro = mclient.post("/v1/rollouts", headers=admin, json={
+            "name": "skab-wstat", "version": 2, "devices": [device, "gw10"],
+            "canary_percent": 50}).json()
+        for action in steps.get(state, []):
+            assert _act(mclient, admin, ro["id"], action).status_code == 200
+        if state == "halted":
+            canary = next(d["device_id"] for d in ro["devices"] if d["canary"])
+            report(mclient, fleet[canary], canary, "rejected", rollout_id=ro["id"])
+        shown = mclient.get(f"/v1/rollouts/{ro['id']}", headers=admin).json()
+        assert shown["state"] == state and shown["superseded_by"] is None
+        return shown
+
+    for i, (state, actions) in enumerate(expected.items()):
+        for action in every:
+            ro = in_state(state, DEVICES[i])  # each its own device: the newest, not superseded
+            assert ro["actions"] == actions, state
+            listed = {x["id"]: x for x in mclient.get("/v1/rollouts", headers=admin).json()[
+                "rollouts"]}
+            assert listed[ro["id"]]["actions"] == actions
+            got = _act(mclient, admin, ro["id"], action)
+            assert got.status_code == (200 if action in actions else 409), (state, action)
+
+
+def test_a_newer_rollout_of_the_stream_supersedes_and_resume_clears_the_halt_reason(
+    mclient: TestClient, admin: dict[str, str], fleet: dict[str, dict[str, str]]
+) -> None:
+    def create(devices: list[str], stream: str | None = None, **kw: Any) -> Any:
+        r = mclient.post("/v1/rollouts", headers=admin, json={
+            "name": "skab-wstat", "version": 2, "devices": devices, "stream": stream, **kw})
+        assert r.status_code == 201, r.text
+        return r.json()
+
+    def show(rid: int) -> Any:
+        return mclient.get(f"/v1/rollouts/{rid}", headers=admin).json()
+
+    old = create(["gw1", "gw2"], "pump1", canary_percent=50)
+    canary = next(d["device_id"] for d in old["devices"] if d["canary"])
+    report(mclient, fleet[canary], canary, "rejected", rollout_id=old["id"], reason="bad golden")
+    halted = show(old["id"])
+    assert halted["state"] == "halted" and "bad golden" in halted["reason"]
+    resumed = _act(mclient, admin, old["id"], "resume").json()
+    assert resumed["state"] == "canary" and resumed["reason"] is None
+    assert show(old["id"])["reason"] is None
+    other_stream = create(["gw1", "gw2"], "fan")
+    part = create(["gw1"], "pump1")  # gw2 still follows the old one
+    assert show(old["id"])["superseded_by"] is None
+    assert show(old["id"])["actions"] == ["promote", "pause", "abort"]
+    whole = create(["gw2", "gw3"])  # every stream: gw2's pump1 follows it now
+    got = show(old["id"])  # its devices follow part and whole: the oldest of them is named
+    assert got["superseded_by"] == part["id"] and got["actions"] == []
+    listed = {x["id"]: x for x in mclient.get("/v1/rollouts", headers=admin).json()["rollouts"]}
+    assert listed[old["id"]]["superseded_by"] == part["id"]
+    assert listed[old["id"]]["actions"] == []
+    for newer in (other_stream, part, whole):
+        assert listed[newer["id"]]["superseded_by"] is None
+    refused = _act(mclient, admin, old["id"], "abort")
+    assert refused.status_code == 409 and f"superseded by rollout {part['id']}" in (
+        refused.json()["detail"])
+    assert show(old["id"])["state"] == "canary"
+    # the newer rollout on every stream is not superseded by one of a single stream
+    create(["gw2", "gw3"], "pump1")
+    assert show(whole["id"])["superseded_by"] is None

@@ -8,6 +8,28 @@ const HEALTH_STALE_S = 900;   // a fleet without device state: red past 15 min
 const RANGES = [["1 h", 3600], ["6 h", 6 * 3600], ["24 h", 86400], ["7 d", 7 * 86400], ["28 d", 28 * 86400]];
 const SVG = "http://www.w3.org/2000/svg";
 let me = null;
+// The one pending self-refresh of the page shown (devices, a live rollout); a new page or the
+// login screen cancels it.
+let pageTimer = null;
+
+function canAct() {
+  // operators and admins act; a viewer's console shows no action (the fleet would answer 403)
+  return me !== null && me.role !== "viewer";
+}
+
+function refreshIn(ms, redraw) {
+  // redraw the page after ms if it is still the one shown; after a failure other than 401/403
+  // (the fleet restarting, a network error) it says so and tries again after ms
+  clearTimeout(pageTimer);
+  const here = location.hash;
+  pageTimer = setTimeout(() => {
+    if (location.hash !== here || me === null) return;
+    redraw().catch((err) => {
+      refused(err);
+      if (err.status !== 401 && err.status !== 403 && location.hash === here) refreshIn(ms, redraw);
+    });
+  }, ms);
+}
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -55,7 +77,7 @@ async function api(method, path, body) {
   if (resp.status === 204) return null;
   let doc = null;
   try { doc = await resp.json(); } catch (e) { doc = null; }
-  if (resp.status === 401 && path !== "/v1/session") { showLogin(); }
+  if (resp.status === 401 && path !== "/v1/session") { showLogin("Your session has ended: log in again."); }
   if (!resp.ok) throw new ApiError(resp.status, doc && doc.detail ? doc.detail : resp.statusText);
   return doc;
 }
@@ -68,7 +90,17 @@ function flash(text, ok) {
 }
 
 function refused(err) {
-  flash(err.status === 403 ? `Refused (403): ${err.message}` : `Error ${err.status || ""}: ${err.message}`);
+  // 401: the login screen already replaced the page. 403: the page's data may be stale or not
+  // the caller's to see: cleared, with what was refused and why.
+  if (err.status === 401) return;
+  if (err.status !== 403) { flash(`Error ${err.status || ""}: ${err.message}`); return; }
+  clearTimeout(pageTimer);
+  const who = me ? `${me.username} (${me.role})` : "this account";
+  view(el("h1", {}, "Not allowed"),
+    el("p", { id: "refused" }, `The fleet refused this to ${who}: ${err.message}`),
+    el("p", { class: "muted" }, "An admin can give the account a role that may do it " +
+      "(docs/console.md, Roles). Choose another page above."));
+  flash(`Refused (403): ${err.message}`);
 }
 
 function when(iso) { return iso ? iso.replace("T", " ").replace(/\.\d+/, "").replace("+00:00", "Z") : "never"; }
@@ -106,10 +138,11 @@ function healthReport(d) {
   return reasons.length ? `${d.health.status}: ${reasons.join("; ")}` : String(d.health.status);
 }
 
-function table(id, headers, rows, rowAttrs) {
-  // rowAttrs(i): attributes of row i (class, data-*); an empty table gets one "nothing yet" row
+function table(id, headers, rows, rowAttrs, emptyText) {
+  // rowAttrs(i): attributes of row i (class, data-*); an empty table gets one row saying so
+  // (emptyText, default "nothing yet")
   const body = rows.length ? rows.map((r, i) => el("tr", rowAttrs ? rowAttrs(i) : {}, r.map((c) => el("td", {}, c))))
-    : [el("tr", { class: "empty" }, el("td", { colspan: headers.length, class: "muted" }, "nothing yet"))];
+    : [el("tr", { class: "empty" }, el("td", { colspan: headers.length, class: "muted" }, emptyText || "nothing yet"))];
   return el("table", { id },
     el("thead", {}, el("tr", {}, headers.map((h) => el("th", {}, h)))), el("tbody", {}, body));
 }
@@ -122,11 +155,14 @@ function view(...children) {
 
 // --- login ------------------------------------------------------------------------------------
 
-function showLogin() {
+function showLogin(message) {
   me = null;
+  clearTimeout(pageTimer);
   document.getElementById("top").hidden = true;
   document.getElementById("whoami").textContent = "";
   document.getElementById("login").hidden = false;
+  document.getElementById("login-error").textContent = message || "";
+  document.getElementById("flash").hidden = true;
   view();
 }
 
@@ -153,6 +189,8 @@ async function logout() {
 
 // --- pages ------------------------------------------------------------------------------------
 
+const DEVICES_POLL_MS = 15000;
+
 async function devicesPage() {
   const [list, running] = await Promise.all([api("GET", "/v1/devices"), api("GET", "/v1/models/running")]);
   const perDevice = {};
@@ -167,8 +205,11 @@ async function devicesPage() {
     d.tags.join(", ") || "-",
   ]);
   view(el("h1", {}, `Devices (${list.devices.length})`),
+    el("p", { class: "muted", id: "devices-refresh" }, `Refreshes every ${DEVICES_POLL_MS / 1000} s ` +
+      `(last ${new Date().toISOString().slice(11, 19)} UTC).`),
     table("devices", ["Device", "State", "Health report", "Last contact (UTC)", "Agent",
       "Model per stream", "Backlog alerts / aggregates", "Tags"], rows));
+  refreshIn(DEVICES_POLL_MS, devicesPage);
 }
 
 function niceStep(raw) {
@@ -188,23 +229,6 @@ function yScale(highest) {
 function tickLabel(v, step) {
   const digits = Math.max(0, -Math.floor(Math.log10(step)));
   return v.toFixed(Math.min(digits, 12));
-}
-
-async function newestAfter(enc, stream, now) {
-  // epoch s just past the stream's newest aggregate if it is later than now (a device clock
-  // ahead, a simulator faster than real time), else null. Each look narrows to the newest
-  // bucket of the last one, so a few requests find it to the second whatever the lead.
-  let lo = now, hi = now + 366 * 86400, newest = null;
-  for (let i = 0; i < 5; i++) {
-    const s = await api("GET", `/v1/devices/${enc}/series?stream=${encodeURIComponent(stream)}` +
-      `&since=${lo}&until=${hi}&points=2000`);
-    if (!s.points.length) return newest;
-    const last = s.points[s.points.length - 1][0];
-    if (!s.bucket_s) return last + 1;
-    newest = last + s.bucket_s;
-    if (s.truncated) lo = last; else [lo, hi] = [last, last + s.bucket_s];
-  }
-  return newest;
 }
 
 function plot(series) {
@@ -264,25 +288,34 @@ async function devicePage(id) {
   const plotBox = el("div", { id: "plot-box" });
   const rangeBar = el("div", { class: "controls", id: "ranges" });
   let stream = streams.length ? streams[0].stream : null;
-  let range = 86400;
+  let range = null;  // seconds before the newest score, or null: all the stream's data
   async function draw() {
     if (stream === null) { plotBox.replaceChildren(el("p", { class: "muted" }, "No aggregates yet.")); return; }
+    const base = `/v1/devices/${enc}/series?stream=${encodeURIComponent(stream)}`;
+    // every answer carries the data's extent: a small one first, then the range drawn ends at
+    // the newest score (all data, or the zoom before it), so no range is empty of scores
+    const probe = await api("GET", `${base}&points=10`);
+    if (probe.first_at === null) {
+      plotBox.replaceChildren(el("p", { class: "muted", id: "plot-empty" }, `No aggregates of ${stream} yet.`));
+      return;
+    }
+    const until = probe.last_at + 1;  // until is exclusive: the newest interval is inside
+    const since = range === null ? probe.first_at : until - range;
+    const s = await api("GET", `${base}&since=${since}&until=${until}`);
     const now = Date.now() / 1000;
-    const ahead = await newestAfter(enc, stream, now);
-    const until = ahead !== null && ahead > now ? ahead : now;
-    const s = await api("GET", `/v1/devices/${enc}/series?stream=${encodeURIComponent(stream)}` +
-      `&since=${until - range}&until=${until}`);
-    const caption = el("p", {}, `Max score per interval of ${stream}` +
-      (s.bucket_s ? ` (buckets of ${Math.round(s.bucket_s)} s)` : "") + "; dashed: threshold");
-    const note = until > now ? el("p", { class: "muted", id: "plot-ahead" },
-      `The newest score (${fmtEpoch(until)}) is later than now: the device clock is ahead or a ` +
+    const caption = el("p", {}, `Max score per interval of ${stream}, ${fmtEpoch(s.since)} to ` +
+      `${fmtEpoch(s.until)}` + (s.bucket_s ? ` (buckets of ${Math.round(s.bucket_s)} s)` : "") +
+      "; dashed: threshold" + (s.current_threshold !== null
+        ? ` (now ${s.current_threshold.toPrecision(4)}, from the newest alert)` : ""));
+    const note = s.last_at > now ? el("p", { class: "muted", id: "plot-ahead" },
+      `The newest score (${fmtEpoch(s.last_at)}) is later than now: the device clock is ahead or a ` +
       "simulator runs faster than real time. The range ends at the newest score.") : null;
     const drawn = s.points.some((p) => p[1] !== null) ? plot(s)
       : el("p", { class: "muted", id: "plot-empty" }, "no scores in this range");
     plotBox.replaceChildren(...[caption, drawn, note].filter(Boolean));
   }
-  for (const [label, secs] of RANGES) {
-    rangeBar.append(el("button", { type: "button", "data-range": secs, class: secs === range ? "active" : null,
+  for (const [label, secs] of [["All data", null], ...RANGES]) {
+    rangeBar.append(el("button", { type: "button", "data-range": secs ?? "all", class: secs === range ? "active" : null,
       onclick: async (ev) => {
         range = secs;
         for (const b of rangeBar.children) b.className = b === ev.target ? "active" : "";
@@ -374,6 +407,7 @@ function ackCell(a, raised, reload) {
     return raised && raised.acked_by ? `episode: ${ackText(raised)}` : el("span", { class: "muted" }, "on the raised row");
   }
   if (a.acked_by) return ackText(a);
+  if (!canAct()) return el("span", { class: "muted" }, "not acknowledged");
   const note = el("input", { class: "ack-note", maxlength: 500, placeholder: "note (optional)",
     "aria-label": "acknowledgement note" });
   return el("span", { class: "ack-box" }, note, el("button", { type: "button", class: "ack", onclick: async () => {
@@ -482,15 +516,15 @@ async function rolloutsPage() {
   const rows = list.rollouts.map((r) => [
     el("a", { href: `#/rollout/${r.id}` }, String(r.id)), `${r.name}@${r.version}`,
     r.target_tag ? `tag ${r.target_tag}` : `${r.target_devices.length} device(s)`, r.stream || "(all)",
-    r.state, Object.entries(r.counts).map(([k, v]) => `${k}: ${v}`).join(", "), r.reason || "", when(r.updated_at)]);
-  view(el("h1", {}, "Rollouts"), el("h2", {}, "New rollout"), form,
+    r.superseded_by != null ? `${r.state}, superseded by ${r.superseded_by}` : r.state,
+    Object.entries(r.counts).map(([k, v]) => `${k}: ${v}`).join(", "), r.reason || "", when(r.updated_at)]);
+  view(el("h1", {}, "Rollouts"), canAct() ? el("h2", {}, "New rollout") : null, canAct() ? form : null,
     table("rollouts", ["Id", "Model", "Target", "Stream", "State", "Devices", "Reason", "Updated (UTC)"], rows));
 }
 
 // Rollout page: redrawn every ROLLOUT_POLL_MS while the rollout is not finished.
 const ROLLOUT_POLL_MS = 7000;
 const ROLLOUT_LIVE = new Set(["canary", "promoted", "paused"]);
-let rolloutTimer = null;
 
 // Devices that made the rollout's version active (the ones an abort needs a rollback key for).
 function activeOnIt(r) {
@@ -541,17 +575,28 @@ function abortOutcome(r) {
     `keep ${label}: ${why}.`, false);
 }
 
+// Why nothing more happens to a rollout by itself (its page stops refreshing), or null.
+function rolloutFinal(r) {
+  if (r.superseded_by != null) return `superseded by rollout ${r.superseded_by}`;
+  if (r.state === "aborted" && !rollingBack(r).length) return "aborted";
+  if (r.state === "promoted" && r.devices.length &&
+      r.devices.every((d) => d.state === "active" && d.version === r.version)) {
+    return "completed: every device is active on it";
+  }
+  return null;
+}
+
 function deviceState(d) {
   return d.state ? (d.version != null ? `${d.state} (@${d.version})` : d.state) : "none";
 }
 
 async function rolloutPage(id) {
-  clearTimeout(rolloutTimer);
-  const here = location.hash;
+  clearTimeout(pageTimer);
   const r = await api("GET", `/v1/rollouts/${encodeURIComponent(id)}`);
   const back = rollingBack(r);
-  const live = ROLLOUT_LIVE.has(r.state) ||
-    (back.length > 0 && Date.now() - Date.parse(r.updated_at) < ROLLBACK_WATCH_MS);
+  const final = rolloutFinal(r);
+  const live = final === null && (ROLLOUT_LIVE.has(r.state) ||
+    (back.length > 0 && Date.now() - Date.parse(r.updated_at) < ROLLBACK_WATCH_MS));
   const act = (action) => el("button", { type: "button", id: `rollout-${action}`, onclick: async () => {
     if (action === "abort" && !window.confirm(abortQuestion(r))) return;
     try {
@@ -566,20 +611,22 @@ async function rolloutPage(id) {
     el("p", {}, "State: ", el("strong", { id: "rollout-state" }, r.state),
       r.reason ? el("span", { id: "rollout-reason" }, ` (${r.reason})`) : "",
       ` · target ${r.target_tag ? "tag " + r.target_tag : "devices"} · stream ${r.stream || "(all)"}` +
-      ` · canary ${r.canary_percent ?? 100} % · halts after ${r.halt_after_failures} failure(s)` +
-      (live ? ` · refreshes every ${ROLLOUT_POLL_MS / 1000} s` : "")),
+      ` · canary ${r.canary_percent ?? 100} % · halts after ${r.halt_after_failures} failure(s) · `,
+      el("span", { id: "rollout-refresh" }, live ? `refreshes every ${ROLLOUT_POLL_MS / 1000} s`
+        : final ? `final (${final}): not refreshed` : "not refreshed (reload to see changes)")),
+    r.superseded_by != null ? el("p", { id: "rollout-superseded" }, "Superseded by ",
+      el("a", { href: `#/rollout/${r.superseded_by}` }, `rollout ${r.superseded_by}`),
+      ": its devices follow that one now, so no action applies to this one.") : "",
     back.length ? el("p", { id: "rollout-rolling-back" }, `Rolling back: ` +
       back.map((d) => `${d.device_id} to ${r.name}@${d.previous_version} (${deviceState(d)})`).join(", ") +
       ". The agent verifies the signed rollback, runs it in shadow, then reports rolled_back.") : "",
-    el("div", { class: "controls" }, ["promote", "pause", "resume", "abort"].map(act)),
+    // only what the fleet accepts now (r.actions), and nothing for a viewer
+    canAct() ? el("div", { class: "controls", id: "rollout-actions" }, r.actions.length ? r.actions.map(act)
+      : el("span", { class: "muted" }, "No action applies now.")) : null,
     table("rollout-devices", ["Device", "Canary", "Assigned", "Previous version", "State (version)", "Reason", "Reported (UTC)"],
       r.devices.map((d) => [d.device_id, d.canary ? "yes" : "no", d.assigned ? "yes" : "no",
         d.previous_version ?? "-", deviceState(d), d.reason || "", when(d.reported_at)])));
-  if (live) {
-    rolloutTimer = setTimeout(() => {
-      if (location.hash === here) rolloutPage(id).catch((err) => { if (err.status !== 401) refused(err); });
-    }, ROLLOUT_POLL_MS);
-  }
+  if (live) refreshIn(ROLLOUT_POLL_MS, () => rolloutPage(id));
 }
 
 async function registryPage() {
@@ -601,7 +648,8 @@ async function registryPage() {
   } }, el("label", {}, "Signed package (.tar.gz: edge-fleet model sign, then model pack)",
     el("input", { type: "file", name: "archive", accept: ".tar.gz,.tgz,application/gzip", required: true })),
   el("button", { type: "submit", id: "push-submit" }, "Push"));
-  view(el("h1", {}, "Model registry"), el("h2", {}, "Push a package"), push, table("models", ["Model", "Version", "Signer (key id)", "Size",
+  view(el("h1", {}, "Model registry"), canAct() ? el("h2", {}, "Push a package") : null, canAct() ? push : null,
+    table("models", ["Model", "Version", "Signer (key id)", "Size",
     "Uploaded (UTC)", "By", "Description", "Running on"], models.models.map((m) => [
     m.name, m.version, m.key_id, `${(m.size / 1024).toFixed(1)} KiB`, when(m.uploaded_at), m.uploaded_by,
     m.description, (where[`${m.name}@${m.version}`] || []).join(", ") || "-"])));
@@ -629,9 +677,11 @@ async function auditPage(params) {
   const links = el("p", { class: "controls", id: "audit-paging" },
     q.get("before") ? el("a", { href: `#/audit?${new URLSearchParams([...older].filter(([k]) => k !== "before"))}` }, "Newest") : null,
     last !== null && page.entries.length === AUDIT_PAGE ? el("a", { href: `#/audit?${older}`, id: "audit-older" }, "Older entries") : null);
+  const filtered = ["actor", "action", "before"].some((k) => q.get(k));
   view(el("h1", {}, "Audit log"), form, table("audit", ["When (UTC)", "Who", "Via", "Action", "Target", "From", "Detail"],
     page.entries.map((e) => [when(e.at), e.actor, e.via, e.action, e.target || "", e.address || "",
-      el("span", { class: "detail", title: JSON.stringify(e.detail) }, JSON.stringify(e.detail))])), links);
+      el("span", { class: "detail", title: JSON.stringify(e.detail) }, JSON.stringify(e.detail))]),
+    null, filtered ? "No entries match these filters." : "No entries yet."), links);
 }
 
 // Webhooks (admin only, as the API): the subscriptions and their deliveries, dead letters first.
@@ -675,6 +725,7 @@ async function webhooksPage(params) {
 
 async function route() {
   if (me === null) return;
+  clearTimeout(pageTimer);
   document.getElementById("flash").hidden = true;
   const [path, query] = (location.hash.slice(1) || "/devices").split("?");
   const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
@@ -688,7 +739,7 @@ async function route() {
     else if (parts[0] === "webhooks") await webhooksPage(query || "");
     else await devicesPage();
   } catch (err) {
-    if (err.status !== 401) refused(err);
+    refused(err);
   }
   document.getElementById("view").dataset.route = location.hash;  // this page is drawn
 }
