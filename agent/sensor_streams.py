@@ -68,6 +68,9 @@ class TimedBackend:
         self._observe((time.perf_counter() - t0) / max(1, windows.shape[0]))
         return out
 
+    def close(self) -> None:
+        self._inner.close()
+
 
 @dataclass
 class SensorStream:

@@ -23,6 +23,10 @@ when frames come again; rejected inputs (unreadable images, frames that cannot b
 count in ``edge_agent_records_rejected_total{stream,reason}`` and are logged at most once per
 reason per minute, with the number suppressed.
 
+Shutdown: after :meth:`CameraStream.join` (the source joins its frame grabbers as its run
+returns), :meth:`CameraStream.close` releases what is native: the grabbers' captures and the
+model backend. The stream's thread and the grabbers are tracked by :mod:`agent.native_threads`.
+
 Operations: :meth:`CameraStream.health_view` is what the monitor turns into the stream's
 ``source:<stream>`` component of ``/healthz`` and its watchdog decision (as for a sensor
 source's supervisor; policy: :func:`agent.health.camera_stall_policy`), with the camera's
@@ -44,6 +48,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agent import native_threads
 from agent.errors import (
     AgentError,
     ConfigError,
@@ -61,7 +66,7 @@ from agent.pipeline.stream import AlertEvent
 from agent.records import Aggregate, Frame
 from agent.services.camera_rules import camera_rule_params
 from agent.sources.backoff import Backoff
-from agent.sources.camera import CameraConfig, CameraSource
+from agent.sources.camera import GRABBER_JOIN_S, CameraConfig, CameraSource
 from agent.sources.camera_watch import FolderCheckpoint, ScoredFile
 
 if TYPE_CHECKING:
@@ -141,6 +146,7 @@ class CameraStream:
             self._metrics.camera_frames_scored_total.labels(stream=self.name)  # 0 until a frame
             self._metrics.camera_frames_dropped_total.labels(stream=self.name,
                                                              reason="score_error")
+        native_threads.track(self._thread, f"camera {self.name} stream (inference)")
         self._thread.start()
 
     def join(self, timeout: float | None = None) -> None:
@@ -325,6 +331,18 @@ class CameraStream:
     def flush(self) -> list[Aggregate]:
         """Close the open aggregate interval (shutdown, after :meth:`join`)."""
         return self.pipeline.flush()
+
+    def close(self, timeout_s: float = GRABBER_JOIN_S) -> bool:
+        """Join the source's grabbers (at most ``timeout_s``; they release their captures)
+        and close the model backend (shutdown, after :meth:`join` and :meth:`flush`).
+
+        Returns:
+            True when the stream's thread and every grabber ended (else they stay tracked
+            by :mod:`agent.native_threads`, which ends the process safely at exit).
+        """
+        joined = self.source.close(timeout_s)
+        self.pipeline.close()
+        return joined and not self._thread.is_alive()
 
 
 def build_camera_stream(config: StreamConfig, device_id: str, aggregate_interval_s: float,
