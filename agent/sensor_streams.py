@@ -51,6 +51,8 @@ from cloud_sync.package import TrustedKeys
 log = logging.getLogger("agent")
 
 Clock = Callable[[], float]
+#: Backends a stream keeps after the selection: the chosen one and the latency guard's fallback.
+GUARD_BACKENDS = 2
 
 
 class TimedBackend:
@@ -126,7 +128,10 @@ def build_sensor_stream(
     selection = select_backend(package, sc.backend, sc.precision, opener=registry_opener(
         cache_dir=Path(config.agent.state_dir) / "openvino-cache"))
     record_selection(metrics, sc.name, selection)
-    guard = DeadlineGuard(sc.name, selection.backends,
+    kept = selection.backends[:GUARD_BACKENDS]
+    for unused in selection.backends[GUARD_BACKENDS:]:  # their memory, not their libraries
+        unused.close()
+    guard = DeadlineGuard(sc.name, kept,
                           DegradeParams(package.manifest.latency_budget_ms_p99 / 1e3),
                           metrics)
     backend: Backend = guard

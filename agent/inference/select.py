@@ -287,21 +287,44 @@ def record_selection(metrics: Any, stream: str, selection: Selection) -> None:
              extra={"stream": stream, "backend": chosen.candidate.label})
 
 
+#: Image backends chosen so far: (package folder, precision, ``backend`` setting) -> candidate.
+ImageChoices = dict[tuple[str, str, str], Candidate]
+
+
 def open_image_backend(package: ImagePackage, precision: str = "int8", threads: int = 1,
-                       backend: str = "auto", cache_dir: Path | None = None) -> Backend:
+                       backend: str = "auto", cache_dir: Path | None = None,
+                       choices: ImageChoices | None = None) -> Backend:
     """Pick the image package's backend like a sensor stream's (:mod:`agent.inference.select`):
     every installed runtime on every artefact of ``precision`` it can run (OpenVINO on the IR
     and on the ONNX file, ONNX Runtime on the ONNX file), kept when it reproduces the golden
     scores within the tolerance, the fastest on one image chosen; ``backend`` pins a runtime.
+    The candidates not chosen are closed at once.
+
+    ``choices`` (shared by the camera streams of one agent) remembers each choice: a stream
+    whose package, precision and ``backend`` setting were already chosen for opens that
+    candidate only (its own instance, golden check included, no timing), so N cameras on one
+    model select once and load the other runtimes once, not N times.
 
     Raises:
         ModelError: no artefact of ``precision``, or none loads and passes the golden check.
         agent.errors.BackendUnavailable: a pinned ``backend`` is not installed.
     """
-    selection = select_backend(package, backend, precision,
-                               opener=registry_opener(threads, cache_dir), runs=20, warmup=3)
+    opener = registry_opener(threads, cache_dir)
+    key = (str(package.path), precision, backend)
+    known = None if choices is None else choices.get(key)
+    if known is not None:
+        b = opener(package, known)
+        check_image_golden(package, b)
+        log.info("image model %s: backend %s/%s (chosen for another stream of this model)",
+                 package.label, known.label, known.precision)
+        return b
+    selection = select_backend(package, backend, precision, opener=opener, runs=20, warmup=3)
     chosen = selection.chosen  # raises ModelError when none passed
     assert chosen.backend is not None
+    for other in selection.backends[1:]:
+        other.close()
+    if choices is not None:
+        choices[key] = chosen.candidate
     log.info("image model %s: backend %s/%s selected (p50 of one image): %s", package.label,
              chosen.candidate.label, chosen.candidate.precision, selection.table())
     return chosen.backend

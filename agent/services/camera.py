@@ -59,7 +59,7 @@ from agent.errors import (
 )
 from agent.health import SourceView
 from agent.inference.image_package import ImagePackage, load_image_package
-from agent.inference.select import open_image_backend
+from agent.inference.select import ImageChoices, open_image_backend
 from agent.logs import ALWAYS, RateLimiter, with_fields
 from agent.pipeline.image import ImagePipeline, ImageSpec
 from agent.pipeline.stream import AlertEvent
@@ -349,13 +349,16 @@ def build_camera_stream(config: StreamConfig, device_id: str, aggregate_interval
                         deliver: Deliver, stop: threading.Event, metrics: Metrics | None = None,
                         on_score: ScoreHook | None = None,
                         cache_dir: Path | None = None,
-                        store: CheckpointStore | None = None) -> CameraStream:
+                        store: CheckpointStore | None = None,
+                        choices: ImageChoices | None = None) -> CameraStream:
     """Load the stream's image package (verified, golden images), build source and pipeline.
 
     The backend is chosen as the stream's ``backend`` and ``precision`` say (``auto``: the
     fastest runtime passing the golden images); ``cache_dir`` is OpenVINO's compiled-model
     cache (the agent passes ``<state_dir>/openvino-cache``). ``store`` keeps a watched
     folder's checkpoint (:mod:`agent.sources.camera_watch`; None: in memory only).
+    ``choices``: the backends chosen for the agent's other camera streams
+    (:func:`agent.inference.select.open_image_backend`: one selection per model).
 
     Raises:
         ModelError: the package is missing, not an image package, or fails its checks.
@@ -369,7 +372,7 @@ def build_camera_stream(config: StreamConfig, device_id: str, aggregate_interval
         raise ConfigError(msg, problems=[msg])
     package = load_image_package(resolve_model_path(config.model, Path.cwd()))
     backend = open_image_backend(package, config.precision, backend=config.backend,
-                                 cache_dir=cache_dir)
+                                 cache_dir=cache_dir, choices=choices)
     inp = package.manifest.input
     checkpoint = (FolderCheckpoint(config.name, store) if config.source.watch else None)
     source = build_source(config.source, config.name, image_size=(inp.height, inp.width),
