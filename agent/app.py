@@ -59,6 +59,7 @@ from agent.compose import (
 from agent.config.schema import AgentConfig, StreamConfig
 from agent.disk_budget import DiskBudget, default_parts
 from agent.errors import ConfigError
+from agent.inference.choice_memory import ChoiceMemory
 from agent.inference.package import ModelPackage
 from agent.inference.select import ImageChoices
 from agent.metrics import Metrics
@@ -210,7 +211,7 @@ class Agent(AgentLoop):
                     sc, config.agent.device_id, config.store.aggregate_interval_s,
                     self.image_events.put, self.stop_event, self.metrics,
                     cache_dir=state_dir / "openvino-cache", store=self.store,
-                    choices=image_choices)
+                    choices=image_choices, memory=ChoiceMemory.in_state_dir(state_dir))
                 continue
             self.streams[sc.name] = self._build_stream(sc, given.get(sc.name))
         self.updater: Updater | None = None

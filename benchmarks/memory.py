@@ -13,6 +13,12 @@ then samples ``VmRSS`` of ``/proc/<pid>/status`` once a second until it is stead
 ``VmRSS`` and ``VmHWM`` (the peak, which includes model loading and backend auto-selection).
 The agent is then stopped with SIGTERM; its exit status is printed.
 
+Each configuration is started twice on one state directory: the **first start** times every
+installed runtime to choose the backend (:mod:`agent.inference.select`), so every runtime's
+libraries end up mapped in the process; the **restart** opens only the candidates the first
+start ranked first (:mod:`agent.inference.choice_memory`), which is how a gateway runs after
+its first start with a model.
+
 Configurations (every installed runtime is a candidate of the auto-selection):
 
 * ``sensor``: one stream, the shipped ``skab-wstat`` model, SKAB ``valve1/0.csv`` replayed in a
@@ -20,9 +26,10 @@ Configurations (every installed runtime is a candidate of the auto-selection):
 * ``cameras<N>``: N camera streams, the shipped ``mtd-patchcore`` model, each an image folder
   (``<data>/mtd/MT_Free/Imgs``, the ``*.jpg`` only) played like a camera at 30 fps in a loop.
 
-The last line is ``sensor_rss_mb=<x> sensor_hwm_mb=<y> cameras4_rss_mb=<z> cameras4_hwm_mb=<w>
-load=<l>`` (MB = 2^20 bytes; load = the 1-minute load average at the end). Targets: at most
-120 MB for one sensor stream, 250 MB with 4 cameras (VmRSS, steady).
+The last line is ``sensor_rss_mb=<x> sensor_hwm_mb=<y> sensor_first_rss_mb=<a>
+sensor_first_hwm_mb=<b> cameras4_rss_mb=... cameras4_first_hwm_mb=... load=<l>`` (without
+``first``: the restart; MB = 2^20 bytes; load = the 1-minute load average at the end).
+Targets: at most 120 MB for one sensor stream, 250 MB with 4 cameras (VmRSS, steady).
 """
 
 from __future__ import annotations
@@ -118,8 +125,8 @@ def scoring_streams(port: int, counter: str) -> dict[str, float]:
 
 
 def measure(name: str, streams: str, kind: str, n: int, work: Path, settle_s: int,
-            max_wait_s: float) -> Memory:
-    """Run the agent with ``streams`` and measure it (see the module docstring)."""
+            max_wait_s: float, run: str) -> Memory:
+    """Run the agent with ``streams`` (in ``work/name``, its state kept) and measure it."""
     port = free_port()
     folder = work / name
     folder.mkdir(parents=True, exist_ok=True)
@@ -135,7 +142,7 @@ enabled = false
 {streams}""")
     env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    log = folder / "agent.stderr"
+    log = folder / f"agent-{run.replace(' ', '-')}.stderr"
     with log.open("wb") as err:
         proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "--config",
                                  str(config)], stdout=subprocess.DEVNULL, stderr=err, env=env,
@@ -164,7 +171,7 @@ enabled = false
                 break
         mem = proc_status(proc.pid)
         seconds = time.monotonic() - t0
-        print(f"{name}: scoring after {ready_s:.1f} s; VmRSS {mem.get('VmRSS', 0):.1f} MB, "
+        print(f"{name}, {run}: scoring after {ready_s:.1f} s; VmRSS {mem.get('VmRSS', 0):.1f} MB, "
               f"VmHWM {mem.get('VmHWM', 0):.1f} MB ({'steady' if steady else 'not steady'} "
               f"after {seconds:.0f} s)", flush=True)
     finally:
@@ -175,7 +182,7 @@ enabled = false
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(10)
-    print(f"{name}: agent stopped, exit status {proc.returncode}", flush=True)
+    print(f"{name}, {run}: agent stopped, exit status {proc.returncode}", flush=True)
     return Memory(name, mem.get("VmRSS", 0.0), mem.get("VmHWM", 0.0), steady, seconds,
                   proc.returncode)
 
@@ -198,12 +205,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.only is not None:
         configs = [c for c in configs if c[2] == args.only.rstrip("s")]
     results: list[Memory] = []
+    figures: list[str] = []
     with workspace(args.workdir, "bench-memory-") as work:
         for name, streams, kind, n in configs:
-            results.append(measure(name, streams, kind, n, work, args.settle_s,
-                                   args.max_wait_s))
-    print(" ".join(f"{m.name}_rss_mb={m.rss_mb:.1f} {m.name}_hwm_mb={m.hwm_mb:.1f}"
-                   for m in results) + f" load={os.getloadavg()[0]:.2f}")
+            first = measure(name, streams, kind, n, work, args.settle_s, args.max_wait_s,
+                            "first start")
+            again = measure(name, streams, kind, n, work, args.settle_s, args.max_wait_s,
+                            "restart")
+            results += [first, again]
+            figures += [f"{name}_rss_mb={again.rss_mb:.1f}", f"{name}_hwm_mb={again.hwm_mb:.1f}",
+                        f"{name}_first_rss_mb={first.rss_mb:.1f}",
+                        f"{name}_first_hwm_mb={first.hwm_mb:.1f}"]
+    print(" ".join(figures) + f" load={os.getloadavg()[0]:.2f}")
     return 0 if all(m.exit_code == 0 for m in results) else 1
 
 

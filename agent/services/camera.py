@@ -58,6 +58,7 @@ from agent.errors import (
     SourceExhausted,
 )
 from agent.health import SourceView
+from agent.inference.choice_memory import ChoiceMemory
 from agent.inference.image_package import ImagePackage, load_image_package
 from agent.inference.select import ImageChoices, open_image_backend
 from agent.logs import ALWAYS, RateLimiter, with_fields
@@ -350,7 +351,8 @@ def build_camera_stream(config: StreamConfig, device_id: str, aggregate_interval
                         on_score: ScoreHook | None = None,
                         cache_dir: Path | None = None,
                         store: CheckpointStore | None = None,
-                        choices: ImageChoices | None = None) -> CameraStream:
+                        choices: ImageChoices | None = None,
+                        memory: ChoiceMemory | None = None) -> CameraStream:
     """Load the stream's image package (verified, golden images), build source and pipeline.
 
     The backend is chosen as the stream's ``backend`` and ``precision`` say (``auto``: the
@@ -358,7 +360,8 @@ def build_camera_stream(config: StreamConfig, device_id: str, aggregate_interval
     cache (the agent passes ``<state_dir>/openvino-cache``). ``store`` keeps a watched
     folder's checkpoint (:mod:`agent.sources.camera_watch`; None: in memory only).
     ``choices``: the backends chosen for the agent's other camera streams
-    (:func:`agent.inference.select.open_image_backend`: one selection per model).
+    (:func:`agent.inference.select.open_image_backend`: one selection per model); ``memory``:
+    the rankings remembered across restarts (:mod:`agent.inference.choice_memory`).
 
     Raises:
         ModelError: the package is missing, not an image package, or fails its checks.
@@ -372,7 +375,7 @@ def build_camera_stream(config: StreamConfig, device_id: str, aggregate_interval
         raise ConfigError(msg, problems=[msg])
     package = load_image_package(resolve_model_path(config.model, Path.cwd()))
     backend = open_image_backend(package, config.precision, backend=config.backend,
-                                 cache_dir=cache_dir, choices=choices)
+                                 cache_dir=cache_dir, choices=choices, memory=memory)
     inp = package.manifest.input
     checkpoint = (FolderCheckpoint(config.name, store) if config.source.watch else None)
     source = build_source(config.source, config.name, image_size=(inp.height, inp.width),
