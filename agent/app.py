@@ -60,8 +60,8 @@ from agent.config.schema import AgentConfig, StreamConfig
 from agent.disk_budget import DiskBudget, default_parts
 from agent.errors import ConfigError
 from agent.inference.choice_memory import ChoiceMemory
+from agent.inference.image_select import ImageChoices
 from agent.inference.package import ModelPackage
-from agent.inference.select import ImageChoices
 from agent.metrics import Metrics
 from agent.monitor import Monitor, WatchedCamera, WatchedSource
 from agent.pipeline.episodes import UpdateParams

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from agent import native_threads  # noqa: E402
 from agent.inference.image_package import load_image_package  # noqa: E402
-from agent.inference.select import open_image_backend  # noqa: E402
+from agent.inference.image_select import open_image_backend  # noqa: E402
 from agent.pipeline.image import ImagePipeline, ImageSpec  # noqa: E402
 from agent.pipeline.rules import RuleParams  # noqa: E402
 from agent.records import Frame  # noqa: E402

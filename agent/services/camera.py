@@ -60,7 +60,7 @@ from agent.errors import (
 from agent.health import SourceView
 from agent.inference.choice_memory import ChoiceMemory
 from agent.inference.image_package import ImagePackage, load_image_package
-from agent.inference.select import ImageChoices, open_image_backend
+from agent.inference.image_select import ImageChoices, open_image_backend
 from agent.logs import ALWAYS, RateLimiter, with_fields
 from agent.pipeline.image import ImagePipeline, ImageSpec
 from agent.pipeline.stream import AlertEvent
@@ -360,7 +360,7 @@ def build_camera_stream(config: StreamConfig, device_id: str, aggregate_interval
     cache (the agent passes ``<state_dir>/openvino-cache``). ``store`` keeps a watched
     folder's checkpoint (:mod:`agent.sources.camera_watch`; None: in memory only).
     ``choices``: the backends chosen for the agent's other camera streams
-    (:func:`agent.inference.select.open_image_backend`: one selection per model); ``memory``:
+    (:func:`agent.inference.image_select.open_image_backend`: one selection per model); ``memory``:
     the rankings remembered across restarts (:mod:`agent.inference.choice_memory`).
 
     Raises:

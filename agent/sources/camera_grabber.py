@@ -13,23 +13,49 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 
 from agent import native_threads
 from agent.errors import RecordError, SourceError
-from agent.sources.camera_capture import Capture, capture_origin
+from agent.records import FrameOrigin
+from agent.sources.base import StatusListener
+from agent.sources.camera_capture import Capture, Image, capture_origin
+from agent.sources.camera_config import CameraConfig
 from agent.sources.camera_watch import IDLE
 
-if TYPE_CHECKING:
-    from agent.sources.camera import CameraSource
+
+class GrabberOwner(Protocol):
+    """What a grabber needs of its source (:class:`agent.sources.camera.CameraSource`)."""
+
+    stream: str
+    config: CameraConfig
+    live: bool
+    stopping: threading.Event
+    generation: int
+    idle_mono: float | None
+    status_listener: StatusListener | None
+    monotonic: Callable[[], float]
+
+    def offer(self, image: Image, generation: int, origin: FrameOrigin | None = None) -> None:
+        """Hand a frame to the consumer."""
+        ...
+
+    def bad_input(self, error: RecordError) -> None:
+        """Count and report a rejected input."""
+        ...
+
+    def wake(self) -> None:
+        """Wake the consumer."""
+        ...
 
 
 class Grabber:
     """One capture and the thread reading it (replaced as a whole on reconnect)."""
 
-    def __init__(self, cap: Capture, owner: CameraSource, generation: int) -> None:
+    def __init__(self, cap: Capture, owner: GrabberOwner, generation: int) -> None:
         self.cap = cap
         self.generation = generation
         self.ended = False  # the file or folder ended

@@ -10,12 +10,8 @@ import pytest
 
 from agent.errors import ModelError
 from agent.inference.image_package import load_image_package
-from agent.inference.select import (
-    ImageChoices,
-    golden_window,
-    open_image_backend,
-    select_backend,
-)
+from agent.inference.image_select import ImageChoices, open_image_backend
+from agent.inference.select import golden_window, select_backend
 
 MODEL = Path(__file__).resolve().parents[2] / "models" / "mtd-patchcore"
 
