@@ -5,8 +5,8 @@ A camera stream does not go through the sensor queue: the source's consumer loop
 the frame at once, so frame → score latency is one inference and never waits behind sensor
 batches. Alerts, closed aggregates and a watched folder's file marks
 (:class:`agent.sources.camera_watch.ScoredFile`, behind the alerts of their frame) are handed
-to ``deliver`` (the agent puts them on a queue
-its main loop drains into the store and the MQTT outbox, as for sensor streams).
+to ``deliver`` (the agent puts them on a queue its main loop drains into the store and the
+MQTT outbox, as for sensor streams).
 
 The runner restarts the source after a retryable :class:`agent.errors.SourceError` with backoff
 (the source itself already reconnects stalled or failed captures); a file or folder that ends
@@ -23,9 +23,8 @@ when frames come again; rejected inputs (unreadable images, frames that cannot b
 count in ``edge_agent_records_rejected_total{stream,reason}`` and are logged at most once per
 reason per minute, with the number suppressed.
 
-Shutdown: after :meth:`CameraStream.join` (the source joins its frame grabbers as its run
-returns), :meth:`CameraStream.close` releases what is native: the grabbers' captures and the
-model backend. The stream's thread and the grabbers are tracked by :mod:`agent.native_threads`.
+Shutdown: after :meth:`CameraStream.join`, :meth:`CameraStream.close` joins the grabbers (they
+release their captures) and closes the backend; threads tracked by :mod:`agent.native_threads`.
 
 Operations: :meth:`CameraStream.health_view` is what the monitor turns into the stream's
 ``source:<stream>`` component of ``/healthz`` and its watchdog decision (as for a sensor
@@ -338,8 +337,7 @@ class CameraStream:
         and close the model backend (shutdown, after :meth:`join` and :meth:`flush`).
 
         Returns:
-            True when the stream's thread and every grabber ended (else they stay tracked
-            by :mod:`agent.native_threads`, which ends the process safely at exit).
+            True when the stream's thread and every grabber ended (:mod:`agent.native_threads`).
         """
         joined = self.source.close(timeout_s)
         self.pipeline.close()
