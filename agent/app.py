@@ -59,6 +59,8 @@ from agent.compose import (
 from agent.config.schema import AgentConfig, StreamConfig
 from agent.disk_budget import DiskBudget, default_parts
 from agent.errors import ConfigError
+from agent.inference.choice_memory import ChoiceMemory
+from agent.inference.image_select import ImageChoices
 from agent.inference.package import ModelPackage
 from agent.metrics import Metrics
 from agent.monitor import Monitor, WatchedCamera, WatchedSource
@@ -200,6 +202,7 @@ class Agent(AgentLoop):
         self.cameras: dict[str, CameraStream] = {}
         self.image_events: queue.Queue[AlertEvent | Aggregate | ScoredFile] = queue.Queue()
         self._updates = open_model_store(config) if config.updater.enabled else None
+        image_choices: ImageChoices = {}  # cameras on one model: one backend selection
         for sc in config.streams:
             self.notifier.extend_timeout(START_STEP_S, f"loading the model of stream {sc.name}")
             self.notifier.watchdog()  # a reload builds under a running watchdog: progress
@@ -207,7 +210,8 @@ class Agent(AgentLoop):
                 self.cameras[sc.name] = build_camera_stream(
                     sc, config.agent.device_id, config.store.aggregate_interval_s,
                     self.image_events.put, self.stop_event, self.metrics,
-                    cache_dir=state_dir / "openvino-cache", store=self.store)
+                    cache_dir=state_dir / "openvino-cache", store=self.store,
+                    choices=image_choices, memory=ChoiceMemory.in_state_dir(state_dir))
                 continue
             self.streams[sc.name] = self._build_stream(sc, given.get(sc.name))
         self.updater: Updater | None = None

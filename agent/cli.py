@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from agent import __version__
+from agent import __version__, native_threads
 from agent.config.loader import dump_default_config, load_config
 from agent.config.schema import AgentConfig, default_config
 from agent.errors import AgentError, ConfigError
@@ -58,11 +58,19 @@ def main(argv: list[str] | None = None) -> int:
     """Run one ``edge-agent`` command.
 
     Args:
-        argv: Arguments without the program name; ``None`` = ``sys.argv[1:]``.
+        argv: Arguments without the program name; ``None`` = ``sys.argv[1:]``: the program
+            itself, which then ends through :func:`agent.native_threads.finish` (a thread
+            still inside native code after a bounded join ends the process with
+            ``os._exit`` and this exit code, never with the C++ runtime's abort).
 
     Returns:
         The process exit code (see the module docstring).
     """
+    code = _main(argv)
+    return native_threads.finish(code) if argv is None else code
+
+
+def _main(argv: list[str] | None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     command: Callable[[argparse.Namespace], int] = args.func

@@ -318,6 +318,11 @@ class AgentLoop:
             c.join(timeout=5.0)
             for agg in c.flush():
                 self.image_events.put(agg)
+            if not c.close():
+                log.warning("camera %s: its thread or frame grabber is still running at "
+                            "shutdown (a capture read that does not return)", c.name)
+        for s in self.streams.values():
+            s.pipeline.detector.close()
         self._drain_images()
         if self.next_config is not None:  # a reload: streams leaving the config lose their state
             kept = {sc.name for sc in self.next_config.streams}

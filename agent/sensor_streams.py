@@ -2,7 +2,9 @@
 from its ``[[streams]]`` config (camera streams: :mod:`agent.services.camera`).
 
 :func:`build_sensor_stream` loads the package (or the one the updater installed), selects the
-fastest runtime that passes the golden vectors (:mod:`agent.inference.select`) behind its
+fastest runtime that passes the golden vectors (:mod:`agent.inference.select`; a ranking
+remembered by an earlier start in the state directory opens only the runtimes it keeps:
+:mod:`agent.inference.choice_memory`) behind its
 latency guard (:mod:`agent.inference.deadline`), checks the source's channels against the
 model, restores a stored calibration when it fits (:mod:`agent.pipeline.restore`) and builds
 the pipeline; :func:`save_calibration` stores the calibration in force for the next start.
@@ -23,9 +25,15 @@ from agent.config.schema import AgentConfig, StreamConfig, resolve_model_path
 from agent.errors import ConfigError, StoreError
 from agent.health import StallPolicy, stall_policy
 from agent.inference.base import Backend
+from agent.inference.choice_memory import ChoiceMemory, selection_key
 from agent.inference.deadline import DeadlineGuard, DegradeParams
 from agent.inference.package import ModelPackage, load_package, saturation_fallback
-from agent.inference.select import record_selection, registry_opener, select_backend
+from agent.inference.select import (
+    Remembering,
+    record_selection,
+    registry_opener,
+    select_backend,
+)
 from agent.logs import ALWAYS
 from agent.metrics import Metrics
 from agent.pipeline.detector import Calibration, FeatureDeviationDetector
@@ -51,6 +59,8 @@ from cloud_sync.package import TrustedKeys
 log = logging.getLogger("agent")
 
 Clock = Callable[[], float]
+#: Backends a stream keeps after the selection: the chosen one and the latency guard's fallback.
+GUARD_BACKENDS = 2
 
 
 class TimedBackend:
@@ -67,6 +77,9 @@ class TimedBackend:
         out = self._inner.run(windows)
         self._observe((time.perf_counter() - t0) / max(1, windows.shape[0]))
         return out
+
+    def close(self) -> None:
+        self._inner.close()
 
 
 @dataclass
@@ -120,10 +133,17 @@ def build_sensor_stream(
     package = (installed[0] if installed is not None
                else load_package(resolve_model_path(sc.model, Path.cwd())))
     # the fastest runtime that passes the golden vectors, guarded by the latency budget
+    state_dir = Path(config.agent.state_dir)
+    remembering = Remembering(ChoiceMemory.in_state_dir(state_dir),
+                              selection_key(package, sc.backend, sc.precision, threads=1),
+                              keep=GUARD_BACKENDS)
     selection = select_backend(package, sc.backend, sc.precision, opener=registry_opener(
-        cache_dir=Path(config.agent.state_dir) / "openvino-cache"))
+        cache_dir=state_dir / "openvino-cache"), remembering=remembering)
     record_selection(metrics, sc.name, selection)
-    guard = DeadlineGuard(sc.name, selection.backends,
+    kept = selection.backends[:GUARD_BACKENDS]
+    for unused in selection.backends[GUARD_BACKENDS:]:  # their memory, not their libraries
+        unused.close()
+    guard = DeadlineGuard(sc.name, kept,
                           DegradeParams(package.manifest.latency_budget_ms_p99 / 1e3),
                           metrics)
     backend: Backend = guard

@@ -29,8 +29,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from agent import native_threads  # noqa: E402
 from agent.inference.image_package import load_image_package  # noqa: E402
-from agent.inference.select import open_image_backend  # noqa: E402
+from agent.inference.image_select import open_image_backend  # noqa: E402
 from agent.pipeline.image import ImagePipeline, ImageSpec  # noqa: E402
 from agent.pipeline.rules import RuleParams  # noqa: E402
 from agent.records import Frame  # noqa: E402
@@ -106,8 +107,9 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
             last_scored, last_dropped = scored, dropped
         stop.set()
-        for s in streams:
+        for s in streams:  # as the agent's shutdown: no grabber left inside OpenCV at exit
             s.join(timeout=5.0)
+            s.close()
     lat = np.array(latencies) * 1e3
     elapsed = args.seconds
     offered = args.streams * args.fps * elapsed
@@ -122,4 +124,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(native_threads.finish(main()))

@@ -89,6 +89,10 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("camera", ("benchmarks/camera.py",),
               "4 cameras x 30 fps of 128x128 MJPG: frame -> score p99", "p99 <= 20 ms",
               heavy=True),
+    Benchmark("memory", ("benchmarks/memory.py", "--data", "{data}"),
+              "agent resident memory (VmRSS steady, VmHWM peak) with one sensor stream and "
+              "with 4 camera streams, every runtime installed",
+              "<= 120 MB one sensor stream, <= 250 MB 4 cameras", heavy=True),
     Benchmark("backlog", ("benchmarks/backlog.py",),
               "1,000,000 buffered aggregates drained into a real fleet (SQLite, 2 workers)",
               "50,000 rows/s", heavy=True),

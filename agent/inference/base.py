@@ -75,3 +75,9 @@ class Backend(Protocol):
             agent.errors.ModelError: the runtime failed on this input (wrong shape ...).
         """
         ...
+
+    def close(self) -> None:
+        """Free the runtime's session, its threads and buffers (at shutdown, after the last
+        :meth:`run`); later calls of :meth:`run` raise :class:`~agent.errors.ModelError`.
+        Calling it again does nothing."""
+        ...

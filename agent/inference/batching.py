@@ -116,6 +116,10 @@ class DynamicBatcher:
         assert req.out is not None
         return req.out
 
+    def close(self) -> None:
+        """Close the wrapped backend (after the last :meth:`run`)."""
+        self.backend.close()
+
     def _rows(self) -> int:
         return sum(int(r.x.shape[0]) for r in self._queue)
 

@@ -193,6 +193,11 @@ class DeadlineGuard:
                 self._apply(before, change)
         return out
 
+    def close(self) -> None:
+        """Close every backend (the one in force and the fallback)."""
+        for backend in self._backends:
+            backend.close()
+
     def _apply(self, before: int, level: int) -> None:
         pm = self.policy.params
         self._current = self._backends[1] if level >= 2 else self._backends[0]

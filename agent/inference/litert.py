@@ -135,7 +135,7 @@ class LiteRtBackend:
         cfg = config or LiteRtConfig()
         cls = interpreter_class or load_interpreter_class()
         try:
-            self._interp = cls(model_path=str(path), num_threads=cfg.threads)
+            self._interp: Any = cls(model_path=str(path), num_threads=cfg.threads)
             self._interp.allocate_tensors()
         except (ValueError, RuntimeError) as exc:
             raise ModelError(f"cannot load TFLite model: {exc}", path=path) from exc
@@ -167,6 +167,8 @@ class LiteRtBackend:
             raise ModelError(f"inference failed: {problem}", path=self.path)
         try:
             with self._lock:
+                if self._interp is None:
+                    raise ModelError("inference failed: the backend is closed", path=self.path)
                 self._resize(tuple(x.shape))
                 self._interp.set_tensor(self._in["index"], _quantize(x, self._in))
                 self._interp.invoke()
@@ -174,6 +176,11 @@ class LiteRtBackend:
         except (ValueError, RuntimeError) as exc:
             raise ModelError(f"inference failed: {exc}", path=self.path) from exc
         return out.reshape(x.shape[0], -1)
+
+    def close(self) -> None:
+        """Drop the interpreter (waits for a call in progress)."""
+        with self._lock:
+            self._interp = None
 
 
 def _quantize(x: Float32Array, detail: dict[str, Any]) -> Any:

@@ -71,7 +71,7 @@ class OnnxRuntimeBackend:
             # 1.32 refuses some graphs with it (a weight shared by two nodes: "Attempt to
             # replace the existing tensor"), which then load with the default kernels, their
             # INT8 results still checked by the package's golden vectors
-            self._session = self._open(ort, path, cfg, exact_u8s8=True)
+            self._session: Any = self._open(ort, path, cfg, exact_u8s8=True)
         except Exception:  # onnxruntime raises its own untyped errors
             try:
                 self._session = self._open(ort, path, cfg, exact_u8s8=False)
@@ -100,8 +100,15 @@ class OnnxRuntimeBackend:
 
         Thread-safe (ONNX Runtime sessions may run concurrently).
         """
+        session = self._session
+        if session is None:
+            raise ModelError("inference failed: the backend is closed", path=self.path)
         try:
-            out = self._session.run([self._output], {self._input: windows})[0]
+            out = session.run([self._output], {self._input: windows})[0]
         except Exception as exc:
             raise ModelError(f"inference failed: {exc}", path=self.path) from exc
         return np.asarray(out, dtype=np.float32)
+
+    def close(self) -> None:
+        """Drop the session (ONNX Runtime joins its thread pool as the session is freed)."""
+        self._session = None

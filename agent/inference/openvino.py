@@ -154,10 +154,10 @@ class OpenVinoBackend:
         try:
             # compiling from the path (not a read model) lets the cache key on the file
             with keep_signal_stack():
-                self._compiled = core.compile_model(str(path), cfg.device, props)
+                self._compiled: Any = core.compile_model(str(path), cfg.device, props)
         except Exception as exc:  # openvino raises RuntimeError with its own text
             raise ModelError(f"cannot load model with OpenVINO: {exc}", path=path) from exc
-        self._request = self._compiled.create_infer_request()
+        self._request: Any = self._compiled.create_infer_request()
         self._expected = tuple(d.get_length() if d.is_static else None
                                for d in self._compiled.input(0).get_partial_shape())
         self._lock = threading.Lock()  # an infer request serves one call at a time
@@ -176,8 +176,18 @@ class OpenVinoBackend:
             raise ModelError(f"inference failed: {problem}", path=self.path)
         try:
             with self._lock:
+                if self._request is None:
+                    raise ModelError("inference failed: the backend is closed", path=self.path)
                 self._request.infer({0: np.ascontiguousarray(windows, dtype=np.float32)})
                 out = np.array(self._request.get_output_tensor(0).data, dtype=np.float32)
+        except ModelError:
+            raise
         except Exception as exc:
             raise ModelError(f"inference failed: {exc}", path=self.path) from exc
         return out
+
+    def close(self) -> None:
+        """Drop the infer request and the compiled model (waits for a call in progress)."""
+        with self._lock:
+            self._request = None
+            self._compiled = None

@@ -14,7 +14,7 @@ golden check is never chosen. With a fixed ``backend`` only that runtime's artef
 Recorded by :func:`record_selection`: ``edge_agent_backend_selected{stream,backend,precision}``
 (1 for the choice, 0 for the others) and ``edge_agent_backend_benchmark_seconds`` (the p50s),
 and one log line with the table. An image stream's backend is chosen the same way
-(:func:`open_image_backend`).
+(:func:`agent.inference.image_select.open_image_backend`).
 
 Layers: :mod:`agent.inference.registry` (runtimes, which artefacts each runs) is below the
 package loaders (:mod:`~agent.inference.package`, :mod:`~agent.inference.image_package`), which
@@ -34,6 +34,7 @@ import numpy as np
 
 from agent.errors import BackendUnavailable, ModelError
 from agent.inference.base import Backend, install_hint
+from agent.inference.choice_memory import ChoiceMemory
 from agent.inference.image_package import ImagePackage, check_image_golden
 from agent.inference.package import ModelPackage, check_golden
 from agent.inference.registry import artefacts_for, backend_kinds, build_backend, installed
@@ -80,7 +81,8 @@ class Trial:
 
     Attributes:
         candidate: What was tried.
-        backend: The loaded backend (None when it failed).
+        backend: The loaded backend (None when it failed, or when a remembered ranking did
+            not open it: :class:`Remembering`).
         p50_s: Median seconds of one single-window call (None when it failed).
         error: Why it cannot be used (None when it passed).
     """
@@ -93,9 +95,14 @@ class Trial:
 
 @dataclass(frozen=True, slots=True)
 class Selection:
-    """Every trial: passing ones fastest first, then the failed ones in candidate order."""
+    """Every trial: passing ones fastest first, then the failed ones in candidate order.
+
+    ``remembered``: the ranking came from :mod:`agent.inference.choice_memory` (p50s as timed
+    when it was made; only the first ones opened), not from timing every candidate now.
+    """
 
     trials: tuple[Trial, ...]
+    remembered: bool = False
 
     @property
     def passing(self) -> list[Trial]:
@@ -176,6 +183,23 @@ def candidates(
             for a in artefacts_for(package, kind, precision)]
 
 
+@dataclass(frozen=True, slots=True)
+class Remembering:
+    """Where :func:`select_backend` remembers its ranking, and how much of it a later start
+    opens (:mod:`agent.inference.choice_memory`).
+
+    Attributes:
+        memory: The agent's remembered selections.
+        key: :func:`agent.inference.choice_memory.selection_key` of this selection.
+        keep: Candidates a remembered ranking opens, fastest first (the others are listed
+            with their remembered p50 but not loaded).
+    """
+
+    memory: ChoiceMemory
+    key: str
+    keep: int
+
+
 class Opener(Protocol):
     """Loads a candidate's backend (tests pass fakes)."""
 
@@ -226,8 +250,14 @@ def select_backend(
     runs: int = 50,
     warmup: int = 5,
     clock: Callable[[], float] = time.perf_counter,
+    remembering: Remembering | None = None,
 ) -> Selection:
     """Try every candidate (load, golden check, warm-up, timing) and rank them.
+
+    With ``remembering``, a ranking remembered under its key is used instead: only its first
+    ``keep`` candidates are opened and golden-checked, so the other runtimes are not imported;
+    when one of them is no longer a candidate or fails, the ranking is forgotten and every
+    candidate is tried. A new ranking is remembered.
 
     Args:
         package: A verified package.
@@ -238,6 +268,7 @@ def select_backend(
         runs: Timed single-window calls per candidate (after ``warmup`` calls).
         warmup: Untimed calls first.
         clock: Seconds, for the timing.
+        remembering: Remember the ranking, and use a remembered one.
 
     Returns:
         The ranked trials; ``chosen`` raises when none passed.
@@ -247,23 +278,73 @@ def select_backend(
         ModelError: a fixed ``backend`` has no artefact of ``precision``.
     """
     open_ = opener or registry_opener()
+    cands = candidates(package, backend, precision, is_installed)
+    if remembering is not None:
+        known = _open_remembered(package, cands, remembering, open_)
+        if known is not None:
+            return known
     window = golden_window(package)
     passed: list[Trial] = []
     failed: list[Trial] = []
-    for cand in candidates(package, backend, precision, is_installed):
+    for cand in cands:
         try:
             b = open_(package, cand)
-            if isinstance(package, ImagePackage):
-                check_image_golden(package, b)
-            else:
-                check_golden(package, b)
+            _check(package, b)
             p50 = benchmark(b, window, runs, warmup, clock)
         except ModelError as exc:  # BackendUnavailable included
             failed.append(Trial(cand, None, None, str(exc)))
             continue
         passed.append(Trial(cand, b, p50, None))
     passed.sort(key=lambda t: t.p50_s if t.p50_s is not None else float("inf"))
+    if remembering is not None and passed:
+        remembering.memory.put(remembering.key, [
+            (t.candidate.kind, t.candidate.artefact.path, float(t.p50_s or 0.0)) for t in passed])
     return Selection((*passed, *failed))
+
+
+def _check(package: AnyPackage, backend: Backend) -> None:
+    if isinstance(package, ImagePackage):
+        check_image_golden(package, backend)
+    else:
+        check_golden(package, backend)
+
+
+def _open_remembered(package: AnyPackage, cands: list[Candidate], remembering: Remembering,
+                     open_: Opener) -> Selection | None:
+    """The remembered ranking with its first ``keep`` candidates opened and checked; None
+    (ranking forgotten) when there is none or it no longer fits."""
+    ranking = remembering.memory.get(remembering.key)
+    if ranking is None:
+        return None
+    by_id = {(c.kind, c.artefact.path): c for c in cands}
+    if any((kind, path) not in by_id for kind, path, _ in ranking):
+        remembering.memory.forget(remembering.key)
+        return None
+    trials: list[Trial] = []
+    for i, (kind, path, p50) in enumerate(ranking):
+        cand = by_id[(kind, path)]
+        if i >= remembering.keep:
+            trials.append(Trial(cand, None, p50, None))
+            continue
+        try:
+            b = open_(package, cand)
+            _check(package, b)
+        except ModelError as exc:
+            log.info("remembered backend %s/%s no longer usable (%s); selecting again",
+                     cand.label, cand.precision, exc)
+            for t in trials:
+                if t.backend is not None:
+                    t.backend.close()
+            remembering.memory.forget(remembering.key)
+            return None
+        trials.append(Trial(cand, b, p50, None))
+    return Selection(tuple(trials), remembered=True)
+
+
+def when(selection: Selection) -> str:
+    """How old the p50s of a selection's log line are."""
+    return (", remembered from the start that timed every runtime" if selection.remembered
+            else "")
 
 
 def record_selection(metrics: Any, stream: str, selection: Selection) -> None:
@@ -282,26 +363,7 @@ def record_selection(metrics: Any, stream: str, selection: Selection) -> None:
         metrics.backend_selected.labels(**labels).set(1 if t is chosen else 0)
         if t.p50_s is not None:
             metrics.backend_benchmark_seconds.labels(**labels).set(t.p50_s)
-    log.info("stream %s: backend %s/%s selected (p50 of one window): %s", stream,
-             chosen.candidate.label, chosen.candidate.precision, selection.table(),
+    log.info("stream %s: backend %s/%s selected (p50 of one window%s): %s", stream,
+             chosen.candidate.label, chosen.candidate.precision, when(selection),
+             selection.table(),
              extra={"stream": stream, "backend": chosen.candidate.label})
-
-
-def open_image_backend(package: ImagePackage, precision: str = "int8", threads: int = 1,
-                       backend: str = "auto", cache_dir: Path | None = None) -> Backend:
-    """Pick the image package's backend like a sensor stream's (:mod:`agent.inference.select`):
-    every installed runtime on every artefact of ``precision`` it can run (OpenVINO on the IR
-    and on the ONNX file, ONNX Runtime on the ONNX file), kept when it reproduces the golden
-    scores within the tolerance, the fastest on one image chosen; ``backend`` pins a runtime.
-
-    Raises:
-        ModelError: no artefact of ``precision``, or none loads and passes the golden check.
-        agent.errors.BackendUnavailable: a pinned ``backend`` is not installed.
-    """
-    selection = select_backend(package, backend, precision,
-                               opener=registry_opener(threads, cache_dir), runs=20, warmup=3)
-    chosen = selection.chosen  # raises ModelError when none passed
-    assert chosen.backend is not None
-    log.info("image model %s: backend %s/%s selected (p50 of one image): %s", package.label,
-             chosen.candidate.label, chosen.candidate.precision, selection.table())
-    return chosen.backend

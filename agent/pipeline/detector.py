@@ -111,6 +111,12 @@ class FeatureDeviationDetector:
         self.input_range = input_range
         self.fallback_windows = 0
 
+    def close(self) -> None:
+        """Close the backend and the FP32 fallback (shutdown, after the last window)."""
+        self.backend.close()
+        if self.fallback is not None:
+            self.fallback.close()
+
     def _run(self, scaled: Float32Array) -> FloatArray:
         outs = [
             self.backend.run(scaled[i : i + self.max_batch])

@@ -119,6 +119,10 @@ class ImagePipeline:
         out = self.backend.run(normalise(image, self.spec))
         return float(np.asarray(out).reshape(-1)[0])
 
+    def close(self) -> None:
+        """Close the backend (shutdown, after the last frame)."""
+        self.backend.close()
+
     def process(self, frame: Frame) -> ImageOutput:
         """Score ``frame``, apply the alert rules, count it in its aggregate interval.
 

@@ -5,8 +5,8 @@ A camera stream does not go through the sensor queue: the source's consumer loop
 the frame at once, so frame → score latency is one inference and never waits behind sensor
 batches. Alerts, closed aggregates and a watched folder's file marks
 (:class:`agent.sources.camera_watch.ScoredFile`, behind the alerts of their frame) are handed
-to ``deliver`` (the agent puts them on a queue
-its main loop drains into the store and the MQTT outbox, as for sensor streams).
+to ``deliver`` (the agent puts them on a queue its main loop drains into the store and the
+MQTT outbox, as for sensor streams).
 
 The runner restarts the source after a retryable :class:`agent.errors.SourceError` with backoff
 (the source itself already reconnects stalled or failed captures); a file or folder that ends
@@ -22,6 +22,9 @@ WARNING when the outage starts (the source keeps reconnecting with backoff) and 
 when frames come again; rejected inputs (unreadable images, frames that cannot be converted)
 count in ``edge_agent_records_rejected_total{stream,reason}`` and are logged at most once per
 reason per minute, with the number suppressed.
+
+Shutdown: after :meth:`CameraStream.join`, :meth:`CameraStream.close` joins the grabbers (they
+release their captures) and closes the backend; threads tracked by :mod:`agent.native_threads`.
 
 Operations: :meth:`CameraStream.health_view` is what the monitor turns into the stream's
 ``source:<stream>`` component of ``/healthz`` and its watchdog decision (as for a sensor
@@ -44,6 +47,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agent import native_threads
 from agent.errors import (
     AgentError,
     ConfigError,
@@ -53,15 +57,16 @@ from agent.errors import (
     SourceExhausted,
 )
 from agent.health import SourceView
+from agent.inference.choice_memory import ChoiceMemory
 from agent.inference.image_package import ImagePackage, load_image_package
-from agent.inference.select import open_image_backend
+from agent.inference.image_select import ImageChoices, open_image_backend
 from agent.logs import ALWAYS, RateLimiter, with_fields
 from agent.pipeline.image import ImagePipeline, ImageSpec
 from agent.pipeline.stream import AlertEvent
 from agent.records import Aggregate, Frame
 from agent.services.camera_rules import camera_rule_params
 from agent.sources.backoff import Backoff
-from agent.sources.camera import CameraConfig, CameraSource
+from agent.sources.camera import GRABBER_JOIN_S, CameraConfig, CameraSource
 from agent.sources.camera_watch import FolderCheckpoint, ScoredFile
 
 if TYPE_CHECKING:
@@ -141,6 +146,7 @@ class CameraStream:
             self._metrics.camera_frames_scored_total.labels(stream=self.name)  # 0 until a frame
             self._metrics.camera_frames_dropped_total.labels(stream=self.name,
                                                              reason="score_error")
+        native_threads.track(self._thread, f"camera {self.name} stream (inference)")
         self._thread.start()
 
     def join(self, timeout: float | None = None) -> None:
@@ -326,18 +332,34 @@ class CameraStream:
         """Close the open aggregate interval (shutdown, after :meth:`join`)."""
         return self.pipeline.flush()
 
+    def close(self, timeout_s: float = GRABBER_JOIN_S) -> bool:
+        """Join the source's grabbers (at most ``timeout_s``; they release their captures)
+        and close the model backend (shutdown, after :meth:`join` and :meth:`flush`).
+
+        Returns:
+            True when the stream's thread and every grabber ended (:mod:`agent.native_threads`).
+        """
+        joined = self.source.close(timeout_s)
+        self.pipeline.close()
+        return joined and not self._thread.is_alive()
+
 
 def build_camera_stream(config: StreamConfig, device_id: str, aggregate_interval_s: float,
                         deliver: Deliver, stop: threading.Event, metrics: Metrics | None = None,
                         on_score: ScoreHook | None = None,
                         cache_dir: Path | None = None,
-                        store: CheckpointStore | None = None) -> CameraStream:
+                        store: CheckpointStore | None = None,
+                        choices: ImageChoices | None = None,
+                        memory: ChoiceMemory | None = None) -> CameraStream:
     """Load the stream's image package (verified, golden images), build source and pipeline.
 
     The backend is chosen as the stream's ``backend`` and ``precision`` say (``auto``: the
     fastest runtime passing the golden images); ``cache_dir`` is OpenVINO's compiled-model
     cache (the agent passes ``<state_dir>/openvino-cache``). ``store`` keeps a watched
     folder's checkpoint (:mod:`agent.sources.camera_watch`; None: in memory only).
+    ``choices``: the backends chosen for the agent's other camera streams
+    (:func:`agent.inference.image_select.open_image_backend`: one selection per model); ``memory``:
+    the rankings remembered across restarts (:mod:`agent.inference.choice_memory`).
 
     Raises:
         ModelError: the package is missing, not an image package, or fails its checks.
@@ -351,7 +373,7 @@ def build_camera_stream(config: StreamConfig, device_id: str, aggregate_interval
         raise ConfigError(msg, problems=[msg])
     package = load_image_package(resolve_model_path(config.model, Path.cwd()))
     backend = open_image_backend(package, config.precision, backend=config.backend,
-                                 cache_dir=cache_dir)
+                                 cache_dir=cache_dir, choices=choices, memory=memory)
     inp = package.manifest.input
     checkpoint = (FolderCheckpoint(config.name, store) if config.source.watch else None)
     source = build_source(config.source, config.name, image_size=(inp.height, inp.width),

@@ -56,349 +56,63 @@ permission, zero bytes, truncated, corrupt, not an image: ``unreadable_image``; 
 converted to the model's input (a channel count other than 1, 3 or 4) (``bad_image``). OpenCV's
 own log lines are silenced (:func:`quiet_opencv`): the agent reports each rejection itself.
 
+Stopping: when :meth:`CameraSource.run` returns (stopped, ended or failed) it stops its grabbers
+and joins them (:meth:`CameraSource.close`, at most ``GRABBER_JOIN_S`` seconds); each releases its
+capture as it ends. A grabber never outlives the agent inside OpenCV unnoticed: see
+:mod:`agent.native_threads`.
+
 OpenCV (and Pillow, for folders) is imported only when a camera stream is built
 (the ``camera`` extra: :func:`agent.extras.install_hint`).
+
+Modules: config :mod:`~agent.sources.camera_config`, captures and frame conversion
+:mod:`~agent.sources.camera_capture`, the grabber thread :mod:`~agent.sources.camera_grabber`,
+recorded inputs :mod:`~agent.sources.camera_files`, watched folders
+:mod:`~agent.sources.camera_watch`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any, Literal, Protocol
 
-import numpy as np
-import numpy.typing as npt
-from pydantic import Field, ValidationError, model_validator
-from pydantic_core import InitErrorDetails, PydanticCustomError
-
-from agent.config.base import StrictModel
 from agent.errors import RecordError, SourceError, SourceExhausted, SourceFailed
-from agent.extras import install_hint
 from agent.records import Frame, FrameOrigin
 from agent.sources.backoff import Backoff
 from agent.sources.base import SourcePlugin, StatusListener
-from agent.sources.camera_files import FolderCapture, ImageNames, VideoFileCapture
-from agent.sources.camera_watch import IDLE, FolderCheckpoint, ScoredFile, WatchFolderCapture
+from agent.sources.camera_capture import (
+    Capture,
+    CaptureFactory,
+    Image,
+    capture_origin,
+    open_capture,
+    quiet_opencv,
+    to_model_image,
+)
+from agent.sources.camera_config import CameraConfig
+from agent.sources.camera_grabber import Grabber
+from agent.sources.camera_watch import FolderCheckpoint, ScoredFile
+
+__all__ = ["KIND", "PLUGIN", "RECORDED_QUEUE_FRAMES", "CameraConfig", "CameraSource", "Capture",
+           "CaptureFactory", "capture_origin", "open_capture", "quiet_opencv", "to_model_image"]
 
 KIND = "camera"
 
-Image = npt.NDArray[np.uint8]
 FrameEmit = Callable[[Frame], None]
 FrameReject = Callable[[RecordError], None]
 #: Frames a recorded input (file or folder at ``fps`` = 0) reads ahead of the model.
 RECORDED_QUEUE_FRAMES = 2
+#: Longest wait, in seconds, for the grabbers when the source stops (all of them together).
+GRABBER_JOIN_S = 2.0
 #: A frame waiting for the consumer: image, wall time, monotonic time, seq, origin.
 _Queued = tuple[Image, float, float, int, FrameOrigin | None]
-
-
-class CameraConfig(StrictModel):
-    """Config of the ``camera`` source: exactly one of ``device``, ``url``, ``path``, ``folder``."""
-
-    kind: Literal["camera"] = Field("camera", description="Source kind.")
-    device: int | None = Field(None, ge=0, description="USB/V4L2 device index (0 = first).")
-    url: str | None = Field(None, examples=["rtsp://10.0.0.5/stream1"],
-                            description="Stream URL (RTSP, HTTP MJPEG) opened with OpenCV.")
-    path: str | None = Field(None, description="Video file (relative to the config file).")
-    folder: str | None = Field(
-        None, description="Folder of images (png, jpg, bmp, tif), read in name order "
-        "(relative to the config file)."
-    )
-    fps: float = Field(
-        0.0, ge=0.0, description="Files and folders: 0 = every frame is scored, in order, as "
-        "fast as the model takes them (the reader waits for the model; nothing is dropped); "
-        "> 0 = play like a live camera at this many frames per second (the model scores the "
-        "newest frame; frames it cannot keep up with are dropped and counted). Ignored for "
-        "devices and URLs (always live).")
-    loop: bool = Field(False, description="Start a file or folder again at its end.")
-    watch: bool = Field(False, description="Folders only: keep polling the folder for new "
-                        "images and score each once, also across restarts (checkpoint in the "
-                        "store); never ends. A file is taken once its size and mtime stayed the "
-                        "same over one poll (not while it is being written).")
-    # le: inf or 1e300 passed and then killed the grabber thread (Event.wait overflows time_t)
-    include: list[str] = Field(
-        default_factory=list, examples=[["*.jpg"]], description="Folders only: score only "
-        "the images whose file name matches one of these shell globs (e.g. [\"*.jpg\"] for "
-        "a folder that also holds the mask PNGs); empty = every image (png, jpg, bmp, tif). "
-        "Case-sensitive.")
-    exclude: list[str] = Field(
-        default_factory=list, examples=[["*_mask.png"]], description="Folders only: never "
-        "score the images whose file name matches one of these shell globs. Case-sensitive.")
-    poll_s: float = Field(1.0, gt=0.0, le=86400.0, description="Watched folder: seconds "
-                          "between two listings of the folder (only with watch = true; at most "
-                          "a day).")
-    stall_s: float = Field(5.0, gt=0.0, description="Reconnect when no new frame arrived for "
-                           "this many seconds (frame-age watchdog of live cameras and of "
-                           "files at fps > 0; a file at fps = 0 is never reopened).")
-    reconnect_initial_s: float = Field(0.5, gt=0.0, description="First reconnect delay, s.")
-    reconnect_max_s: float = Field(30.0, gt=0.0, description="Largest reconnect delay, s.")
-
-    @model_validator(mode="after")
-    def _one_input(self) -> CameraConfig:
-        given = [k for k in ("device", "url", "path", "folder") if getattr(self, k) is not None]
-        if len(given) != 1:
-            raise ValueError(
-                f"set exactly one of device, url, path, folder (got {given or 'none'})"
-            )
-        problems: list[tuple[str, str]] = []
-        for key in ("watch", "poll_s", "include", "exclude"):
-            if key in self.model_fields_set and self.folder is None:
-                problems.append((key, "applies only to an image folder (folder = ...)"))
-        for key in ("include", "exclude"):
-            if any(not g or "/" in g for g in getattr(self, key)):
-                problems.append((key, "each pattern is a non-empty file-name glob without '/' "
-                                 "(folders are not recursive)"))
-        if self.watch and self.loop:
-            problems.append(("loop", "a watched folder never ends: remove loop"))
-        if self.watch and self.fps > 0:
-            problems.append(("fps", "a watched folder scores every new image once: fps must "
-                             "be 0"))
-        if problems:
-            raise ValidationError.from_exception_data("CameraConfig", [
-                InitErrorDetails(type=PydanticCustomError("camera_key", msg), loc=(key,),
-                                 input=getattr(self, key))
-                for key, msg in problems])
-        return self
-
-    @property
-    def names(self) -> ImageNames:
-        """Which files of ``folder`` are scored (``include``/``exclude``)."""
-        return ImageNames.of(self.include, self.exclude)
-
-    @property
-    def finite(self) -> bool:
-        """A file or folder that ends (not looped)."""
-        return ((self.path is not None or self.folder is not None) and not self.loop
-                and not self.watch)
-
-    @property
-    def live(self) -> bool:
-        """A device or URL (not a recorded file or folder)."""
-        return self.device is not None or self.url is not None
-
-    @property
-    def realtime(self) -> bool:
-        """Newest-frame semantics: a live input, or a file or folder paced at ``fps`` > 0.
-
-        >>> CameraConfig(folder="f").realtime, CameraConfig(folder="f", fps=5).realtime
-        (False, True)
-        >>> CameraConfig(url="rtsp://cam/1").realtime
-        True
-        """
-        return self.live or self.fps > 0
-
 
 #: The ``camera`` kind, as the ``edge_agent.sources`` entry point names it.
 PLUGIN = SourcePlugin(
     KIND, CameraConfig, "agent.sources.camera:CameraSource", path_fields=("path", "folder")
 )
-
-
-class Capture(Protocol):
-    """What the source needs of a capture (``cv2.VideoCapture`` has this shape)."""
-
-    def read(self) -> tuple[bool, Any]:
-        """Return ``(True, image)`` or ``(False, None)`` at the end or on an error.
-
-        ``(True, RecordError)``: one input was skipped (an unreadable image in a folder); the
-        source counts and reports it and reads on.
-        """
-        ...
-
-    def release(self) -> None:
-        """Close the capture."""
-        ...
-
-
-def capture_origin(cap: Capture) -> FrameOrigin | None:
-    """The origin of the frame ``cap`` read last: its ``origin`` attribute, None without one."""
-    origin = getattr(cap, "origin", None)
-    return origin if isinstance(origin, FrameOrigin) else None
-
-
-CaptureFactory = Callable[[CameraConfig], Capture]
-
-
-def quiet_opencv() -> None:
-    """Import OpenCV with its own logging silenced (the agent logs what goes wrong itself).
-
-    OpenCV, FFmpeg and the codecs print a raw stderr line of their own per failed open or
-    undecodable file (a flood while an RTSP camera is down, or per bad image in a folder), not
-    rate-limited and not in the agent's log format. ``OPENCV_LOG_LEVEL`` and
-    ``OPENCV_FFMPEG_LOGLEVEL`` set in the environment are kept (to debug a camera); otherwise
-    OpenCV logs nothing and FFmpeg only its fatal errors.
-
-    Raises:
-        SourceError: OpenCV is not installed.
-    """
-    user_level = os.environ.get("OPENCV_LOG_LEVEL")
-    for var, quiet in (("OPENCV_LOG_LEVEL", "SILENT"), ("OPENCV_FFMPEG_LOGLEVEL", "-8")):
-        os.environ.setdefault(var, quiet)
-    try:
-        import cv2  # noqa: PLC0415 - lazy: only with a camera stream
-    except ImportError as exc:
-        raise SourceError(f"OpenCV is not installed: {install_hint('camera')}") from exc
-    if user_level is None:  # the variable only counts at OpenCV's first import
-        cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
-
-
-def open_capture(config: CameraConfig, checkpoint: FolderCheckpoint | None = None) -> Capture:
-    """The default capture factory: :class:`FolderCapture`, :class:`WatchFolderCapture`
-    (``watch``; ``checkpoint``: the files done, in memory only when None) or
-    ``cv2.VideoCapture``.
-
-    Raises:
-        SourceError: OpenCV is missing, or the capture does not open.
-    """
-    quiet_opencv()
-    if config.folder is not None and config.watch:
-        if checkpoint is None:
-            checkpoint = FolderCheckpoint("")
-        return WatchFolderCapture(Path(config.folder), checkpoint, config.names)
-    if config.folder is not None:
-        return FolderCapture(Path(config.folder), config.loop, config.names)
-    import cv2  # noqa: PLC0415 - lazy: only with a camera stream
-
-    target: int | str = (config.device if config.device is not None
-                         else config.url if config.url is not None else str(config.path))
-    cap = cv2.VideoCapture(target)
-    if not cap.isOpened():
-        cap.release()
-        raise SourceError("camera capture does not open", target=str(target))
-    if config.path is not None:
-        return VideoFileCapture(cap, os.fsdecode(Path(config.path).name), config.loop)
-    return cap
-
-
-def to_model_image(image: Image, size: tuple[int, int] | None, grayscale: bool) -> Image:
-    """Convert a captured image for the model: grayscale (from BGR/BGRA) and resize.
-
-    Pixel values are converted to ``uint8`` by dtype, never clipped unscaled: unsigned integers
-    are scaled by ``255 / max`` of their type (``uint16``: / 257, so 16-bit PNG/TIFF keep their
-    full range), signed integers by ``255 / max`` with negatives at 0, floats are taken as
-    intensities in ``[0, 1]`` (the OpenCV/scikit-image convention of a float32 TIFF) and
-    multiplied by 255, values outside and NaN clipped to 0..255 (NaN = 0), ``bool`` → 0/255.
-    The result is rounded to the nearest integer.
-
-    Args:
-        image: ``(H, W)``, ``(H, W, 3)`` BGR or ``(H, W, 4)`` BGRA of ``uint8``, another integer
-            type, ``bool`` or float (see above).
-        size: ``(height, width)`` of the model input; None = keep the size.
-        grayscale: Convert to one channel.
-
-    Returns:
-        ``uint8`` ``(h, w)`` when grayscale, else ``(h, w, 3)``.
-
-    Raises:
-        ValueError: an image of another shape (not 2-D, or 3-D with 2 or more than 4
-            channels, or empty) or type that cannot be converted.
-    """
-    import cv2  # noqa: PLC0415 - lazy: only with a camera stream
-
-    img: Any = np.asarray(image)
-    if img.ndim == 3 and img.shape[2] == 1:
-        img = img[:, :, 0]
-    if not (img.ndim == 2 or (img.ndim == 3 and img.shape[2] in (3, 4))) or img.size == 0:
-        raise ValueError(f"image of shape {img.shape} is neither grayscale, BGR nor BGRA")
-    if img.dtype != np.uint8:
-        img = _to_uint8(img)
-    try:
-        if img.ndim == 3 and (grayscale or img.shape[2] == 4):
-            code = ((cv2.COLOR_BGRA2GRAY if img.shape[2] == 4 else cv2.COLOR_BGR2GRAY)
-                    if grayscale else cv2.COLOR_BGRA2BGR)
-            img = cv2.cvtColor(img, code)
-        elif img.ndim == 2 and not grayscale:
-            img = cv2.cvtColor(img, cv2.COLOR_GRAY2BGR)
-        if size is not None and img.shape[:2] != size:
-            img = cv2.resize(img, (size[1], size[0]), interpolation=cv2.INTER_AREA)
-    except cv2.error as exc:
-        raise ValueError(f"image of shape {img.shape} cannot be converted: "
-                         f"{str(exc).strip().splitlines()[-1]}") from exc
-    return np.asarray(img, dtype=np.uint8)
-
-
-def _to_uint8(img: Any) -> Image:
-    """Scale a non-``uint8`` image to ``uint8`` by its dtype (see :func:`to_model_image`).
-
-    >>> _to_uint8(np.array([[0, 257, 65535]], np.uint16)).tolist()
-    [[0, 1, 255]]
-    >>> _to_uint8(np.array([[0.0, 0.5, 1.0, 2.0, -1.0, np.nan]], np.float32)).tolist()
-    [[0, 128, 255, 255, 0, 0]]
-    """
-    if img.dtype == np.bool_:
-        mask: Image = np.asarray(img, np.uint8) * np.uint8(255)  # Any in 3.10's numpy stubs
-        return mask
-    if np.issubdtype(img.dtype, np.integer):
-        scaled = img.astype(np.float64) * (255.0 / float(np.iinfo(img.dtype).max))
-    elif np.issubdtype(img.dtype, np.floating):
-        scaled = img.astype(np.float64) * 255.0
-    else:
-        raise ValueError(f"image of type {img.dtype} cannot be converted")
-    return np.asarray(np.rint(np.nan_to_num(scaled, nan=0.0, posinf=255.0, neginf=0.0))
-                      .clip(0, 255), np.uint8)
-
-
-class _Grabber:
-    """One capture and the thread reading it (replaced as a whole on reconnect)."""
-
-    def __init__(self, cap: Capture, owner: CameraSource, generation: int) -> None:
-        self.cap = cap
-        self.generation = generation
-        self.ended = False  # the file or folder ended
-        self.failed = False  # a read failed on a live source
-        self._owner = owner
-        self.thread = threading.Thread(target=self._run, name=f"camera-{owner.stream}",
-                                       daemon=True)
-
-    def _run(self) -> None:
-        o = self._owner
-        period = 1.0 / o.config.fps if o.config.fps > 0 and not o.live else 0.0
-        due = o.monotonic()
-        folder_down = False  # a watched folder that cannot be listed (share unmounted)
-        try:
-            while not o.stopping.is_set() and o.generation == self.generation:
-                if period:
-                    delay = due - o.monotonic()
-                    if delay > 0 and o.stopping.wait(delay):
-                        return
-                    due = max(due + period, o.monotonic() - period)
-                ok, img = self.cap.read()
-                if bool(getattr(self.cap, "listing_failed", False)) != folder_down:
-                    # an outage (red in /healthz, one line when it starts and one when it
-                    # ends), not idle polls: those kept the stream green while the folder was gone
-                    folder_down = not folder_down
-                    if o._listener is not None:
-                        o._listener(SourceError("camera folder cannot be listed",
-                                                path=str(o.config.folder))
-                                    if folder_down else None)
-                if img is IDLE:  # a watched folder with nothing new: poll again later
-                    if not folder_down:
-                        o.idle_mono = o.monotonic()
-                    if o.stopping.wait(o.config.poll_s):
-                        return
-                    continue
-                if not ok or img is None:
-                    if o.generation != self.generation:
-                        return  # abandoned while blocked in read()
-                    if o.live:
-                        self.failed = True
-                    else:
-                        self.ended = True
-                    o.wake()
-                    return
-                if isinstance(img, RecordError):
-                    o.bad_input(img)
-                    continue
-                # counted abandoned if replaced
-                o.offer(np.asarray(img), self.generation, capture_origin(self.cap))
-        finally:
-            with contextlib.suppress(Exception):  # a failing release must not kill the thread
-                self.cap.release()
 
 
 class CameraSource:
@@ -463,7 +177,8 @@ class CameraSource:
         self.generation = 0
         self._cond = threading.Condition()
         self._queue: deque[_Queued] = deque()
-        self._listener: StatusListener | None = None
+        self.status_listener: StatusListener | None = None
+        self._grabbers: list[Grabber] = []  # started and not yet seen ended
         self._last_frame_mono: float | None = None
         self._progress_mono: float | None = None  # the watchdog's: last frame or (re)open
         self._reject: FrameReject | None = None
@@ -479,7 +194,7 @@ class CameraSource:
 
     def set_status_listener(self, listener: StatusListener | None) -> None:
         """Report failed (re)connects and recoveries (:class:`agent.sources.base.ReportsStatus`)."""
-        self._listener = listener
+        self.status_listener = listener
 
     # -- grabber side ---------------------------------------------------------------------------
 
@@ -528,7 +243,7 @@ class CameraSource:
 
     # -- consumer side --------------------------------------------------------------------------
 
-    def _open(self, backoff: Backoff, stop: threading.Event) -> _Grabber | None:
+    def _open(self, backoff: Backoff, stop: threading.Event) -> Grabber | None:
         """Open a capture and start its grabber, retrying with backoff; None when stopped.
 
         Raises:
@@ -541,20 +256,22 @@ class CameraSource:
                 if not self.live and self.reconnects == 0:
                     raise SourceFailed(f"{exc}; the recorded input cannot be read",
                                        stream=self.stream) from exc
-                if self._listener is not None:
-                    self._listener(exc)
+                if self.status_listener is not None:
+                    self.status_listener(exc)
                 self.reconnects += 1
                 stop.wait(backoff.next_delay())
                 continue
             with self._cond:
                 self.generation += 1
                 self._progress_mono = self.monotonic()  # the watchdog restarts its count
-                grabber = _Grabber(cap, self, self.generation)
-            grabber.thread.start()
+                grabber = Grabber(cap, self, self.generation)
+                self._grabbers = [g for g in self._grabbers if g.thread.is_alive()]
+                self._grabbers.append(grabber)
+            grabber.start()
             return grabber
         return None
 
-    def _take(self, grabber: _Grabber) -> tuple[_Queued | None, bool]:
+    def _take(self, grabber: Grabber) -> tuple[_Queued | None, bool]:
         """The next frame (None when none came within a short wait) and whether the grabber
         had ended or failed before it was taken (then an empty queue means: nothing more)."""
         with self._cond:
@@ -596,8 +313,8 @@ class CameraSource:
                     if not healthy:
                         healthy = True
                         backoff.reset()
-                        if self._listener is not None:
-                            self._listener(None)
+                        if self.status_listener is not None:
+                            self.status_listener(None)
                     try:
                         model_image = to_model_image(image, self.image_size, self.grayscale)
                     except ValueError as exc:
@@ -623,9 +340,9 @@ class CameraSource:
                     if stalled:
                         self.stalls += 1
                     healthy = False
-                    if self._listener is not None:
+                    if self.status_listener is not None:
                         why = "stalled" if stalled else "read failed"
-                        self._listener(SourceError(f"camera {why}; reconnecting",
+                        self.status_listener(SourceError(f"camera {why}; reconnecting",
                                                    stream=self.stream))
                     with self._cond:
                         self.generation += 1  # abandon the old grabber
@@ -635,9 +352,28 @@ class CameraSource:
                         return
                     grabber = self._open(backoff, stop)
         finally:
-            self.stopping.set()
-            with self._cond:
-                self.generation += 1
-                self.abandoned += len(self._queue)
-                self._queue.clear()
-                self._cond.notify_all()
+            self.close()
+
+    def close(self, timeout_s: float = GRABBER_JOIN_S) -> bool:
+        """Stop the grabbers and wait for them, at most ``timeout_s`` seconds in all.
+
+        Frames still queued count in :attr:`abandoned`. Each grabber's thread releases its
+        capture as it ends. :meth:`run` calls this as it returns; calling it again is harmless.
+
+        Returns:
+            True when every grabber ended; False when one is still inside a blocking read
+            (it stays tracked by :mod:`agent.native_threads`, which ends the process safely
+            at exit if it never returns).
+        """
+        self.stopping.set()
+        with self._cond:
+            self.generation += 1
+            self.abandoned += len(self._queue)
+            self._queue.clear()
+            self._cond.notify_all()
+            grabbers = list(self._grabbers)
+        deadline = self.monotonic() + timeout_s
+        ended = [g.join(deadline - self.monotonic()) for g in grabbers]
+        with self._cond:
+            self._grabbers = [g for g in self._grabbers if g.thread.is_alive()]
+        return all(ended)

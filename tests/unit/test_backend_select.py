@@ -38,12 +38,16 @@ class _Fake:
         self.cost, self.error, self._clock = cost, error, clock
         self._golden = golden
         self.calls = 0
+        self.closed = False
 
     def run(self, windows: Float32Array) -> Float32Array:
         self.calls += 1
         self._clock.t += self.cost
         n = windows.shape[0]
         return (self._golden[:n] + self.error).astype(np.float32)
+
+    def close(self) -> None:
+        self.closed = True
 
 
 def _art(runtime: str, precision: str = "int8", path: str = "m") -> Artefact:

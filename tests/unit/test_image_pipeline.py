@@ -14,7 +14,7 @@ cv2 = pytest.importorskip("cv2")
 
 from agent.errors import ModelError  # noqa: E402
 from agent.inference.image_package import ImagePackage, load_image_package  # noqa: E402
-from agent.inference.select import open_image_backend  # noqa: E402
+from agent.inference.image_select import open_image_backend  # noqa: E402
 from agent.pipeline.image import ImagePipeline, ImageSpec, normalise  # noqa: E402
 from agent.pipeline.rules import RuleParams  # noqa: E402
 from agent.records import Frame  # noqa: E402

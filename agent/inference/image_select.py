@@ -1,0 +1,64 @@
+"""An image stream's backend: the auto-selection of :mod:`agent.inference.select` for an image
+package, run once per model for the camera streams of one agent (:data:`ImageChoices`) and
+remembered across restarts (:mod:`agent.inference.choice_memory`)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from agent.inference.base import Backend
+from agent.inference.choice_memory import ChoiceMemory, selection_key
+from agent.inference.image_package import ImagePackage, check_image_golden
+from agent.inference.select import Candidate, Remembering, registry_opener, select_backend, when
+
+log = logging.getLogger("agent.inference")
+
+#: Image backends chosen so far: (package folder, precision, ``backend`` setting) -> candidate.
+ImageChoices = dict[tuple[str, str, str], Candidate]
+
+
+def open_image_backend(package: ImagePackage, precision: str = "int8", threads: int = 1,
+                       backend: str = "auto", cache_dir: Path | None = None,
+                       choices: ImageChoices | None = None,
+                       memory: ChoiceMemory | None = None) -> Backend:
+    """Pick the image package's backend like a sensor stream's (:mod:`agent.inference.select`):
+    every installed runtime on every artefact of ``precision`` it can run (OpenVINO on the IR
+    and on the ONNX file, ONNX Runtime on the ONNX file), kept when it reproduces the golden
+    scores within the tolerance, the fastest on one image chosen; ``backend`` pins a runtime.
+    The candidates not chosen are closed at once.
+
+    ``choices`` (shared by the camera streams of one agent) remembers each choice: a stream
+    whose package, precision and ``backend`` setting were already chosen for opens that
+    candidate only (its own instance, golden check included, no timing), so N cameras on one
+    model select once and load the other runtimes once, not N times. ``memory`` (the agent's,
+    in its state directory) remembers the ranking across restarts: a later start opens the
+    chosen candidate only and imports no other runtime (:mod:`agent.inference.choice_memory`).
+
+    Raises:
+        ModelError: no artefact of ``precision``, or none loads and passes the golden check.
+        agent.errors.BackendUnavailable: a pinned ``backend`` is not installed.
+    """
+    opener = registry_opener(threads, cache_dir)
+    key = (str(package.path), precision, backend)
+    known = None if choices is None else choices.get(key)
+    if known is not None:
+        b = opener(package, known)
+        check_image_golden(package, b)
+        log.info("image model %s: backend %s/%s (chosen for another stream of this model)",
+                 package.label, known.label, known.precision)
+        return b
+    remembering = (None if memory is None else Remembering(
+        memory, selection_key(package, backend, precision, threads), keep=1))
+    selection = select_backend(package, backend, precision, opener=opener, runs=20, warmup=3,
+                               remembering=remembering)
+    chosen = selection.chosen  # raises ModelError when none passed
+    assert chosen.backend is not None
+    for other in selection.backends[1:]:
+        other.close()
+    if choices is not None:
+        choices[key] = chosen.candidate
+    log.info("image model %s: backend %s/%s selected (p50 of one image%s): %s", package.label,
+             chosen.candidate.label, chosen.candidate.precision, when(selection),
+             selection.table())
+    return chosen.backend

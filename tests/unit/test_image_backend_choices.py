@@ -1,0 +1,45 @@
+"""Camera streams on one image model select its backend once (open_image_backend ``choices``);
+the candidates not chosen are closed."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from agent.errors import ModelError
+from agent.inference.image_package import load_image_package
+from agent.inference.image_select import ImageChoices, open_image_backend
+from agent.inference.select import golden_window, select_backend
+
+MODEL = Path(__file__).resolve().parents[2] / "models" / "mtd-patchcore"
+
+
+def test_a_second_stream_of_the_model_opens_the_chosen_candidate_only(
+        caplog: pytest.LogCaptureFixture) -> None:
+    package = load_image_package(MODEL)
+    choices: ImageChoices = {}
+    with caplog.at_level(logging.INFO, "agent.inference"):
+        first = open_image_backend(package, choices=choices)
+        assert "selected (p50 of one image)" in caplog.text
+        caplog.clear()
+        second = open_image_backend(package, choices=choices)
+    assert list(choices) == [(str(package.path), "int8", "auto")]
+    assert second is not first and second.name == first.name  # its own instance
+    assert "chosen for another stream" in caplog.text and "selected" not in caplog.text
+    first.close()
+    with pytest.raises(ModelError, match="closed"):
+        first.run(golden_window(package))
+    assert second.run(golden_window(package)).shape[0] == 1
+
+
+def test_closed_backends_refuse_to_run() -> None:
+    package = load_image_package(MODEL)
+    selection = select_backend(package, runs=2, warmup=1)
+    x = golden_window(package)
+    for backend in selection.backends:
+        backend.close()
+        backend.close()  # again: nothing
+        with pytest.raises(ModelError, match="closed"):
+            backend.run(x)
