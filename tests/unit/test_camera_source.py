@@ -65,7 +65,7 @@ def test_image_folder_in_name_order(tmp_path: Path) -> None:
     for i in range(5):
         cv2.imwrite(str(tmp_path / f"{i:02d}.png"), _frame(i))
     (tmp_path / "notes.txt").write_text("not an image")
-    src = CameraSource(CameraConfig(folder=str(tmp_path), fps=50.0), "cam")
+    src = CameraSource(CameraConfig(folder=str(tmp_path)), "cam")  # unpaced: no drops
     frames: list[Frame] = []
     with pytest.raises(SourceExhausted):
         src.run(frames.append, lambda e: None, threading.Event())
