@@ -9,8 +9,9 @@
   An episode is acknowledged on its ``raised`` record: the id of an ``updated`` or ``cleared``
   record acknowledges its episode's ``raised`` record (``alert_id`` of the answer).
   Recorded in the audit log (target: the record acknowledged).
-* ``GET /v1/devices/{id}/streams`` (viewer): the device's streams with the model its last status
-  report for the stream named.
+* ``GET /v1/devices/{id}/streams`` (viewer): the device's streams, each with the model it runs
+  (its newest ``active`` status report for the stream) and ``update``, a newer report of
+  another state (a candidate in progress, rejected or rolled back), else None.
 * ``GET /v1/devices/{id}/series?stream=S`` (viewer): the stream's max score per aggregate
   interval in ``[since, until)`` (default: the last 24 h), at most ``points`` (10..2000,
   default 500) points, bucketed (max of the max scores) past that; with the thresholds of the
@@ -78,11 +79,26 @@ class AckOut(_Out):
     new: bool = Field(description="False: it was acknowledged before (that one is shown).")
 
 
+class StreamUpdateOut(_Out):
+    """The stream's newest model report, when it came after the one that made its model
+    active: a candidate on its way (``downloaded`` .. ``shadow``), ``rejected`` or
+    ``rolled_back``."""
+
+    name: str
+    version: int
+    state: str
+    reason: str | None
+
+
 class StreamOut(_Out):
+    """``model_*``: the model the stream runs (its newest ``active`` report; None: none)."""
+
     stream: str
     model_name: str | None
     model_version: int | None
     model_state: str | None
+    update: StreamUpdateOut | None = Field(
+        description="A newer report than the running model's (e.g. a rejected candidate).")
 
 
 class SeriesOut(_Out):

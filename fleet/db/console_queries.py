@@ -194,36 +194,49 @@ class ConsoleQueries:
         return {**dict(row._mapping), "new": new}
 
     def streams(self, device_id: str) -> list[dict[str, Any]]:
-        """The device's streams (from its aggregates and alerts), each with the model its last
-        status report named (``model_name``, ``model_version``, ``model_state``; None when no
-        report named the stream)."""
+        """The device's streams (from its aggregates and alerts), each with the model it runs:
+        the one its newest ``active`` report for the stream named (``model_name``,
+        ``model_version``, ``model_state``; None when no report made one active), and
+        ``update``: the newest report when it came after that one (a candidate on its way,
+        rejected or rolled back: ``{"name", "version", "state", "reason"}``), else None.
+        A rejected candidate never replaces the model the stream runs."""
         names = union(
             select(aggregates.c.stream).where(aggregates.c.device_id == device_id).distinct(),
             select(alerts.c.stream).where(alerts.c.device_id == device_id).distinct(),
         ).subquery()
         with self._engine.connect() as conn:
             found = sorted(str(s) for s in conn.execute(select(names.c.stream)).scalars())
+            runs = self._latest_reports(conn, [device_id], active_only=True)
             latest = self._latest_reports(conn, [device_id])
         out = []
         for stream in found:
-            rep = latest.get((device_id, stream))
+            run, last = runs.get((device_id, stream)), latest.get((device_id, stream))
+            newer = last is not None and (run is None or last["pk"] > run["pk"])
             out.append({"stream": stream,
-                        "model_name": rep["name"] if rep else None,
-                        "model_version": rep["version"] if rep else None,
-                        "model_state": rep["state"] if rep else None})
+                        "model_name": run["name"] if run else None,
+                        "model_version": run["version"] if run else None,
+                        "model_state": run["state"] if run else None,
+                        "update": {k: last[k] for k in ("name", "version", "state", "reason")}
+                        if last is not None and newer else None})
         return out
 
     @staticmethod
-    def _latest_reports(conn: Any, device_ids: Sequence[str] | None) -> dict[
-            tuple[str, str | None], dict[str, Any]]:
+    def _latest_reports(
+        conn: Any, device_ids: Sequence[str] | None, active_only: bool = False
+    ) -> dict[tuple[str, str | None], dict[str, Any]]:
+        """The newest model status report per ``(device_id, stream)`` (``active_only``: the
+        newest in state ``active``, the model the stream runs), with ``pk``."""
         r = model_status_reports
         newest = select(r.c.device_id, r.c.stream, func.max(r.c.pk).label("pk")).group_by(
             r.c.device_id, r.c.stream)
         if device_ids is not None:
             newest = newest.where(r.c.device_id.in_(list(device_ids)))
+        if active_only:
+            newest = newest.where(r.c.state == "active")
         sub = newest.subquery()
         # the columns the console shows, not details (JSON parsed per row for nothing)
-        rows = conn.execute(select(r.c.device_id, r.c.stream, r.c.name, r.c.version, r.c.state)
+        rows = conn.execute(select(r.c.pk, r.c.device_id, r.c.stream, r.c.name, r.c.version,
+                                   r.c.state, r.c.reason)
                             .join(sub, r.c.pk == sub.c.pk)).mappings().all()
         return {(row["device_id"], row["stream"]): dict(row) for row in rows}
 
@@ -326,16 +339,16 @@ class ConsoleQueries:
             return [{k: v for k, v in row._mapping.items() if k != "pk"} for row in rows]
 
     def running(self) -> list[dict[str, Any]]:
-        """Where each model runs: active devices' last reports in state ``active``, and, for a
-        device without such a report, the model its last upload named (``stream`` None).
+        """Where each model runs: per device stream, its newest report in state ``active`` (a
+        later rejected or in-progress candidate does not change what the stream runs), and, for
+        a device without such a report, the model its last upload named (``stream`` None).
         Sorted by model, version, device, stream."""
         found: dict[tuple[str, int, str, str | None], dict[str, Any]] = {}
         with self._engine.connect() as conn:
-            for (dev, stream), rep in self._latest_reports(conn, None).items():
-                if rep["state"] == "active":
-                    found[(rep["name"], rep["version"], dev, stream)] = {
-                        "name": rep["name"], "version": rep["version"], "device_id": dev,
-                        "stream": stream, "source": "status report"}
+            for (dev, stream), rep in self._latest_reports(conn, None, active_only=True).items():
+                found[(rep["name"], rep["version"], dev, stream)] = {
+                    "name": rep["name"], "version": rep["version"], "device_id": dev,
+                    "stream": stream, "source": "status report"}
             rows = conn.execute(select(devices.c.device_id, devices.c.model_name,
                                        devices.c.model_version).where(and_(
                 devices.c.revoked_at.is_(None), devices.c.model_name.is_not(None)))).all()

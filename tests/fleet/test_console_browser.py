@@ -264,6 +264,13 @@ def _device_ids(page: Any) -> list[str]:
 
 
 def test_viewer_sees_devices_and_reads_the_plot(browser: Any, fleet: Fleet) -> None:
+    # gw1's pump1 runs v7 and refused v8 (docs/rollouts.md: RollbackRefused): it still runs v7
+    gw1 = FleetClient(fleet.base, fleet.tokens["gw1"])
+    for version, state, why in ((7, "active", None), (8, "rejected", "RollbackRefused: old")):
+        gw1.report_status(ModelStatusReport(device_id="gw1", stream="pump1", name="skab-wstat",
+                                            version=version, reason=why, at=time.time(),
+                                            state=state))  # type: ignore[arg-type]
+    gw1.close()
     page = browser.new_context().new_page()
     page.set_default_timeout(30_000)
     page.goto(f"{fleet.base}/console/")
@@ -282,6 +289,7 @@ def test_viewer_sees_devices_and_reads_the_plot(browser: Any, fleet: Fleet) -> N
     cells = row.locator("td").all_text_contents()
     assert cells[4] == XSS  # hostile agent version shown as text
     assert "online" in cells[1] and cells[2] == "green" and "line=1" in cells[7]
+    assert cells[5] == "pump1: skab-wstat@7", cells
     assert row.locator(".health-ok").count() == 1
     row2 = page.locator("#devices tbody tr").nth(1)
     cells2 = row2.locator("td").all_text_contents()
@@ -304,7 +312,16 @@ def test_viewer_sees_devices_and_reads_the_plot(browser: Any, fleet: Fleet) -> N
         "t => getComputedStyle(t).fontSize") == "12px"
     own = page.locator("#device-health tbody td").all_text_contents()
     assert "online" in own[0] and own[1] == "green" and own[4] == XSS
-    assert page.locator("#streams tbody td").all_text_contents()[3] == "green"
+    streams = page.locator("#streams tbody td").all_text_contents()
+    assert streams[1:4] == ["skab-wstat@7", "activerejected skab-wstat@8: RollbackRefused: old",
+                            "green"], streams
+    # timestamps and model@version never wrap (1280 px wide): one line each
+    for cell in ("#alerts tbody td:nth-child(1)", "#alerts tbody td:nth-child(8)",
+                 "#model-history tbody td:nth-child(1)", "#model-history tbody td:nth-child(3)"):
+        assert page.locator(cell).first.evaluate(
+            "td => [getComputedStyle(td.firstElementChild || td).whiteSpace, new Set("
+            "[...td.firstElementChild.getClientRects()].map((r) => Math.round(r.top))).size]"
+        ) == ["nowrap", 1], cell
     assert page.locator("#score-plot polyline.threshold").count() == 1
     # scores 0.2..1.09, threshold 0.9: ticks in steps of 0.5 up to 1.5 (1, 2, 5 x 10^k)
     assert page.locator("#score-plot text.y-tick").all_text_contents() == [
@@ -367,6 +384,12 @@ def test_viewer_sees_devices_and_reads_the_plot(browser: Any, fleet: Fleet) -> N
     page.click("#ranges button >> text=1 h")
     expect(page.locator("#score-plot")).to_have_attribute("data-points", "1")
     _shot(page, fleet, "device-ahead")
+    # an unknown device: the error replaces gw2's page
+    page.goto(f"{fleet.base}/console/#/device/nosuch")
+    expect(page.locator("#page-error")).to_have_text("No device named nosuch.")
+    assert page.locator("#view h1").all_text_contents() == ["Not found"]
+    page.goto(f"{fleet.base}/console/#/rollout/99")
+    expect(page.locator("#page-error")).to_have_text("No rollout 99.")
 
     page.goto(f"{fleet.base}/console/#/registry")
     page.wait_for_selector("#models")
@@ -398,9 +421,13 @@ def test_operator_starts_and_aborts_a_rollout_viewer_is_refused(
     op.click("#rollout-create")
     op.wait_for_selector("#rollout-state")
     assert op.text_content("#rollout-state") == "canary"
+    expect(op.locator("#flash")).to_be_visible()  # seen on its page
+    expect(op.locator("#flash")).to_contain_text(f"Rollout {op.url.rsplit('/', 1)[1]} created")
     # only the actions the fleet accepts in canary (resume is not one)
     assert [b.get_attribute("id") for b in op.locator("#rollout-actions button").all()] == [
         "rollout-promote", "rollout-pause", "rollout-abort"]
+    assert op.locator("#rollout-actions button").all_text_contents() == [
+        "Promote", "Pause", "Abort"]
     rollout_url = op.url
     _shot(op, fleet, "rollout-created")
 
@@ -416,6 +443,15 @@ def test_operator_starts_and_aborts_a_rollout_viewer_is_refused(
                                            version=8, rollout_id=rollout_id, state="active",
                                            at=time.time()))
     device.close()
+    # at once, before the page's next refresh: the question is built from the rollout as it is
+    # now, so it says the active canary keeps the version (this fleet has no rollback key)
+    op.once("dialog", lambda dialog: dialog.dismiss())
+    with op.expect_event("dialog") as shown:
+        op.click("#rollout-abort")
+    dialogs = [shown.value.message]
+    assert "Abort rollout" in dialogs[0]
+    assert f"({canary}) KEEP it" in dialogs[0] and "--rollback-key" in dialogs[0], dialogs[0]
+    assert op.text_content("#rollout-state") == "canary"  # dismissed: nothing happened
 
     viewer = _login(browser, fleet, "vera")
     viewer.goto(rollout_url)
@@ -429,18 +465,6 @@ def test_operator_starts_and_aborts_a_rollout_viewer_is_refused(
 
     # the operator's page was left open: it refreshes itself while the rollout runs
     expect(op.locator("#rollout-devices")).to_contain_text("active (@8)", timeout=30_000)
-    dialogs: list[str] = []
-
-    def dismiss(dialog: Any) -> None:
-        dialogs.append(dialog.message)
-        dialog.dismiss()
-
-    op.once("dialog", dismiss)
-    op.click("#rollout-abort")
-    assert dialogs and "Abort rollout" in dialogs[0]
-    # this fleet has no rollback key: the question says the active canary keeps the version
-    assert f"({canary}) KEEP it" in dialogs[0] and "--rollback-key" in dialogs[0], dialogs[0]
-    assert op.text_content("#rollout-state") == "canary"  # dismissed: nothing happened
     op.once("dialog", lambda dialog: dialog.accept())
     op.click("#rollout-abort")
     expect(op.locator("#rollout-state")).to_have_text("aborted")
@@ -753,6 +777,9 @@ def test_an_aborted_rollouts_page_follows_the_rollback(browser: Any, tmp_path: P
         expect(op.locator("#rollout-devices")).to_contain_text("rolled_back (@7)",
                                                                timeout=30_000)
         expect(op.locator("#rollout-rolling-back")).to_have_count(0)
+        # final: "this page refreshes until each device reports it" is gone with the refresh
+        expect(op.locator("#rollout-refresh")).to_have_text("final (aborted): not refreshed")
+        expect(op.locator("#flash")).to_be_hidden()
         device.close()
         # a newer rollout of gw1 supersedes it: the page links to it and offers no action
         r = requests.post(f"{served.base}/v1/rollouts", headers=served.admin, timeout=10,

@@ -119,7 +119,29 @@ def test_streams_model_history_and_where_models_run(client: TestClient) -> None:
         ("pump1", "skab-wstat", 3, "active")]
     streams = client.get("/v1/devices/gw1/streams", headers=ADMIN).json()
     assert streams == [{"stream": "pump1", "model_name": "skab-wstat", "model_version": 3,
-                        "model_state": "active"}]
+                        "model_state": "active", "update": None}]
+
+
+def test_a_rejected_candidate_leaves_the_stream_on_its_model(client: TestClient) -> None:
+    """docs/rollouts.md: a device refuses v3 (RollbackRefused) on pump1, which runs v2. The
+    stream still runs v2, named by its stream everywhere; the rejection is a separate note."""
+    token = enroll(client, "gw1")
+    ingest(client, token, "gw1", [aggregate("gw1", "pump1")])
+    reason = "RollbackRefused: version 3 is not newer than the installed 4"
+    for version, state, why in ((2, "active", None), (3, "downloaded", None),
+                                (3, "rejected", reason)):
+        resp = client.post("/v1/models/status", headers=bearer(token), json={
+            "device_id": "gw1", "stream": "pump1", "name": "skab-wstat", "version": version,
+            "state": state, "reason": why, "at": T0})
+        assert resp.status_code == 204, resp.text
+    running = client.get("/v1/models/running", headers=ADMIN).json()["running"]
+    assert [(r["device_id"], r["stream"], r["version"]) for r in running] == [
+        ("gw1", "pump1", 2)]
+    streams = client.get("/v1/devices/gw1/streams", headers=ADMIN).json()
+    assert streams == [{"stream": "pump1", "model_name": "skab-wstat", "model_version": 2,
+                        "model_state": "active", "update": {
+                            "name": "skab-wstat", "version": 3, "state": "rejected",
+                            "reason": reason}}]
 
 
 def test_hostile_stream_name_is_refused_at_ingest_and_texts_stay_data(

@@ -82,11 +82,26 @@ async function api(method, path, body) {
   return doc;
 }
 
-function flash(text, ok) {
+function flash(text, ok, whileLive) {
+  // whileLive: the message speaks of what the page shows while it refreshes; the page removes
+  // it when it stops refreshing (unflashLive)
   const box = document.getElementById("flash");
   box.textContent = text;
   box.className = ok ? "ok" : "";
+  box.dataset.whileLive = whileLive ? "1" : "";
   box.hidden = false;
+}
+
+function unflashLive() {
+  const box = document.getElementById("flash");
+  if (box.dataset.whileLive) { box.hidden = true; box.dataset.whileLive = ""; }
+}
+
+// A message for the page the console goes to next (the router clears the previous page's).
+let nextFlash = null;
+
+function flashNext(text, ok) {
+  nextFlash = [text, ok];
 }
 
 function refused(err) {
@@ -101,6 +116,27 @@ function refused(err) {
     el("p", { class: "muted" }, "An admin can give the account a role that may do it " +
       "(docs/console.md, Roles). Choose another page above."));
   flash(`Refused (403): ${err.message}`);
+}
+
+// A cell that never wraps inside (a timestamp, model@version): a span of class "nowrap".
+function nowrap(text) { return el("span", { class: "nowrap" }, text); }
+function whenCell(iso) { return nowrap(when(iso)); }
+
+function notFound(parts, err) {
+  // what the address names and the fleet does not have, in words
+  if (parts[0] === "device") return `No device named ${parts[1]}.`;
+  if (parts[0] === "rollout") return `No rollout ${parts[1]}.`;
+  return `Not found: ${err.message}`;
+}
+
+function pageFailed(parts, err) {
+  // a page that could not be drawn: the error replaces the previous page's content
+  if (err.status === 401 || err.status === 403) { refused(err); return; }
+  const missing = err.status === 404;
+  view(el("h1", {}, missing ? "Not found" : "This page could not be loaded"),
+    el("p", { id: "page-error", class: "error" }, missing ? notFound(parts, err)
+      : `Error ${err.status || ""}: ${err.message}`),
+    el("p", { class: "muted" }, missing ? "Choose a page above." : "Reload to try again, or choose a page above."));
 }
 
 function when(iso) { return iso ? iso.replace("T", " ").replace(/\.\d+/, "").replace("+00:00", "Z") : "never"; }
@@ -195,12 +231,13 @@ async function devicesPage() {
   const [list, running] = await Promise.all([api("GET", "/v1/devices"), api("GET", "/v1/models/running")]);
   const perDevice = {};
   for (const r of running.running) {
-    (perDevice[r.device_id] ||= []).push(`${r.stream || "(all)"}: ${r.name}@${r.version}`);
+    (perDevice[r.device_id] ||= []).push(nowrap(`${r.stream || "(all)"}: ${r.name}@${r.version}`));
   }
   const rows = list.devices.map((d) => [
     el("a", { href: `#/device/${encodeURIComponent(d.device_id)}`, class: "device-link" }, d.device_id),
-    stateCell(d), healthReport(d), when(lastContact(d)), d.agent_version || "-",
-    (perDevice[d.device_id] || [d.model_name ? `${d.model_name}@${d.model_version}` : "-"]).join(", "),
+    stateCell(d), healthReport(d), whenCell(lastContact(d)), d.agent_version || "-",
+    (perDevice[d.device_id] || [nowrap(d.model_name ? `${d.model_name}@${d.model_version}` : "-")])
+      .flatMap((m, i) => (i ? [", ", m] : [m])),
     `${d.backlog.alerts ?? "-"} / ${d.backlog.aggregates ?? "-"}`,
     d.tags.join(", ") || "-",
   ]);
@@ -274,6 +311,15 @@ function plot(series) {
   return root;
 }
 
+// The stream's model state: the running model's, and a newer report (a candidate on its way,
+// rejected or rolled back) as a note of its own, e.g. "rejected skab-wstat@3: <reason>".
+function modelStateCell(s) {
+  const u = s.update;
+  const note = u ? el("div", { class: "model-update muted" }, nowrap(`${u.state} ${u.name}@${u.version}`),
+    u.reason ? `: ${u.reason}` : "") : null;
+  return el("span", {}, s.model_state || "-", note);
+}
+
 async function devicePage(id) {
   const enc = encodeURIComponent(id);
   const [listed, streams, alerts, models] = await Promise.all([
@@ -324,7 +370,7 @@ async function devicePage(id) {
   }
   const streamRows = streams.map((s) => [
     el("a", { href: "#", onclick: async (ev) => { ev.preventDefault(); stream = s.stream; await draw(); } }, s.stream),
-    s.model_name ? `${s.model_name}@${s.model_version}` : "-", s.model_state || "-",
+    nowrap(s.model_name ? `${s.model_name}@${s.model_version}` : "-"), modelStateCell(s),
     sources[s.stream] ? sources[s.stream].state + (sources[s.stream].reason ? `: ${sources[s.stream].reason}` : "") : "-",
   ]);
   view(el("h1", {}, `Device ${id}`), el("h2", {}, "State and health"), deviceHealth(device),
@@ -334,7 +380,7 @@ async function devicePage(id) {
     el("h2", {}, "Camera snapshots"), snapshotGallery(alerts.items),
     el("h2", {}, "Model history"),
     table("model-history", ["Received (UTC)", "Stream", "Model", "State", "Reason", "Rollout"],
-      models.reports.map((r) => [when(r.received_at), r.stream || "(all)", `${r.name}@${r.version}`,
+      models.reports.map((r) => [whenCell(r.received_at), r.stream || "(all)", nowrap(`${r.name}@${r.version}`),
         r.state, r.reason || "", r.rollout_id ?? "-"])));
   await draw();
 }
@@ -393,7 +439,7 @@ function deviceHealth(d) {
     (h.disk.budget_bytes ? ` of ${(h.disk.budget_bytes / 1048576).toFixed(1)} MiB` : "") : "-";
   return table("device-health", ["State", "Health report", "Last contact (UTC)", "Report received (UTC)",
     "Agent", "Backlog alerts / aggregates", "Store disk"], [[stateCell(d), healthReport(d),
-    when(lastContact(d)), when(d.health_received_at), d.agent_version || "-",
+    whenCell(lastContact(d)), whenCell(d.health_received_at), d.agent_version || "-",
     `${d.backlog.alerts ?? "-"} / ${d.backlog.aggregates ?? "-"}`, disk]]);
 }
 
@@ -427,10 +473,10 @@ function alertTable(items, reload) {
   for (const a of items) if (!(a.episode_id in band)) band[a.episode_id] = Object.keys(band).length % 2;
   return table("alerts", ["Window start (UTC)", "Event", "Episode", "Device", "Stream", "Score", "Threshold",
     "Model", "Top channels", "Acknowledged"], items.map((a) => [
-    when(a.window_start), el("span", { class: `event event-${a.event}` }, a.event),
+    whenCell(a.window_start), el("span", { class: `event event-${a.event}` }, a.event),
     el("span", { class: "episode", title: a.episode_id }, a.episode_id),
     a.device_id, a.stream, a.score.toPrecision(4), a.threshold.toPrecision(4),
-    `${a.model_name}@${a.model_version}`,
+    nowrap(`${a.model_name}@${a.model_version}`),
     (a.payload.top_channels || []).map((c) => c.channel).join(", "),
     ackCell(a, raisedOf[a.episode_id], reload),
   ]), (i) => ({ class: `band-${band[items[i].episode_id]}`, "data-event": items[i].event,
@@ -498,7 +544,7 @@ async function rolloutsPage() {
     if (f.get("stream")) body.stream = f.get("stream");
     try {
       const r = await api("POST", "/v1/rollouts", body);
-      flash(`Rollout ${r.id} created (${r.state}).`, true);
+      flashNext(`Rollout ${r.id} created (${r.state}).`, true);  // shown on its page
       location.hash = `#/rollout/${r.id}`;
     } catch (err) { refused(err); }
   } },
@@ -514,10 +560,10 @@ async function rolloutsPage() {
   el("label", {}, "Stream (empty: all)", el("input", { name: "stream" })),
   el("button", { type: "submit", id: "rollout-create" }, "Create rollout"));
   const rows = list.rollouts.map((r) => [
-    el("a", { href: `#/rollout/${r.id}` }, String(r.id)), `${r.name}@${r.version}`,
+    el("a", { href: `#/rollout/${r.id}` }, String(r.id)), nowrap(`${r.name}@${r.version}`),
     r.target_tag ? `tag ${r.target_tag}` : `${r.target_devices.length} device(s)`, r.stream || "(all)",
     r.superseded_by != null ? `${r.state}, superseded by ${r.superseded_by}` : r.state,
-    Object.entries(r.counts).map(([k, v]) => `${k}: ${v}`).join(", "), r.reason || "", when(r.updated_at)]);
+    Object.entries(r.counts).map(([k, v]) => `${k}: ${v}`).join(", "), r.reason || "", whenCell(r.updated_at)]);
   view(el("h1", {}, "Rollouts"), canAct() ? el("h2", {}, "New rollout") : null, canAct() ? form : null,
     table("rollouts", ["Id", "Model", "Target", "Stream", "State", "Devices", "Reason", "Updated (UTC)"], rows));
 }
@@ -564,7 +610,7 @@ function abortOutcome(r) {
   const back = rollingBack(r);
   if (!keep.length && back.length) {
     flash(`Rollout ${r.id} aborted: ${back.map((d) => `${d.device_id} goes back to ${r.name}@${d.previous_version}`).join(", ")} ` +
-      "(signed rollback). This page refreshes until each device reports it (a minute or so).", true);
+      "(signed rollback). This page refreshes until each device reports it (a minute or so).", true, true);
     return;
   }
   if (!keep.length) { flash(`Rollout ${r.id} aborted: no device keeps ${label}.`, true); return; }
@@ -598,15 +644,20 @@ async function rolloutPage(id) {
   const live = final === null && (ROLLOUT_LIVE.has(r.state) ||
     (back.length > 0 && Date.now() - Date.parse(r.updated_at) < ROLLBACK_WATCH_MS));
   const act = (action) => el("button", { type: "button", id: `rollout-${action}`, onclick: async () => {
-    if (action === "abort" && !window.confirm(abortQuestion(r))) return;
     try {
-      // expected_state: refused (409) if another operator changed it since this page loaded
-      const out = await api("POST", `/v1/rollouts/${r.id}/${action}?expected_state=${encodeURIComponent(r.state)}`);
+      // expected_state: refused (409) if another operator changed it since the operator looked
+      let seen = r;
+      if (action === "abort") {
+        // the question counts devices: from the rollout as it is now, not as last drawn
+        seen = await api("GET", `/v1/rollouts/${encodeURIComponent(r.id)}`);
+        if (!window.confirm(abortQuestion(seen))) return;
+      }
+      const out = await api("POST", `/v1/rollouts/${r.id}/${action}?expected_state=${encodeURIComponent(seen.state)}`);
       if (action === "abort") abortOutcome(out); else flash(`Rollout ${r.id}: ${action} done.`, true);
       await rolloutPage(id);
     }
     catch (err) { refused(err); }
-  } }, action);
+  } }, action[0].toUpperCase() + action.slice(1));
   view(el("h1", {}, `Rollout ${r.id}: ${r.name}@${r.version}`),
     el("p", {}, "State: ", el("strong", { id: "rollout-state" }, r.state),
       r.reason ? el("span", { id: "rollout-reason" }, ` (${r.reason})`) : "",
@@ -625,7 +676,8 @@ async function rolloutPage(id) {
       : el("span", { class: "muted" }, "No action applies now.")) : null,
     table("rollout-devices", ["Device", "Canary", "Assigned", "Previous version", "State (version)", "Reason", "Reported (UTC)"],
       r.devices.map((d) => [d.device_id, d.canary ? "yes" : "no", d.assigned ? "yes" : "no",
-        d.previous_version ?? "-", deviceState(d), d.reason || "", when(d.reported_at)])));
+        d.previous_version ?? "-", deviceState(d), d.reason || "", whenCell(d.reported_at)])));
+  if (!live) unflashLive();  // "this page refreshes until ..." is no longer true
   if (live) refreshIn(ROLLOUT_POLL_MS, () => rolloutPage(id));
 }
 
@@ -651,7 +703,7 @@ async function registryPage() {
   view(el("h1", {}, "Model registry"), canAct() ? el("h2", {}, "Push a package") : null, canAct() ? push : null,
     table("models", ["Model", "Version", "Signer (key id)", "Size",
     "Uploaded (UTC)", "By", "Description", "Running on"], models.models.map((m) => [
-    m.name, m.version, m.key_id, `${(m.size / 1024).toFixed(1)} KiB`, when(m.uploaded_at), m.uploaded_by,
+    m.name, m.version, m.key_id, `${(m.size / 1024).toFixed(1)} KiB`, whenCell(m.uploaded_at), m.uploaded_by,
     m.description, (where[`${m.name}@${m.version}`] || []).join(", ") || "-"])));
 }
 
@@ -727,6 +779,7 @@ async function route() {
   if (me === null) return;
   clearTimeout(pageTimer);
   document.getElementById("flash").hidden = true;
+  if (nextFlash !== null) { flash(...nextFlash); nextFlash = null; }
   const [path, query] = (location.hash.slice(1) || "/devices").split("?");
   const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
   try {
@@ -739,7 +792,7 @@ async function route() {
     else if (parts[0] === "webhooks") await webhooksPage(query || "");
     else await devicesPage();
   } catch (err) {
-    refused(err);
+    pageFailed(parts, err);
   }
   document.getElementById("view").dataset.route = location.hash;  // this page is drawn
 }
