@@ -71,6 +71,9 @@ class TokenCache:
         suspended: Start suspended (:meth:`suspend`): a cache that waits for its invalidation
             listener to connect.
 
+    Attributes:
+        ttl_s: Seconds an entry lives (as given).
+
     Raises:
         ValueError: ``ttl_s`` is not positive or ``max_entries`` is below 1.
     """
