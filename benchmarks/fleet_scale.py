@@ -5,22 +5,29 @@ Everything runs on this machine: a fresh PostgreSQL database (dropped at the end
 (``serve --workers 1`` each, own port and state folder, one admin token), the load generator,
 then two workers. Three parts:
 
-1. **Devices** (``--devices 1000,5000,10000``). A simulated device sends, per simulated minute,
-   one ingest batch (one aggregate for each of ``--streams`` streams), one health report
-   (``POST /v1/devices/self/health``) and one assignment poll (``GET /v1/models/assignment``),
-   20 s of the minute apart; the devices' minutes are spread evenly (gateways are not
-   synchronised) and device ``i`` talks to replica ``i % 2`` (a round-robin load balancer).
-   ``--minute-s`` is the wall-clock length of a simulated minute: 60 (the default) is real
-   time; less compresses time (the same traffic in less wall time: a higher request rate than
-   the real fleet's). ``--minutes`` minutes are run per device count; the first is warm-up
-   (token caches, connection pools) and not counted. The load is open-loop: each request has
-   a scheduled time and its latency runs from that time to the end of its response, so a
-   server (or a client connection pool) that falls behind shows as latency, not as a lower
-   rate. Once a device count's p99 is over ``--give-up-ms`` (saturated) the larger counts are
-   not run (printed as such). The client keeps ``--connections`` keep-alive connections per
-   replica (a gateway has its own; the server's work per request is the same). CPU per
-   request: CPU time (from ``/proc``) of the replicas' processes, and of the PostgreSQL
-   backends of the benchmark's database, over all requests of the device count.
+1. **Devices** (``--devices 1000,5000,10000``). A simulated device sends what the agent's
+   defaults make a gateway send (``agent/services``, ``cloud_sync``): per simulated minute one
+   ingest batch (``POST /v1/ingest``: schema 3, the minute's aggregate of each of ``--streams``
+   streams as columns, no alerts, gzip level 6 with ``Content-Encoding: gzip``, as
+   ``cloud_sync.client`` encodes it; the uploader sends the aggregates closed at the minute
+   in one batch), one health summary every ``--health-s`` (``fleet.health_interval_s``,
+   default 60 s: streams, models, backlog and disk, plain JSON), and one assignment poll
+   per stream every ``--poll-s`` (``updater.poll_interval_s``, default 300 s, ±10 % jitter:
+   ``GET /v1/models/assignment?stream=<stream>``). A device's batches and health reports are
+   spread evenly over the minute across devices (gateways are not synchronised), its polls
+   start at a random time; device ``i`` talks to replica ``i % 2`` (a round-robin load
+   balancer). ``--minute-s`` is the wall-clock length of a simulated minute: 60 (the
+   default) is real time; less compresses time (the same traffic in less wall time: a higher
+   request rate than the real fleet's). ``--minutes`` minutes are run per device count; the
+   first is warm-up (token caches, connection pools) and not counted. The load is
+   open-loop: each request has a scheduled time and its latency runs from that time to the
+   end of its response, so a server (or a client connection pool) that falls behind shows
+   as latency, not as a lower rate. Once a device count's p99 is over ``--give-up-ms``
+   (saturated) the larger counts are not run (printed as such). The client keeps
+   ``--connections`` keep-alive connections per replica (a gateway has its own; the
+   server's work per request is the same). CPU per request: CPU time (from ``/proc``) of the
+   replicas' processes, and of the PostgreSQL backends of the benchmark's database, over
+   all requests sent for the device count (warm-up included).
 2. **Console queries on ``--rows`` aggregates** (default 100,000,000). Generated in PostgreSQL
    with ``INSERT ... SELECT generate_series`` in chunks of ``--chunk-rows`` (a progress bar on
    stderr): 1,000 devices x ``--streams`` streams, one row per minute, oldest first, ending now
@@ -42,8 +49,8 @@ jobs_duplicated=<n>`` (``p99_ms_10000`` is the p99 at 10,000 devices; n/a when n
 Usage::
 
     python3 benchmarks/fleet_scale.py [--devices 1000,5000,10000] [--minutes 2] [--minute-s 60]
-        [--rows 100000000] [--queries 200] [--jobs 500] [--pg "host=... user=... dbname=test"]
-        [--port N] [--workdir DIR]
+        [--poll-s 300] [--health-s 60] [--rows 100000000] [--queries 200] [--jobs 500]
+        [--pg "host=... user=... dbname=test"] [--port N] [--workdir DIR]
 
 Takes long at full scale (hours for 100 M rows on two cores, ~40 GB of disk): see
 docs/fleet-scale.md for the reduced run recorded in docs/results.md.
@@ -54,6 +61,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import gzip
 import json
 import os
 import random
@@ -77,8 +85,15 @@ from workspace import add_arguments, free_port, pick_port, workspace
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from cloud_sync.client import columns_batch_json  # noqa: E402
+from cloud_sync.health import DiskUse, HealthSummary, ModelHealth, StreamHealth  # noqa: E402
 from cloud_sync.package import generate_keypair  # noqa: E402
-from cloud_sync.protocol import SampleBatch  # noqa: E402
+from cloud_sync.protocol import (  # noqa: E402
+    SCHEMA_VERSION,
+    AggregateColumns,
+    IngestBatch,
+    SampleBatch,
+)
 from fleet.db.console_queries import ConsoleQueries  # noqa: E402
 from fleet.db.devices import hash_token  # noqa: E402
 from fleet.db.engine import make_engine  # noqa: E402
@@ -157,13 +172,27 @@ class Tally:
     latencies: dict[str, list[float]] = field(default_factory=lambda: {
         "ingest": [], "health": [], "poll": []})
     errors: list[str] = field(default_factory=list)
+    sent: int = 0  # requests sent, warm-up included (the CPU is measured over all of them)
 
 
-def _request(port: int, method: str, path: str, token: str, body: bytes = b"") -> bytes:
+@dataclass(frozen=True)
+class DeviceShape:
+    """What one simulated device sends (the agent's defaults; module docstring)."""
+
+    streams: int = 2
+    health_s: float = 60.0  # simulated seconds between two health reports
+    poll_s: float = 300.0  # simulated seconds between two polls of one stream
+    channels: tuple[str, ...] = ()
+
+
+def _request(port: int, method: str, path: str, token: str, body: bytes = b"",
+             gzipped: bool = False) -> bytes:
     head = (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
             f"Authorization: Bearer {token}\r\nAccept: application/json\r\n")
     if method == "POST":
         head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        if gzipped:
+            head += "Content-Encoding: gzip\r\n"
     return (head + "\r\n").encode("ascii") + body
 
 
@@ -178,48 +207,85 @@ async def _response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
     return int(lines[0].split(" ", 2)[1]), await reader.readexactly(length)
 
 
-def _ingest_body(device: str, streams: int, minute: float) -> bytes:
-    recs = [{"kind": "aggregate", "id": f"{device}:s{s}:{int(minute * 1000)}", "body": {
-        "device_id": device, "stream": f"s{s}", "interval_start": minute, "interval_s": 60.0,
-        "count": 600, "max_score": 0.4, "windows": 12, "alert_count": 0,
-        "channels": [{"channel": f"ch{c}", "count": 600, "min": -1.0, "max": 1.0,
-                      "mean": 0.01, "std": 0.2} for c in range(4)]}} for s in range(streams)]
-    doc = {"schema": 1, "device_id": device, "sent_at": time.time(), "agent_version": "bench",
-           "model": {"name": "skab-wstat", "version": 1},
-           "backlog": {"alerts": 0, "aggregates": 0}, "records": recs}
-    return json.dumps(doc, separators=(",", ":")).encode()
+def _ingest_body(device: str, shape: DeviceShape, minute: float) -> bytes:
+    """The agent's upload of one minute: schema 3, aggregates as columns, gzip level 6
+    (:func:`cloud_sync.client.columns_batch_json`, ``FleetConfig.gzip_level``)."""
+    streams = [f"s{s}" for s in range(shape.streams)]
+    channels = json.dumps([{"channel": c, "count": 600, "min": -1.0, "max": 1.0, "mean": 0.01,
+                            "std": 0.2} for c in shape.channels], separators=(",", ":"))
+    columns = AggregateColumns(
+        ids=[f"{device}:{s}:{int(minute * 1000)}" for s in streams], streams=streams,
+        interval_start=[minute] * len(streams), interval_s=[60.0] * len(streams),
+        count=[600] * len(streams), channels=[channels] * len(streams),
+        max_score=[0.4] * len(streams), windows=[12] * len(streams),
+        alert_count=[0] * len(streams))
+    header = IngestBatch.model_validate({
+        "schema": SCHEMA_VERSION, "device_id": device, "sent_at": time.time(),
+        "agent_version": "bench", "model": {"name": "skab-wstat", "version": 1},
+        "backlog": {"alerts": 0, "aggregates": 0}, "records": []})
+    doc = columns_batch_json(header, [], columns.model_dump_json())
+    return gzip.compress(doc, compresslevel=6, mtime=0)
 
 
-def _health_body(device: str) -> bytes:
-    return json.dumps({"device_id": device, "at": time.time(), "status": "green",
-                       "agent_version": "bench"}).encode()
+def _health_body(device: str, shape: DeviceShape) -> bytes:
+    """The agent's health summary (:func:`agent.services.health_reporter.summarize`)."""
+    streams = [f"s{s}" for s in range(shape.streams)]
+    return HealthSummary(
+        device_id=device, at=time.time(), status="green", agent_version="bench",
+        streams=[StreamHealth(stream=s, state="green") for s in streams],
+        models=[ModelHealth(stream=s, name="skab-wstat", version=1) for s in streams],
+        disk=DiskUse(used_bytes=12_345_678, budget_bytes=512 * 1024 * 1024),
+    ).model_dump_json().encode()
 
 
-async def _run_minutes(ports: list[int], tokens: dict[str, str], streams: int, minutes: int,
-                       minute_s: float, first_minute: float, connections: int,
+def schedule(devices: list[str], shape: DeviceShape, minutes: int, minute_s: float,
+             start: float, rng: random.Random) -> list[tuple[float, str, str, int, int]]:
+    """``(due, kind, device, minute number, stream)`` of every request, by due time."""
+    n, scale, span = len(devices), minute_s / 60.0, minutes * minute_s
+    out = []
+    for i, d in enumerate(devices):
+        phase = i / n
+        for m in range(minutes):
+            out.append((start + minute_s * (m + phase), "ingest", d, m, 0))
+        t = minute_s * ((phase + 0.5) % 1.0)
+        while t < span:
+            out.append((start + t, "health", d, int(t // minute_s), 0))
+            t += shape.health_s * scale
+        for s in range(shape.streams):
+            t = rng.uniform(0.0, shape.poll_s * scale)
+            while t < span:
+                out.append((start + t, "poll", d, int(t // minute_s), s))
+                t += shape.poll_s * scale * rng.uniform(0.9, 1.1)
+    out.sort()
+    return out
+
+
+async def _run_minutes(ports: list[int], tokens: dict[str, str], shape: DeviceShape,
+                       minutes: int, minute_s: float, first_minute: float, connections: int,
                        tally: Tally) -> None:
     """Open-loop schedule of ``minutes`` simulated minutes; latencies of minute 0 not kept."""
     devices = list(tokens)
-    n = len(devices)
     loop = asyncio.get_running_loop()
-    queues: list[asyncio.Queue[tuple[float, str, str, int] | None]] = [
+    queues: list[asyncio.Queue[tuple[float, str, str, int, int] | None]] = [
         asyncio.Queue() for _ in ports]
 
     async def conn_worker(r: int) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", ports[r])
         try:
             while (item := await queues[r].get()) is not None:
-                due, kind, device, minute_no = item
+                due, kind, device, minute_no, stream = item
                 token = tokens[device]
                 if kind == "ingest":
                     req = _request(ports[r], "POST", "/v1/ingest", token, _ingest_body(
-                        device, streams, first_minute + 60.0 * minute_no))
+                        device, shape, first_minute + 60.0 * minute_no), gzipped=True)
                 elif kind == "health":
                     req = _request(ports[r], "POST", "/v1/devices/self/health", token,
-                                   _health_body(device))
+                                   _health_body(device, shape))
                 else:
-                    req = _request(ports[r], "GET", "/v1/models/assignment?stream=s0", token)
+                    req = _request(ports[r], "GET", f"/v1/models/assignment?stream=s{stream}",
+                                   token)
                 writer.write(req)
+                tally.sent += 1
                 status, content = await _response(reader)
                 if minute_no > 0:
                     tally.latencies[kind].append(loop.time() - due)
@@ -231,16 +297,12 @@ async def _run_minutes(ports: list[int], tokens: dict[str, str], streams: int, m
     route = {d: i % len(ports) for i, d in enumerate(devices)}
     workers = [asyncio.create_task(conn_worker(r)) for r in range(len(ports))
                for _ in range(connections)]
-    start = loop.time() + 1.0
-    kinds = ("ingest", "health", "poll")
-    schedule = sorted(
-        (start + m * minute_s + minute_s * (i / n + k) / 3, kinds[k], d, m)
-        for m in range(minutes) for i, d in enumerate(devices) for k in range(3))
-    for due, kind, device, m in schedule:
+    plan = schedule(devices, shape, minutes, minute_s, loop.time() + 1.0, random.Random(3))
+    for due, kind, device, m, stream in plan:
         delay = due - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
-        queues[route[device]].put_nowait((due, kind, device, m))
+        queues[route[device]].put_nowait((due, kind, device, m, stream))
     for q in queues:
         for _ in range(connections):
             q.put_nowait(None)
@@ -427,7 +489,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="wall seconds per simulated minute (60: real time; less compresses)")
     ap.add_argument("--give-up-ms", type=float, default=5000.0,
                     help="skip the larger device counts once a p99 is over this (saturated)")
-    ap.add_argument("--streams", type=int, default=2)
+    ap.add_argument("--streams", type=int, default=2, help="streams per device")
+    ap.add_argument("--poll-s", type=float, default=300.0,
+                    help="simulated seconds between two assignment polls of one stream (the "
+                         "agent's updater.poll_interval_s; default 300)")
+    ap.add_argument("--health-s", type=float, default=60.0,
+                    help="simulated seconds between two health reports (the agent's "
+                         "fleet.health_interval_s; default 60)")
     ap.add_argument("--connections", type=int, default=32, help="client connections per replica")
     ap.add_argument("--rows", type=int, default=100_000_000)
     ap.add_argument("--chunk-rows", type=int, default=1_000_000)
@@ -438,6 +506,8 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(ap, port_help="port of the first replica (the second: a free one)")
     args = ap.parse_args(argv)
     counts = [int(x) for x in args.devices.split(",") if x.strip()]
+    if not (args.poll_s > 0 and args.health_s > 0 and args.streams > 0):
+        ap.error("--poll-s, --health-s and --streams must be positive")
 
     dbname = f"fleet_scale_{secrets.token_hex(4)}"
     admin = psycopg.connect(args.pg, autocommit=True)
@@ -474,6 +544,14 @@ def run(args: argparse.Namespace, counts: list[int], admin: psycopg.Connection[A
         for port, proc, name in zip(ports, replicas, "ab", strict=True):
             _wait_healthy(port, proc, state / f"replica-{name}" / "serve.log")
         meter = CpuMeter([p.pid for p in replicas], admin, dbname)
+        manifest = json.loads((BASE_MODEL / "manifest.json").read_text())
+        shape = DeviceShape(args.streams, args.health_s, args.poll_s,
+                            tuple(manifest["input"]["channels"]))
+        # requests a device sends per simulated minute (ingest, health, polls)
+        per_device_minute = 1 + 60 / args.health_s + args.streams * 60 / args.poll_s
+        print(f"each device per minute: 1 ingest (gzip, schema {SCHEMA_VERSION}, "
+              f"{args.streams} aggregates), {60 / args.health_s:.2g} health, "
+              f"{args.streams * 60 / args.poll_s:.2g} polls", flush=True)
         tokens: dict[str, str] = {}
         minute0 = float(int(time.time() // 60) * 60)
         for n in counts:
@@ -486,17 +564,17 @@ def run(args: argparse.Namespace, counts: list[int], admin: psycopg.Connection[A
             use = {d: tokens[d] for d in list(tokens)[:n]}
             tally = Tally()
             before, cpu0, t0 = meter.sample(), time.process_time(), time.perf_counter()
-            asyncio.run(_run_minutes(ports, use, args.streams, args.minutes, args.minute_s,
+            asyncio.run(_run_minutes(ports, use, shape, args.minutes, args.minute_s,
                                      minute0, args.connections, tally))
             minute0 += 60.0 * args.minutes
             wall = time.perf_counter() - t0
             cpu = CpuMeter.delta(before, meter.sample())
             lat = [x * 1000 for v in tally.latencies.values() for x in v]
-            counted = 3 * n * args.minutes  # CPU is measured over every minute, warm-up too
+            counted = tally.sent  # CPU is measured over every minute, warm-up too
             res = {"p50": percentile(lat, 50), "p99": percentile(lat, 99),
                    "fleet_cpu_ms": 1000 * cpu["fleet"] / max(1.0, counted),
                    "pg_cpu_ms": 1000 * cpu["pg"] / max(1.0, counted),
-                   "rps": 3 * n / args.minute_s, "errors": len(tally.errors)}
+                   "rps": per_device_minute * n / args.minute_s, "errors": len(tally.errors)}
             results[n] = res
             kinds = "  ".join(f"{k} p99 {percentile([x * 1000 for x in v], 99):.1f}"
                               for k, v in tally.latencies.items())

@@ -38,7 +38,7 @@ from fleet.db.partitions import PartitionMaintainer
 from fleet.db.records import RecordStore
 from fleet.db.samples import SampleStore
 from fleet.db.snapshots import SnapshotStore
-from fleet.db.token_cache import TokenCache
+from fleet.db.token_cache import TokenCache, effective_ttl_s
 from fleet.db.webhooks import WebhookStore
 from fleet.housekeeping import Housekeeper, retention_for
 from fleet.metrics import DeviceStates, FleetMetrics, MetricsMiddleware, ReplicaInfo
@@ -67,9 +67,10 @@ def create_app(
     """
     engine = engine if engine is not None else make_engine(settings)
     metrics = FleetMetrics()
-    ttl = settings.auth_cache_ttl_s
     shared = engine.dialect.name == "postgresql"  # replicas on other hosts may share it
-    # on PostgreSQL the cache answers only while the listener hears every revocation
+    # on PostgreSQL the cache answers only while the listener hears every revocation, and
+    # its entries live an hour (the listener drops a revoked one at once)
+    ttl = effective_ttl_s(settings.auth_cache_ttl_s, listened=shared)
     token_cache = TokenCache(ttl, suspended=shared) if ttl > 0 else None
     listener = _listener(engine, token_cache, metrics) if shared else None
     health_store = HealthStore(engine, settings.offline_after_s)
@@ -103,6 +104,7 @@ def create_app(
     )
     app.state.housekeeper = keeper
     app.state.invalidation_listener = listener
+    app.state.token_cache = token_cache
     app.state.services = Services(
         settings=settings,
         engine=engine,

@@ -158,9 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="failed devices that halt a rollout (default 1)")
     serve.add_argument("--auth-cache-ttl", type=float, default=Settings.auth_cache_ttl_s,
                        metavar="S",
-                       help="seconds a worker reuses a device-token lookup; on SQLite a "
-                            "revoked token works in other workers for at most this long (on "
-                            "PostgreSQL every replica drops it at once; 0: off; default 30)")
+                       help="seconds a worker reuses a device-token lookup on SQLite, where "
+                            "a revoked token works in other workers for at most this long (on "
+                            "PostgreSQL every replica drops it at once and entries live at "
+                            "least 3600 s; 0: off on both; default 30)")
     serve.add_argument("--replica-id", default="", metavar="NAME",
                        help="this replica's name in /metrics (fleet_replica_info; default "
                             "<host name>:<port>)")

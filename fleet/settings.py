@@ -55,9 +55,10 @@ class Settings:
             ``updater.rollback_keys_dir`` only: a separate role, it cannot sign packages.
         rollout_halt_failures: Default number of failed devices that halts a rollout.
         auth_cache_ttl_s: Seconds a worker reuses a successful device-token lookup (0: no
-            cache). On PostgreSQL a revocation reaches every worker of every replica when it
-            commits (LISTEN/NOTIFY); on SQLite a revoked token keeps working in the other
-            workers for at most this long (:mod:`fleet.db.token_cache`).
+            cache). On SQLite a revoked token keeps working in the other workers for at most
+            this long. On PostgreSQL a revocation reaches every worker of every replica when it
+            commits (LISTEN/NOTIFY), and entries live at least
+            :data:`fleet.db.token_cache.LISTENED_TTL_S` (1 h; :mod:`fleet.db.token_cache`).
         replica_id: This replica's name in ``/metrics`` (``fleet_replica_info``) and its logs;
             empty: ``<host name>``.
         status_retention_days: Model status reports older than this are deleted (checked at

@@ -6,8 +6,9 @@ session's, compared with :func:`hmac.compare_digest`). A bearer token is the boo
 token (compared with :func:`hmac.compare_digest`; ``Settings.admin_token`` empty turns it off),
 a personal API token (``efu_...``, :mod:`fleet.accounts.users`), or a device token looked up by
 its sha256 (see :mod:`fleet.db.devices`), first in the process's token cache
-(:mod:`fleet.db.token_cache`: a revoked token keeps working in other worker processes for at
-most ``Settings.auth_cache_ttl_s``). Operators and devices are disjoint: no operator role can
+(:mod:`fleet.db.token_cache`: on PostgreSQL every process drops a revoked token when the
+revocation commits; on SQLite it keeps working in the other worker processes for at most
+``Settings.auth_cache_ttl_s``). Operators and devices are disjoint: no operator role can
 ingest, a device token cannot reach an operator route. Operator routes need a minimum role
 (:mod:`fleet.accounts.roles`): :data:`ViewerDep`, :data:`OperatorDep`, :data:`AdminDep`.
 

@@ -168,7 +168,8 @@ class DeviceRegistry:
             if cached is not None:
                 return cached
             generation = self._cache.generation()
-        with self._engine.connect() as conn:
+        # one statement: autocommit spares the BEGIN and ROLLBACK round trips
+        with self._engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             row = conn.execute(
                 select(devices.c.device_id, devices.c.token_hash).where(
                     devices.c.token_hash == digest, devices.c.revoked_at.is_(None)

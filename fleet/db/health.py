@@ -100,6 +100,22 @@ WHERE (:all OR d.revoked_at IS NULL) AND (CAST(:device AS text) IS NULL OR d.dev
 """)
 
 
+#: :meth:`HealthStore.put` on PostgreSQL; ``%s`` parameters in order: now, agent_version,
+#: backlog_alerts, backlog_aggregates, device_id (twice), status, summary (JSON text), now. The
+#: time it came online (``state_since``) stays unless the device was offline until now.
+_PG_PUT = (
+    "WITH dev AS (UPDATE devices SET last_seen = %s, agent_version = %s, backlog_alerts = %s, "
+    "backlog_aggregates = %s WHERE device_id = %s) "
+    "INSERT INTO device_health AS h (device_id, status, state, summary, received_at, "
+    "state_since) SELECT %s, %s, 'online', CAST(%s AS jsonb), t, t FROM "
+    "(SELECT CAST(%s AS timestamptz) AS t) AS now "
+    "ON CONFLICT (device_id) DO UPDATE SET status = excluded.status, "
+    "summary = excluded.summary, received_at = excluded.received_at, state = 'online', "
+    "state_since = CASE WHEN h.state = 'online' THEN h.state_since "
+    "ELSE excluded.state_since END"
+)
+
+
 class HealthStore:
     """The ``device_health`` table.
 
@@ -119,8 +135,23 @@ class HealthStore:
 
     def put(self, device_id: str, summary: HealthSummary) -> None:
         """Store ``summary`` as the device's latest (online from now); also updates the
-        device's ``last_seen``, agent version and backlog."""
+        device's ``last_seen``, agent version and backlog.
+
+        PostgreSQL: one autocommit statement (:data:`_PG_PUT`: the ``devices`` update in a
+        data-modifying CTE and an ``INSERT ... ON CONFLICT DO UPDATE``), atomic as a whole and
+        one round trip. SQLite: update, else insert, in one transaction (one writer at a time).
+
+        Raises:
+            sqlalchemy.exc.OperationalError: The database failed.
+        """
         now = self._clock()
+        if self._engine.dialect.name == "postgresql":
+            params = (now, summary.agent_version or None, summary.backlog_alerts,
+                      summary.backlog_aggregates, device_id, device_id, summary.status,
+                      summary.model_dump_json(), now)
+            with self._engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
+                c.exec_driver_sql(_PG_PUT, params)
+            return
         doc = summary.model_dump(mode="json")
         with self._engine.begin() as conn:
             conn.execute(update(devices).where(devices.c.device_id == device_id).values(

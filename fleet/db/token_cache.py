@@ -22,8 +22,12 @@ Revocation semantics:
   worker when the operator ran ``edge-fleet device revoke``) keeps accepting the revoked token
   for at most ``ttl_s`` seconds after it last looked the token up in the database.
 
-``ttl_s`` is :attr:`fleet.settings.Settings.auth_cache_ttl_s` (``serve --auth-cache-ttl``);
-0 disables the cache (every request looks the token up).
+TTL: on SQLite ``ttl_s`` is :attr:`fleet.settings.Settings.auth_cache_ttl_s` (``serve
+--auth-cache-ttl``, default 30 s), the revocation delay of the other processes. On PostgreSQL the
+listener, not the TTL, ends a revoked entry, so entries live :func:`effective_ttl_s` (at least
+:data:`LISTENED_TTL_S`, 1 h): a device is looked up in the database about once an hour per
+process instead of every ``ttl_s`` (its requests come every 20-60 s). 0 disables the cache on
+either database (every request looks the token up).
 """
 
 from __future__ import annotations
@@ -37,9 +41,24 @@ from cachetools import TTLCache
 #: Default seconds a successful authentication is reused (the revocation delay in other
 #: processes, see the module docstring).
 DEFAULT_TTL_S = 30.0
+#: Least seconds an entry lives when an invalidation listener drops revoked entries
+#: (PostgreSQL): the TTL then only bounds how long a device that went away stays cached.
+LISTENED_TTL_S = 3600.0
 #: Most cached tokens per process (a fleet's active devices; past it the least recently used
 #: entry is dropped and simply looked up again).
 DEFAULT_MAX_ENTRIES = 100_000
+
+
+def effective_ttl_s(ttl_s: float, listened: bool) -> float:
+    """Seconds an entry lives: ``ttl_s`` (the setting), raised to :data:`LISTENED_TTL_S` when
+    an invalidation listener feeds the cache (``listened``); 0 stays 0 (cache off).
+
+    >>> effective_ttl_s(30.0, False), effective_ttl_s(30.0, True), effective_ttl_s(0.0, True)
+    (30.0, 3600.0, 0.0)
+    """
+    if ttl_s <= 0:
+        return 0.0
+    return max(ttl_s, LISTENED_TTL_S) if listened else ttl_s
 
 
 class TokenCache:
@@ -51,6 +70,9 @@ class TokenCache:
         timer: Monotonic seconds (injected for tests).
         suspended: Start suspended (:meth:`suspend`): a cache that waits for its invalidation
             listener to connect.
+
+    Attributes:
+        ttl_s: Seconds an entry lives (as given).
 
     Raises:
         ValueError: ``ttl_s`` is not positive or ``max_entries`` is below 1.
@@ -66,6 +88,7 @@ class TokenCache:
     ) -> None:
         if not ttl_s > 0 or max_entries < 1:
             raise ValueError("ttl_s must be > 0 and max_entries >= 1")
+        self.ttl_s = ttl_s
         self._entries: TTLCache[str, str] = TTLCache(max_entries, ttl_s, timer=timer)
         self._lock = threading.Lock()
         self._drops = 0  # drop_device/suspend/resume calls so far (see put)

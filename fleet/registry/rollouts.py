@@ -310,7 +310,8 @@ class RolloutService:
         streams: ColumnElement[bool] = rollouts.c.stream.is_(None)
         if stream is not None:
             streams = or_(streams, rollouts.c.stream == stream)
-        with self._engine.connect() as conn:
+        # one statement: autocommit spares a poll the BEGIN and ROLLBACK round trips
+        with self._engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             return conn.execute(
                 select(rollouts, rollout_devices.c.assigned,
                        rollout_devices.c.previous_version,

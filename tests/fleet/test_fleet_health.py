@@ -4,13 +4,17 @@ HTTP (both databases); online, offline after the silence, the list and the metri
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine
+from sqlalchemy import Engine, event, select
 
 from agent.health import Component, Report
 from agent.services.health_reporter import HealthReporter, summarize
@@ -18,6 +22,10 @@ from cloud_sync.client import FleetClient
 from cloud_sync.errors import FleetRejected
 from cloud_sync.health import HealthSummary
 from fleet.app import create_app
+from fleet.db.devices import DeviceRegistry
+from fleet.db.health import HealthStore
+from fleet.db.ops_tables import device_health
+from fleet.db.schema import devices
 from fleet.settings import Settings
 from tests.fleet.conftest import ADMIN_TOKEN, enroll
 from tests.fleet.live import live, wait_for
@@ -146,3 +154,81 @@ def test_reporter_pauses_against_an_older_fleet() -> None:
 def test_reporter_needs_a_positive_interval(interval: float) -> None:
     with pytest.raises(ValueError):
         HealthReporter(_OldFleet(), _summary, interval)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.timezone.utc)
+
+    def __call__(self) -> dt.datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += dt.timedelta(seconds=seconds)
+
+
+def _row(engine: Engine, device: str) -> tuple[str, dt.datetime, dt.datetime]:
+    with engine.connect() as conn:
+        row = conn.execute(select(device_health.c.state, device_health.c.state_since,
+                                  device_health.c.received_at)
+                           .where(device_health.c.device_id == device)).one()
+    return str(row.state), row.state_since, row.received_at
+
+
+def test_health_put_keeps_state_since_while_online_and_resets_it_after_offline(
+    engine: Engine,
+) -> None:
+    DeviceRegistry(engine).enroll("gw1", [])
+    clock = _Clock()
+    store = HealthStore(engine, offline_after_s=60.0, clock=clock)
+    start = clock.now
+    store.put("gw1", _summary())
+    assert _row(engine, "gw1") == ("online", start, start)
+    clock.advance(30)
+    store.put("gw1", _summary())  # still online: the time it came online stays
+    assert _row(engine, "gw1") == ("online", start, clock.now)
+    clock.advance(120)
+    assert store.sweep() == ["gw1"]
+    assert _row(engine, "gw1")[0] == "offline"
+    clock.advance(5)
+    store.put("gw1", _summary())  # back: online since now
+    assert _row(engine, "gw1") == ("online", clock.now, clock.now)
+    with engine.connect() as conn:
+        dev = conn.execute(select(devices.c.last_seen, devices.c.agent_version,
+                                  devices.c.backlog_aggregates)
+                           .where(devices.c.device_id == "gw1")).one()
+    assert tuple(dev) == (clock.now, "0.9.1", 40)
+
+
+def test_health_put_on_postgresql_is_one_autocommit_statement(engine: Engine) -> None:
+    if engine.dialect.name != "postgresql":
+        pytest.skip("SQLite writes in one transaction (one writer at a time)")
+    DeviceRegistry(engine).enroll("gw1", [])
+    store = HealthStore(engine)
+    store.put("gw1", _summary())  # the first report inserts, the second updates
+    statements: list[tuple[str, bool]] = []
+
+    def seen(conn: Any, _cursor: object, statement: str, *_rest: object) -> None:
+        statements.append((statement, bool(conn.connection.dbapi_connection.autocommit)))
+
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        store.put("gw1", _summary())
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    assert len(statements) == 1 and "ON CONFLICT" in statements[0][0]
+    assert statements[0][1]  # autocommit: no BEGIN ... COMMIT round trips
+
+
+def test_concurrent_first_reports_of_one_device_all_succeed(engine: Engine) -> None:
+    DeviceRegistry(engine).enroll("gw1", [])
+    store = HealthStore(engine)
+    barrier = threading.Barrier(4)
+
+    def one(_: int) -> None:
+        barrier.wait()
+        store.put("gw1", _summary())
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(one, range(4)))  # an update-then-insert would race: duplicate key
+    assert _row(engine, "gw1")[0] == "online"

@@ -15,7 +15,7 @@ from sqlalchemy import Engine
 from fleet.app import create_app
 from fleet.cli import main
 from fleet.db.devices import DeviceRegistry, hash_token
-from fleet.db.token_cache import TokenCache
+from fleet.db.token_cache import LISTENED_TTL_S, TokenCache
 from fleet.settings import Settings
 from tests.fleet.conftest import enroll
 from tests.fleet.wire import aggregate, batch, bearer
@@ -111,6 +111,17 @@ def test_revoke_through_the_api_refuses_the_cached_token_at_once(
         refused = client.post("/v1/ingest", json=body, headers=bearer(token))
         assert refused.status_code == 401
         assert refused.json()["error"] == "unauthorized"
+
+
+def test_entries_live_an_hour_on_postgresql_and_the_setting_on_sqlite(
+    settings: Settings, engine: Engine
+) -> None:
+    cache = create_app(settings, engine).state.token_cache
+    assert isinstance(cache, TokenCache)
+    if engine.dialect.name == "postgresql":  # the listener drops revoked entries at once
+        assert cache.ttl_s == LISTENED_TTL_S >= 3600
+    else:  # no listener: the TTL is the other workers' revocation delay
+        assert cache.ttl_s == settings.auth_cache_ttl_s == 30.0
 
 
 def test_ttl_zero_turns_the_cache_off(settings: Settings, engine: Engine) -> None:
