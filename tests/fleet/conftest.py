@@ -33,9 +33,10 @@ ADMIN_TOKEN = "admin-" + "x" * 40
 
 
 @contextlib.contextmanager
-def fresh_pg_database(prefix: str) -> Iterator[str]:
-    """A new, migrated PostgreSQL database named ``<prefix>_<random>``: its SQLAlchemy URL;
-    dropped on exit. Skips the test when PostgreSQL is unreachable (fails under CI)."""
+def fresh_pg_database(prefix: str, revision: str | None = "head") -> Iterator[str]:
+    """A new PostgreSQL database named ``<prefix>_<random>``, migrated to ``revision`` (None:
+    left empty): its SQLAlchemy URL; dropped on exit. Skips the test when PostgreSQL is
+    unreachable (fails under CI)."""
     try:
         admin = psycopg.connect(PG_ADMIN_DSN, autocommit=True)
     except psycopg.OperationalError as exc:
@@ -47,9 +48,10 @@ def fresh_pg_database(prefix: str) -> Iterator[str]:
         admin.execute(f'CREATE DATABASE "{name}"')
         try:
             url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-            engine = make_engine(Settings(db_url=url, admin_token=ADMIN_TOKEN))
-            migrate.upgrade(engine)
-            engine.dispose()
+            if revision is not None:
+                engine = make_engine(Settings(db_url=url, admin_token=ADMIN_TOKEN))
+                migrate.upgrade(engine, revision)
+                engine.dispose()
             yield url
         finally:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

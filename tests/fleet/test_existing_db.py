@@ -4,20 +4,18 @@ migrates it. On real SQLite files and a real, empty PostgreSQL database."""
 
 from __future__ import annotations
 
-import secrets
 import shlex
 import sqlite3
 import subprocess
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from fleet.cli import EX_CONFIG, main
 from fleet.db import migrate
 from fleet.db.engine import make_engine
 from fleet.settings import Settings
-from tests.fleet.conftest import ADMIN_TOKEN, PG_ADMIN_DSN
+from tests.fleet.conftest import ADMIN_TOKEN, fresh_pg_database
 
 #: One command of each kind that opens the database (serve creates it, on purpose).
 COMMANDS = [
@@ -99,25 +97,14 @@ def test_create_db_creates_and_migrates_then_plain_commands_work(
 
 
 def test_an_empty_postgresql_database_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    try:
-        admin = psycopg.connect(PG_ADMIN_DSN, autocommit=True)
-    except psycopg.OperationalError as exc:
-        pytest.skip(f"PostgreSQL unreachable: {exc}")
-    name = f"fleet_empty_{secrets.token_hex(6)}"
-    with admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-        try:
-            url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-            err = _refused(["device", "list", "--db", url], capsys)
-            assert err.startswith(f"edge-fleet: configuration error: postgresql+psycopg://"
-                                  f"postgres@127.0.0.1:5432/{name} holds no fleet database")
-            assert "--create-db" in err
-            assert main(["device", "add", "gw1", "--db", url, "--create-db"]) == 0
-            capsys.readouterr()
-            assert main(["device", "list", "--db", url]) == 0
-            assert "gw1" in capsys.readouterr().out
-        finally:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with fresh_pg_database("fleet_empty", revision=None) as url:
+        err = _refused(["device", "list", "--db", url], capsys)
+        assert err.startswith(f"edge-fleet: configuration error: {url} holds no fleet database")
+        assert "--create-db" in err
+        assert main(["device", "add", "gw1", "--db", url, "--create-db"]) == 0
+        capsys.readouterr()
+        assert main(["device", "list", "--db", url]) == 0
+        assert "gw1" in capsys.readouterr().out
 
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,11 +6,9 @@ lands in the DEFAULT one."""
 from __future__ import annotations
 
 import datetime as dt
-import secrets
 from collections.abc import Iterator
 from typing import Any
 
-import psycopg
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, event, text
@@ -21,7 +19,7 @@ from fleet.db.engine import make_engine
 from fleet.db.partitions import SPECS, PartitionMaintainer, ensure, is_partitioned, partitions
 from fleet.db.retention import Retention
 from fleet.settings import Settings
-from tests.fleet.conftest import ADMIN_TOKEN, PG_ADMIN_DSN, enroll
+from tests.fleet.conftest import ADMIN_TOKEN, enroll, fresh_pg_database
 from tests.fleet.wire import aggregate, alert, batch, batch2, gz, gzip_headers
 
 PG = pytest.mark.parametrize("settings", ["postgresql"], indirect=True)
@@ -162,21 +160,12 @@ def test_console_queries_read_only_their_partitions(client: TestClient, engine: 
 @pytest.fixture
 def db_0008() -> Iterator[Engine]:
     """A fresh database migrated to 0008 only."""
-    try:
-        admin = psycopg.connect(PG_ADMIN_DSN, autocommit=True)
-    except psycopg.OperationalError as exc:
-        pytest.skip(f"PostgreSQL unreachable: {exc}")
-    name = f"fleet_mig_{secrets.token_hex(6)}"
-    with admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-        url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    with fresh_pg_database("fleet_mig", revision="0008") as url:
         eng = make_engine(Settings(db_url=url, admin_token=ADMIN_TOKEN))
         try:
-            migrate.upgrade(eng, "0008")
             yield eng
         finally:
             eng.dispose()
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 _ROWS = {
