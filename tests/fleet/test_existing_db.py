@@ -96,6 +96,35 @@ def test_create_db_creates_and_migrates_then_plain_commands_work(
     assert main(["db", "upgrade", "--create-db", "--db", f"sqlite:///{empty}"]) == 0
 
 
+@pytest.mark.parametrize("create", [False, True], ids=["", "create-db"])
+def test_what_is_not_a_fleet_database_is_refused_and_left_untouched(
+    create: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Another program's SQLite file, a file of garbage and a directory: exit 78 with one line
+    naming the path, with or without --create-db, and not a byte written."""
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE foo (x INTEGER)")
+        conn.execute("INSERT INTO foo VALUES (1)")
+    conn.close()
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"not a database at all, " * 100)
+    folder = tmp_path / "dir.db"
+    folder.mkdir()
+    flag = ["--create-db"] if create else []
+    for path, why in ((other, "holds tables of something else (foo)"),
+                      (garbage, "is not a SQLite database"), (folder, "is not a file")):
+        before = path.read_bytes() if path.is_file() else None
+        err = _refused(["device", "add", "gw1", "--db", f"sqlite:///{path}", *flag], capsys)
+        assert str(path) in err and why in err, err
+        if before is not None:
+            assert path.read_bytes() == before
+    with sqlite3.connect(other) as conn:
+        assert [r[0] for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")] == ["foo"]
+    conn.close()
+
+
 def test_an_empty_postgresql_database_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with fresh_pg_database("fleet_empty", revision=None) as url:
         err = _refused(["device", "list", "--db", url], capsys)
