@@ -313,8 +313,8 @@ def _run(args: argparse.Namespace) -> int:
                 raise ConfigError(f"invalid device id or tags: {exc}") from None
             _enroll(registry, args)
         elif args.device_command == "list":
-            if not args.offline_after > 0:
-                raise ConfigError("--offline-after must be more than 0 seconds")
+            if not 0 < args.offline_after <= 30 * 86400:  # as serve --offline-after
+                raise ConfigError("--offline-after must be 0..2592000 s")
             print(format_table(registry.list(include_revoked=args.all), utcnow(),
                                args.offline_after))
         elif args.device_command == "tag":

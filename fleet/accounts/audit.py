@@ -61,8 +61,8 @@ class AuditLog:
             query = query.where(audit_log.c.id < before_id)
         if actor is not None:
             query = query.where(audit_log.c.actor == actor)
-        if action is not None:
-            prefix = action.rstrip(".")
+        prefix = (action or "").rstrip(".")
+        if prefix:  # '' (and '.'): every action, as when not given
             query = query.where(or_(audit_log.c.action == prefix,
                                     audit_log.c.action.startswith(prefix + ".", autoescape=True)))
         with self._engine.connect() as conn:

@@ -63,8 +63,9 @@ def test_enrolment_and_connection_columns(
         "fresh": ["pending", "never"], "gone": ["revoked", "online"],
         "live": ["enrolled", "online"], "quiet": ["enrolled", "online"],
     }
-    assert main(["device", "list", "--offline-after", "0", *common]) == EX_CONFIG
-    assert "--offline-after" in capsys.readouterr().err
+    for bad in ("0", "inf", "1e309", "2592001"):  # serve's range: 0..30 days
+        assert main(["device", "list", "--offline-after", bad, *common]) == EX_CONFIG
+        assert "--offline-after" in capsys.readouterr().err
 
 
 def test_a_closed_pipe_ends_the_command_without_a_traceback(tmp_path: Path) -> None:

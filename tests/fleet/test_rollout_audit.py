@@ -14,7 +14,7 @@ from fleet.settings import Settings
 from tests.fleet.test_rollouts import fleet, keys, mclient  # noqa: F401 (fixtures)
 
 
-def _entries(client: TestClient, admin: dict[str, str], action: str) -> list[dict[str, Any]]:
+def _entries(client: TestClient, admin: dict[str, str], action: str | None) -> list[dict[str, Any]]:
     r = client.get("/v1/audit", params={"action": action}, headers=admin)
     assert r.status_code == 200, r.text
     entries: list[dict[str, Any]] = r.json()["entries"]
@@ -45,6 +45,10 @@ def test_rollout_entries_carry_details_and_match_by_prefix(
     assert abort["detail"] == {**create["detail"], "state": "aborted", "reason": reason}
     assert [e["action"] for e in _entries(mclient, admin, "rollout.abort")] == ["rollout.abort"]
     assert _entries(mclient, admin, "rollout.ab") == []  # a prefix ends at a dot
+    everything = [e["action"] for e in _entries(mclient, admin, None)]
+    assert "rollout.abort" in everything and "model.push" in everything
+    for empty in ("", "."):  # no filter, not "matches nothing"
+        assert [e["action"] for e in _entries(mclient, admin, empty)] == everything
 
     db = ["--db", settings.db_url]
     capsys.readouterr()
