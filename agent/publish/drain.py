@@ -1,7 +1,9 @@
 """The drain thread of :class:`agent.publish.mqtt.MqttPublisher` (``mqtt-outbox``).
 
-The only thread that reads the outbox, publishes, marks rows published (in batches) and
-dead-letters what the broker cannot take; see :mod:`agent.publish.mqtt` for the contract.
+The only thread that reads the outbox, marks rows published (in batches) and dead-letters what
+the broker cannot take, and the one that publishes, except an early alert that is the very next
+message due: the thread raising it publishes it itself (:meth:`OutboxDrain._send_direct`, under
+the drain's send lock); see :mod:`agent.publish.mqtt` for the contract.
 :class:`OutboxDrain` is the publisher's base class: it holds the drain-thread half, the
 publisher the public API and paho's callbacks, which only queue PUBACKs and wake this thread.
 """
@@ -94,50 +96,31 @@ class OutboxDrain:
     _wake: threading.Event
     _stopping: threading.Event
     _progress: threading.Condition
+    #: Held by the drain thread for a pass (:meth:`_pass`) and by :meth:`_send_direct`: it
+    #: guards ``_window``, ``_cursor``, ``_drain_generation``, ``_mids``, ``_outstanding``.
+    _send_lock: threading.Lock
+    #: Mids handed to paho and not yet acknowledged. Kept across reconnects: paho holds those
+    #: messages and re-sends them itself (same mid, DUP set) on the new connection.
+    _window: set[int]
+    #: Last row id and volatile n handed to paho in this connection.
+    _cursor: tuple[int, int] = (0, 0)
+    #: The connection (``_generation``) the cursor belongs to (-1: none yet).
+    _drain_generation: int = -1
 
     def _run(self) -> None:
-        generation = -1
-        cursor = (0, 0)  # last row id and volatile n handed to paho in this connection
-        # Mids handed to paho and not yet acknowledged. Kept across reconnects: paho holds
-        # those messages and re-sends them itself (same mid, DUP set) on the new connection.
-        window: set[int] = set()
         save_from = -math.inf  # monotonic; after a failed save, the next try waits a second
         while not self._stopping.is_set():
             self._wake.wait(1.0)
             self._wake.clear()
             try:
-                if self._take_acks(window):
-                    self._guard.progress(self._monotonic())
-                self._check_losses(window)
-                # the broker refused the retained will (MQTT 5), or paho's thread has ended
-                if self._retain_rebuild or self._client_dead:
-                    self._retain_rebuild = self._client_dead = False
-                    window.clear()
-                    self._mids.clear()
-                    self._outstanding.clear()
-                    self._replace_client()
-                with self._state_lock:
-                    connected, current = self._connected, self._generation
-                if current != generation:
-                    # New connection: restart from the oldest unacknowledged alert, skipping
-                    # the ones paho re-sends itself.
-                    generation, cursor = current, (0, 0)
-                    self._guard.progress(self._monotonic())
-                    self._retry_refused_mono = None
-                elif (self._retry_refused_mono is not None
-                      and self._monotonic() >= self._retry_refused_mono):
-                    # Alerts the broker refused (not in flight, not acknowledged): from the
-                    # oldest again, on this connection.
-                    self._retry_refused_mono = None
-                    cursor = (0, 0)
-                if connected and not self._stopping.is_set():
-                    cursor = self._fill(window, cursor, generation)
-                    self._check_progress(self._in_flight(window))
+                with self._send_lock:
+                    self._pass()
                 if self._saves_due() and self._monotonic() >= save_from:
-                    # After publishing: the save may wait for the store writer's commit. A
-                    # store that refuses writes (disk full) must not stop the delivery, least
-                    # of all of the alerts it refused (volatile): the acknowledgements stay in
-                    # memory and are saved by a later pass.
+                    # After publishing, without the send lock (the pipeline thread publishes
+                    # meanwhile): the save may wait for the store writer's commit. A store
+                    # that refuses writes (disk full) must not stop the delivery, least of all
+                    # of the alerts it refused (volatile): the acknowledgements stay in memory
+                    # and are saved by a later pass.
                     try:
                         self._save_unsaved()
                     except StoreError as exc:
@@ -152,6 +135,69 @@ class OutboxDrain:
             self.last_loop_mono = self._monotonic()
             with self._progress:
                 self._progress.notify_all()
+
+    def _pass(self) -> None:
+        """One pass of the drain thread with the send lock held: PUBACKs, lost connections,
+        a client to rebuild, then publishing what is due."""
+        window = self._window
+        if self._take_acks(window):
+            self._guard.progress(self._monotonic())
+        self._check_losses(window)
+        # the broker refused the retained will (MQTT 5), or paho's thread has ended
+        if self._retain_rebuild or self._client_dead:
+            self._retain_rebuild = self._client_dead = False
+            window.clear()
+            self._mids.clear()
+            self._outstanding.clear()
+            self._replace_client()
+        with self._state_lock:
+            connected, current = self._connected, self._generation
+        if current != self._drain_generation:
+            # New connection: restart from the oldest unacknowledged alert, skipping the ones
+            # paho re-sends itself.
+            self._drain_generation, self._cursor = current, (0, 0)
+            self._guard.progress(self._monotonic())
+            self._retry_refused_mono = None
+        elif (self._retry_refused_mono is not None
+              and self._monotonic() >= self._retry_refused_mono):
+            # Alerts the broker refused (not in flight, not acknowledged): from the oldest
+            # again, on this connection.
+            self._retry_refused_mono = None
+            self._cursor = (0, 0)
+        if connected and not self._stopping.is_set():
+            self._cursor = self._fill(window, self._cursor, current)
+            self._check_progress(self._in_flight(window))
+
+    def _send_direct(self, item: VolatileAlert) -> bool:
+        """Publish ``item`` (just queued) on the caller's thread when it is the very next
+        message the drain would send: connected, the drain caught up with this connection,
+        every outbox row stored before it (``after_row``) and every volatile alert queued
+        before it already handed to paho, a free in-flight slot, and the drain not busy
+        (the send lock is only tried, never waited for). The drain's bookkeeping is the same
+        as for a message it sends itself; the PUBACK is applied by the drain.
+
+        Returns:
+            True when handed to paho; False when the drain must send it (nothing done).
+        """
+        if not self._send_lock.acquire(blocking=False):
+            return False
+        try:
+            with self._state_lock:
+                connected, current = self._connected, self._generation
+            rows_done, vol_done = self._cursor
+            if (not connected or current != self._drain_generation
+                    or self._stopping.is_set() or self._retain_rebuild or self._client_dead
+                    or self._retry_refused_mono is not None or self._losses
+                    or rows_done < item.after_row
+                    or self.volatile.first_after(vol_done) is not item
+                    or self._in_flight(self._window) >= self.config.max_inflight):
+                return False
+            if self._send(item, self._window, current) == "stop":
+                return False
+            self._cursor = (rows_done, item.n)
+            return True
+        finally:
+            self._send_lock.release()
 
     def _replace_client(self) -> None:
         raise NotImplementedError  # MqttPublisher's

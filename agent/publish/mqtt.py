@@ -82,7 +82,10 @@ Delivery guarantee (what consumers may rely on):
 
 Threads: paho's network loop (``loop_start``) runs the callbacks; they only set flags, queue the
 acknowledged message ids and wake the drain thread. The drain thread (``mqtt-outbox``) is the
-only one that reads the outbox, publishes, and marks rows published (in batches); while the
+only one that reads the outbox and marks rows published (in batches), and it publishes
+everything except an early alert that is the very next message due, which the thread raising it
+hands to paho itself (:meth:`OutboxDrain._send_direct`, under the same send lock and with the
+same bookkeeping, so order and the in-flight bound hold as before); while the
 store refuses that write (disk full) the acknowledgements wait in memory, the save is tried again
 once a second and publishing goes on (the alerts the store refused depend on it). Nothing is
 published while disconnected (paho would queue it a second time); paho itself re-sends the
@@ -261,6 +264,11 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
         self._last_stats = -math.inf
 
         self._wake = threading.Event()
+        self._send_lock = threading.Lock()
+        self._window = set()
+        #: The last alert :meth:`publish_early` handed to paho itself (:meth:`notify` need
+        #: not wake the drain for it).
+        self._direct_last: str | None = None
         self._stopping = threading.Event()
         self._progress = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -434,10 +442,15 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
                 self._tracked.popitem(last=False)
 
     def notify(self, alert_id: str | None = None, received_mono: float | None = None) -> None:
-        """Wake the drain after an alert was stored; optionally :meth:`track` it first."""
+        """Wake the drain after an alert was stored; optionally :meth:`track` it first.
+
+        An alert :meth:`publish_early` already handed to paho itself wakes nothing: its
+        PUBACK and its commit wake the drain.
+        """
         if alert_id is not None and received_mono is not None:
             self.track(alert_id, received_mono)
-        self._wake.set()
+        if alert_id is None or alert_id != self._direct_last:
+            self._wake.set()
 
     def publish_volatile(self, alert_id: str, stream: str, payload: str) -> bool:
         """Deliver an alert the store refused, from memory (see the module docstring).
@@ -451,7 +464,7 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
             after = self._store.last_alert_row()
         except StoreError:
             after = 0  # the outbox cannot be read either: nothing stored can go before it
-        if not self.volatile.put(after, alert_id, stream, payload):
+        if self.volatile.put(after, alert_id, stream, payload) is None:
             return False
         self._wake.set()
         return True
@@ -459,7 +472,9 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
     def publish_early(self, alert_id: str, stream: str, payload: str) -> bool:
         """Publish a new alert from memory while the store writer commits it (the caller
         hands it to :class:`agent.store.writer.AlertWriter` as well, and passes that writer's
-        results to :meth:`committed`). No store I/O and no lock the store writer holds.
+        results to :meth:`committed`). No store I/O and no lock the store writer holds; when
+        nothing goes before it and the drain is not in a pass, the alert is handed to paho on
+        the caller's thread (no wait for the drain thread), else the drain sends it in order.
 
         Returns:
             False when MQTT is disabled, the publisher is stopping, the in-memory queue is
@@ -473,10 +488,17 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
         except StoreError:
             return False
         self.early.begin(alert_id)
-        if not self.volatile.put(after, alert_id, stream, payload, early=True):
+        item = self.volatile.put(after, alert_id, stream, payload, early=True)
+        if item is None:
             self.early.forget(alert_id)  # not queued: its row drains as any other
             return False
-        self._wake.set()
+        # Handed to paho on this thread when nothing goes before it (no wait for the drain
+        # thread to wake and take the GIL: the latency of read -> delivered); else the drain
+        # sends it in order.
+        if self._send_direct(item):
+            self._direct_last = alert_id
+        else:
+            self._wake.set()
         return True
 
     def committed(self, results: Sequence[tuple[str, int]]) -> None:

@@ -26,7 +26,8 @@ for 3.1.1) gets them without retain, and alerts are not affected
 (``edge_agent_mqtt_state_total{result}`` counts each message).
 
 Thread: one daemon thread (``mqtt-state``); the board's listener only stores the state and wakes
-it, so the pipeline never waits for the network.
+it when the state is due (a score alone within its interval is sent by the thread's pass at least
+every second), so the pipeline never waits for the network.
 """
 
 from __future__ import annotations
@@ -95,9 +96,16 @@ class StatePublisher:
         self.publish_due(force=True)
 
     def _on_state(self, stream: str, state: StreamState | None) -> None:
+        # Wake the thread only when the state is due now (or the connection is new): a score
+        # that changes every window waits for its interval without a wake-up per window (the
+        # thread would take the GIL from the pipeline for nothing); the thread's pass at least
+        # every second sends what became due meanwhile.
+        now = self._monotonic()
         with self._lock:
             self._pending[stream] = state
-        self._wake.set()
+            due = self._is_due(stream, state, now)
+        if due or self._sink.generation != self._generation:
+            self._wake.set()
 
     def _run(self) -> None:
         while not self._stopping.is_set():
@@ -134,10 +142,11 @@ class StatePublisher:
             with self._lock:
                 if self._pending.get(stream, state) is state:
                     self._pending.pop(stream, None)
-            if state is None:
-                self._sent.pop(stream, None)
-            else:
-                self._sent[stream] = (state, now)
+            with self._lock:
+                if state is None:
+                    self._sent.pop(stream, None)
+                else:
+                    self._sent[stream] = (state, now)
         if all_sent:
             self._generation = generation
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 StreamStatus = Literal["normal", "anomalous", "calibrating", "degraded", "down"]
@@ -56,9 +56,12 @@ class StreamState:
         """True when ``other`` differs at most in ``score`` and ``updated_at``."""
         if other is None:
             return False
-        return replace(self, score=None, updated_at=0.0) == replace(
-            other, score=None, updated_at=0.0
-        )
+        # field by field (no copies: the pipeline thread asks once per scored window)
+        return (self.stream == other.stream and self.kind == other.kind
+                and self.status == other.status and self.threshold == other.threshold
+                and self.model_name == other.model_name
+                and self.model_version == other.model_version
+                and self.episode_id == other.episode_id)
 
     def to_payload(self) -> dict[str, object]:
         """The JSON object of the retained state topic (keys as the attribute names)."""

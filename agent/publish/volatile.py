@@ -80,20 +80,25 @@ class VolatileQueue:
         self.lost = 0
 
     def put(self, after_row: int, alert_id: str, stream: str, payload: str,
-            early: bool = False) -> bool:
-        """Queue one alert; False when the queue is full (nothing queued)."""
+            early: bool = False) -> VolatileAlert | None:
+        """Queue one alert; returns it, or None when the queue is full (nothing queued)."""
         with self._lock:
             if len(self._items) >= self._limit:
-                return False
+                return None
             self._n += 1
-            self._items[self._n] = VolatileAlert(self._n, after_row, alert_id, stream, payload,
-                                                 early)
-            return True
+            item = self._items[self._n] = VolatileAlert(self._n, after_row, alert_id, stream,
+                                                        payload, early)
+            return item
 
     def after(self, n: int) -> list[VolatileAlert]:
         """Queued alerts with ``n`` above the given one, in queue order."""
         with self._lock:
             return [v for k, v in self._items.items() if k > n]
+
+    def first_after(self, n: int) -> VolatileAlert | None:
+        """The first queued alert with ``n`` above the given one (None: none queued)."""
+        with self._lock:
+            return next((v for k, v in self._items.items() if k > n), None)
 
     def ack(self, n: int) -> bool:
         """The broker acknowledged alert ``n``: forget it; True the first time."""

@@ -46,6 +46,7 @@ class FakeClient:
         self.kwargs = kwargs
         self.lock = threading.Lock()
         self.published: list[tuple[int, str, bytes, int, bool]] = []
+        self.threads: dict[int, int] = {}  # mid -> the thread that published it
         self.is_up = False
         self.next_mid = 1
         self.calls: list[str] = []
@@ -98,6 +99,7 @@ class FakeClient:
         with self.lock:
             mid, self.next_mid = self.next_mid, self.next_mid + 1
             self.published.append((mid, topic, data, qos, retain))
+            self.threads[mid] = threading.get_ident()
             rc = MQTTErrorCode.MQTT_ERR_SUCCESS if self.is_up else MQTTErrorCode.MQTT_ERR_NO_CONN
         return FakeInfo(mid, rc)
 
@@ -537,3 +539,48 @@ def test_updated_and_cleared_go_to_the_events_topic_only(rig: Rig) -> None:
         if t == events:
             rig.client.ack(m)
     assert rig.pub.flush(3.0)
+
+
+def test_publish_early_hands_the_next_alert_to_paho_on_the_callers_thread(store: Store) -> None:
+    """Publish while committing without waiting for the drain thread to wake: an early alert
+    that nothing goes before is handed to paho by the thread that raised it; one behind a
+    stored row not yet sent, or with no free in-flight slot, is left to the drain, in order;
+    PUBACKs and commits are applied as for any early alert."""
+    r = Rig(store, max_inflight=1)
+    me = threading.get_ident()
+
+    def early(seq: int) -> None:
+        a = alert(seq)
+        assert r.pub.publish_early(a.alert_id, "pump1", json.dumps(a.to_payload()))
+
+    def commit(seq: int) -> None:
+        a = alert(seq)
+        rows = store.add_numbered_alerts([(a, json.dumps(a.to_payload()), None)])
+        r.pub.committed([(a.alert_id, rows[0])])
+
+    try:
+        r.pub.start()
+        r.client.fire_connect()
+        wait_until(lambda: r.pub._drain_generation == r.pub.generation, what="drain caught up")
+        early(1)
+        sent = r.client.alert_publishes()  # no wait: published before publish_early returned
+        assert [a for _, a in sent] == ["gw1:pump1:1"]
+        assert r.client.threads[sent[0][0]] == me
+        commit(1)
+        r.add(2)  # a stored alert: no free slot while alert 1 is in flight
+        early(3)  # the row of alert 2 goes first: left to the drain
+        assert [a for _, a in r.client.alert_publishes()] == ["gw1:pump1:1"]
+        r.client.ack(sent[0][0])
+        wait_until(lambda: len(r.client.alert_publishes()) == 2, what="row 2 sent")
+        r.client.ack(r.client.alert_publishes()[1][0])
+        wait_until(lambda: len(r.client.alert_publishes()) == 3, what="alert 3 sent")
+        pubs = r.client.alert_publishes()
+        assert [a for _, a in pubs] == ["gw1:pump1:1", "gw1:pump1:2", "gw1:pump1:3"]
+        assert r.client.threads[pubs[2][0]] != me  # sent by the drain thread
+        r.client.ack(pubs[2][0])
+        commit(3)
+        assert r.pub.flush(5.0)  # every alert acknowledged and marked published
+        assert store.outbox_stats()[0] == 0 and not len(r.pub.early)
+        assert r.metric("edge_agent_mqtt_published_total") == 3
+    finally:
+        r.pub.stop()
