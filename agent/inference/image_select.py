@@ -10,6 +10,7 @@ from pathlib import Path
 from agent.inference.base import Backend
 from agent.inference.choice_memory import ChoiceMemory, selection_key
 from agent.inference.image_package import ImagePackage, check_image_golden
+from agent.inference.rank_child import child_ranker
 from agent.inference.select import Candidate, Remembering, registry_opener, select_backend, when
 
 log = logging.getLogger("agent.inference")
@@ -33,7 +34,9 @@ def open_image_backend(package: ImagePackage, precision: str = "int8", threads: 
     candidate only (its own instance, golden check included, no timing), so N cameras on one
     model select once and load the other runtimes once, not N times. ``memory`` (the agent's,
     in its state directory) remembers the ranking across restarts: a later start opens the
-    chosen candidate only and imports no other runtime (:mod:`agent.inference.choice_memory`).
+    chosen candidate only and imports no other runtime (:mod:`agent.inference.choice_memory`);
+    with ``memory``, a first selection times the runtimes in a child process
+    (:mod:`agent.inference.rank_child`), so this process imports only the chosen one.
 
     Raises:
         ModelError: no artefact of ``precision``, or none loads and passes the golden check.
@@ -51,7 +54,8 @@ def open_image_backend(package: ImagePackage, precision: str = "int8", threads: 
     remembering = (None if memory is None else Remembering(
         memory, selection_key(package, backend, precision, threads), keep=1))
     selection = select_backend(package, backend, precision, opener=opener, runs=20, warmup=3,
-                               remembering=remembering)
+                               remembering=remembering,
+                               ranker=None if memory is None else child_ranker(threads, cache_dir))
     chosen = selection.chosen  # raises ModelError when none passed
     assert chosen.backend is not None
     for other in selection.backends[1:]:
