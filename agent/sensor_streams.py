@@ -4,7 +4,8 @@ from its ``[[streams]]`` config (camera streams: :mod:`agent.services.camera`).
 :func:`build_sensor_stream` loads the package (or the one the updater installed), selects the
 fastest runtime that passes the golden vectors (:mod:`agent.inference.select`; a ranking
 remembered by an earlier start in the state directory opens only the runtimes it keeps:
-:mod:`agent.inference.choice_memory`) behind its
+:mod:`agent.inference.choice_memory`; a first start times them in a child process:
+:mod:`agent.inference.rank_child`) behind its
 latency guard (:mod:`agent.inference.deadline`), checks the source's channels against the
 model, restores a stored calibration when it fits (:mod:`agent.pipeline.restore`) and builds
 the pipeline; :func:`save_calibration` stores the calibration in force for the next start.
@@ -28,6 +29,7 @@ from agent.inference.base import Backend
 from agent.inference.choice_memory import ChoiceMemory, selection_key
 from agent.inference.deadline import DeadlineGuard, DegradeParams
 from agent.inference.package import ModelPackage, load_package, saturation_fallback
+from agent.inference.rank_child import child_ranker
 from agent.inference.select import (
     Remembering,
     record_selection,
@@ -137,8 +139,12 @@ def build_sensor_stream(
     remembering = Remembering(ChoiceMemory.in_state_dir(state_dir),
                               selection_key(package, sc.backend, sc.precision, threads=1),
                               keep=GUARD_BACKENDS)
-    selection = select_backend(package, sc.backend, sc.precision, opener=registry_opener(
-        cache_dir=state_dir / "openvino-cache"), remembering=remembering)
+    # a first selection times every runtime in a child process (rank_child): this process
+    # imports only the runtimes it keeps
+    cache_dir = state_dir / "openvino-cache"
+    selection = select_backend(package, sc.backend, sc.precision,
+                               opener=registry_opener(cache_dir=cache_dir),
+                               remembering=remembering, ranker=child_ranker(cache_dir=cache_dir))
     record_selection(metrics, sc.name, selection)
     kept = selection.backends[:GUARD_BACKENDS]
     for unused in selection.backends[GUARD_BACKENDS:]:  # their memory, not their libraries

@@ -3,6 +3,7 @@ and with N camera streams.
 
     python3 benchmarks/memory.py [--data ../shared/datasets] [--cameras 4] [--settle-s 10]
                                  [--max-wait-s 180] [--only sensor|cameras] [--workdir DIR]
+                                 [--backend auto|onnxruntime|openvino|litert]
 
 A benchmark, not a test: it prints figures and never asserts them. For each configuration it
 starts the real agent as a subprocess (``python -m agent.cli run``, this tree's packages, MQTT
@@ -19,7 +20,8 @@ libraries end up mapped in the process; the **restart** opens only the candidate
 start ranked first (:mod:`agent.inference.choice_memory`), which is how a gateway runs after
 its first start with a model.
 
-Configurations (every installed runtime is a candidate of the auto-selection):
+Configurations (every installed runtime is a candidate of the auto-selection; ``--backend``
+pins one runtime for every stream instead):
 
 * ``sensor``: one stream, the shipped ``skab-wstat`` model, SKAB ``valve1/0.csv`` replayed in a
   loop at 50x (``<data>/skab``);
@@ -66,7 +68,7 @@ class Memory:
     exit_code: int | None
 
 
-def sensor_streams(data: Path) -> str:
+def sensor_streams(data: Path, backend: str = "auto") -> str:
     csv = data / "skab" / "valve1" / "0.csv"
     if not csv.is_file():
         raise SystemExit(f"SKAB file not found: {csv} (pass --data, the dataset root)")
@@ -74,6 +76,7 @@ def sensor_streams(data: Path) -> str:
 [[streams]]
 name = "pump"
 model = "builtin:skab-wstat"
+backend = "{backend}"
 [streams.source]
 kind = "replay"
 path = "{csv}"
@@ -82,7 +85,7 @@ loop = true
 """
 
 
-def camera_streams(data: Path, n: int) -> str:
+def camera_streams(data: Path, n: int, backend: str = "auto") -> str:
     folder = data / "mtd" / "MT_Free" / "Imgs"
     if not folder.is_dir():
         raise SystemExit(f"MTD folder not found: {folder} (pass --data, the dataset root)")
@@ -90,6 +93,7 @@ def camera_streams(data: Path, n: int) -> str:
 [[streams]]
 name = "cam{i}"
 model = "builtin:mtd-patchcore"
+backend = "{backend}"
 [streams.source]
 kind = "camera"
 folder = "{folder}"
@@ -197,11 +201,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-wait-s", type=float, default=180.0,
                     help="longest wait per configuration, start-up included (180)")
     ap.add_argument("--only", choices=["sensor", "cameras"], help="measure one configuration")
+    ap.add_argument("--backend", default="auto",
+                    help="the streams' backend setting (auto: every installed runtime is timed)")
     ap.add_argument("--workdir", type=Path, help="keep configs, stores and logs here")
     args = ap.parse_args(argv)
     cams = f"cameras{args.cameras}"
-    configs = [("sensor", sensor_streams(args.data), "sensor", 1),
-               (cams, camera_streams(args.data, args.cameras), "camera", args.cameras)]
+    configs = [("sensor", sensor_streams(args.data, args.backend), "sensor", 1),
+               (cams, camera_streams(args.data, args.cameras, args.backend), "camera",
+                args.cameras)]
     if args.only is not None:
         configs = [c for c in configs if c[2] == args.only.rstrip("s")]
     results: list[Memory] = []

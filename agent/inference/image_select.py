@@ -6,16 +6,38 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
+from agent.errors import ModelError
 from agent.inference.base import Backend
 from agent.inference.choice_memory import ChoiceMemory, selection_key
 from agent.inference.image_package import ImagePackage, check_image_golden
+from agent.inference.rank_child import child_ranker
 from agent.inference.select import Candidate, Remembering, registry_opener, select_backend, when
 
 log = logging.getLogger("agent.inference")
 
-#: Image backends chosen so far: (package folder, precision, ``backend`` setting) -> candidate.
-ImageChoices = dict[tuple[str, str, str], Candidate]
+#: Image backends chosen so far: (package folder, precision, ``backend`` setting) -> the
+#: candidate and the first stream's backend (shared when its runtime allows: :func:`_another`).
+ImageChoices = dict[tuple[str, str, str], tuple[Candidate, Backend]]
+
+
+def _another(first: Backend) -> Backend | None:
+    """A handle sharing ``first``'s loaded model (ONNX Runtime: one session serves concurrent
+    calls), or None when its runtime has no such sharing or ``first`` is closed.
+
+    OpenVINO and LiteRT are not shared: an OpenVINO compiled model with its one stream (the
+    ``LATENCY`` hint) runs one inference at a time, so cameras sharing it would score fewer
+    frames on a multi-core gateway, and a LiteRT interpreter serves one call at a time.
+    """
+    share: Any = getattr(first, "share", None)
+    if share is None:
+        return None
+    try:
+        other: Backend = share()
+    except ModelError:
+        return None
+    return other
 
 
 def open_image_backend(package: ImagePackage, precision: str = "int8", threads: int = 1,
@@ -30,10 +52,14 @@ def open_image_backend(package: ImagePackage, precision: str = "int8", threads: 
 
     ``choices`` (shared by the camera streams of one agent) remembers each choice: a stream
     whose package, precision and ``backend`` setting were already chosen for opens that
-    candidate only (its own instance, golden check included, no timing), so N cameras on one
-    model select once and load the other runtimes once, not N times. ``memory`` (the agent's,
+    candidate only (golden check included, no timing), so N cameras on one model select once
+    and load the other runtimes once, not N times; on ONNX Runtime they share the first
+    stream's session (one copy of the weights and buffers), on the other runtimes each opens its
+    own instance. ``memory`` (the agent's,
     in its state directory) remembers the ranking across restarts: a later start opens the
-    chosen candidate only and imports no other runtime (:mod:`agent.inference.choice_memory`).
+    chosen candidate only and imports no other runtime (:mod:`agent.inference.choice_memory`);
+    with ``memory``, a first selection times the runtimes in a child process
+    (:mod:`agent.inference.rank_child`), so this process imports only the chosen one.
 
     Raises:
         ModelError: no artefact of ``precision``, or none loads and passes the golden check.
@@ -43,21 +69,25 @@ def open_image_backend(package: ImagePackage, precision: str = "int8", threads: 
     key = (str(package.path), precision, backend)
     known = None if choices is None else choices.get(key)
     if known is not None:
-        b = opener(package, known)
+        cand, first = known
+        shared = _another(first)
+        b = shared if shared is not None else opener(package, cand)
         check_image_golden(package, b)
-        log.info("image model %s: backend %s/%s (chosen for another stream of this model)",
-                 package.label, known.label, known.precision)
+        log.info("image model %s: backend %s/%s (chosen for another stream of this model%s)",
+                 package.label, cand.label, cand.precision,
+                 ", its session shared" if shared is not None else "")
         return b
     remembering = (None if memory is None else Remembering(
         memory, selection_key(package, backend, precision, threads), keep=1))
     selection = select_backend(package, backend, precision, opener=opener, runs=20, warmup=3,
-                               remembering=remembering)
+                               remembering=remembering,
+                               ranker=None if memory is None else child_ranker(threads, cache_dir))
     chosen = selection.chosen  # raises ModelError when none passed
     assert chosen.backend is not None
     for other in selection.backends[1:]:
         other.close()
     if choices is not None:
-        choices[key] = chosen.candidate
+        choices[key] = (chosen.candidate, chosen.backend)
     log.info("image model %s: backend %s/%s selected (p50 of one image%s): %s", package.label,
              chosen.candidate.label, chosen.candidate.precision, when(selection),
              selection.table())

@@ -109,6 +109,23 @@ class OnnxRuntimeBackend:
             raise ModelError(f"inference failed: {exc}", path=self.path) from exc
         return np.asarray(out, dtype=np.float32)
 
+    def share(self) -> OnnxRuntimeBackend:
+        """Another handle on this session (camera streams on one model share one session:
+        :func:`agent.inference.image_select.open_image_backend`).
+
+        ``InferenceSession.run`` may be called from several threads at once, so the handles
+        need no lock. Closing a handle drops its reference only; the session is freed with
+        the last one.
+
+        Raises:
+            ModelError: this handle is closed.
+        """
+        if self._session is None:
+            raise ModelError("cannot share: the backend is closed", path=self.path)
+        other = object.__new__(OnnxRuntimeBackend)
+        other.__dict__.update(self.__dict__)
+        return other
+
     def close(self) -> None:
         """Drop the session (ONNX Runtime joins its thread pool as the session is freed)."""
         self._session = None

@@ -99,10 +99,13 @@ class Selection:
 
     ``remembered``: the ranking came from :mod:`agent.inference.choice_memory` (p50s as timed
     when it was made; only the first ones opened), not from timing every candidate now.
+    ``apart``: the candidates were timed now, in a child process (a :class:`Ranker`); only the
+    first ones were opened here.
     """
 
     trials: tuple[Trial, ...]
     remembered: bool = False
+    apart: bool = False
 
     @property
     def passing(self) -> list[Trial]:
@@ -200,6 +203,20 @@ class Remembering:
     keep: int
 
 
+#: One candidate timed by a :class:`Ranker`: runtime, artefact path, p50 seconds (None when it
+#: failed), why it failed (None when it passed).
+RankedTrial = tuple[str, str, float | None, str | None]
+
+
+class Ranker(Protocol):
+    """Times the candidates elsewhere (:func:`agent.inference.rank_child.child_ranker`): the
+    trials of ``select_backend(package, backend, precision, runs=runs, warmup=warmup)`` as
+    :data:`RankedTrial` rows, passing ones fastest first, or None when it could not."""
+
+    def __call__(self, package: AnyPackage, backend: str, precision: str, runs: int,
+                 warmup: int) -> list[RankedTrial] | None: ...
+
+
 class Opener(Protocol):
     """Loads a candidate's backend (tests pass fakes)."""
 
@@ -251,13 +268,17 @@ def select_backend(
     warmup: int = 5,
     clock: Callable[[], float] = time.perf_counter,
     remembering: Remembering | None = None,
+    ranker: Ranker | None = None,
 ) -> Selection:
     """Try every candidate (load, golden check, warm-up, timing) and rank them.
 
     With ``remembering``, a ranking remembered under its key is used instead: only its first
     ``keep`` candidates are opened and golden-checked, so the other runtimes are not imported;
     when one of them is no longer a candidate or fails, the ranking is forgotten and every
-    candidate is tried. A new ranking is remembered.
+    candidate is tried. A new ranking is remembered. With ``remembering`` and ``ranker``,
+    every candidate is tried by the ranker (a child process) instead of here, and its ranking
+    is remembered and opened like a remembered one; when the ranker fails, or its first
+    candidates do not open here, the candidates are tried here.
 
     Args:
         package: A verified package.
@@ -269,6 +290,8 @@ def select_backend(
         warmup: Untimed calls first.
         clock: Seconds, for the timing.
         remembering: Remember the ranking, and use a remembered one.
+        ranker: Times the candidates elsewhere when nothing is remembered (needs
+            ``remembering``; ``opener`` must open them with the ranker's settings).
 
     Returns:
         The ranked trials; ``chosen`` raises when none passed.
@@ -283,6 +306,11 @@ def select_backend(
         known = _open_remembered(package, cands, remembering, open_)
         if known is not None:
             return known
+        if ranker is not None:
+            apart = _rank_apart(package, cands, remembering, open_, ranker, (backend, precision,
+                                                                            runs, warmup))
+            if apart is not None:
+                return apart
     window = golden_window(package)
     passed: list[Trial] = []
     failed: list[Trial] = []
@@ -341,10 +369,34 @@ def _open_remembered(package: AnyPackage, cands: list[Candidate], remembering: R
     return Selection(tuple(trials), remembered=True)
 
 
+def _rank_apart(package: AnyPackage, cands: list[Candidate], remembering: Remembering,
+                open_: Opener, ranker: Ranker,
+                how: tuple[str, str, int, int]) -> Selection | None:
+    """The ranker's ranking, remembered, with its first ``keep`` candidates opened here and its
+    failures listed after them; None when the ranker failed or the opening did."""
+    rows = ranker(package, *how)
+    if rows is None:
+        return None
+    by_id = {(c.kind, c.artefact.path): c for c in cands}
+    known = [(by_id[(kind, path)], p50, error) for kind, path, p50, error in rows
+             if (kind, path) in by_id]
+    failed = tuple(Trial(c, None, None, error) for c, _, error in known if error is not None)
+    ranking = [(c.kind, c.artefact.path, p50) for c, p50, error in known
+               if error is None and p50 is not None]
+    if not ranking:
+        return Selection(failed, apart=True)  # nothing passed: chosen raises with the reasons
+    remembering.memory.put(remembering.key, sorted(ranking, key=lambda r: r[2]))
+    opened = _open_remembered(package, cands, remembering, open_)
+    if opened is None:
+        return None
+    return Selection((*opened.trials, *failed), apart=True)
+
+
 def when(selection: Selection) -> str:
-    """How old the p50s of a selection's log line are."""
-    return (", remembered from the start that timed every runtime" if selection.remembered
-            else "")
+    """How old the p50s of a selection's log line are, and where they were timed."""
+    if selection.remembered:
+        return ", remembered from the start that timed every runtime"
+    return ", timed in a child process" if selection.apart else ""
 
 
 def record_selection(metrics: Any, stream: str, selection: Selection) -> None:

@@ -6,11 +6,13 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from agent.errors import ModelError
 from agent.inference.image_package import load_image_package
 from agent.inference.image_select import ImageChoices, open_image_backend
+from agent.inference.onnxruntime import OnnxRuntimeBackend
 from agent.inference.select import golden_window, select_backend
 
 MODEL = Path(__file__).resolve().parents[2] / "models" / "mtd-patchcore"
@@ -43,3 +45,21 @@ def test_closed_backends_refuse_to_run() -> None:
         backend.close()  # again: nothing
         with pytest.raises(ModelError, match="closed"):
             backend.run(x)
+
+
+def test_cameras_on_one_onnxruntime_model_share_its_session() -> None:
+    package = load_image_package(MODEL)
+    choices: ImageChoices = {}
+    first = open_image_backend(package, backend="onnxruntime", choices=choices)
+    second = open_image_backend(package, backend="onnxruntime", choices=choices)
+    assert isinstance(first, OnnxRuntimeBackend) and isinstance(second, OnnxRuntimeBackend)
+    assert second is not first and second._session is first._session  # one session
+    x = golden_window(package)
+    before = first.run(x)
+    first.close()  # the other handle keeps the session
+    assert np.array_equal(second.run(x), before)
+    with pytest.raises(ModelError, match="closed"):
+        first.share()
+    third = open_image_backend(package, backend="onnxruntime", choices=choices)
+    assert isinstance(third, OnnxRuntimeBackend)
+    assert third._session is not second._session  # the first was closed: a new session

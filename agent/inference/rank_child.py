@@ -1,0 +1,146 @@
+"""Backend ranking in a short-lived child process, so the agent imports only what it keeps.
+
+A first selection (:func:`agent.inference.select.select_backend`) loads every installed runtime
+to time it, and a runtime's native libraries cannot be unloaded once imported: measured with
+``benchmarks/memory.py``, one sensor stream held 184 MB after a first start against 121 MB
+after a restart that opened only the runtimes it kept. :func:`child_ranker` runs the timing in
+a child (``python -m agent.inference.rank_child``, this interpreter and this ``agent``
+package): the child loads the package from its folder again (hashes checked), runs the same
+selection (load, golden check, warm-up, p50 of one input per candidate) and writes one JSON
+line, ``[[kind, artefact path, p50 seconds or null, error or null], ...]``, passing candidates
+fastest first. The agent then remembers that ranking and opens only its first candidates,
+each golden-checked again (the restart's path, :mod:`agent.inference.choice_memory`).
+
+Protocol: the request is one JSON object on the child's stdin (``package``: the package folder;
+``image``: an image package; ``backend``, ``precision``, ``threads``, ``cache_dir`` (or null),
+``runs``, ``warmup``); the answer is the child's stdout (the child points file descriptor 1 at
+its stderr while runtimes are loaded, so a runtime printing to stdout cannot corrupt it);
+runtime messages go to the agent's stderr. The child leaves with ``os._exit`` once the answer
+is written (no runtime teardown). A child that exits nonzero, is killed, times out
+(:data:`TIMEOUT_S`) or answers garbage makes :func:`child_ranker` return None: the caller
+then times the candidates in-process, as before.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import agent
+from agent.errors import AgentError
+from agent.inference.image_package import ImagePackage, load_image_package
+from agent.inference.package import load_package
+from agent.inference.select import AnyPackage, RankedTrial, Ranker, registry_opener, select_backend
+
+log = logging.getLogger("agent.inference")
+
+#: Longest a child may take for one package, seconds (every runtime loads, compiles and is
+#: timed in it: a few seconds for the shipped models on a 2-core gateway).
+TIMEOUT_S = 900.0
+
+
+def child_ranker(threads: int = 1, cache_dir: Path | None = None,
+                 timeout_s: float = TIMEOUT_S) -> Ranker:
+    """A :class:`agent.inference.select.Ranker` timing the candidates in a child process with
+    these runtime settings (the same as :func:`agent.inference.select.registry_opener`'s)."""
+
+    def rank(package: AnyPackage, backend: str, precision: str, runs: int,
+             warmup: int) -> list[RankedTrial] | None:
+        request = {"package": str(package.path), "image": isinstance(package, ImagePackage),
+                   "backend": backend, "precision": precision, "threads": threads,
+                   "cache_dir": None if cache_dir is None else str(cache_dir),
+                   "runs": runs, "warmup": warmup}
+        return run_child(request, timeout_s, package.label)
+
+    return rank
+
+
+def _child_env() -> dict[str, str]:
+    """This environment with the folder holding the ``agent`` package first on PYTHONPATH."""
+    env = dict(os.environ)
+    root = str(Path(agent.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    for key in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):  # the agent talks to systemd
+        env.pop(key, None)
+    return env
+
+
+def run_child(request: dict[str, Any], timeout_s: float, label: str) -> list[RankedTrial] | None:
+    """Run the child on ``request``; its ranking, or None (logged at WARNING) when it failed."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "agent.inference.rank_child"], input=json.dumps(request),
+            stdout=subprocess.PIPE, stderr=None, env=_child_env(), timeout=timeout_s,
+            text=True, check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("model %s: ranking the runtimes in a child process failed (%s); timing "
+                    "them in the agent", label, exc)
+        return None
+    if done.returncode != 0:
+        log.warning("model %s: the runtime-ranking child exited with status %d; timing the "
+                    "runtimes in the agent", label, done.returncode)
+        return None
+    try:
+        return parse_answer(done.stdout)
+    except ValueError as exc:
+        log.warning("model %s: the runtime-ranking child answered garbage (%s); timing the "
+                    "runtimes in the agent", label, exc)
+        return None
+
+
+def parse_answer(text: str) -> list[RankedTrial]:
+    """The child's answer as ``(kind, path, p50 or None, error or None)`` tuples.
+
+    >>> parse_answer('[["litert", "m.tflite", 1.5e-05, null], ["openvino", "m.xml", null, "x"]]')
+    [('litert', 'm.tflite', 1.5e-05, None), ('openvino', 'm.xml', None, 'x')]
+
+    Raises:
+        ValueError: not a JSON list of such rows, or a row with neither or both of p50 and error.
+    """
+    rows = json.loads(text)
+    if not isinstance(rows, list):
+        raise ValueError("not a list")
+    out: list[RankedTrial] = []
+    for row in rows:
+        if not (isinstance(row, list) and len(row) == 4):
+            raise ValueError(f"bad row {row!r}")
+        kind, path, p50, error = row
+        ok = isinstance(p50, int | float) and error is None
+        failed = p50 is None and isinstance(error, str)
+        if not (isinstance(kind, str) and isinstance(path, str) and (ok or failed)):
+            raise ValueError(f"bad row {row!r}")
+        out.append((kind, path, None if p50 is None else float(p50), error))
+    return out
+
+
+def main() -> None:
+    """The child: read the request on stdin, write the ranking on stdout, ``os._exit``."""
+    answer = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # a runtime writing to stdout must not corrupt the answer
+    try:
+        req = json.loads(sys.stdin.read())
+        folder = Path(req["package"])
+        package: AnyPackage = (load_image_package(folder) if req["image"]
+                               else load_package(folder))
+        cache = None if req["cache_dir"] is None else Path(req["cache_dir"])
+        selection = select_backend(
+            package, req["backend"], req["precision"],
+            opener=registry_opener(int(req["threads"]), cache),
+            runs=int(req["runs"]), warmup=int(req["warmup"]))
+        rows = [[t.candidate.kind, t.candidate.artefact.path, t.p50_s, t.error]
+                for t in selection.trials]
+        answer.write(json.dumps(rows) + "\n")
+        answer.flush()
+    except (AgentError, OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"rank_child: {exc}", file=sys.stderr, flush=True)
+        os._exit(1)
+    os._exit(0)  # no runtime teardown: the process ends here
+
+
+if __name__ == "__main__":
+    main()

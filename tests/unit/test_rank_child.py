@@ -1,0 +1,156 @@
+"""A first backend selection timed in a child process (agent.inference.rank_child): the agent
+opens only the candidates it keeps, remembers the child's ranking, lists the child's failures,
+and times the candidates itself when the ranker fails."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.errors import ModelError
+from agent.inference.choice_memory import ChoiceMemory, selection_key
+from agent.inference.package import ModelPackage
+from agent.inference.rank_child import parse_answer, run_child
+from agent.inference.select import AnyPackage, RankedTrial, Remembering
+from tests.unit.test_backend_select import SPEEDS, _select, package  # noqa: F401 - fixture
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _remembering(tmp_path: Path, pkg: ModelPackage) -> Remembering:
+    return Remembering(ChoiceMemory.in_state_dir(tmp_path), selection_key(pkg, "auto", "int8", 1),
+                       keep=2)
+
+
+class _Ranker:
+    def __init__(self, rows: list[RankedTrial] | None) -> None:
+        self.rows = rows
+        self.calls: list[tuple[str, str, int, int]] = []
+
+    def __call__(self, pkg: AnyPackage, backend: str, precision: str, runs: int,
+                 warmup: int) -> list[RankedTrial] | None:
+        self.calls.append((backend, precision, runs, warmup))
+        return self.rows
+
+
+def _rows(pkg: ModelPackage) -> list[RankedTrial]:
+    path = {a.runtime: a.path for a in pkg.manifest.artefacts if a.precision == "int8"
+            and not a.path.endswith(".bin")}
+    return [("litert", path["litert"], 1e-5, None),
+            ("openvino", path["openvino"], 2e-5, None),
+            ("onnxruntime", path["onnxruntime"], 3e-5, None),
+            ("openvino", path["onnxruntime"], None, "golden outputs differ")]
+
+
+def test_the_childs_ranking_is_remembered_and_only_its_first_candidates_open(
+        tmp_path: Path, package: ModelPackage) -> None:  # noqa: F811
+    ranker = _Ranker(_rows(package))
+    sel, opened = _select(package, SPEEDS, {}, remembering=_remembering(tmp_path, package),
+                          ranker=ranker)
+    assert ranker.calls == [("auto", "int8", 20, 3)]
+    assert sorted(opened) == ["litert", "openvino"]  # the two kept; the others never opened
+    assert sel.apart and not sel.remembered and sel.chosen.candidate.label == "litert"
+    assert [(t.candidate.label, t.error) for t in sel.trials] == [
+        ("litert", None), ("openvino", None), ("onnxruntime", None),
+        ("openvino-onnx", "golden outputs differ")]
+    assert len(sel.backends) == 2
+    stored = ChoiceMemory.in_state_dir(tmp_path).get(selection_key(package, "auto", "int8", 1))
+    assert stored is not None and [k for k, _, _ in stored] == ["litert", "openvino",
+                                                                 "onnxruntime"]
+    again, opened = _select(package, SPEEDS, {}, remembering=_remembering(tmp_path, package),
+                            ranker=ranker)
+    assert again.remembered and len(ranker.calls) == 1  # a restart asks no child
+
+
+def test_a_failed_ranker_means_timing_here(tmp_path: Path, package: ModelPackage) -> None:  # noqa: F811
+    sel, opened = _select(package, SPEEDS, {}, remembering=_remembering(tmp_path, package),
+                          ranker=_Ranker(None))
+    assert not sel.apart and len(opened) == 4 and opened["litert"].calls > 3
+
+
+def test_a_kept_candidate_that_fails_here_means_timing_here(
+        tmp_path: Path, package: ModelPackage) -> None:  # noqa: F811
+    sel, opened = _select(package, SPEEDS, {"litert": 1.0},
+                          remembering=_remembering(tmp_path, package),
+                          ranker=_Ranker(_rows(package)))
+    assert not sel.apart and sel.chosen.candidate.label == "openvino" and len(opened) == 4
+
+
+def test_nothing_passing_in_the_child_is_a_model_error_with_its_reasons(
+        tmp_path: Path, package: ModelPackage) -> None:  # noqa: F811
+    rows = [(k, p, None, "does not load") for k, p, _, _ in _rows(package)]
+    sel, opened = _select(package, SPEEDS, {}, remembering=_remembering(tmp_path, package),
+                          ranker=_Ranker(rows))
+    assert not opened
+    with pytest.raises(ModelError, match=r"no backend passed: .*does not load"):
+        _ = sel.chosen
+
+
+@pytest.mark.parametrize("text", ["", "{}", '[["litert", "m", 1.0, "both"]]',
+                                  '[["litert", "m", null, null]]', '[["litert", "m", 1.0]]'])
+def test_a_garbage_answer_is_refused(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_answer(text)
+
+
+def test_the_real_child_ranks_the_shipped_model() -> None:
+    pytest.importorskip("onnxruntime")
+    rows = run_child({"package": str(ROOT / "models" / "skab-wstat"), "image": False,
+                      "backend": "onnxruntime", "precision": "int8", "threads": 1,
+                      "cache_dir": None, "runs": 3, "warmup": 1}, 120.0, "skab-wstat")
+    assert rows is not None and rows[0][:2] == ("onnxruntime", "model.int8.onnx")
+    assert rows[0][2] is not None and rows[0][2] > 0 and rows[0][3] is None
+
+
+AGENT_SIDE = """
+import sys
+from pathlib import Path
+from agent.errors import ModelError
+from agent.inference.choice_memory import ChoiceMemory, selection_key
+from agent.inference.package import load_package
+from agent.inference.rank_child import child_ranker
+from agent.inference.select import Remembering, registry_opener, select_backend
+pkg = load_package(Path(sys.argv[1]))
+rem = Remembering(ChoiceMemory.in_state_dir(Path(sys.argv[2])),
+                  selection_key(pkg, "auto", "int8", 1), keep=1)
+sel = select_backend(pkg, opener=registry_opener(), remembering=rem, ranker=child_ranker(),
+                     runs=3, warmup=1)
+runtimes = ("onnxruntime", "openvino", "ai_edge_litert", "tflite_runtime")
+print(sel.apart, len(sel.trials), sel.chosen.candidate.kind,
+      ",".join(m for m in runtimes if m in sys.modules))
+"""
+
+
+def test_the_agent_imports_only_the_chosen_runtime(tmp_path: Path) -> None:
+    pytest.importorskip("onnxruntime")
+    done = subprocess.run([sys.executable, "-c", AGENT_SIDE, str(ROOT / "models" / "skab-wstat"),
+                           str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
+                          check=True, timeout=300)
+    apart, trials, chosen, imported = done.stdout.split()
+    assert apart == "True" and int(trials) >= 1
+    module = {"litert": "ai_edge_litert"}.get(chosen, chosen)
+    assert imported == module or (chosen == "litert" and imported == "tflite_runtime")
+
+
+def test_a_child_that_fails_is_none_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    rows = run_child({"package": "/nonexistent", "image": False, "backend": "auto",
+                      "precision": "int8", "threads": 1, "cache_dir": None, "runs": 1,
+                      "warmup": 0}, 120.0, "missing")
+    assert rows is None and "exited with status 1" in caplog.text
+
+
+def test_the_child_keeps_its_stdout_for_the_answer() -> None:
+    """A runtime printing to stdout while loading lands on stderr, not in the answer."""
+    code = ("import os, sys; from agent.inference import rank_child as r;"
+            "r.select_backend = lambda *a, **k: (os.write(1, b'noise\\n'), sys.exit(3))[1];"
+            "r.main()")
+    done = subprocess.run([sys.executable, "-c", code], input=json.dumps(
+        {"package": str(ROOT / "models" / "skab-wstat"), "image": False, "backend": "auto",
+         "precision": "int8", "threads": 1, "cache_dir": None, "runs": 1, "warmup": 0}),
+        text=True,
+        capture_output=True, cwd=ROOT, check=False)
+    assert done.returncode == 3 and done.stdout == "" and "noise" in done.stderr
