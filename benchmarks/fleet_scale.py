@@ -207,9 +207,10 @@ async def _response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
     return int(lines[0].split(" ", 2)[1]), await reader.readexactly(length)
 
 
-def _ingest_body(device: str, shape: DeviceShape, minute: float) -> bytes:
-    """The agent's upload of one minute: schema 3, aggregates as columns, gzip level 6
-    (:func:`cloud_sync.client.columns_batch_json`, ``FleetConfig.gzip_level``)."""
+def _ingest_json(device: str, shape: DeviceShape, minute: float, now: float) -> bytes:
+    """The agent's upload of one minute before gzip: schema 3, aggregates as columns
+    (:func:`cloud_sync.client.columns_batch_json`); sent with gzip level 6
+    (``FleetConfig.gzip_level``)."""
     streams = [f"s{s}" for s in range(shape.streams)]
     channels = json.dumps([{"channel": c, "count": 600, "min": -1.0, "max": 1.0, "mean": 0.01,
                             "std": 0.2} for c in shape.channels], separators=(",", ":"))
@@ -220,22 +221,61 @@ def _ingest_body(device: str, shape: DeviceShape, minute: float) -> bytes:
         max_score=[0.4] * len(streams), windows=[12] * len(streams),
         alert_count=[0] * len(streams))
     header = IngestBatch.model_validate({
-        "schema": SCHEMA_VERSION, "device_id": device, "sent_at": time.time(),
+        "schema": SCHEMA_VERSION, "device_id": device, "sent_at": now,
         "agent_version": "bench", "model": {"name": "skab-wstat", "version": 1},
         "backlog": {"alerts": 0, "aggregates": 0}, "records": []})
-    doc = columns_batch_json(header, [], columns.model_dump_json())
-    return gzip.compress(doc, compresslevel=6, mtime=0)
+    return columns_batch_json(header, [], columns.model_dump_json())
 
 
-def _health_body(device: str, shape: DeviceShape) -> bytes:
+def _health_json(device: str, shape: DeviceShape, now: float) -> bytes:
     """The agent's health summary (:func:`agent.services.health_reporter.summarize`)."""
     streams = [f"s{s}" for s in range(shape.streams)]
     return HealthSummary(
-        device_id=device, at=time.time(), status="green", agent_version="bench",
+        device_id=device, at=now, status="green", agent_version="bench",
         streams=[StreamHealth(stream=s, state="green") for s in streams],
         models=[ModelHealth(stream=s, name="skab-wstat", version=1) for s in streams],
         disk=DiskUse(used_bytes=12_345_678, budget_bytes=512 * 1024 * 1024),
     ).model_dump_json().encode()
+
+
+_DEV, _MINUTE, _NOW = "zzdevicezz", 1111111111.0, 2222222222.5
+
+
+class Bodies:
+    """The device requests' bodies from templates: one pydantic-built body per kind with
+    placeholder device, minute and clock, then the placeholders substituted per request (the
+    load generator shares the replicas' cores: building every body through pydantic cost it
+    about a quarter of a millisecond per request). The substitution is checked against a
+    pydantic-built body once (``RuntimeError`` when they differ)."""
+
+    def __init__(self, shape: DeviceShape) -> None:
+        self._ingest = _ingest_json(_DEV, shape, _MINUTE, _NOW)
+        self._health = _health_json(_DEV, shape, _NOW)
+        minute, now = 1_790_000_040.0, 1_790_000_051.25
+        if (json.loads(self._ingest_json("bench00007", minute, now))
+                != json.loads(_ingest_json("bench00007", shape, minute, now))
+                or json.loads(self._health_json("bench00007", now))
+                != json.loads(_health_json("bench00007", shape, now))):
+            raise RuntimeError("body templates differ from the pydantic-built bodies")
+
+    def _ingest_json(self, device: str, minute: float, now: float) -> bytes:
+        return (self._ingest.replace(_DEV.encode(), device.encode())
+                .replace(b"%d" % int(_MINUTE * 1000), b"%d" % int(minute * 1000))
+                .replace(repr(_MINUTE).encode(), repr(minute).encode())
+                .replace(repr(_NOW).encode(), repr(now).encode()))
+
+    def _health_json(self, device: str, now: float) -> bytes:
+        return (self._health.replace(_DEV.encode(), device.encode())
+                .replace(repr(_NOW).encode(), repr(now).encode()))
+
+    def ingest(self, device: str, minute: float) -> bytes:
+        """The gzip body of ``device``'s batch of the simulated ``minute`` (epoch s)."""
+        return gzip.compress(self._ingest_json(device, minute, time.time()), compresslevel=6,
+                             mtime=0)
+
+    def health(self, device: str) -> bytes:
+        """``device``'s health summary (plain JSON)."""
+        return self._health_json(device, time.time())
 
 
 def schedule(devices: list[str], shape: DeviceShape, minutes: int, minute_s: float,
@@ -265,6 +305,7 @@ async def _run_minutes(ports: list[int], tokens: dict[str, str], shape: DeviceSh
                        tally: Tally) -> None:
     """Open-loop schedule of ``minutes`` simulated minutes; latencies of minute 0 not kept."""
     devices = list(tokens)
+    bodies = Bodies(shape)
     loop = asyncio.get_running_loop()
     queues: list[asyncio.Queue[tuple[float, str, str, int, int] | None]] = [
         asyncio.Queue() for _ in ports]
@@ -276,11 +317,11 @@ async def _run_minutes(ports: list[int], tokens: dict[str, str], shape: DeviceSh
                 due, kind, device, minute_no, stream = item
                 token = tokens[device]
                 if kind == "ingest":
-                    req = _request(ports[r], "POST", "/v1/ingest", token, _ingest_body(
-                        device, shape, first_minute + 60.0 * minute_no), gzipped=True)
+                    req = _request(ports[r], "POST", "/v1/ingest", token, bodies.ingest(
+                        device, first_minute + 60.0 * minute_no), gzipped=True)
                 elif kind == "health":
                     req = _request(ports[r], "POST", "/v1/devices/self/health", token,
-                                   _health_body(device, shape))
+                                   bodies.health(device))
                 else:
                     req = _request(ports[r], "GET", f"/v1/models/assignment?stream=s{stream}",
                                    token)
@@ -307,6 +348,16 @@ async def _run_minutes(ports: list[int], tokens: dict[str, str], shape: DeviceSh
         for _ in range(connections):
             q.put_nowait(None)
     await asyncio.gather(*workers)
+
+
+def _loop_factory() -> Any:
+    """uvloop's event loop when installed (``uvicorn[standard]`` brings it; the replicas run on
+    it too): a cheaper load generator leaves more of the shared cores to the replicas."""
+    try:
+        import uvloop  # noqa: PLC0415
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 def enroll_direct(pg: psycopg.Connection[Any], names: list[str]) -> dict[str, str]:
@@ -463,9 +514,9 @@ def run_jobs(url: str, engine: Any, state: Path, env: dict[str, str], cmd: list[
         with tqdm(total=jobs, unit="job", file=sys.stderr, desc="retraining") as bar:
             while time.monotonic() < deadline:
                 ended = {}
-                for j in queue.list(limit=jobs + 10):
-                    if j.state in ("done", "gated", "failed"):
-                        ended[j.state] = ended.get(j.state, 0) + 1
+                for job in queue.list(limit=jobs + 10):
+                    if job.state in ("done", "gated", "failed"):
+                        ended[job.state] = ended.get(job.state, 0) + 1
                 bar.update(sum(ended.values()) - bar.n)
                 if sum(ended.values()) >= jobs or any(p.poll() is not None for p in procs):
                     break
@@ -512,9 +563,9 @@ def _wait_healthy(port: int, proc: subprocess.Popen[bytes], log: Path) -> None:
     deadline = time.monotonic() + 90
     while True:
         try:
-            if requests.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+            if requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200:
                 return
-        except requests.ConnectionError:
+        except requests.RequestException:  # not listening yet, or slow to answer under load
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"replica on {port} did not start:\n{log.read_text()}")
@@ -608,8 +659,9 @@ def run(args: argparse.Namespace, counts: list[int], admin: psycopg.Connection[A
             use = {d: tokens[d] for d in list(tokens)[:n]}
             tally = Tally()
             before, cpu0, t0 = meter.sample(), time.process_time(), time.perf_counter()
-            asyncio.run(_run_minutes(ports, use, shape, args.minutes, args.minute_s,
-                                     minute0, args.connections, tally))
+            with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+                runner.run(_run_minutes(ports, use, shape, args.minutes, args.minute_s,
+                                        minute0, args.connections, tally))
             minute0 += 60.0 * args.minutes
             wall = time.perf_counter() - t0
             cpu = CpuMeter.delta(before, meter.sample())
