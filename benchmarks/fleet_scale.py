@@ -572,6 +572,22 @@ def _wait_healthy(port: int, proc: subprocess.Popen[bytes], log: Path) -> None:
         time.sleep(0.2)
 
 
+class _Tee:
+    """A text stream writing to two (``--log``)."""
+
+    def __init__(self, first: Any, second: Any) -> None:
+        self._streams = (first, second)
+
+    def write(self, text: str) -> int:
+        for stream in self._streams:
+            stream.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        for stream in self._streams:
+            stream.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--devices", default="1000,5000,10000", help="device counts, comma-separated")
@@ -599,7 +615,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs-timeout", type=float, default=3600.0)
     ap.add_argument("--pg", default="host=127.0.0.1 port=5432 user=postgres dbname=test")
     add_arguments(ap, port_help="port of the first replica (the second: a free one)")
+    ap.add_argument("--log", type=Path, help="also append everything printed on stdout to this "
+                    "file (results.py keeps only the last line)")
     args = ap.parse_args(argv)
+    if args.log is not None:
+        sys.stdout = _Tee(sys.stdout, args.log.open("a", encoding="utf-8"))
     counts = [int(x) for x in args.devices.split(",") if x.strip()]
     if not (args.poll_s > 0 and args.health_s > 0 and args.streams > 0):
         ap.error("--poll-s, --health-s and --streams must be positive")
