@@ -32,10 +32,12 @@ then two workers. Three parts:
    with ``INSERT ... SELECT generate_series`` in chunks of ``--chunk-rows`` (a progress bar on
    stderr): 1,000 devices x ``--streams`` streams, one row per minute, oldest first, ending now
    (the weekly partitions of the range are created first, as the serving process does ahead of
-   time), then ``VACUUM ANALYZE``. Then ``--queries`` of each console read, in process through
-   :mod:`fleet.db` (no HTTP): a device/stream/1-hour range (``RecordStore.aggregates``, the
-   device API), and the plot (``ConsoleQueries.series``, 500 points) over one day and over a
-   week (both downsampled in the database).
+   time; the table's keys and indexes are dropped for the load and rebuilt from their catalog
+   definitions after it; ``--rows-budget-s`` stops inserting after that many seconds and
+   measures the rows so far), then ``VACUUM ANALYZE``. Then ``--queries`` of each console
+   read, in process through :mod:`fleet.db` (no HTTP): a device/stream/1-hour range
+   (``RecordStore.aggregates``, the device API), and the plot (``ConsoleQueries.series``, 500
+   points) over one day and over a week (both downsampled in the database).
 3. **Retraining burst**: ``--jobs`` jobs (one per device stream with uploaded calibration
    samples) enqueued at once, drained by 2 ``edge-fleet worker`` processes running real
    retrainings (train, INT8, gate, sign, publish; about a second each on a free core: there is
@@ -44,16 +46,19 @@ then two workers. Three parts:
    done jobs.
 
 The last line: ``p99_ms_10000=<ms or n/a> query_p99_ms=<ms> jobs_lost=<n>
-jobs_duplicated=<n>`` (``p99_ms_10000`` is the p99 at 10,000 devices; n/a when not run).
+jobs_duplicated=<n>`` (``p99_ms_10000`` is the p99 at 10,000 devices; a part not run
+prints n/a).
 
 Usage::
 
     python3 benchmarks/fleet_scale.py [--devices 1000,5000,10000] [--minutes 2] [--minute-s 60]
         [--poll-s 300] [--health-s 60] [--rows 100000000] [--queries 200] [--jobs 500]
-        [--pg "host=... user=... dbname=test"] [--port N] [--workdir DIR]
+        [--rows-budget-s S] [--pg "host=... user=... dbname=test"] [--port N] [--workdir DIR]
+        [--log FILE]
 
-Takes long at full scale (hours for 100 M rows on two cores, ~40 GB of disk): see
-docs/fleet-scale.md for the reduced run recorded in docs/results.md.
+Takes long at full scale (about 40 minutes and 53 GB of disk for 100 M rows on a shared 2-core
+VM; 500 real retrainings take minutes): see docs/fleet-scale.md. ``--log FILE`` keeps the
+whole report (``benchmarks/results.py`` records only the last line).
 """
 
 from __future__ import annotations
