@@ -32,10 +32,12 @@ then two workers. Three parts:
    with ``INSERT ... SELECT generate_series`` in chunks of ``--chunk-rows`` (a progress bar on
    stderr): 1,000 devices x ``--streams`` streams, one row per minute, oldest first, ending now
    (the weekly partitions of the range are created first, as the serving process does ahead of
-   time), then ``VACUUM ANALYZE``. Then ``--queries`` of each console read, in process through
-   :mod:`fleet.db` (no HTTP): a device/stream/1-hour range (``RecordStore.aggregates``, the
-   device API), and the plot (``ConsoleQueries.series``, 500 points) over one day and over a
-   week (both downsampled in the database).
+   time; the table's keys and indexes are dropped for the load and rebuilt from their catalog
+   definitions after it; ``--rows-budget-s`` stops inserting after that many seconds and
+   measures the rows so far), then ``VACUUM ANALYZE``. Then ``--queries`` of each console
+   read, in process through :mod:`fleet.db` (no HTTP): a device/stream/1-hour range
+   (``RecordStore.aggregates``, the device API), and the plot (``ConsoleQueries.series``, 500
+   points) over one day and over a week (both downsampled in the database).
 3. **Retraining burst**: ``--jobs`` jobs (one per device stream with uploaded calibration
    samples) enqueued at once, drained by 2 ``edge-fleet worker`` processes running real
    retrainings (train, INT8, gate, sign, publish; about a second each on a free core: there is
@@ -44,16 +46,19 @@ then two workers. Three parts:
    done jobs.
 
 The last line: ``p99_ms_10000=<ms or n/a> query_p99_ms=<ms> jobs_lost=<n>
-jobs_duplicated=<n>`` (``p99_ms_10000`` is the p99 at 10,000 devices; n/a when not run).
+jobs_duplicated=<n>`` (``p99_ms_10000`` is the p99 at 10,000 devices; a part not run
+prints n/a).
 
 Usage::
 
     python3 benchmarks/fleet_scale.py [--devices 1000,5000,10000] [--minutes 2] [--minute-s 60]
         [--poll-s 300] [--health-s 60] [--rows 100000000] [--queries 200] [--jobs 500]
-        [--pg "host=... user=... dbname=test"] [--port N] [--workdir DIR]
+        [--rows-budget-s S] [--pg "host=... user=... dbname=test"] [--port N] [--workdir DIR]
+        [--log FILE]
 
-Takes long at full scale (hours for 100 M rows on two cores, ~40 GB of disk): see
-docs/fleet-scale.md for the reduced run recorded in docs/results.md.
+Takes long at full scale (about 40 minutes and 53 GB of disk for 100 M rows on a shared 2-core
+VM; 500 real retrainings take minutes): see docs/fleet-scale.md. ``--log FILE`` keeps the
+whole report (``benchmarks/results.py`` records only the last line).
 """
 
 from __future__ import annotations
@@ -207,9 +212,10 @@ async def _response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
     return int(lines[0].split(" ", 2)[1]), await reader.readexactly(length)
 
 
-def _ingest_body(device: str, shape: DeviceShape, minute: float) -> bytes:
-    """The agent's upload of one minute: schema 3, aggregates as columns, gzip level 6
-    (:func:`cloud_sync.client.columns_batch_json`, ``FleetConfig.gzip_level``)."""
+def _ingest_json(device: str, shape: DeviceShape, minute: float, now: float) -> bytes:
+    """The agent's upload of one minute before gzip: schema 3, aggregates as columns
+    (:func:`cloud_sync.client.columns_batch_json`); sent with gzip level 6
+    (``FleetConfig.gzip_level``)."""
     streams = [f"s{s}" for s in range(shape.streams)]
     channels = json.dumps([{"channel": c, "count": 600, "min": -1.0, "max": 1.0, "mean": 0.01,
                             "std": 0.2} for c in shape.channels], separators=(",", ":"))
@@ -220,22 +226,61 @@ def _ingest_body(device: str, shape: DeviceShape, minute: float) -> bytes:
         max_score=[0.4] * len(streams), windows=[12] * len(streams),
         alert_count=[0] * len(streams))
     header = IngestBatch.model_validate({
-        "schema": SCHEMA_VERSION, "device_id": device, "sent_at": time.time(),
+        "schema": SCHEMA_VERSION, "device_id": device, "sent_at": now,
         "agent_version": "bench", "model": {"name": "skab-wstat", "version": 1},
         "backlog": {"alerts": 0, "aggregates": 0}, "records": []})
-    doc = columns_batch_json(header, [], columns.model_dump_json())
-    return gzip.compress(doc, compresslevel=6, mtime=0)
+    return columns_batch_json(header, [], columns.model_dump_json())
 
 
-def _health_body(device: str, shape: DeviceShape) -> bytes:
+def _health_json(device: str, shape: DeviceShape, now: float) -> bytes:
     """The agent's health summary (:func:`agent.services.health_reporter.summarize`)."""
     streams = [f"s{s}" for s in range(shape.streams)]
     return HealthSummary(
-        device_id=device, at=time.time(), status="green", agent_version="bench",
+        device_id=device, at=now, status="green", agent_version="bench",
         streams=[StreamHealth(stream=s, state="green") for s in streams],
         models=[ModelHealth(stream=s, name="skab-wstat", version=1) for s in streams],
         disk=DiskUse(used_bytes=12_345_678, budget_bytes=512 * 1024 * 1024),
     ).model_dump_json().encode()
+
+
+_DEV, _MINUTE, _NOW = "zzdevicezz", 1111111111.0, 2222222222.5
+
+
+class Bodies:
+    """The device requests' bodies from templates: one pydantic-built body per kind with
+    placeholder device, minute and clock, then the placeholders substituted per request (the
+    load generator shares the replicas' cores: building every body through pydantic cost it
+    about a quarter of a millisecond per request). The substitution is checked against a
+    pydantic-built body once (``RuntimeError`` when they differ)."""
+
+    def __init__(self, shape: DeviceShape) -> None:
+        self._ingest = _ingest_json(_DEV, shape, _MINUTE, _NOW)
+        self._health = _health_json(_DEV, shape, _NOW)
+        minute, now = 1_790_000_040.0, 1_790_000_051.25
+        if (json.loads(self._ingest_json("bench00007", minute, now))
+                != json.loads(_ingest_json("bench00007", shape, minute, now))
+                or json.loads(self._health_json("bench00007", now))
+                != json.loads(_health_json("bench00007", shape, now))):
+            raise RuntimeError("body templates differ from the pydantic-built bodies")
+
+    def _ingest_json(self, device: str, minute: float, now: float) -> bytes:
+        return (self._ingest.replace(_DEV.encode(), device.encode())
+                .replace(b"%d" % int(_MINUTE * 1000), b"%d" % int(minute * 1000))
+                .replace(repr(_MINUTE).encode(), repr(minute).encode())
+                .replace(repr(_NOW).encode(), repr(now).encode()))
+
+    def _health_json(self, device: str, now: float) -> bytes:
+        return (self._health.replace(_DEV.encode(), device.encode())
+                .replace(repr(_NOW).encode(), repr(now).encode()))
+
+    def ingest(self, device: str, minute: float) -> bytes:
+        """The gzip body of ``device``'s batch of the simulated ``minute`` (epoch s)."""
+        return gzip.compress(self._ingest_json(device, minute, time.time()), compresslevel=6,
+                             mtime=0)
+
+    def health(self, device: str) -> bytes:
+        """``device``'s health summary (plain JSON)."""
+        return self._health_json(device, time.time())
 
 
 def schedule(devices: list[str], shape: DeviceShape, minutes: int, minute_s: float,
@@ -265,7 +310,7 @@ async def _run_minutes(ports: list[int], tokens: dict[str, str], shape: DeviceSh
                        tally: Tally) -> None:
     """Open-loop schedule of ``minutes`` simulated minutes; latencies of minute 0 not kept."""
     devices = list(tokens)
-    loop = asyncio.get_running_loop()
+    bodies = Bodies(shape)
     queues: list[asyncio.Queue[tuple[float, str, str, int, int] | None]] = [
         asyncio.Queue() for _ in ports]
 
@@ -276,11 +321,11 @@ async def _run_minutes(ports: list[int], tokens: dict[str, str], shape: DeviceSh
                 due, kind, device, minute_no, stream = item
                 token = tokens[device]
                 if kind == "ingest":
-                    req = _request(ports[r], "POST", "/v1/ingest", token, _ingest_body(
-                        device, shape, first_minute + 60.0 * minute_no), gzipped=True)
+                    req = _request(ports[r], "POST", "/v1/ingest", token, bodies.ingest(
+                        device, first_minute + 60.0 * minute_no), gzipped=True)
                 elif kind == "health":
                     req = _request(ports[r], "POST", "/v1/devices/self/health", token,
-                                   _health_body(device, shape))
+                                   bodies.health(device))
                 else:
                     req = _request(ports[r], "GET", f"/v1/models/assignment?stream=s{stream}",
                                    token)
@@ -288,7 +333,7 @@ async def _run_minutes(ports: list[int], tokens: dict[str, str], shape: DeviceSh
                 tally.sent += 1
                 status, content = await _response(reader)
                 if minute_no > 0:
-                    tally.latencies[kind].append(loop.time() - due)
+                    tally.latencies[kind].append(time.perf_counter() - due)
                 if status not in (200, 204):
                     tally.errors.append(f"{kind} {status} {content[:160]!r}")
         finally:
@@ -297,9 +342,11 @@ async def _run_minutes(ports: list[int], tokens: dict[str, str], shape: DeviceSh
     route = {d: i % len(ports) for i, d in enumerate(devices)}
     workers = [asyncio.create_task(conn_worker(r)) for r in range(len(ports))
                for _ in range(connections)]
-    plan = schedule(devices, shape, minutes, minute_s, loop.time() + 1.0, random.Random(3))
+    # perf_counter, not loop.time(): uvloop's clock has 1 ms steps and is read once per loop pass
+    plan = schedule(devices, shape, minutes, minute_s, time.perf_counter() + 1.0,
+                    random.Random(3))
     for due, kind, device, m, stream in plan:
-        delay = due - loop.time()
+        delay = due - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
         queues[route[device]].put_nowait((due, kind, device, m, stream))
@@ -307,6 +354,16 @@ async def _run_minutes(ports: list[int], tokens: dict[str, str], shape: DeviceSh
         for _ in range(connections):
             q.put_nowait(None)
     await asyncio.gather(*workers)
+
+
+def _loop_factory() -> Any:
+    """uvloop's event loop when installed (``uvicorn[standard]`` brings it; the replicas run on
+    it too): a cheaper load generator leaves more of the shared cores to the replicas."""
+    try:
+        import uvloop  # noqa: PLC0415
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 def enroll_direct(pg: psycopg.Connection[Any], names: list[str]) -> dict[str, str]:
@@ -323,16 +380,43 @@ def enroll_direct(pg: psycopg.Connection[Any], names: list[str]) -> dict[str, st
 
 # --- part 2: the console's queries --------------------------------------------------------------
 
+def _drop_keys(pg: psycopg.Connection[Any], table: str) -> list[str]:
+    """Drop ``table``'s constraints (primary, unique, foreign keys) and other indexes; returns
+    the statements that recreate them exactly (from the catalog), constraints first."""
+    cons = pg.execute(
+        "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = "
+        "%s::regclass AND contype IN ('p', 'u', 'f') ORDER BY contype DESC, conname",
+        (table,)).fetchall()
+    idx = pg.execute(
+        "SELECT c.relname, pg_get_indexdef(i.indexrelid) FROM pg_index i JOIN pg_class c ON "
+        "c.oid = i.indexrelid WHERE i.indrelid = %s::regclass AND NOT EXISTS (SELECT 1 FROM "
+        "pg_constraint k WHERE k.conindid = i.indexrelid) ORDER BY c.relname",
+        (table,)).fetchall()
+    for name, _ in cons:
+        pg.execute(f'ALTER TABLE "{table}" DROP CONSTRAINT "{name}"')
+    for name, _ in idx:
+        pg.execute(f'DROP INDEX "{name}"')
+    pg.commit()
+    return ([f'ALTER TABLE "{table}" ADD CONSTRAINT "{n}" {d}' for n, d in cons]
+            + [d.replace(" ON ONLY ", " ON ", 1) for _, d in idx])
+
+
 def generate_rows(pg: psycopg.Connection[Any], engine: Any, rows: int, streams: int,
-                  chunk_rows: int) -> tuple[dt.datetime, dt.datetime]:
+                  chunk_rows: int, budget_s: float) -> tuple[dt.datetime, dt.datetime]:
     """``rows`` aggregates of :data:`QUERY_DEVICES` devices, one per minute and stream, oldest
-    first, ending at the current minute; returns the time range."""
+    first, ending at the current minute; returns the time range of the rows generated.
+
+    The table's keys and indexes are dropped first and rebuilt from the catalog's definitions
+    after the load (one sorted build each instead of 100 M index insertions). Generation stops
+    after ``budget_s`` seconds of inserting (the rows so far are kept and measured: the caller
+    prints the count)."""
     per_minute = QUERY_DEVICES * streams
     minutes = max(1, rows // per_minute)
     end = dt.datetime.now(dt.UTC).replace(second=0, microsecond=0)
     start = end - dt.timedelta(minutes=minutes)
     with engine.begin() as conn:
         ensure(conn, SPECS["aggregates"], start, end)
+    rebuild = _drop_keys(pg, "aggregates")
     step = max(1, chunk_rows // per_minute)
     sql = (
         "INSERT INTO aggregates (id, device_id, stream, interval_start, interval_s, count, "
@@ -344,6 +428,8 @@ def generate_rows(pg: psycopg.Connection[Any], engine: Any, rows: int, streams: 
         "generate_series(0, %(nd)s - 1) d, generate_series(0, %(ns)s - 1) s")
     channels = json.dumps([{"channel": f"ch{c}", "count": 600, "min": -1.0, "max": 1.0,
                             "mean": 0.01, "std": 0.2} for c in range(2)])
+    last = start
+    t0 = time.perf_counter()
     with tqdm(total=minutes * per_minute, unit="row", unit_scale=True, file=sys.stderr,
               desc="aggregates") as bar:
         for m in range(0, minutes, step):
@@ -353,12 +439,24 @@ def generate_rows(pg: psycopg.Connection[Any], engine: Any, rows: int, streams: 
                                  "ch": channels}).rowcount
             pg.commit()
             bar.update(n)
+            last = b + dt.timedelta(minutes=1)
+            if time.perf_counter() - t0 > budget_s:
+                print(f"generation stopped after {budget_s:.0f} s (--rows-budget-s)",
+                      file=sys.stderr, flush=True)
+                break
+    print(f"inserted in {time.perf_counter() - t0:.0f} s", flush=True)
+    pg.execute("SET maintenance_work_mem = '1GB'")
+    for stmt in rebuild:
+        t = time.perf_counter()
+        pg.execute(stmt)
+        pg.commit()
+        print(f"{stmt[:90]}: {time.perf_counter() - t:.0f} s", flush=True)
     pg.autocommit = True
     t = time.perf_counter()
     pg.execute("VACUUM ANALYZE aggregates")
     pg.autocommit = False
     print(f"VACUUM ANALYZE {time.perf_counter() - t:.0f} s", flush=True)
-    return start, end
+    return start, last
 
 
 def run_queries(engine: Any, start: dt.datetime, end: dt.datetime, streams: int, n: int
@@ -422,9 +520,9 @@ def run_jobs(url: str, engine: Any, state: Path, env: dict[str, str], cmd: list[
         with tqdm(total=jobs, unit="job", file=sys.stderr, desc="retraining") as bar:
             while time.monotonic() < deadline:
                 ended = {}
-                for j in queue.list(limit=jobs + 10):
-                    if j.state in ("done", "gated", "failed"):
-                        ended[j.state] = ended.get(j.state, 0) + 1
+                for job in queue.list(limit=jobs + 10):
+                    if job.state in ("done", "gated", "failed"):
+                        ended[job.state] = ended.get(job.state, 0) + 1
                 bar.update(sum(ended.values()) - bar.n)
                 if sum(ended.values()) >= jobs or any(p.poll() is not None for p in procs):
                     break
@@ -471,13 +569,29 @@ def _wait_healthy(port: int, proc: subprocess.Popen[bytes], log: Path) -> None:
     deadline = time.monotonic() + 90
     while True:
         try:
-            if requests.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+            if requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200:
                 return
-        except requests.ConnectionError:
+        except requests.RequestException:  # not listening yet, or slow to answer under load
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"replica on {port} did not start:\n{log.read_text()}")
         time.sleep(0.2)
+
+
+class _Tee:
+    """A text stream writing to two (``--log``)."""
+
+    def __init__(self, first: Any, second: Any) -> None:
+        self._streams = (first, second)
+
+    def write(self, text: str) -> int:
+        for stream in self._streams:
+            stream.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        for stream in self._streams:
+            stream.flush()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -499,12 +613,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--connections", type=int, default=32, help="client connections per replica")
     ap.add_argument("--rows", type=int, default=100_000_000)
     ap.add_argument("--chunk-rows", type=int, default=1_000_000)
+    ap.add_argument("--rows-budget-s", type=float, default=float("inf"),
+                    help="stop inserting aggregates after this many seconds and measure the "
+                         "rows generated so far (printed)")
     ap.add_argument("--queries", type=int, default=200, help="queries of each console read")
     ap.add_argument("--jobs", type=int, default=500)
     ap.add_argument("--jobs-timeout", type=float, default=3600.0)
     ap.add_argument("--pg", default="host=127.0.0.1 port=5432 user=postgres dbname=test")
     add_arguments(ap, port_help="port of the first replica (the second: a free one)")
+    ap.add_argument("--log", type=Path, help="also append everything printed on stdout to this "
+                    "file (results.py keeps only the last line)")
     args = ap.parse_args(argv)
+    if args.log is not None:
+        sys.stdout = _Tee(sys.stdout, args.log.open("a", encoding="utf-8"))
     counts = [int(x) for x in args.devices.split(",") if x.strip()]
     if not (args.poll_s > 0 and args.health_s > 0 and args.streams > 0):
         ap.error("--poll-s, --health-s and --streams must be positive")
@@ -564,8 +685,9 @@ def run(args: argparse.Namespace, counts: list[int], admin: psycopg.Connection[A
             use = {d: tokens[d] for d in list(tokens)[:n]}
             tally = Tally()
             before, cpu0, t0 = meter.sample(), time.process_time(), time.perf_counter()
-            asyncio.run(_run_minutes(ports, use, shape, args.minutes, args.minute_s,
-                                     minute0, args.connections, tally))
+            with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+                runner.run(_run_minutes(ports, use, shape, args.minutes, args.minute_s,
+                                        minute0, args.connections, tally))
             minute0 += 60.0 * args.minutes
             wall = time.perf_counter() - t0
             cpu = CpuMeter.delta(before, meter.sample())
@@ -604,7 +726,8 @@ def run(args: argparse.Namespace, counts: list[int], admin: psycopg.Connection[A
             pg.execute("TRUNCATE aggregates")
             pg.commit()
             t = time.perf_counter()
-            start, end = generate_rows(pg, engine, args.rows, args.streams, args.chunk_rows)
+            start, end = generate_rows(pg, engine, args.rows, args.streams, args.chunk_rows,
+                                       args.rows_budget_s)
             total = pg.execute("SELECT count(*) FROM aggregates").fetchone()
             size = pg.execute("SELECT pg_size_pretty(sum(pg_total_relation_size(c.oid))) FROM "
                               "pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE "
@@ -630,8 +753,9 @@ def run(args: argparse.Namespace, counts: list[int], admin: psycopg.Connection[A
                                                  args.jobs, args.jobs_timeout)
             print(summary + f"; lost {lost}, duplicated {duplicated}", flush=True)
         p99_10k = f"{results[10000]['p99']:.1f}" if 10000 in results else "n/a"
-        print(f"p99_ms_10000={p99_10k} query_p99_ms={query_p99:.1f} jobs_lost={lost} "
-              f"jobs_duplicated={duplicated}")
+        q99 = f"{query_p99:.1f}" if args.rows > 0 else "n/a"
+        jl, jd = (str(lost), str(duplicated)) if args.jobs > 0 else ("n/a", "n/a")
+        print(f"p99_ms_10000={p99_10k} query_p99_ms={q99} jobs_lost={jl} jobs_duplicated={jd}")
         return 0 if lost == duplicated == 0 else 1
     finally:
         for proc in replicas:

@@ -27,7 +27,9 @@ class ModelLoop:
     max_upload_bytes: int = MAX_UPLOAD_BYTES
 
 
-def get_model_loop(request: Request) -> ModelLoop:
+async def get_model_loop(request: Request) -> ModelLoop:
+    """The app's :class:`ModelLoop` (``async``: FastAPI runs a plain ``def`` dependency in the
+    thread pool, one thread hand-off per request, e.g. per assignment poll)."""
     loop = request.app.state.model_loop
     assert isinstance(loop, ModelLoop)
     return loop

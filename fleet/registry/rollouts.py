@@ -46,7 +46,9 @@ from sqlalchemy import (
     ColumnElement,
     Connection,
     Engine,
+    Select,
     and_,
+    bindparam,
     case,
     func,
     insert,
@@ -86,6 +88,27 @@ def package_url(name: str, version: int) -> str:
     """Path of a package archive, relative to the fleet base URL."""
     return f"/v1/models/{name}/{version}/package"
 
+
+def _newest_query(every_stream: bool) -> Select[Any]:
+    """The newest rollout of the device ``:device_id`` for the stream ``:stream`` or for every
+    stream (a rollout without a stream applies to all), with its member row and the device's
+    reported model. Built once per shape (:data:`_NEWEST`): an assignment poll only binds the
+    parameters (building the statement was about a third of a poll's CPU in the service)."""
+    streams: ColumnElement[bool] = rollouts.c.stream.is_(None)
+    if not every_stream:
+        streams = or_(streams, rollouts.c.stream == bindparam("stream"))
+    return (select(rollouts, rollout_devices.c.assigned, rollout_devices.c.previous_version,
+                   rollout_devices.c.state.label("device_state"),
+                   devices.c.model_name.label("device_model"),
+                   devices.c.model_version.label("device_version"))
+            .join(rollout_devices, rollout_devices.c.rollout_id == rollouts.c.id)
+            .join(devices, devices.c.device_id == rollout_devices.c.device_id)
+            .where(rollout_devices.c.device_id == bindparam("device_id"), streams)
+            .order_by(rollouts.c.id.desc()).limit(1))
+
+
+#: :func:`_newest_query` by "every stream" (``stream`` None) or one stream.
+_NEWEST = {True: _newest_query(True), False: _newest_query(False)}
 
 class RolloutService:
     """Create, steer and follow rollouts.
@@ -307,22 +330,11 @@ class RolloutService:
 
     def _newest(self, device_id: str, stream: str | None) -> Any:
         """The device's newest rollout for ``stream`` (or every stream), with its member row."""
-        streams: ColumnElement[bool] = rollouts.c.stream.is_(None)
-        if stream is not None:
-            streams = or_(streams, rollouts.c.stream == stream)
+        params = {"device_id": device_id} if stream is None else {
+            "device_id": device_id, "stream": stream}
         # one statement: autocommit spares a poll the BEGIN and ROLLBACK round trips
         with self._engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            return conn.execute(
-                select(rollouts, rollout_devices.c.assigned,
-                       rollout_devices.c.previous_version,
-                       rollout_devices.c.state.label("device_state"),
-                       devices.c.model_name.label("device_model"),
-                       devices.c.model_version.label("device_version"))
-                .join(rollout_devices, rollout_devices.c.rollout_id == rollouts.c.id)
-                .join(devices, devices.c.device_id == rollout_devices.c.device_id)
-                .where(rollout_devices.c.device_id == device_id, streams)
-                .order_by(rollouts.c.id.desc()).limit(1)
-            ).first()
+            return conn.execute(_NEWEST[stream is None], params).first()
 
     def _target(self, row: Any) -> tuple[int, bool] | None:
         """``(version, is_rollback)`` a rollout row assigns its device, or None."""
