@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # models/recipes
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from mtd_padim import runner
@@ -94,14 +95,16 @@ def trunk_targets(x: np.ndarray) -> np.ndarray:
 
 
 def teacher_set(fit8: np.ndarray, copies: int, flaw_fraction: float, rng: np.random.Generator
-                ) -> np.ndarray:
-    """uint8 ``(N * (1 + copies), H, W)``: the fit images, then ``copies`` augmented copies of
-    each (flips, turns, gain/offset: :func:`augment`), ``flaw_fraction`` of them with one
-    synthetic flaw (:func:`synth_flaws`)."""
-    out = [fit8]
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """``(images, clean)``, both uint8 ``(N * (1 + copies), H, W)``: the fit images, then
+    ``copies`` augmented copies of each (flips, turns, gain/offset: :func:`augment`),
+    ``flaw_fraction`` of the copies with one synthetic flaw (:func:`synth_flaws`); ``clean``:
+    the same images before the flaws were drawn."""
+    out, clean = [fit8], [fit8]
     for _ in range(copies):
         a = augment(fit8, rng, photometric=True)
+        clean.append(a.copy())
         flawed = rng.random(len(a)) < flaw_fraction
         a[flawed] = synth_flaws(a[flawed], rng)
         out.append(a)
-    return np.concatenate(out)
+    return np.concatenate(out), np.concatenate(clean)

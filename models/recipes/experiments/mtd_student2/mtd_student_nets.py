@@ -95,9 +95,20 @@ def top_k_scores(maps: np.ndarray, k: int) -> np.ndarray:
     return np.sort(maps, axis=1)[:, -k:].mean(1)
 
 
+def paired_flips(a: np.ndarray, b: np.ndarray, rng: np.random.Generator
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """The same random 90-degree turn and flip applied to ``a[i]`` and ``b[i]``."""
+    oa, ob = np.empty_like(a), np.empty_like(b)
+    for i in range(len(a)):
+        k, flip = int(rng.integers(4)), bool(rng.random() < 0.5)
+        x, y = np.rot90(a[i], k), np.rot90(b[i], k)
+        oa[i], ob[i] = (x[:, ::-1], y[:, ::-1]) if flip else (x, y)
+    return oa, ob
+
+
 def train(net: Any, x8: np.ndarray, steps: int, batch: int, lr: float, seed: int, desc: str, *,
           targets: np.ndarray | None = None, teacher: Any = None, hard_q: float = 0.0,
-          flip: bool = False) -> Any:
+          flip: bool = False, clean: np.ndarray | None = None) -> Any:
     """Fit ``net`` on whole images ``x8`` (uint8 ``(N, S, S)``), Adam + cosine schedule, one
     seeded batch draw per step, a tqdm progress bar.
 
@@ -105,10 +116,12 @@ def train(net: Any, x8: np.ndarray, steps: int, batch: int, lr: float, seed: int
     features), or the frozen ``teacher``'s output on the same (augmented) images. Loss: MSE, plus
     EfficientAD's hard-feature term (the mean of the squared errors at or above their
     ``hard_q`` quantile) when ``hard_q`` > 0. ``flip``: random flips and 90-degree turns
-    (only with ``teacher``: precomputed targets belong to the unturned image)."""
+    (only with ``teacher``: precomputed targets belong to the unturned image). ``clean``
+    (with ``teacher``): uint8 images like ``x8`` without their synthetic flaws; the target of
+    ``x8[i]`` is then the teacher's output on ``clean[i]`` (the student learns to see through
+    flaws: what the teacher says of the flawless surface)."""
     import torch  # noqa: PLC0415
     from mtd_padim import normalise  # noqa: PLC0415
-    from mtd_student_data import augment  # noqa: PLC0415
     from tqdm import tqdm  # noqa: PLC0415
 
     torch.manual_seed(seed)
@@ -121,11 +134,15 @@ def train(net: Any, x8: np.ndarray, steps: int, batch: int, lr: float, seed: int
     bar = tqdm(range(steps), desc=desc, unit="step", mininterval=2.0)
     for _ in bar:
         idx = rng.integers(0, len(x8), batch)
-        xb8 = augment(x8[idx], rng, photometric=False) if flip else x8[idx]
+        cb8 = clean[idx] if clean is not None else x8[idx]
+        if flip:
+            xb8, cb8 = paired_flips(x8[idx], cb8, rng)
+        else:
+            xb8 = x8[idx]
         xb = torch.from_numpy(normalise(xb8))
         if teacher is not None:
             with torch.no_grad():
-                y = teacher(xb)
+                y = teacher(torch.from_numpy(normalise(cb8)))
         else:
             assert targets is not None
             y = torch.from_numpy(targets[idx].astype(np.float32))

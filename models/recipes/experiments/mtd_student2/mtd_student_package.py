@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # models/recipes
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from mtd_padim import MEAN, STD, auroc, normalise, runner
@@ -130,7 +131,7 @@ def build(data: Path, out: Path, *, size: int = 256, val: int = 100,
                    "atol": round(atol, 4)},
         "latency_budget_ms_p99": 10.0,
         "lineage": {
-            "recipe": "models/recipes/mtd_student.py",
+            "recipe": "models/recipes/experiments/mtd_student2/mtd_student.py",
             "args": {"size": size, "val": val, "channels": list(channels), "copies": copies,
                      "flaw_fraction": flaw_fraction, "teacher_steps": teacher_steps,
                      "student_steps": student_steps, "batch": batch, "lr": lr,
@@ -157,7 +158,8 @@ def build(data: Path, out: Path, *, size: int = 256, val: int = 100,
             "quantization": {
                 "openvino": {**ov_tools, "calibration_images": len(calib_x)},
                 "onnxruntime": {"tool": f"onnxruntime.quantization {ort.__version__}",
-                                "format": "QDQ", "op_types": ["Conv"], "calibration": "minmax",
+                                "format": "QDQ", "op_types": ["Conv"],
+                                "float": "the 1x1 projections (/head/)", "calibration": "minmax",
                                 "weights": "QInt8 per-channel, reduce_range (7-bit)",
                                 "calibration_images": len(calib_x)},
                 **({"litert": litert_tools} if litert_tools is not None else {})},
