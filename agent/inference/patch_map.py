@@ -36,8 +36,14 @@ from agent.errors import BackendUnavailable, ModelError
 from agent.inference.image_package import ImagePackage
 from agent.records import Float32Array
 
-#: The score aggregations whose map this module knows how to read.
-AGGREGATIONS = ("max_patch_knn_distance",)
+#: The score aggregations whose map this module knows how to read: PatchCore-style distances
+#: (the map is ``sqrt(max(d², 0))``) and student-teacher discrepancies (``models/mtd-student``:
+#: the graph's normalised discrepancy map, already in score units, reduced by ``ReduceMax`` or
+#: by the mean of a ``TopK``).
+KNN_AGGREGATIONS = ("max_patch_knn_distance",)
+DISCREPANCY_AGGREGATIONS = ("max_patch_student_teacher_discrepancy",
+                            "topk_mean_student_teacher_discrepancy")
+AGGREGATIONS = KNN_AGGREGATIONS + DISCREPANCY_AGGREGATIONS
 
 
 def _onnx_artefact(package: ImagePackage, precision: str) -> Path:
@@ -50,22 +56,28 @@ def _onnx_artefact(package: ImagePackage, precision: str) -> Path:
     return package.path / arts[0].path
 
 
-def map_outputs(graph: Any) -> tuple[str, str | None, str | None]:
+def map_outputs(graph: Any, discrepancy: bool = False) -> tuple[str, str | None, str | None]:
     """Names of the tensors holding the patch map: ``(all patches, shortlist indices,
-    shortlisted exact)``; the last two are None for an exact search (module docstring).
+    shortlisted exact)``; the last two are None for an exact search (module docstring) and for
+    a student-teacher discrepancy (``discrepancy``: the input of the final ``ReduceMax`` or of
+    the ``TopK`` whose values the score averages).
 
     Raises:
-        ModelError: the graph does not end in ``ReduceMax`` over patch distances.
+        ModelError: the graph does not end in ``ReduceMax`` (or, with ``discrepancy``, ``TopK``)
+            over the patch map.
     """
     producer = {out: node for node in graph.node for out in node.output}
     node = producer.get(graph.output[0].name)
+    ends = ("ReduceMax", "TopK") if discrepancy else ("ReduceMax",)
     hops = 0
-    while node is not None and node.op_type != "ReduceMax" and hops < 16:
+    while node is not None and node.op_type not in ends and hops < 16:
         node = producer.get(node.input[0]) if node.input else None
         hops += 1
-    if node is None or node.op_type != "ReduceMax":
+    if node is None or node.op_type not in ends:
         raise ModelError("the model's score is not a ReduceMax over patch distances")
     exact = node.input[0]
+    if discrepancy:
+        return exact, None, None
     topk = [n for n in graph.node if n.op_type == "TopK"]
     if not topk:
         return exact, None, None
@@ -102,7 +114,8 @@ class PatchMapModel:
 
         path = _onnx_artefact(package, precision)
         model = onnx.load(str(path))
-        names = map_outputs(model.graph)
+        self._root = score.aggregation in KNN_AGGREGATIONS
+        names = map_outputs(model.graph, discrepancy=not self._root)
         self._outputs = [model.graph.output[0].name] + [n for n in names if n is not None]
         for name in self._outputs[1:]:
             model.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
@@ -137,15 +150,18 @@ class PatchMapModel:
             outs = self._session.run(self._outputs, {self._input: x})
         except Exception as exc:
             raise ModelError(f"patch-map inference failed: {exc}", model=self.label) from exc
-        return float(np.asarray(outs[0]).reshape(-1)[0]), assemble_map(outs[1:], self.grid)
+        return (float(np.asarray(outs[0]).reshape(-1)[0]),
+                assemble_map(outs[1:], self.grid, root=self._root))
 
 
-def assemble_map(outs: list[Any], grid: tuple[int, int]) -> Float32Array:
+def assemble_map(outs: list[Any], grid: tuple[int, int], root: bool = True) -> Float32Array:
     """The ``grid``-shaped map from the exposed tensors (first image of the batch).
 
     Args:
         outs: ``[d² (B, P)]`` or ``[d²_c (B, P), indices (B, K), exact d² (B, K)]``.
         grid: ``(rows, cols)`` with ``rows x cols == P`` (a square grid is assumed if not).
+        root: ``sqrt(max(map, 0))`` (squared distances); False: the map as it is (a
+            student-teacher discrepancy map, already in score units).
 
     Raises:
         ModelError: ``P`` fits neither ``grid`` nor a square.
@@ -166,5 +182,6 @@ def assemble_map(outs: list[Any], grid: tuple[int, int]) -> Float32Array:
         if side * side != n:
             raise ModelError(f"patch map of {n} patches does not fit the grid {grid}")
         rows = cols = side
-    out: npt.NDArray[np.float32] = np.sqrt(np.maximum(full[0], 0.0)).reshape(rows, cols)
+    cells = np.sqrt(np.maximum(full[0], 0.0)) if root else full[0]
+    out: npt.NDArray[np.float32] = cells.reshape(rows, cols)
     return out.astype(np.float32)
