@@ -32,7 +32,7 @@ numbers (SKAB is sampled at 1 s). Labels are used only to rate.
   expects of an alarm; :func:`requirement_hits`, :data:`REQUIRED_HIT_RATE`). A candidate that
   fails R1 or R2 is out; among the rest the rating below (J) decides. Injections are
   label-free: into copies of the anomaly-free recording's 8 channels (normal time), at rows
-  N + 100, N + 400, ... every :data:`INJECT_EVERY` = 300 rows (about 29 per channel), the kinds
+  N + 100, N + 400, ... every :data:`INJECT_EVERY` = 300 rows (about 28 per channel), the kinds
   cycling spike-1, spike-3, shift-50 (about 10 of each per channel, 80 in all) and the sign
   alternating, each offset ``m·σ_cal`` added to the original values; σ_cal is the channel's
   calibration scale as the pipeline fits it (std of the first N rows, with the univariate
