@@ -18,7 +18,11 @@ cooldown). Scale and feature floors are f × the healthy rows' std, f the SKAB p
 fraction (its recipe's ``floor_frac``, chosen by the grouped selection; 0.1 when not recorded).
 
 Printed: every alert (time, score, threshold), the alerts inside the healthy rows when they are
-re-scored with the fitted calibration, and last ``first_alarm=<ISO time> healthy_alarms=<n>``.
+re-scored with the fitted calibration (in-sample: those rows fitted the threshold, so this count
+can hardly be other than 0), per time split (fit on the first 50 % / 75 % of the healthy rows
+only, score everything after: ``time_split=… fit_rows=… healthy_alarms_after_fit=…
+first_alarm_after_healthy=…``, the healthy-part check that can fail), and last
+``first_alarm=<ISO time> healthy_alarms=<n>``.
 """
 
 from __future__ import annotations
@@ -70,11 +74,30 @@ def build_model(healthy: np.ndarray, window: int, floor: np.ndarray, work: Path)
     win = sliding_windows(z, window)
     import onnx  # noqa: PLC0415
 
+    work.mkdir(parents=True, exist_ok=True)
     fp32, int8 = work / "model.fp32.onnx", work / "model.int8.onnx"
     onnx.save(build_graph(window, healthy.shape[1]), fp32)
     quantize_int8(fp32, int8, np.concatenate([win, win * HEADROOM]), method="minmax",
                   percentile=99.99, op_types=["MatMul", "Sub", "Abs"])
     return int8
+
+
+def fitted_detector(fit_rows: np.ndarray, base: DetectorSpec, frac: float,
+                    channels: list[str], work: Path) -> FeatureDeviationDetector:
+    """The detector fitted on ``fit_rows`` ``(N, 4)``: floors ``frac`` × their std, the INT8
+    model built on them, the SKAB package's score and threshold rule."""
+    w = base.window
+    floor = frac * fit_rows.std(0)
+    feats = window_features(((sliding_windows(fit_rows, w) - fit_rows.mean(0))
+                             / np.maximum(fit_rows.std(0), floor)).astype(np.float32))
+    spec = DetectorSpec(
+        channels=tuple(channels), window=w, hop=1, calibration_samples=fit_rows.shape[0],
+        scale_floor=floor, n_features=len(FEATURES), top_k=base.top_k,
+        feature_std_floor=frac * feats.astype(np.float64).std(0),
+        threshold_quantile=base.threshold_quantile, threshold_factor=base.threshold_factor,
+        threshold_holdout=base.threshold_holdout)
+    backend = build_backend("onnxruntime", build_model(fit_rows, w, floor, work), "int8")
+    return FeatureDeviationDetector(spec, backend)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,40 +112,58 @@ def main(argv: list[str] | None = None) -> int:
     healthy = values[start:stop]
     package = load_package(args.model)
     base = package.detector_spec()
-    w = base.window
     frac = float(((package.manifest.lineage or {}).get("args") or {}).get("floor_frac", 0.1))
-    floor = frac * healthy.std(0)
-    feats = window_features(((sliding_windows(healthy, w) - healthy.mean(0))
-                             / np.maximum(healthy.std(0), floor)).astype(np.float32))
-    spec = DetectorSpec(
-        channels=tuple(channels), window=w, hop=1, calibration_samples=healthy.shape[0],
-        scale_floor=floor, n_features=len(FEATURES), top_k=base.top_k,
-        feature_std_floor=frac * feats.astype(np.float64).std(0),
-        threshold_quantile=base.threshold_quantile, threshold_factor=base.threshold_factor,
-        threshold_holdout=base.threshold_holdout)
     print(f"{args.data / FILE}: {len(ts)} rows; fit on rows {start}..{stop - 1} "
           f"({iso(ts[start])} .. {iso(ts[stop - 1])}); detector defaults of {args.model.name}: "
-          f"W={w} top_k={spec.top_k} q={spec.threshold_quantile} factor={spec.threshold_factor} "
-          f"holdout={spec.threshold_holdout} floor={frac:g}; rules {RuleParams()}")
+          f"W={base.window} top_k={base.top_k} q={base.threshold_quantile} "
+          f"factor={base.threshold_factor} holdout={base.threshold_holdout} floor={frac:g}; "
+          f"rules {RuleParams()}")
     with tempfile.TemporaryDirectory(prefix="ims-") as tmp:
-        backend = build_backend("onnxruntime", build_model(healthy, w, floor, Path(tmp)), "int8")
-        detector = FeatureDeviationDetector(spec, backend)
+        detector = fitted_detector(healthy, base, frac, channels, Path(tmp) / "all")
+        spec = detector.spec
         cal = detector.calibrate(healthy)
         print(f"threshold {cal.threshold:.3f}")
-        # the healthy rows re-scored with the fitted calibration: alarms here are false alarms
+        # the healthy rows re-scored with the fitted calibration (in-sample: these rows fitted
+        # the threshold, so this count can hardly be other than 0; the time split below is the
+        # check that can fail)
         healthy_pipe = StreamPipeline("ims", "bench", spec, detector, RuleParams(),
                                       calibration=cal)
         healthy_alerts = healthy_pipe.process_block(healthy, ts[start:stop]).alerts
         # the run: calibrate on the healthy rows, score every row after them
         pipe = StreamPipeline("ims", "bench", spec, detector, RuleParams())
         alerts = pipe.process_block(values[start:], ts[start:]).alerts
+        splits = [time_split(values, ts, start, stop, share, base, frac, channels,
+                             Path(tmp) / f"split{share}") for share in SPLITS]
     for a in healthy_alerts:
         print(f"healthy-part alarm {iso(a.window_end)} score {a.score:.2f}")
     for a in alerts:
         print(f"alarm {iso(a.window_end)} score {a.score:.2f} > {a.threshold:.2f}")
+    for line in splits:
+        print(line)
     first = iso(alerts[0].window_end) if alerts else "none"
     print(f"first_alarm={first} healthy_alarms={len(healthy_alerts)}")
     return 0
+
+
+#: Time splits of the healthy part: fit on this share of its rows, count alarms in the rest.
+SPLITS = (0.5, 0.75)
+
+
+def time_split(values: np.ndarray, ts: np.ndarray, start: int, stop: int, share: float,
+               base: DetectorSpec, frac: float, channels: list[str], work: Path) -> str:
+    """Fit on the first ``share`` of the healthy rows ``start..stop-1`` only, score everything
+    after them: the alerts raised before ``stop`` are false alarms on healthy rows the fit has
+    not seen. Returns the line ``time_split=<share> fit_rows=<n> healthy_alarms_after_fit=<n>
+    first_alarm_after_healthy=<ISO|none>``."""
+    cut = start + round(share * (stop - start))
+    detector = fitted_detector(values[start:cut], base, frac, channels, work)
+    pipe = StreamPipeline("ims", "bench", detector.spec, detector, RuleParams())
+    alerts = pipe.process_block(values[start:], ts[start:]).alerts
+    healthy = [a for a in alerts if a.window_end <= ts[stop - 1]]
+    later = [a for a in alerts if a.window_end > ts[stop - 1]]
+    first = iso(later[0].window_end) if later else "none"
+    return (f"time_split={share:g} fit_rows={cut - start} healthy_alarms_after_fit="
+            f"{len(healthy)} first_alarm_after_healthy={first}")
 
 
 if __name__ == "__main__":

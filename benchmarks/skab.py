@@ -188,14 +188,15 @@ def grouped(data: Path, families: list[str], package) -> None:
         describe,
         load,
         load_floors,
+        load_sessions,
         report,
     )
 
     print("\ngrouped model selection (models/recipes/skab_select.py; FP32 NumPy references; "
           "F1 / FAR % / MAR %)")
     files, floor, ffloors = load(data)
-    choice = report(Study(files, floor, ffloors, families, load_floors(data, families)),
-                    families)
+    choice = report(Study(files, floor, ffloors, families, load_floors(data, families),
+                          load_sessions(data)), families)
     m = package.manifest
     args = (m.lineage or {}).get("args") or {}
     # the recipe's --floor-frac (= --feature-floor-frac when the selection set it)

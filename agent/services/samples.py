@@ -6,11 +6,13 @@ Per stream a :class:`SampleCollector` keeps
   ``(N, C)``, sent once as a ``kind="calibration"`` :class:`~cloud_sync.protocol.SampleBatch`
   (one block, ``(1, N, C)``); the fleet may retrain this device's model from them
   (``edge-fleet serve --auto-retrain``);
-* a uniform random sample of at most ``reservoir_size`` raw windows the detector classified
-  normal (score ≤ threshold), by Algorithm R (J. S. Vitter, "Random sampling with a reservoir",
-  ACM Transactions on Mathematical Software 11(1), 1985): the t-th window seen replaces a random
-  slot with probability ``size / t``. Each upload sends the reservoir and starts a new one, so
-  every batch is a uniform sample of the normal windows since the previous upload.
+* a uniform random sample of at most ``reservoir_size`` raw windows the detector classified normal
+  (score ≤ threshold) that start after the calibration rows (a window ending just after calibration
+  holds up to W − 1 calibration rows, which the fleet also fits on), by Algorithm R (J. S. Vitter,
+  "Random sampling with a reservoir", ACM Transactions on Mathematical Software 11(1), 1985): the
+  t-th window seen replaces a random slot with probability ``size / t``. Each upload sends the
+  reservoir and starts a new one, so every batch is a uniform sample of the normal windows since the
+  previous upload.
 
 Every batch is tagged with the model name/version in force and the stream's config hash, so the
 fleet can tell what produced the classification. A single thread (``fleet-samples``) uploads with
@@ -120,6 +122,10 @@ class SampleCollector:
         self._reservoir = Reservoir(reservoir_size, self._rng)
         self._tail = np.zeros((0, len(channels)))
         self._calibration: FloatArray | None = None
+        # rows passed to observe so far, and the first row a reservoir window may start at
+        # (the first scored row after the latest calibration; None until that row is seen)
+        self._rows = 0
+        self._clear_from: int | None = 0
         self._lock = threading.Lock()
 
     def set_model(self, name: str, version: int) -> None:
@@ -128,13 +134,19 @@ class SampleCollector:
             self.model = (name, version)
 
     def add_calibration(self, samples: FloatArray) -> None:
-        """The pipeline calibrated on ``samples`` ``(N, C)``: queue them for upload."""
+        """The pipeline calibrated on ``samples`` ``(N, C)``: queue them for upload. Call it
+        before :meth:`observe` of the block in which the calibration completed: windows that
+        start before the first scored row after it are then kept out of the reservoir."""
         with self._lock:
             self._calibration = np.array(samples, dtype=np.float64)
+            self._clear_from = None
 
     def observe(self, values: FloatArray, end_index: np.ndarray, scores: FloatArray,
                 threshold: float) -> None:
-        """See one processed block: offer its normal windows to the reservoir.
+        """See one processed block: offer its normal windows to the reservoir, except those
+        that start before the first scored row after the latest calibration (the pipeline
+        scores a window once its last row is past the calibration rows, so that row bounds
+        them).
 
         Args:
             values: Shape ``(N, C)``, the block's readings in model channel order.
@@ -147,9 +159,15 @@ class SampleCollector:
         offset = len(buf) - len(values)
         with self._lock:
             for end, score in zip(end_index.tolist(), scores.tolist(), strict=True):
+                if score != score:  # noqa: PLR0124 (NaN: unscored, e.g. calibrating)
+                    continue
+                if self._clear_from is None:  # the first scored window after a calibration
+                    self._clear_from = self._rows + end
                 start = end + offset - w + 1
-                if start >= 0 and score == score and score <= threshold:  # noqa: PLR0124 (NaN)
+                if (start >= 0 and self._rows + end - w + 1 >= self._clear_from
+                        and score <= threshold):
                     self._reservoir.offer(np.array(buf[start : start + w], dtype=np.float64))
+            self._rows += len(values)
         self._tail = np.array(buf[-(w - 1):], dtype=np.float64) if w > 1 else buf[:0]
 
     def take(self, reservoir: bool) -> list[SampleBatch]:

@@ -150,7 +150,8 @@ class DeviceData:
         channels: Channel names of the last axis of every array.
         samples: Shape ``(N, C)``: the stream's calibration samples (first N raw readings).
         reservoir: Shape ``(K, W, C)``: raw windows the device classified normal, or None.
-        heldout: Shape ``(K, W, C)``: explicit held-out windows for the gate, or None.
+        heldout: Shape ``(K, W, C)``: explicit held-out windows for the gate, or None; none
+            of their rows may be a row of ``samples`` (:func:`check_disjoint`).
         units: Unit per channel ('' = take the base package's).
         sample_rate_hz: Device sample rate (None = the base package's).
         data_start: Epoch s of the first sample, when known.
@@ -177,6 +178,22 @@ class TrainResult:
     manifest: dict[str, Any]
     gate: GateReport
     calibration: CalibrationFit
+
+
+def check_disjoint(samples: FloatArray, heldout: FloatArray) -> None:
+    """Check that no held-out window ``(K, W, C)`` holds a row of the calibration samples
+    ``(N, C)`` (rows compared exactly): the gate's figure is held out only if the fit never
+    saw its rows.
+
+    Raises:
+        ValueError: some held-out rows equal calibration rows (the count is named).
+    """
+    seen = {row.tobytes() for row in np.ascontiguousarray(samples, np.float64)}
+    rows = np.ascontiguousarray(heldout, np.float64).reshape(-1, heldout.shape[-1])
+    shared = sum(row.tobytes() in seen for row in rows)
+    if shared:
+        raise ValueError(f"heldout windows hold {shared} row(s) that are also calibration "
+                         "samples: held-out windows must come from other rows")
 
 
 def _reorder(arr: FloatArray | None, order: list[int]) -> FloatArray | None:
@@ -216,7 +233,8 @@ def train_wstat(
         The unsigned package and its gate report.
 
     Raises:
-        ValueError: channels missing from the base package, too few samples, bad shapes.
+        ValueError: channels missing from the base package, too few samples, bad shapes,
+            held-out windows that share rows with the samples.
         GateFailed: the gate refused the model (the directory is left for inspection).
     """
     opt = options or TrainOptions()
@@ -240,6 +258,7 @@ def train_wstat(
             raise ValueError(f"{what} windows must be (K, {w}, {c}), got {arr.shape}")
     n_hold = max(w + 1, round(opt.holdout_frac * samples.shape[0]))
     if heldout is not None and len(heldout):
+        check_disjoint(samples, heldout)
         source, fit_rows, held = "heldout", samples, heldout
         train_rows, cmp_source, cmp_held = samples, "heldout", heldout
     else:

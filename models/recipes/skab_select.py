@@ -18,8 +18,11 @@ reported on:
 * **Worst group**: on several groups (valve1, other) the rating is the worst group's.
 * **Leave one group out**: each group is reported with the candidate rated best on the *other*
   group alone.
-* **Leave files out**: within each group, files are split into 4 folds (file i → fold i mod 4);
-  each fold is scored with the candidate chosen on every file outside it.
+* **Leave files out**: within each group, recording sessions (files whose time spans overlap
+  share rows and form one session, :func:`skab_data.sessions`) are split into 4 folds (session
+  i → fold i mod 4); each fold is scored with the candidate chosen on every file outside it.
+* **Training rows**: the floors come from the anomaly-free recording without its rows that
+  overlap a labelled file in time (:func:`skab_data.training_recording`).
 
 The shipped defaults are the candidate chosen on all files (worst group, smoothed) among the
 families the agent can ship (:data:`SHIPPABLE`); the choice among all families is printed too.
@@ -41,7 +44,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from skab_data import anomaly_free_file, labelled_files, read_skab
+from skab_data import labelled_files, read_skab, sessions, training_recording
 from skab_detectors import FileScores, file_scores
 from skab_pot import pot_threshold
 
@@ -156,6 +159,8 @@ class Study:
         families: The detector families to study.
         floors: The floors of every fraction of a ``floor`` axis (:func:`load_floors`); None:
             only ``floor``/``feature_floors``, at :data:`FLOOR_FRAC`.
+        sessions: name -> recording session id (:func:`load_sessions`); files of one session
+            are held out together. None: every file is its own session.
 
     Raises:
         KeyError: a family's floor fraction has no floors.
@@ -163,8 +168,11 @@ class Study:
 
     def __init__(self, files: dict[str, tuple[np.ndarray, np.ndarray]], floor: np.ndarray,
                  feature_floors: dict[int, np.ndarray], families: Sequence[str],
-                 floors: Floors | None = None) -> None:
+                 floors: Floors | None = None, sessions: dict[str, int] | None = None
+                 ) -> None:
         self.files = files
+        self.sessions = sessions if sessions is not None else {n: i for i, n in
+                                                               enumerate(sorted(files))}
         self.labels = {k: v[1][N:] == 1 for k, v in files.items()}
         self.groups = sorted({k.split("/")[0] for k in files})
         self.candidates: list[Candidate] = []
@@ -266,14 +274,37 @@ class Study:
             out[g] = (c, self.evaluate(c, test))
         return out
 
+    def fold_of(self, folds: int) -> dict[str, int]:
+        """name -> fold: within each group the sessions, ordered by their first file name,
+        go to fold i mod ``folds``; every file of a session lands in its session's fold.
+
+        Raises:
+            ValueError: a session spans two groups (it could not be held out with either).
+        """
+        out: dict[str, int] = {}
+        for names in self.group_files(self.files).values():
+            order: list[int] = []
+            for n in names:
+                if self.sessions[n] not in order:
+                    order.append(self.sessions[n])
+            for n in names:
+                out[n] = order.index(self.sessions[n]) % folds
+        groups_of: dict[int, set[str]] = {}
+        for n in self.files:
+            groups_of.setdefault(self.sessions[n], set()).add(n.split("/")[0])
+        mixed = [s for s, gs in groups_of.items() if len(gs) > 1]
+        if mixed:
+            raise ValueError(f"recording sessions {mixed} span several groups")
+        return out
+
     def leave_files_out(self, folds: int = 4, family: str | None = None,
                         rule: str | None = None) -> dict[str, Figures]:
         """Per group: pooled figures of its folds, each scored with the candidate chosen on
-        every file outside the fold."""
+        every file outside the fold (:meth:`fold_of`)."""
         total: dict[str, np.ndarray] = {g: np.zeros(4) for g in self.groups}
+        fold_of = self.fold_of(folds)
         for fold in range(folds):
-            held = {n for g, names in self.group_files(self.files).items()
-                    for i, n in enumerate(names) if i % folds == fold}
+            held = {n for n, f in fold_of.items() if f == fold}
             c = self.choose([n for n in self.files if n not in held], family, rule)
             for n in held:
                 total[n.split("/")[0]] += self.counts(c, n)
@@ -283,8 +314,13 @@ class Study:
 def load(root: Path) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], np.ndarray,
                               dict[int, np.ndarray]]:
     """Labelled files, the input scale floor and the feature floors per W, from the SKAB root
-    (floors from the anomaly-free recording, as the package recipe fits them)."""
-    af = read_skab(anomaly_free_file(root))
+    (floors from the anomaly-free recording without the rows that overlap a labelled file,
+    :func:`skab_data.training_recording`, as the package recipe fits them).
+
+    Raises:
+        ValueError: the training rows overlap a labelled file (:func:`skab_data.assert_disjoint`).
+    """
+    af = training_recording(root)
     floor = FLOOR_FRAC * af.values.std(0)
     files = {}
     for p in labelled_files(root):
@@ -292,6 +328,14 @@ def load(root: Path) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], np.ndarr
         assert f.anomaly is not None
         files[f"{p.parent.name}/{p.stem}"] = (f.values, f.anomaly)
     return files, floor, floors_at(af.values, FLOOR_FRAC)[1]
+
+
+def load_sessions(root: Path) -> dict[str, int]:
+    """Labelled file name (as :func:`load` names it) -> recording session id
+    (:func:`skab_data.sessions`: files whose time spans overlap)."""
+    files = [read_skab(p) for p in labelled_files(root)]
+    return {f"{f.path.parent.name}/{f.path.stem}": i
+            for i, members in enumerate(sessions(files)) for f in members}
 
 
 def floors_at(normal: np.ndarray, frac: float) -> tuple[np.ndarray, dict[int, np.ndarray]]:
@@ -307,9 +351,10 @@ def floors_at(normal: np.ndarray, frac: float) -> tuple[np.ndarray, dict[int, np
 
 
 def load_floors(root: Path, families: Sequence[str]) -> Floors:
-    """:func:`floors_at` for every floor fraction of ``families``' grids (anomaly-free
-    recording only: no labelled file)."""
-    normal = read_skab(anomaly_free_file(root)).values
+    """:func:`floors_at` for every floor fraction of ``families``' grids, on the anomaly-free
+    recording without its rows in a labelled file's time span
+    (:func:`skab_data.training_recording`): no row of a labelled file."""
+    normal = training_recording(root).values
     fracs = sorted({f for fam in families for f in axis_values(fam, "floor")})
     return {f: floors_at(normal, f) for f in fracs}
 
@@ -393,7 +438,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     files, floor, ffloors = load(args.data)
     fams = [f for f in args.families.split(",") if f]
-    study = Study(files, floor, ffloors, fams, load_floors(args.data, fams))
+    study = Study(files, floor, ffloors, fams, load_floors(args.data, fams),
+                  load_sessions(args.data))
     choice = report(study, fams)
     if args.json:
         args.json.write_text(json.dumps(asdict(choice), indent=1) + "\n")

@@ -4,16 +4,18 @@
 
 Series: every channel of every labelled SKAB file, alone, with its file's labels (8 × 23 = 184
 series), in two groups by file, ``valve1`` and ``other``; and every channel of the unlabelled
-anomaly-free recording, alone (8 series of 9,405 rows: normal time, in neither group, used by
-both). Each series runs as the benchmark runs a file (:func:`benchmarks.univariate.score_series`:
-the agent's univariate pipeline and alert rules; calibration on the first N = 400 rows, as a
-device does), with the FP32 NumPy reference of the window-statistics model (the shipped artefacts
-compute the same features). Timestamps are the row numbers (SKAB is sampled at 1 s). Labels are
-used only to rate.
+anomaly-free recording, alone, without its rows that fall in a labelled file's time span (its last
+572 rows repeat ``other/5.csv``; :func:`skab_data.training_recording`): 8 series of 8,833 rows of
+normal time, in neither group, used by both. Each series runs as the benchmark runs a file
+(:func:`benchmarks.univariate.score_series`: the agent's univariate pipeline and alert rules;
+calibration on the first N = 400 rows, as a device does), with the FP32 NumPy reference of the
+window-statistics model (the shipped artefacts compute the same features). Timestamps are the row
+numbers (SKAB is sampled at 1 s). Labels are used only to rate.
 
 * **Events.** A labelled run of anomalous rows is an event; it is *detected* when an alarm is
   raised on one of its rows, with delay = rows from its start to the first such alarm as a
-  fraction of its length. Events that end inside the calibration are not counted.
+  fraction of its length. Events that end inside the calibration are not counted; an event
+  that starts inside it starts, for rating, at the first scored row.
 * **False alarms per normal time.** An alarm on a normal row is a false alarm; F = false alarms
   per 10,000 normal scored rows (the labelled files' normal rows after calibration, and every
   scored row of the anomaly-free channels). Precision is not used: SKAB's single channels are
@@ -30,7 +32,7 @@ used only to rate.
   expects of an alarm; :func:`requirement_hits`, :data:`REQUIRED_HIT_RATE`). A candidate that
   fails R1 or R2 is out; among the rest the rating below (J) decides. Injections are
   label-free: into copies of the anomaly-free recording's 8 channels (normal time), at rows
-  N + 100, N + 400, ... every :data:`INJECT_EVERY` = 300 rows (about 29 per channel), the kinds
+  N + 100, N + 400, ... every :data:`INJECT_EVERY` = 300 rows (about 28 per channel), the kinds
   cycling spike-1, spike-3, shift-50 (about 10 of each per channel, 80 in all) and the sign
   alternating, each offset ``m·σ_cal`` added to the original values; σ_cal is the channel's
   calibration scale as the pipeline fits it (std of the first N rows, with the univariate
@@ -97,7 +99,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from skab_data import anomaly_free_file, labelled_files, read_skab
+from skab_data import labelled_files, read_skab, training_recording
 from univariate import score_series
 from univariate_wstat import FEATURE_FLOOR_FRAC, training_windows
 
@@ -207,9 +209,15 @@ def events(labels: np.ndarray) -> list[tuple[int, int]]:
 
 def rate(alarms: np.ndarray, labels: np.ndarray, scored_from: int) -> Rated:
     """Counts of one series (module docstring); normal rows = label-0 rows from
-    ``scored_from`` on."""
+    ``scored_from`` on. Each event is clipped to the scored rows: one that starts before
+    ``scored_from`` starts there (its delay and length count scored rows only).
+
+    >>> r = rate(np.array([0, 0, 0, 0, 0, 1, 0, 0]), np.array([0, 0, 1, 1, 1, 1, 1, 0]), 4)
+    >>> r.events, r.detected, round(float(r.delay), 3)
+    (1, 1, 0.333)
+    """
     rows = np.flatnonzero(alarms)
-    ev = [(a, b) for a, b in events(labels) if b > scored_from]
+    ev = [(max(a, scored_from), b) for a, b in events(labels) if b > scored_from]
     hits = int(labels[rows].sum()) if rows.size else 0
     detected, delay = 0, 0.0
     for a, b in ev:
@@ -433,8 +441,13 @@ def hits_text(study: Study, c: Candidate) -> str:
 def load(root: Path) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[int, np.ndarray]]:
     """Every channel of every labelled SKAB file as a univariate series, every channel of the
     anomaly-free recording as ``free/<channel>`` (labels all 0), and the feature floors per W
-    (from the anomaly-free recording, :func:`univariate_wstat.training_windows`)."""
-    af = read_skab(anomaly_free_file(root))
+    (from the anomaly-free recording, :func:`univariate_wstat.training_windows`); the recording
+    without its rows in a labelled file's time span (:func:`skab_data.training_recording`).
+
+    Raises:
+        ValueError: the training rows overlap a labelled file (:func:`skab_data.assert_disjoint`).
+    """
+    af = training_recording(root)
     floors = {w: FEATURE_FLOOR_FRAC * training_windows(af.values, w, N)[1].std(0)
               for w in cast(tuple[int, ...], GRID["window"])}
     out = {}

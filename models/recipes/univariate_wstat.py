@@ -12,7 +12,9 @@ ones that procedure picks.
 Steps (as :mod:`skab_wstat`, with C = 1):
 
 1. Training data: every channel of the anomaly-free SKAB recording as its own univariate series
-   (normal operation only, no labels used).
+   (normal operation only, no labels used), without the recording's rows that fall in a
+   labelled file's time span (:func:`skab_data.training_recording`). ``--full-recording``
+   keeps them: how the shipped ``univariate-wstat@2`` was built.
 2. Emulated on-device calibrations on 400-sample segments of each channel (scaled with each
    segment's own mean and std): the per-feature std floor (``--feature-floor-frac`` × the std of
    each feature over all segments, pooled over channels; in scaled units, so it holds for a
@@ -39,7 +41,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from skab_data import anomaly_free_file, read_skab
+from skab_data import anomaly_free_file, read_skab, training_recording
 from skab_wstat import other_runtimes
 
 from cloud_sync.calibration import FEATURES, window_features
@@ -109,13 +111,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale-floor-rel", type=float, default=1e-3)
     ap.add_argument("--adapt-below", type=float, default=0.5)
     ap.add_argument("--headroom", type=float, default=1.0)
+    ap.add_argument("--full-recording", action="store_true",
+                    help="train on every row of the anomaly-free recording, also those in a "
+                         "labelled file's time span (how univariate-wstat@2 was built)")
     ap.add_argument("--quant-windows", type=int, default=4000)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     chosen = read_selection(args.selection)
     w = int(chosen["window"])
     rng = np.random.default_rng(args.seed)
-    data = read_skab(anomaly_free_file(args.data))
+    data = (read_skab(anomaly_free_file(args.data)) if args.full_recording
+            else training_recording(args.data))
     windows, feats = training_windows(data.values, w, args.calibration_samples)
     feature_floor = args.feature_floor_frac * feats.std(0)
     print(f"training data: {data.values.shape[1]} channels of {data.path.name}, "

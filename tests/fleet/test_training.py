@@ -168,6 +168,18 @@ def test_retrained_model_worse_than_the_base_on_held_out_windows_is_gated(
         ok.gate.base_false_alarm_rate
 
 
+def test_heldout_windows_sharing_calibration_rows_are_refused(tmp_path: Path) -> None:
+    samples = device_samples()
+    later = device_samples(100, seed=3)
+    rows = np.concatenate([samples[-2:], later])  # two calibration rows, then later rows
+    idx = np.arange(rows.shape[0] - WINDOW + 1)[:, None] + np.arange(WINDOW)[None, :]
+    with pytest.raises(ValueError, match=r"heldout windows hold \d+ row\(s\) that are also "
+                                         "calibration samples"):
+        train_wstat(DeviceData("gw1", "pump", CHANNELS, samples, heldout=rows[idx]), BASE,
+                    tmp_path / "pkg", name="skab-wstat", version=2)
+    assert not (tmp_path / "pkg").exists()
+
+
 def test_too_few_samples_or_missing_channels_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="calibration samples"):
         train_wstat(DeviceData("gw1", "p", CHANNELS, device_samples(15)), BASE, tmp_path / "a",

@@ -32,6 +32,12 @@ def test_ims_benchmark_prints_first_alarm_and_healthy_alarms() -> None:
     m = re.fullmatch(r"first_alarm=(\S+) healthy_alarms=(\d+)", lines[-1])
     assert m, lines[-1]
     assert m.group(1) == "none" or m.group(1).startswith("2004-02-")
+    # the healthy-part check that can fail: fit on the first 50 % / 75 % of the healthy rows
+    splits = [re.fullmatch(r"time_split=(0\.5|0\.75) fit_rows=(\d+) healthy_alarms_after_fit="
+                           r"(\d+) first_alarm_after_healthy=(\S+)", line) for line in lines]
+    found = [s for s in splits if s]
+    assert [s.group(1) for s in found] == ["0.5", "0.75"], lines[-4:]
+    assert int(found[0].group(2)) < int(found[1].group(2))
 
 
 @pytest.mark.dataset

@@ -49,6 +49,28 @@ def test_collector_rebuilds_normal_windows_across_blocks() -> None:
     assert col.take(reservoir=True) == []  # started over
 
 
+def test_reservoir_windows_start_after_the_calibration_rows() -> None:
+    """A window that ends just after calibration holds calibration rows, which the fleet fits
+    on: it is not offered. Rows 0..4 calibrate; the pipeline scores windows ending at 5 on."""
+    col = _collector(window=3)
+    data = np.arange(24.0).reshape(12, 2)
+    col.add_calibration(data[:5])
+    ends = np.arange(2, 8)
+    col.observe(data[:8], ends, np.where(ends >= 5, 1.0, np.nan), 5.0)
+    col.observe(data[8:], np.arange(4), np.ones(4), 5.0)
+    batches = col.take(reservoir=True)
+    [res] = [b for b in batches if b.kind == "reservoir"]
+    starts = sorted(int(w[0][0]) // 2 for w in res.windows)
+    assert starts == [5, 6, 7, 8, 9]  # windows starting at rows 3 and 4 are left out
+    # a later recalibration (rows 12..16 here) moves the bound again
+    col.add_calibration(data[:5])
+    more = np.arange(24.0, 48.0).reshape(12, 2)
+    ends = np.arange(2, 12)
+    col.observe(more, ends, np.where(ends >= 5, 1.0, np.nan), 5.0)
+    [res] = [b for b in col.take(reservoir=True) if b.kind == "reservoir"]
+    assert sorted(int(w[0][0]) // 2 for w in res.windows) == [17, 18, 19, 20, 21]
+
+
 def test_calibration_is_sent_once_and_kept_on_failure() -> None:
     col = _collector()
     col.add_calibration(np.ones((40, 2)))

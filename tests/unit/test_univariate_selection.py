@@ -30,6 +30,20 @@ def test_events_alarms_and_delay_are_counted_per_labelled_run() -> None:
     assert sel.rate(alarms, labels, scored_from=70).events == 1
 
 
+def test_an_event_starting_inside_the_calibration_is_rated_from_the_first_scored_row() -> None:
+    """Labels on unscored rows do not enter the delay: the event is clipped to the scored rows
+    (SKAB's other/2 fault starts at row 104, inside the calibration)."""
+    labels = np.zeros(100, np.int8)
+    labels[10:50] = 1
+    alarms = np.zeros(100, np.int8)
+    alarms[30] = 1
+    r = sel.rate(alarms, labels, scored_from=20)
+    assert (r.events, r.detected) == (1, 1)
+    assert r.delay == pytest.approx((30 - 20) / (50 - 20))
+    alarms[30], alarms[20] = 0, 1
+    assert sel.rate(alarms, labels, scored_from=20).delay == 0.0
+
+
 def _series(seed: int, shift_at: int | None) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     x = rng.normal(size=1200)
