@@ -203,9 +203,9 @@ def grouped(data: Path, families: list[str], package) -> None:
     shipped = Candidate("wstat", m.input.window, float(m.score.top_k),
                         m.score.threshold.holdout, m.score.threshold.factor, frac)
     same = (shipped.detector, shipped.window, shipped.param, shipped.holdout,
-            shipped.factor, shipped.floor, shipped.rule) == (
+            shipped.factor, shipped.floor, shipped.rule, shipped.variant) == (
                 choice.detector, choice.window, float(choice.param), choice.holdout,
-                choice.factor, choice.floor, choice.rule)
+                choice.factor, choice.floor, choice.rule, choice.variant)
     verdict = "the procedure's choice" if same else "NOT the procedure's choice"
     print(f"package {package.label}: {describe(shipped)}: {verdict}")
 
