@@ -110,6 +110,10 @@ RULES = ("max", "pot")
 #: basis and MSET's memory are fitted per device, so they have no artefact to ship before the
 #: fleet builds per-device models of them; they are studied side by side as references.
 SHIPPABLE = ("wstat",)
+#: Candidate kinds (:attr:`Candidate.kind`) the agent's calibration implements: max × factor on
+#: the unchanged statistics. POT and the drift variants are studied, not shippable, until it
+#: implements them.
+SHIPPABLE_KINDS = ("max",)
 #: The axes along which a rating is smoothed; the threshold base (``holdout``) is a different
 #: rule, not a nearby value, so it is not one of them.
 SMOOTH_AXES = ("window", "param", "factor", "floor")
@@ -386,7 +390,7 @@ def describe(c: Candidate) -> str:
 def report(study: Study, families: Sequence[str], log: Callable[[str], None] = print
            ) -> Candidate:
     """Print the side-by-side grouped figures per family and overall; returns the choice among
-    the :data:`SHIPPABLE` families (the shipped defaults).
+    the :data:`SHIPPABLE` families' :data:`SHIPPABLE_KINDS` (the shipped defaults).
 
     Raises:
         ValueError: ``families`` holds no shippable family.
@@ -411,10 +415,11 @@ def report(study: Study, families: Sequence[str], log: Callable[[str], None] = p
     ship = [f for f in families if f in SHIPPABLE]
     if not ship:
         raise ValueError(f"no shippable family among {families} (shippable: {SHIPPABLE})")
-    choice = overall if overall.detector in SHIPPABLE else max(
-        (study.choose(names, f) for f in ship), key=lambda c: study.rating(
-            c, study.group_files(names)))
-    log(f"chosen among shippable families ({', '.join(SHIPPABLE)}): {describe(choice)}")
+    choice = overall if overall.detector in SHIPPABLE and overall.kind in SHIPPABLE_KINDS else max(
+        (study.choose(names, f, k) for f in ship for k in SHIPPABLE_KINDS),
+        key=lambda c: study.rating(c, study.group_files(names)))
+    log(f"chosen among shippable candidates ({', '.join(SHIPPABLE)}; "
+        f"{', '.join(SHIPPABLE_KINDS)}): {describe(choice)}")
     log(f"pooled (chosen on the same files) {spread_text(study, choice, names)}")
     return choice
 
