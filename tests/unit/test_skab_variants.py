@@ -100,3 +100,19 @@ def test_variants_are_candidates_beside_the_unchanged_ones(monkeypatch: pytest.M
     assert study.choose(list(files), rule="max").variant == (0, 0, 0)
     assert study.choose(list(files), rule="robust+adapt").kind == "robust+adapt"
     assert study.choose(list(files)) in study.candidates
+
+
+def test_only_kinds_the_agent_implements_are_shipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    grid = {"wstat": {"window": (5,), "param": (1,), "holdout": (0.0,), "factor": (1.5, 2.0),
+                      "robust": (0.0, 1.0), "adapt_rate": (0.0, 0.02), "drift_bound": (3.0,)}}
+    monkeypatch.setattr(skab_select, "GRID", grid)
+    files = {f"{g}/{i}": (_noise(600, 10 * k + i), np.r_[np.zeros(500), np.ones(100)])
+             for k, g in enumerate("ab") for i in range(2)}
+    for _, (x, _) in files.items():
+        x[400:, 0] += np.linspace(0.0, 3.0, 200)  # a drift the adapted candidates follow
+        x[500:] += 4.0
+    study = Study(files, FLOOR, {5: FFLOOR}, ["wstat"])
+    lines: list[str] = []
+    choice = skab_select.report(study, ["wstat"], lines.append)
+    assert choice.kind in skab_select.SHIPPABLE_KINDS
+    assert any(x.startswith("chosen among all families") for x in lines)
