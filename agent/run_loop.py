@@ -197,6 +197,7 @@ class AgentLoop:
                             break
                 if (not self.stop_event.is_set() and self._sources_ended()
                         and self.queue.empty()):
+                    self._heartbeat()  # the last report shows how each source ended
                     failed = self._failed_sources()
                     if failed:
                         code = EX_UNAVAILABLE
