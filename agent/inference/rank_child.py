@@ -73,10 +73,10 @@ def _child_env() -> dict[str, str]:
 def run_child(request: dict[str, Any], timeout_s: float, label: str) -> list[RankedTrial] | None:
     """Run the child on ``request``; its ranking, or None (logged at WARNING) when it failed."""
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", "agent.inference.rank_child"], input=json.dumps(request),
-            stdout=subprocess.PIPE, stderr=None, env=_child_env(), timeout=timeout_s,
-            text=True, check=False)
+        done = subprocess.run(  # bytes: the answer is decoded below, never trusted as text
+            [sys.executable, "-m", "agent.inference.rank_child"],
+            input=json.dumps(request).encode(), stdout=subprocess.PIPE, stderr=None,
+            env=_child_env(), timeout=timeout_s, check=False)
     except (OSError, subprocess.SubprocessError) as exc:
         log.warning("model %s: ranking the runtimes in a child process failed (%s); timing "
                     "them in the agent", label, exc)
@@ -86,8 +86,8 @@ def run_child(request: dict[str, Any], timeout_s: float, label: str) -> list[Ran
                     "runtimes in the agent", label, done.returncode)
         return None
     try:
-        return parse_answer(done.stdout)
-    except ValueError as exc:
+        return parse_answer(done.stdout.decode("utf-8"))
+    except ValueError as exc:  # UnicodeDecodeError included
         log.warning("model %s: the runtime-ranking child answered garbage (%s); timing the "
                     "runtimes in the agent", label, exc)
         return None

@@ -154,3 +154,35 @@ def test_the_child_keeps_its_stdout_for_the_answer() -> None:
         text=True,
         capture_output=True, cwd=ROOT, check=False)
     assert done.returncode == 3 and done.stdout == "" and "noise" in done.stderr
+
+
+def test_the_childs_ranking_is_used_when_the_state_dir_cannot_be_written(
+        tmp_path: Path, package: ModelPackage) -> None:  # noqa: F811
+    """Full disk or unwritable state directory: the ranking is not remembered, but the child's
+    work is still used (only its first candidates open), not thrown away for a full in-process
+    timing that imports every runtime."""
+    blocked = tmp_path / "state"
+    blocked.write_text("a file where the state directory should be")  # mkdir fails, even as root
+    rem = Remembering(ChoiceMemory.in_state_dir(blocked / "sub"),
+                      selection_key(package, "auto", "int8", 1), keep=2)
+    sel, opened = _select(package, SPEEDS, {}, remembering=rem, ranker=_Ranker(_rows(package)))
+    assert sel.apart and sel.chosen.candidate.label == "litert"
+    assert sorted(opened) == ["litert", "openvino"]
+    assert rem.memory.get(rem.key) is None  # nothing remembered: the next start asks again
+
+
+def test_a_child_writing_bytes_that_are_not_utf8_is_none_and_logged(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The child's stdout is not trusted to be text: undecodable bytes (a site hook, a library
+    writing before the child took its stdout) mean "time here", not an agent that crashes."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import os\nos.write(1, b'\\xff\\xfe garbage\\n')\n")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    pytest.importorskip("onnxruntime")
+    rows = run_child({"package": str(ROOT / "models" / "skab-wstat"), "image": False,
+                      "backend": "onnxruntime", "precision": "int8", "threads": 1,
+                      "cache_dir": None, "runs": 1, "warmup": 0}, 120.0, "garbled")
+    assert rows is None and "model garbled: the runtime-ranking child answered garbage" in (
+        caplog.text)
