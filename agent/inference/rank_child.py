@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -82,8 +84,10 @@ def run_child(request: dict[str, Any], timeout_s: float, label: str) -> list[Ran
                     "them in the agent", label, exc)
         return None
     if done.returncode != 0:
-        log.warning("model %s: the runtime-ranking child exited with status %d; timing the "
-                    "runtimes in the agent", label, done.returncode)
+        how = (f"was killed by {_signal_name(-done.returncode)}" if done.returncode < 0
+               else f"exited with status {done.returncode}")
+        log.warning("model %s: the runtime-ranking child %s; timing the runtimes in the agent",
+                    label, how)
         return None
     try:
         return parse_answer(done.stdout.decode("utf-8"))
@@ -93,6 +97,13 @@ def run_child(request: dict[str, Any], timeout_s: float, label: str) -> list[Ran
         return None
 
 
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 def parse_answer(text: str) -> list[RankedTrial]:
     """The child's answer as ``(kind, path, p50 or None, error or None)`` tuples.
 
@@ -100,7 +111,8 @@ def parse_answer(text: str) -> list[RankedTrial]:
     [('litert', 'm.tflite', 1.5e-05, None), ('openvino', 'm.xml', None, 'x')]
 
     Raises:
-        ValueError: not a JSON list of such rows, or a row with neither or both of p50 and error.
+        ValueError: not a JSON list of such rows, a row with neither or both of p50 and error,
+            or a p50 that is not a finite number of seconds (``NaN``, negative, a boolean).
     """
     rows = json.loads(text)
     if not isinstance(rows, list):
@@ -110,7 +122,8 @@ def parse_answer(text: str) -> list[RankedTrial]:
         if not (isinstance(row, list) and len(row) == 4):
             raise ValueError(f"bad row {row!r}")
         kind, path, p50, error = row
-        ok = isinstance(p50, int | float) and error is None
+        ok = (isinstance(p50, int | float) and not isinstance(p50, bool)
+              and math.isfinite(p50) and p50 >= 0 and error is None)
         failed = p50 is None and isinstance(error, str)
         if not (isinstance(kind, str) and isinstance(path, str) and (ok or failed)):
             raise ValueError(f"bad row {row!r}")

@@ -91,7 +91,10 @@ def test_nothing_passing_in_the_child_is_a_model_error_with_its_reasons(
 
 
 @pytest.mark.parametrize("text", ["", "{}", '[["litert", "m", 1.0, "both"]]',
-                                  '[["litert", "m", null, null]]', '[["litert", "m", 1.0]]'])
+                                  '[["litert", "m", null, null]]', '[["litert", "m", 1.0]]',
+                                  '[["litert", "m", NaN, null]]', '[["litert", "m", -1.0, null]]',
+                                  '[["litert", "m", Infinity, null]]',
+                                  '[["litert", "m", true, null]]'])
 def test_a_garbage_answer_is_refused(text: str) -> None:
     with pytest.raises(ValueError):
         parse_answer(text)
@@ -185,4 +188,20 @@ def test_a_child_writing_bytes_that_are_not_utf8_is_none_and_logged(
                       "backend": "onnxruntime", "precision": "int8", "threads": 1,
                       "cache_dir": None, "runs": 1, "warmup": 0}, 120.0, "garbled")
     assert rows is None and "model garbled: the runtime-ranking child answered garbage" in (
+        caplog.text)
+
+
+def test_a_child_killed_by_a_signal_is_none_and_logged_by_the_signals_name(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """SIGKILL (the OOM killer, an operator) reads as such, not as "exited with status -9"."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import os, signal\nos.kill(os.getpid(), "
+                                           "signal.SIGKILL)\n")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    rows = run_child({"package": "/nonexistent", "image": False, "backend": "auto",
+                      "precision": "int8", "threads": 1, "cache_dir": None, "runs": 1,
+                      "warmup": 0}, 120.0, "killed")
+    assert rows is None and "model killed: the runtime-ranking child was killed by SIGKILL" in (
         caplog.text)
