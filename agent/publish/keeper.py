@@ -15,7 +15,8 @@ used) and handed to the publisher (:meth:`MqttPublisher.publish_early`) and to t
 (:class:`agent.store.writer.AlertWriter`, group commits) at the same time; what holds after a
 crash between the publish and the commit is in :mod:`agent.publish.early`. When the ledger cannot
 be written, or alerts of a refused episode are still numbered in memory, the alert takes the
-path above (stored first).
+path above (stored first), after the commits of the alerts raised before it (at most
+:data:`ORDER_WAIT_S`), so the outbox and the stored episodes keep the raising order.
 
 Logging: one ERROR line when an episode of refused alerts starts, one WARNING line with the
 figures when the store takes alerts again.
@@ -37,6 +38,10 @@ from agent.store.sqlite import Store
 from agent.store.writer import AlertWriter
 
 log = logging.getLogger("agent")
+
+#: Longest wait, seconds, for the store writer's queued commits before an alert is stored
+#: directly (the id ledger cannot reserve a number, or refused alerts are numbered in memory).
+ORDER_WAIT_S = 5.0
 
 
 class AlertKeeper:
@@ -112,6 +117,11 @@ class AlertKeeper:
             early = self._add_early(stream, make, episode, received_mono)
             if early is not None:
                 return early, True
+        if self._writer is not None and self._writer.pending():
+            # alerts raised before this one still wait for their commit: store this one after
+            # them, so the outbox (what a restarted agent sends) and the episodes keep the
+            # raising order (a ``cleared`` stored before its ``raised`` would leave it open)
+            self._writer.flush(ORDER_WAIT_S)
         try:
             floor = self._floor.get(stream, 0)
             alert = (self._store.add_new_alert(stream, make, floor) if episode is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -14,6 +15,7 @@ from agent.metrics import Metrics
 from agent.publish.early import EarlyBook
 from agent.publish.keeper import AlertKeeper
 from agent.publish.mqtt import MqttConfig, MqttPublisher
+from agent.store.episodes import EpisodeMark
 from agent.store.ids import IdLedger
 from agent.store.sqlite import Store
 from agent.store.writer import AlertWriter, Committed
@@ -114,6 +116,54 @@ def test_keeper_publishes_and_commits_and_a_refused_commit_stays_deliverable(
     assert writer.flush(5.0)
     assert keeper.not_stored == 1 and not pub.early.committed(second.alert_id)
     assert len(pub.volatile) == 2  # still delivered from memory
+    writer.stop()
+    pub.stop()
+    store.close()
+
+
+def test_an_alert_stored_directly_goes_after_the_commits_still_queued(tmp_path: Path) -> None:
+    """The id ledger cannot reserve a number (its rewrite fails on a full disk while SQLite
+    still has free pages), so a ``cleared`` takes the direct path (stored first) while its
+    ``raised`` still waits in the store writer: the outbox must hold them in raising order
+    and the episode must end closed, else a restarted agent publishes the ``cleared`` before
+    its ``raised`` and resumes an episode that was cleared."""
+    m = Metrics(CollectorRegistry())
+    store = Store(tmp_path / "agent.db", metrics=m)
+    pub = MqttPublisher(MqttConfig(enabled=True), store, "gw1", m)  # never started
+    gate, entered = threading.Event(), threading.Event()
+    commit = store.add_numbered_alerts
+
+    def slow(items):  # type: ignore[no-untyped-def]
+        entered.set()
+        gate.wait(10.0)
+        return commit(items)
+
+    store.add_numbered_alerts = slow  # type: ignore[method-assign]
+    writer = AlertWriter(store, pub.committed)
+    flush = writer.flush
+
+    def flush_opens_the_gate(timeout_s: float) -> bool:
+        gate.set()
+        return flush(timeout_s)
+
+    writer.flush = flush_opens_the_gate  # type: ignore[method-assign]
+    writer.start()
+    keeper = AlertKeeper(store, pub, m, writer=writer)
+    raised, _ = keeper.add("pump1", make_alert, EpisodeMark(open=True, peak_score=2.5))
+    assert raised is not None and entered.wait(5.0)  # its commit is held
+
+    def no_room(stream, floor, block=1000):  # type: ignore[no-untyped-def]
+        raise OSError(28, "No space left on device")
+
+    store.ids.take = no_room  # type: ignore[method-assign]
+    cleared, stored = keeper.add(
+        "pump1", lambda seq: replace(make_alert(seq), event="cleared",
+                                     episode_id=raised.alert_id, reason="recovered"),
+        EpisodeMark(close=True))
+    gate.set()
+    assert cleared is not None and stored and writer.flush(5.0)
+    assert [a["alert_id"] for a in store.alerts()] == [raised.alert_id, cleared.alert_id]
+    assert store.open_episodes() == {}
     writer.stop()
     pub.stop()
     store.close()
