@@ -346,11 +346,10 @@ class CameraStream:
 
 def build_camera_stream(config: StreamConfig, device_id: str, aggregate_interval_s: float,
                         deliver: Deliver, stop: threading.Event, metrics: Metrics | None = None,
-                        on_score: ScoreHook | None = None,
-                        cache_dir: Path | None = None,
-                        store: CheckpointStore | None = None,
-                        choices: ImageChoices | None = None,
-                        memory: ChoiceMemory | None = None) -> CameraStream:
+                        on_score: ScoreHook | None = None, cache_dir: Path | None = None,
+                        store: CheckpointStore | None = None, choices: ImageChoices | None = None,
+                        memory: ChoiceMemory | None = None,
+                        progress: Callable[[], None] | None = None) -> CameraStream:
     """Load the stream's image package (verified, golden images), build source and pipeline.
 
     The backend is chosen as the stream's ``backend`` and ``precision`` say (``auto``: the
@@ -359,7 +358,7 @@ def build_camera_stream(config: StreamConfig, device_id: str, aggregate_interval
     folder's checkpoint (:mod:`agent.sources.camera_watch`; None: in memory only).
     ``choices``: the backends chosen for the agent's other camera streams
     (:func:`agent.inference.image_select.open_image_backend`: one selection per model); ``memory``:
-    the rankings remembered across restarts (:mod:`agent.inference.choice_memory`).
+    rankings kept across restarts; ``progress``: called while a child process ranks runtimes.
 
     Raises:
         ModelError: the package is missing, not an image package, or fails its checks.
@@ -373,7 +372,8 @@ def build_camera_stream(config: StreamConfig, device_id: str, aggregate_interval
         raise ConfigError(msg, problems=[msg])
     package = load_image_package(resolve_model_path(config.model, Path.cwd()))
     backend = open_image_backend(package, config.precision, backend=config.backend,
-                                 cache_dir=cache_dir, choices=choices, memory=memory)
+                                 cache_dir=cache_dir, choices=choices, memory=memory,
+                                 progress=progress)
     inp = package.manifest.input
     checkpoint = (FolderCheckpoint(config.name, store) if config.source.watch else None)
     source = build_source(config.source, config.name, image_size=(inp.height, inp.width),

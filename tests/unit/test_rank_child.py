@@ -5,6 +5,7 @@ and times the candidates itself when the ranker fails."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -205,3 +206,48 @@ def test_a_child_killed_by_a_signal_is_none_and_logged_by_the_signals_name(
                       "warmup": 0}, 120.0, "killed")
     assert rows is None and "model killed: the runtime-ranking child was killed by SIGKILL" in (
         caplog.text)
+
+
+def test_progress_is_reported_while_the_child_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent asks systemd for more start-up time from ``progress``: a child longer than
+    one start step must not get the agent killed before the child's own timeout. This child
+    waits for the first ``progress`` call before it ranks."""
+    pytest.importorskip("onnxruntime")
+    site, flag = tmp_path / "site", tmp_path / "progressed"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os, time\n"
+        f"while not os.path.exists({str(flag)!r}):\n"
+        "    time.sleep(0.05)\n")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    calls: list[int] = []
+
+    def progress() -> None:
+        calls.append(1)
+        flag.touch()
+
+    rows = run_child({"package": str(ROOT / "models" / "skab-wstat"), "image": False,
+                      "backend": "onnxruntime", "precision": "int8", "threads": 1,
+                      "cache_dir": None, "runs": 1, "warmup": 0}, 120.0, "slow",
+                     progress=progress, progress_s=0.2)
+    assert calls and rows is not None and rows[0][:2] == ("onnxruntime", "model.int8.onnx")
+
+
+def test_a_hung_child_is_killed_and_reaped_at_the_timeout(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    site, pid_file = tmp_path / "site", tmp_path / "child.pid"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os, time\n"
+        f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+        "time.sleep(3600)\n")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    rows = run_child({"package": "/nonexistent", "image": False, "backend": "auto",
+                      "precision": "int8", "threads": 1, "cache_dir": None, "runs": 1,
+                      "warmup": 0}, 1.0, "hung", progress=lambda: None, progress_s=0.2)
+    assert rows is None
+    assert "model hung: the runtime-ranking child gave no answer within 1 s" in caplog.text
+    with pytest.raises(ProcessLookupError):  # killed and waited for: not even a zombie
+        os.kill(int(pid_file.read_text()), 0)
