@@ -167,3 +167,36 @@ def test_an_alert_stored_directly_goes_after_the_commits_still_queued(tmp_path: 
     writer.stop()
     pub.stop()
     store.close()
+
+
+def test_no_number_is_handed_out_from_a_block_whose_rewrite_is_still_running(
+        tmp_path: Path) -> None:
+    """The store writer tops the block up while the pipeline takes numbers: a number above the
+    reserved mark in the file must wait for (or make) a rewrite of its own, else a rewrite that
+    then fails (disk full) leaves a published id that a restarted agent issues again."""
+    path = tmp_path / "agent.db.ids"
+    ledger = IdLedger(str(path))
+    assert [ledger.take("s", lambda: 0, block=10) for _ in range(6)] == [1, 2, 3, 4, 5, 6]
+    gate, writing = threading.Event(), threading.Event()
+    write = ledger._write
+    calls = [0]
+
+    def first_write_hangs_then_fails() -> None:
+        calls[0] += 1
+        if calls[0] == 1:  # the top-up's rewrite: slow, then the disk is full
+            writing.set()
+            gate.wait(2.0)
+            raise OSError(28, "No space left on device")
+        write()
+
+    ledger._write = first_write_hangs_then_fails  # type: ignore[method-assign]
+    top_up = threading.Thread(target=ledger.top_up, args=("s",), kwargs={"block": 10})
+    top_up.start()
+    assert writing.wait(5.0)
+    taken = [ledger.take("s", lambda: 0, block=10) for _ in range(5)]  # 7..11, 11 past the file
+    on_file = json.loads(path.read_text())["s/reserved"]
+    gate.set()
+    top_up.join(5.0)
+    assert taken == [7, 8, 9, 10, 11]
+    assert on_file >= 11, "number 11 was handed out while the file reserved only up to 10"
+    assert IdLedger(str(path)).take("s", lambda: 0) > 11  # a restart issues none of them again
