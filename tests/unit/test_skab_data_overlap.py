@@ -121,3 +121,21 @@ def test_a_session_is_held_out_as_a_whole() -> None:
     study.sessions = {**sessions, "h/0": 1}
     with pytest.raises(ValueError, match="span several groups"):
         study.fold_of(2)
+
+
+def test_a_labelled_training_recording_keeps_its_labels_row_for_row(tmp_path: Path) -> None:
+    """An anomaly-free file that carries label columns: its labels are cut with its rows."""
+    _write(tmp_path / "anomaly-free" / "anomaly-free.csv", 0, 1000, True, 0)
+    _write(tmp_path / "g" / "1.csv", 900, 300, True, 1)
+    train = skab_data.training_recording(tmp_path)
+    assert train.anomaly is not None and train.times is not None
+    assert train.values.shape[0] == train.anomaly.shape[0] == train.times.shape[0] == 900
+
+
+def test_a_labelled_file_without_rows_overlaps_nothing(root: Path) -> None:
+    (root / "g" / "empty.csv").write_text(HEADER + ";anomaly;changepoint\n", encoding="utf-8")
+    train = skab_data.training_recording(root)
+    assert train.values.shape == (900, 2)
+    files = [skab_data.read_skab(p) for p in skab_data.labelled_files(root)]
+    # g/1, g/2+3, g/4 (only touches g/3), g/empty, h/1
+    assert [len(s) for s in skab_data.sessions(files)] == [1, 2, 1, 1, 1]
