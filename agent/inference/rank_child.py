@@ -65,19 +65,26 @@ def child_ranker(threads: int = 1, cache_dir: Path | None = None,
 
     def rank(package: AnyPackage, backend: str, precision: str, runs: int,
              warmup: int) -> list[RankedTrial] | None:
-        request = {"package": str(package.path), "image": isinstance(package, ImagePackage),
+        # absolute: the child runs in the folder holding the agent package (_agent_root)
+        request = {"package": str(package.path.absolute()),
+                   "image": isinstance(package, ImagePackage),
                    "backend": backend, "precision": precision, "threads": threads,
-                   "cache_dir": None if cache_dir is None else str(cache_dir),
+                   "cache_dir": None if cache_dir is None else str(cache_dir.absolute()),
                    "runs": runs, "warmup": warmup}
         return run_child(request, timeout_s, package.label, progress)
 
     return rank
 
 
+def _agent_root() -> str:
+    """The folder holding this ``agent`` package."""
+    return str(Path(agent.__file__).resolve().parents[1])
+
+
 def _child_env() -> dict[str, str]:
     """This environment with the folder holding the ``agent`` package first on PYTHONPATH."""
     env = dict(os.environ)
-    root = str(Path(agent.__file__).resolve().parents[1])
+    root = _agent_root()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     for key in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):  # the agent talks to systemd
         env.pop(key, None)
@@ -97,7 +104,8 @@ def run_child(request: dict[str, Any], timeout_s: float, label: str,
     try:
         child = subprocess.Popen(
             [sys.executable, "-m", "agent.inference.rank_child"], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=None, env=_child_env())
+            stdout=subprocess.PIPE, stderr=None, env=_child_env(),
+            cwd=_agent_root())  # ``-m`` puts the working directory first on the child's path
     except OSError as exc:
         log.warning("model %s: ranking the runtimes in a child process failed (%s); timing "
                     "them in the agent", label, exc)

@@ -251,3 +251,18 @@ def test_a_hung_child_is_killed_and_reaped_at_the_timeout(
     assert "model hung: the runtime-ranking child gave no answer within 1 s" in caplog.text
     with pytest.raises(ProcessLookupError):  # killed and waited for: not even a zombie
         os.kill(int(pid_file.read_text()), 0)
+
+
+def test_the_child_runs_this_agent_package_whatever_the_working_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``python -m`` puts the working directory first on the child's path: an ``agent``
+    folder there (a checkout of another version) must not be what the child runs."""
+    pytest.importorskip("onnxruntime")
+    shadow = tmp_path / "agent"
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text("import sys\nsys.exit(7)\n")
+    monkeypatch.chdir(tmp_path)
+    rows = run_child({"package": str(ROOT / "models" / "skab-wstat"), "image": False,
+                      "backend": "onnxruntime", "precision": "int8", "threads": 1,
+                      "cache_dir": None, "runs": 1, "warmup": 0}, 120.0, "shadowed")
+    assert rows is not None and rows[0][:2] == ("onnxruntime", "model.int8.onnx")
