@@ -40,7 +40,8 @@ from agent.store.writer import AlertWriter
 log = logging.getLogger("agent")
 
 #: Longest wait, seconds, for the store writer's queued commits before an alert is stored
-#: directly (the id ledger cannot reserve a number, or refused alerts are numbered in memory).
+#: directly (the id ledger cannot reserve a number, or refused alerts are numbered in memory),
+#: or queued for MQTT behind one that was not (the in-memory queue was full).
 ORDER_WAIT_S = 5.0
 
 
@@ -68,6 +69,7 @@ class AlertKeeper:
         #: Per stream: the last sequence number used in memory and not yet persisted.
         self._floor: dict[str, int] = {}
         self._episode = 0  # alerts refused in the current episode
+        self._unqueued = False  # the last early alert was not queued for MQTT (drains stored)
         self._not_stored = 0
         #: Alerts neither stored nor handed to MQTT (this agent; see also the publisher's).
         self.lost = 0
@@ -155,7 +157,13 @@ class AlertKeeper:
         )
         if received_mono is not None:
             pub.track(alert.alert_id, received_mono)
+        if self._unqueued and writer.pending():
+            # the alert before was not queued for MQTT (queue full): it goes out from the
+            # outbox once committed; this one is queued behind the rows committed so far, so
+            # that commit must be in first (raising order)
+            writer.flush(ORDER_WAIT_S)
         published = pub.publish_early(alert.alert_id, stream, payload)
+        self._unqueued = not published
         try:
             writer.put(alert, payload, episode)
         except StoreError as exc:  # the writer is stopped (shutdown)

@@ -15,6 +15,7 @@ from agent.metrics import Metrics
 from agent.publish.early import EarlyBook
 from agent.publish.keeper import AlertKeeper
 from agent.publish.mqtt import MqttConfig, MqttPublisher
+from agent.publish.volatile import VolatileQueue, merge
 from agent.store.episodes import EpisodeMark
 from agent.store.ids import IdLedger
 from agent.store.sqlite import Store
@@ -200,3 +201,48 @@ def test_no_number_is_handed_out_from_a_block_whose_rewrite_is_still_running(
     assert taken == [7, 8, 9, 10, 11]
     assert on_file >= 11, "number 11 was handed out while the file reserved only up to 10"
     assert IdLedger(str(path)).take("s", lambda: 0) > 11  # a restart issues none of them again
+
+
+def test_an_alert_not_queued_for_mqtt_still_goes_out_before_the_next_one(
+        tmp_path: Path) -> None:
+    """The in-memory queue is full (broker away), so alert 2 is not queued: it drains from the
+    outbox once committed. A PUBACK frees a place and alert 3 is queued while alert 2's commit
+    still runs: alert 3 must still go out after alert 2 (a ``cleared`` after its ``raised``)."""
+    m = Metrics(CollectorRegistry())
+    store = Store(tmp_path / "agent.db", metrics=m)
+    pub = MqttPublisher(MqttConfig(enabled=True), store, "gw1", m)  # never started
+    pub.volatile = VolatileQueue(limit=1)
+    writer = AlertWriter(store, pub.committed)
+    writer.start()
+    keeper = AlertKeeper(store, pub, m, writer=writer)
+    first, _ = keeper.add("pump1", make_alert)
+    assert first is not None and writer.flush(5.0)
+    gate, entered = threading.Event(), threading.Event()
+    commit = store.add_numbered_alerts
+
+    def slow(items):  # type: ignore[no-untyped-def]
+        entered.set()
+        gate.wait(10.0)
+        return commit(items)
+
+    store.add_numbered_alerts = slow  # type: ignore[method-assign]
+    flush = writer.flush
+
+    def flush_opens_the_gate(timeout_s: float) -> bool:
+        gate.set()
+        return flush(timeout_s)
+
+    writer.flush = flush_opens_the_gate  # type: ignore[method-assign]
+    second, _ = keeper.add("pump1", make_alert)  # the queue is full: not queued
+    assert second is not None and entered.wait(5.0)
+    assert [v.alert_id for v in pub.volatile.after(0)] == [first.alert_id]
+    assert pub.volatile.ack(pub.volatile.after(0)[0].n)  # the broker acknowledged alert 1
+    third, _ = keeper.add("pump1", make_alert)
+    gate.set()
+    assert third is not None and writer.flush(5.0)
+    rows = [r for r in store.pending_alerts(10) if not pub.early.shadows(r.alert_id)]
+    order = [item.alert_id for item in merge(rows, pub.volatile.after(0), True, 10)]
+    assert order == [second.alert_id, third.alert_id]
+    writer.stop()
+    pub.stop()
+    store.close()
