@@ -26,6 +26,7 @@ killing the whole start after one start step (120 s) and restarting into the sam
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -135,8 +136,10 @@ def run_child(request: dict[str, Any], timeout_s: float, label: str,
         if child.poll() is None:
             child.kill()
         child.wait()
-        if child.stdout is not None:
-            child.stdout.close()
+        for pipe in (child.stdin, child.stdout):  # closed already unless the wait was cut short
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
     if child.returncode != 0:
         how = (f"was killed by {_signal_name(-child.returncode)}" if child.returncode < 0
                else f"exited with status {child.returncode}")

@@ -244,10 +244,11 @@ def test_a_hung_child_is_killed_and_reaped_at_the_timeout(
         f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
         "time.sleep(3600)\n")
     monkeypatch.setenv("PYTHONPATH", str(site))
+    fds = len(os.listdir("/proc/self/fd"))
     rows = run_child({"package": "/nonexistent", "image": False, "backend": "auto",
                       "precision": "int8", "threads": 1, "cache_dir": None, "runs": 1,
                       "warmup": 0}, 1.0, "hung", progress=lambda: None, progress_s=0.2)
-    assert rows is None
+    assert rows is None and len(os.listdir("/proc/self/fd")) == fds  # no pipe left open
     assert "model hung: the runtime-ranking child gave no answer within 1 s" in caplog.text
     with pytest.raises(ProcessLookupError):  # killed and waited for: not even a zombie
         os.kill(int(pid_file.read_text()), 0)
