@@ -94,13 +94,13 @@ def _child_env() -> dict[str, str]:
 
 def run_child(request: dict[str, Any], timeout_s: float, label: str,
               progress: Callable[[], None] | None = None,
-              progress_s: float = PROGRESS_S) -> list[RankedTrial] | None:
+              progress_s: float | None = None) -> list[RankedTrial] | None:
     """Run the child on ``request``; its ranking, or None (logged at WARNING) when it failed.
 
-    ``progress`` is called every ``progress_s`` seconds while the child runs (the agent tells
-    systemd that its start goes on: a child may outlast one start step). A child still running
-    at ``timeout_s``, or when this call ends on an exception (a stop signal), is killed and
-    reaped.
+    ``progress`` is called every ``progress_s`` seconds (default :data:`PROGRESS_S`) while the
+    child runs (the agent tells systemd that its start goes on: a child may outlast one start
+    step). A child still running at ``timeout_s``, or when this call ends on an exception (a
+    stop signal), is killed and reaped.
     """
     try:
         child = subprocess.Popen(
@@ -111,13 +111,14 @@ def run_child(request: dict[str, Any], timeout_s: float, label: str,
         log.warning("model %s: ranking the runtimes in a child process failed (%s); timing "
                     "them in the agent", label, exc)
         return None
+    step = PROGRESS_S if progress_s is None else progress_s
     deadline = time.monotonic() + timeout_s
     data: bytes | None = json.dumps(request).encode()
     try:
         while True:
             try:  # bytes: the answer is decoded below, never trusted as text
                 out, _ = child.communicate(
-                    data, timeout=max(0.0, min(progress_s, deadline - time.monotonic())))
+                    data, timeout=max(0.0, min(step, deadline - time.monotonic())))
                 break
             except subprocess.TimeoutExpired:
                 data = None  # written already (communicate goes on where it stopped)
