@@ -16,10 +16,11 @@ before the commit. :meth:`IdLedger.take` hands out numbers from a block reserved
 (``"<stream>/reserved": top``, written durably before the first number of the block is handed out;
 ``/`` is not allowed in stream names), :data:`RESERVE_BLOCK` numbers per rewrite, so the hot path
 rewrites the file once per block, not per alert; a block the store writer's top-up is still
-writing (or failed to write) is not handed out from. :meth:`IdLedger.mark` is the larger of the issued
-and the reserved mark, so the store numbers on above every reserved block at the next start: after a
-restart the stream's ids jump by at most one block (gaps, never reuse). Only the issued marks are
-compared with the stored counters at open (a reserved block is not a lost commit).
+writing (or failed to write) is not handed out from. :meth:`IdLedger.mark` is the larger of the
+issued and the reserved mark, so the store numbers on above every reserved block at the next
+start: after a restart the stream's ids jump by at most one block (gaps, never reuse). Only the
+issued marks are compared with the stored counters at open (a reserved block is not a lost
+commit).
 
 The file survives a quarantined database (it is not renamed with it). A missing or unreadable
 ledger counts as empty (WARNING); a failed rewrite (disk full) is logged once per episode and the

@@ -83,7 +83,7 @@ def test_a_kept_candidate_that_fails_here_means_timing_here(
 
 def test_nothing_passing_in_the_child_is_a_model_error_with_its_reasons(
         tmp_path: Path, package: ModelPackage) -> None:  # noqa: F811
-    rows = [(k, p, None, "does not load") for k, p, _, _ in _rows(package)]
+    rows: list[RankedTrial] = [(k, p, None, "does not load") for k, p, _, _ in _rows(package)]
     sel, opened = _select(package, SPEEDS, {}, remembering=_remembering(tmp_path, package),
                           ranker=_Ranker(rows))
     assert not opened

@@ -59,7 +59,8 @@ def test_training_rows_in_a_labelled_files_time_span_are_dropped(root: Path) -> 
     assert full.values.shape == (1000, 2)
     assert train.values.shape == (900, 2)
     np.testing.assert_array_equal(train.values, full.values[:900])
-    assert train.times is not None and int(train.times.max()) < int(full.times.min()) + 900
+    assert train.times is not None and full.times is not None
+    assert int(train.times.max()) < int(full.times.min()) + 900
     labelled = [skab_data.read_skab(p) for p in skab_data.labelled_files(root)]
     skab_data.assert_disjoint(train, labelled)
     with pytest.raises(ValueError, match=r"100 training rows fall inside .*1\.csv"):
