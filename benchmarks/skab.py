@@ -11,7 +11,8 @@ beside the published outlier-detection rows, per group (valve1, other) and poole
 
 Then the grouped model selection (:mod:`skab_select`, FP32 NumPy references of every candidate
 family side by side: window statistics with the in-sample and the held-out threshold base and
-with the max × factor and the peaks-over-threshold threshold rules, lagged-window PCA T²+Q,
+with the max × factor and the peaks-over-threshold threshold rules, with the drift variants
+(robust statistics, bounded level adaptation), lagged-window PCA T²+Q,
 MSET): each group scored with the parameters chosen on the other group, leave-files-out within
 each group, the pooled figure with parameters chosen on all files, and the spread over the
 chosen point's neighbourhood; it says whether the package's defaults are the ones the procedure
@@ -204,9 +205,9 @@ def grouped(data: Path, families: list[str], package) -> None:
     shipped = Candidate("wstat", m.input.window, float(m.score.top_k),
                         m.score.threshold.holdout, m.score.threshold.factor, frac)
     same = (shipped.detector, shipped.window, shipped.param, shipped.holdout,
-            shipped.factor, shipped.floor, shipped.rule) == (
+            shipped.factor, shipped.floor, shipped.rule, shipped.variant) == (
                 choice.detector, choice.window, float(choice.param), choice.holdout,
-                choice.factor, choice.floor, choice.rule)
+                choice.factor, choice.floor, choice.rule, choice.variant)
     verdict = "the procedure's choice" if same else "NOT the procedure's choice"
     print(f"package {package.label}: {describe(shipped)}: {verdict}")
 

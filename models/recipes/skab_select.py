@@ -64,13 +64,37 @@ GRID: dict[str, dict[str, tuple[float, ...]]] = {
               "holdout": (0.0, 0.25, 0.5), "factor": (1.0, 1.1, 1.25, 1.5, 1.75, 2.0),
               "floor": (0.05, 0.1, 0.2),
               # the POT rule (RULES), fixed before any SKAB figure of it was seen: see RULES
-              "q": (1e-3, 1e-4, 1e-5, 1e-6), "init": (0.9, 0.95, 0.98)},
+              "q": (1e-3, 1e-4, 1e-5, 1e-6), "init": (0.9, 0.95, 0.98),
+              # the drift variants (VARIANTS), fixed before any SKAB figure of them was seen
+              "robust": (0.0, 1.0), "adapt_rate": (0.0, 0.005, 0.02),
+              "drift_bound": (3.0, 10.0)},
     "pca": {"window": (1, 5, 10, 20), "param": (0.8, 0.9, 0.95, 0.99),
             "holdout": (0.0, 0.25, 0.5), "factor": (1.0, 1.1, 1.25, 1.5, 1.75, 2.0)},
     "mset": {"window": (1, 5, 10), "param": (50, 100, 200),
              "holdout": (0.0, 0.25, 0.5), "factor": (1.0, 1.25, 1.5, 2.0, 3.0, 4.0)},
 }
-AXES = ("window", "param", "holdout", "factor", "floor", "q", "init")
+AXES = ("window", "param", "holdout", "factor", "floor", "q", "init", "robust", "adapt_rate",
+        "drift_bound")
+#: Variants of the window statistics aimed at normal operation that drifts past what the first
+#: N rows showed (:mod:`skab_detectors`): ``robust`` 1 = median / MAD calibration statistics
+#: instead of mean / std; ``adapt_rate`` α > 0 = bounded per-channel level adaptation with bound
+#: ``drift_bound`` B (calibration sigmas), frozen on any window scoring above the calibration
+#: maximum. Each variant is a candidate beside the unchanged ones: the procedure (objective,
+#: smoothing, worst group) picks among all of them.
+#:
+#: Their grid, fixed before any SKAB figure of them was seen: α in (0.005, 0.02): the
+#: univariate package's grid (0.005, 0.01) spans a time constant of 100..200 windows; SKAB's
+#: files hold 600..1,000 scored rows, and a valve fault lasts hundreds of rows, so a time
+#: constant of 50..200 windows can follow a drift within a file while the freeze above the
+#: calibration maximum keeps a fault from being absorbed. B in (3, 10): 3 is the univariate
+#: package's default (a drift of more than 3 sigmas is reported); 10 is nearly unbounded, the
+#: "deviation from a slow EWMA baseline" (drift-invariant feature) end of the axis. The feature
+#: floors stay those fitted with mean / std (the recipe's emulated calibrations). The POT rule
+#: is not crossed with the variants (it was tried and not shipped; its candidates stay as they
+#: were). Smoothing: ``robust`` is a different rule, not a nearby value (not smoothed); an
+#: adapted candidate's neighbours step along α and B among the adapted values (α 0, no
+#: adaptation, is a different rule), so an unadapted candidate's rating is what it was.
+VARIANTS = ("robust", "adapt_rate", "drift_bound")
 #: Threshold rules. ``max``: max(base scores) × ``factor`` (every family). ``pot``: the
 #: peaks-over-threshold rule of :mod:`skab_pot` (Siffer et al., KDD 2017) on the same base
 #: scores: a GPD fitted to the scores above their ``init`` quantile, threshold = the score with
@@ -89,14 +113,30 @@ RULES = ("max", "pot")
 #: basis and MSET's memory are fitted per device, so they have no artefact to ship before the
 #: fleet builds per-device models of them; they are studied side by side as references.
 SHIPPABLE = ("wstat",)
+#: Candidate kinds (:attr:`Candidate.kind`) the agent's calibration implements: max × factor on
+#: the unchanged statistics. POT and the drift variants are studied, not shippable, until it
+#: implements them.
+SHIPPABLE_KINDS = ("max",)
 #: The axes along which a rating is smoothed; the threshold base (``holdout``) is a different
 #: rule, not a nearby value, so it is not one of them.
 SMOOTH_AXES = ("window", "param", "factor", "floor")
 #: The same per rule: ``pot`` has no factor (it is 1) and steps along ``q`` and ``init``.
 RULE_AXES = {"max": SMOOTH_AXES, "pot": ("window", "param", "floor", "q", "init")}
+#: Axes an adapted candidate (``adapt_rate`` > 0) is smoothed along as well.
+ADAPT_AXES = ("adapt_rate", "drift_bound")
 
 #: Floors per floor fraction: ``{f: (input floor (C,), {W: feature floor (3·C,)})}``.
 Floors = dict[float, tuple[np.ndarray, dict[int, np.ndarray]]]
+
+
+def variants(family: str) -> list[tuple[float, float, float]]:
+    """(robust, adapt_rate, drift_bound) of every variant on ``family``'s grid, the unchanged
+    window statistics (0, 0, 0) first; without adaptation the bound is 0."""
+    g = GRID[family]
+    out = []
+    for r, a in itertools.product(g.get("robust", (0.0,)), g.get("adapt_rate", (0.0,))):
+        out += [(r, a, b) for b in g["drift_bound"]] if a > 0 else [(r, 0.0, 0.0)]
+    return out
 
 
 def axis_values(family: str, axis: str) -> tuple[float, ...]:
@@ -121,6 +161,22 @@ class Candidate:
     rule: str = "max"
     q: float = 0.0
     init: float = 0.0
+    robust: float = 0.0
+    adapt_rate: float = 0.0
+    drift_bound: float = 0.0
+
+    @property
+    def variant(self) -> tuple[float, float, float]:
+        """(robust, adapt_rate, drift_bound): (0, 0, 0) for the unchanged window statistics."""
+        return (self.robust, self.adapt_rate, self.drift_bound)
+
+    @property
+    def kind(self) -> str:
+        """``max``, ``pot``, ``adapt``, ``robust`` or ``robust+adapt`` (:func:`report_rows`)."""
+        if self.rule == "pot":
+            return "pot"
+        parts = [p for p, on in (("robust", self.robust), ("adapt", self.adapt_rate)) if on]
+        return "+".join(parts) or "max"
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,26 +232,29 @@ class Study:
         self.labels = {k: v[1][N:] == 1 for k, v in files.items()}
         self.groups = sorted({k.split("/")[0] for k in files})
         self.candidates: list[Candidate] = []
-        self._scores: dict[tuple[str, int, float, float, float, str], FileScores] = {}
+        self._scores: dict[tuple[str, int, float, float, float, str, tuple[float, float, float]],
+                           FileScores] = {}
         by_frac = floors if floors is not None else {FLOOR_FRAC: (floor, feature_floors)}
         for fam in families:
             g = GRID[fam]
-            for w, p, h, fl in itertools.product(g["window"], g["param"], g["holdout"],
-                                                 axis_values(fam, "floor")):
+            for w, p, h, fl, var in itertools.product(g["window"], g["param"], g["holdout"],
+                                                      axis_values(fam, "floor"), variants(fam)):
                 inp, feat = by_frac[fl]
                 for name, (values, _) in files.items():
-                    self._scores[(fam, int(w), p, h, fl, name)] = file_scores(
-                        fam, values, N, int(w), p, h, inp, feat.get(int(w), inp))
-                self.candidates += [Candidate(fam, int(w), p, h, f, fl) for f in g["factor"]]
-                if "q" in g and "init" in g:
+                    self._scores[(fam, int(w), p, h, fl, name, var)] = file_scores(
+                        fam, values, N, int(w), p, h, inp, feat.get(int(w), inp),
+                        robust=bool(var[0]), adapt_rate=var[1], drift_bound=var[2])
+                self.candidates += [Candidate(fam, int(w), p, h, f, fl, "max", 0.0, 0.0, *var)
+                                    for f in g["factor"]]
+                if "q" in g and "init" in g and not any(var):
                     self.candidates += [Candidate(fam, int(w), p, h, 1.0, fl, "pot", q, i)
                                         for q, i in itertools.product(g["q"], g["init"])]
         self._counts: dict[tuple[Candidate, str], np.ndarray] = {}
-        self._pot: dict[tuple[str, int, float, float, float, str, float, float], float] = {}
+        self._pot: dict[tuple[object, ...], float] = {}
 
     def threshold(self, c: Candidate, name: str) -> float:
         """The threshold of candidate ``c`` on one file, from its base scores only."""
-        key = (c.detector, c.window, c.param, c.holdout, c.floor, name)
+        key = (c.detector, c.window, c.param, c.holdout, c.floor, name, c.variant)
         base = self._scores[key].base
         if c.rule == "max":
             return float(base.max()) * c.factor
@@ -210,7 +269,8 @@ class Study:
         """(TP, FP, FN, TN) of candidate ``c`` on one file."""
         key = (c, name)
         if key not in self._counts:
-            s = self._scores[(c.detector, c.window, c.param, c.holdout, c.floor, name)]
+            s = self._scores[(c.detector, c.window, c.param, c.holdout, c.floor, name,
+                              c.variant)]
             pred = s.test > self.threshold(c, name)
             lab = self.labels[name]
             self._counts[key] = np.array([(pred & lab).sum(), (pred & ~lab).sum(),
@@ -225,8 +285,10 @@ class Study:
         """``c`` and the candidates one grid step from it along one of its rule's
         :data:`RULE_AXES` (same family, threshold base and rule)."""
         out = [c]
-        for axis in RULE_AXES[c.rule]:
+        for axis in RULE_AXES[c.rule] + (ADAPT_AXES if c.adapt_rate > 0 else ()):
             vals = axis_values(c.detector, axis)
+            if axis == "adapt_rate":
+                vals = tuple(v for v in vals if v > 0)
             i = vals.index(getattr(c, axis))
             for j in (i - 1, i + 1):
                 if 0 <= j < len(vals):
@@ -249,10 +311,11 @@ class Study:
     def choose(self, names: Iterable[str], family: str | None = None,
                rule: str | None = None) -> Candidate:
         """The best-rated candidate on ``names`` (ties: the earlier grid point), among
-        ``family``'s and ``rule``'s candidates (None: any)."""
+        ``family``'s candidates whose :attr:`Candidate.kind` is ``rule`` (None: any; ``max``
+        is the unchanged window statistics with max × factor)."""
         groups = self.group_files(names)
         pool = [c for c in self.candidates if (family is None or c.detector == family)
-                and (rule is None or c.rule == rule)]
+                and (rule is None or rule == c.kind)]
         return max(pool, key=lambda c: self.rating(c, groups))
 
     def spread(self, c: Candidate, names: Sequence[str]) -> tuple[Figures, Figures]:
@@ -363,14 +426,16 @@ def describe(c: Candidate) -> str:
     par = {"wstat": "top_k", "pca": "var", "mset": "memory"}[c.detector]
     rule = (f"factor={c.factor:g}" if c.rule == "max"
             else f"POT init={c.init:g} q={c.q:g}")
+    var = (" robust" if c.robust else "") + (
+        f" adapt={c.adapt_rate:g} bound={c.drift_bound:g}" if c.adapt_rate else "")
     return (f"{c.detector} W={c.window} {par}={c.param:g} holdout={c.holdout:g} "
-            f"{rule} floor={c.floor:g}")
+            f"{rule} floor={c.floor:g}{var}")
 
 
 def report(study: Study, families: Sequence[str], log: Callable[[str], None] = print
            ) -> Candidate:
     """Print the side-by-side grouped figures per family and overall; returns the choice among
-    the :data:`SHIPPABLE` families (the shipped defaults).
+    the :data:`SHIPPABLE` families' :data:`SHIPPABLE_KINDS` (the shipped defaults).
 
     Raises:
         ValueError: ``families`` holds no shippable family.
@@ -395,21 +460,25 @@ def report(study: Study, families: Sequence[str], log: Callable[[str], None] = p
     ship = [f for f in families if f in SHIPPABLE]
     if not ship:
         raise ValueError(f"no shippable family among {families} (shippable: {SHIPPABLE})")
-    choice = overall if overall.detector in SHIPPABLE else max(
-        (study.choose(names, f) for f in ship), key=lambda c: study.rating(
-            c, study.group_files(names)))
-    log(f"chosen among shippable families ({', '.join(SHIPPABLE)}): {describe(choice)}")
+    choice = overall if overall.detector in SHIPPABLE and overall.kind in SHIPPABLE_KINDS else max(
+        (study.choose(names, f, k) for f in ship for k in SHIPPABLE_KINDS),
+        key=lambda c: study.rating(c, study.group_files(names)))
+    log(f"chosen among shippable candidates ({', '.join(SHIPPABLE)}; "
+        f"{', '.join(SHIPPABLE_KINDS)}): {describe(choice)}")
     log(f"pooled (chosen on the same files) {spread_text(study, choice, names)}")
     return choice
 
 
 def report_rows(families: Sequence[str]) -> list[tuple[str, str | None, str | None]]:
     """(label, family, rule) of each block of :func:`report`: per family each threshold rule
-    its grid has (``wstat/max``, ``wstat/pot``) side by side, then the family with any rule,
-    then any family (when there are several)."""
+    and variant its grid has (``wstat/max``, ``wstat/pot``, ``wstat/adapt``, ``wstat/robust``,
+    ``wstat/robust+adapt``) side by side, then the family with any rule, then any family (when
+    there are several)."""
     rows: list[tuple[str, str | None, str | None]] = []
     for fam in families:
         rules = [r for r in RULES if r == "max" or all(a in GRID[fam] for a in ("q", "init"))]
+        kinds = {Candidate(fam, 1, 1, 0, 1, 0, "max", 0, 0, *v).kind for v in variants(fam)}
+        rules += [k for k in ("adapt", "robust", "robust+adapt") if k in kinds]
         if len(rules) > 1:
             rows += [(f"{fam}/{r}", fam, r) for r in rules]
         rows.append((fam, fam, None))

@@ -194,6 +194,10 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"{args.selection}: the selection chose the {chosen['rule']!r} "
                              "threshold rule; the agent's calibration implements max x factor "
                              "only (calibration_quantile)")
+        if chosen.get("robust") or chosen.get("adapt_rate"):
+            raise SystemExit(f"{args.selection}: the selection chose a drift variant (robust "
+                             "statistics or level adaptation) the agent's multichannel "
+                             "calibration does not implement")
         args.window, args.top_k = int(chosen["window"]), int(chosen["param"])
         args.threshold_factor, args.holdout = float(chosen["factor"]), float(chosen["holdout"])
         if "floor" in chosen:  # one fraction for both floors (skab_select.GRID)

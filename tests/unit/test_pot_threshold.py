@@ -86,7 +86,7 @@ def test_pot_candidates_sit_beside_max_ones_and_stay_in_their_rule(
     assert study.choose(list(files), rule="pot").rule == "pot"
     assert study.choose(list(files), rule="max").rule == "max"
     # the threshold is read from the file's base (calibration) scores alone
-    base = study._scores[("wstat", 5, 1, 0.0, 0.1, "a/0")].base
+    base = study._scores[("wstat", 5, 1, 0.0, 0.1, "a/0", (0.0, 0.0, 0.0))].base
     assert study.threshold(c, "a/0") == pot_threshold(base, 0.9, 1e-4)
     lines: list[str] = []
     skab_select.report(study, ["wstat"], lines.append)
