@@ -200,6 +200,8 @@ class StreamPipeline:
         self._rule_offset = 0.0
         #: The last scored window: (start, end, score, received_mono), for end_of_input.
         self._last_window: tuple[float, float, float, float] | None = None
+        # the level offset of an adapting detector and the calibration it belongs to
+        self._offset: tuple[Calibration, FloatArray] | None = None
 
     @property
     def calibrating(self) -> bool:
@@ -353,15 +355,27 @@ class StreamPipeline:
         return ScoredBatch(np.where(bad, OFF_SCALE, scored.scores), contrib)
 
     def _score(self, windows: Float32Array) -> ScoredBatch:
-        assert self.calibration is not None
         try:
-            return self.detector.score(windows, self.calibration)
+            return self._run_detector(windows)
         except ModelError as exc:
             if self.fallback is None:
                 raise
             self.detector, self.calibration = self.fallback
             self.fallback, self.fallback_error = None, exc
-            return self.detector.score(windows, self.calibration)
+            return self._run_detector(windows)
+
+    def _run_detector(self, windows: Float32Array) -> ScoredBatch:
+        """Score with the detector in force; one with a level adaptation carries its offset
+        from window to window, from 0 at each new calibration (:mod:`agent.pipeline.drift`)."""
+        cal = self.calibration
+        assert cal is not None
+        if self.detector.adaptation is None:
+            return self.detector.score(windows, cal)
+        start = self._offset[1] if self._offset is not None and self._offset[0] is cal else (
+            np.zeros(len(self.spec.channels)))
+        scored, offset = self.detector.score_adapted(windows, cal, start)
+        self._offset = (cal, offset)
+        return scored
 
     def swap(
         self,

@@ -41,7 +41,9 @@ Two ``wstat`` variants aimed at normal operation that drifts past what the first
   −B, B), m the window's mean features (Roberts, "Control chart tests based on geometric moving
   averages", 1959). Windows are taken one at a time, in order. With B large this is close to a
   drift-invariant feature (the deviation from a slow EWMA baseline), except that it freezes
-  while the score is high.
+  while the score is high. The scoring is the agent's own
+  (:func:`agent.pipeline.drift.adapted_scores`), so a package with this adaptation in its
+  manifest scores as the candidate did.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from agent.pipeline.drift import LevelAdaptation, adapted_scores
 from cloud_sync.calibration import sliding_windows, window_features
 
 FloatArray = npt.NDArray[np.float64]
@@ -117,27 +120,11 @@ def wstat_scores(values: FloatArray, rows: int, window: int, top_k: int, floor: 
     a = (feats - center) / std
     scores = _top_k_mean(np.abs(a), top_k)
     if adapt_rate > 0:
-        scores[k_cal:] = _adapted(a[k_cal:], feats[k_cal:], std, values.shape[1], top_k,
-                                  adapt_rate, drift_bound, adapt_level)
+        c = values.shape[1]
+        scores[k_cal:] = adapted_scores(a[k_cal:], feats[k_cal:, :c], 1.0 / std[:c], np.zeros(c),
+                                        top_k, LevelAdaptation(adapt_rate, drift_bound),
+                                        adapt_level)[0]
     return scores
-
-
-def _adapted(a: FloatArray, feats: FloatArray, std: FloatArray, c: int, top_k: int,
-             rate: float, bound: float, level: float) -> FloatArray:
-    """Scores of windows ``a`` ``(K, 3·C)`` (signed z) in order, the first C (mean) features
-    taken against the adapted level d (module docstring); ``feats`` the windows' features."""
-    out = np.empty(a.shape[0])
-    d = np.zeros(c)
-    inv = 1.0 / std[:c]
-    k = min(top_k, a.shape[1])
-    rest = -np.sort(-np.abs(a[:, c:]), axis=1)[:, :k]  # the level-free features' top k
-    for j in range(a.shape[0]):
-        row = np.concatenate((np.abs(a[j, :c] - d * inv), rest[j]))
-        s = float(np.partition(row, row.size - k)[-k:].mean())
-        out[j] = s
-        if s <= level:
-            d = np.clip(d + rate * (feats[j, :c] - d), -bound, bound)
-    return out
 
 
 def pca_scores(values: FloatArray, rows: int, window: int, var: float,
