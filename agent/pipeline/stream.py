@@ -209,6 +209,12 @@ class StreamPipeline:
         return self.calibration is None
 
     @property
+    def level_offset(self) -> FloatArray | None:
+        """``(C,)`` the level offset of an adapting detector after the last scored window, in
+        calibration sigmas (:mod:`agent.pipeline.drift`); None before one or without one."""
+        return self._offset[1] if self._offset is not None else None
+
+    @property
     def threshold(self) -> float:
         """Threshold in force (NaN while calibrating)."""
         return self.calibration.threshold if self.calibration is not None else math.nan

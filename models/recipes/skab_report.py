@@ -17,7 +17,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import skab_select as sel
-from skab_select import Candidate, Study
+from skab_select import Candidate
+from skab_study import Study
 
 #: (label, family or families, kind or kinds) of one report block; None: any.
 Row = tuple[str, str | tuple[str, ...] | None, str | tuple[str, ...] | None]

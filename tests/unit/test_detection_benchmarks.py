@@ -54,6 +54,28 @@ def test_skab_benchmark_reports_grouped_selection() -> None:
 
 
 @pytest.mark.dataset
+def test_skab_benchmark_reports_the_drift_family(tmp_path: Path) -> None:
+    """The drift variants (``wstat-drift``: robust statistics, bounded level adaptation) run
+    as their own family, here on one labelled file per group (links, not copies) so the test
+    stays short; the full grid on every file is the benchmark's own run."""
+    if not (DATASETS / "skab").is_dir():
+        pytest.skip("needs ../shared/datasets/skab")
+    for rel in ("valve1/1.csv", "other/1.csv", "anomaly-free/anomaly-free.csv"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).symlink_to(DATASETS / "skab" / rel)
+    lines = _run("skab.py", "--data", str(tmp_path), "--families", "wstat-drift")
+    assert re.fullmatch(r"F1=[01]\.\d{3} FAR=\d+\.\d\d MAR=\d+\.\d\d", lines[-1]), lines[-1]
+    text = "\n".join(lines)
+    for kind in ("adapt", "robust", "robust+adapt"):
+        for group in ("other", "valve1"):
+            assert re.search(rf"^wstat-drift/{re.escape(kind)}\s+held-out group {group}\s+"
+                             r"\d\.\d{3} /", text, re.M)
+    assert re.search(r"^chosen among shippable candidates .*: wstat-drift W=\d+ .* adapt=",
+                     text, re.M)
+    assert re.search(r"^package skab-wstat@\d+: wstat.*procedure's choice$", text, re.M)
+
+
+@pytest.mark.dataset
 def test_skab_per_group_rows_are_not_called_held_out(tmp_path: Path) -> None:
     """The per-group INT8 rows score the package's own defaults: the line above them says they
     are not held-out figures (the shipped package was chosen with those files in view)."""

@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "models" / "recipes"))
 
 import skab_select  # noqa: E402
-from skab_select import Candidate, Study  # noqa: E402
+from skab_select import Candidate  # noqa: E402
+from skab_study import Study  # noqa: E402
 
 C = 3
 

@@ -12,9 +12,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "models" / "recipes"))
 
+import skab_report  # noqa: E402
 import skab_select  # noqa: E402
 from skab_detectors import center_spread, file_scores  # noqa: E402
-from skab_select import Candidate, Study  # noqa: E402
+from skab_select import Candidate  # noqa: E402
+from skab_study import Study  # noqa: E402
 
 C = 3
 FLOOR = np.full(C, 0.05)
@@ -77,42 +79,67 @@ def test_robust_statistics_ignore_a_calibration_outlier() -> None:
     assert _scores(y, robust=True)[10:].mean() > 3 * _scores(y)[10:].mean()
 
 
-def test_variants_are_candidates_beside_the_unchanged_ones(monkeypatch: pytest.MonkeyPatch
-                                                          ) -> None:
-    grid = {"wstat": {"window": (5,), "param": (1,), "holdout": (0.0,), "factor": (1.5, 2.0),
-                      "robust": (0.0, 1.0), "adapt_rate": (0.0, 0.005, 0.02),
-                      "drift_bound": (3.0, 10.0)}}
-    monkeypatch.setattr(skab_select, "GRID", grid)
+def _files(drift: bool = False) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     files = {f"{g}/{i}": (_noise(600, 10 * k + i), np.r_[np.zeros(500), np.ones(100)])
              for k, g in enumerate("ab") for i in range(2)}
     for _, (x, _) in files.items():
+        if drift:
+            x[400:, 0] += np.linspace(0.0, 3.0, 200)  # a drift the adapted candidates follow
         x[500:] += 4.0
-    study = Study(files, FLOOR, {5: FFLOOR}, ["wstat"])
-    # 2 factors x 2 robust x (off + 2 rates x 2 bounds)
+    return files
+
+
+BASE = {"window": (5,), "param": (1,), "holdout": (0.0,), "factor": (1.5, 2.0)}
+
+
+def test_variants_are_candidates_beside_the_unchanged_ones(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    grid = {"wstat": BASE, "wstat-drift": {**BASE, "robust": (0.0, 1.0),
+                                           "adapt_rate": (0.0, 0.005, 0.02),
+                                           "drift_bound": (3.0, 10.0)}}
+    monkeypatch.setattr(skab_select, "GRID", grid)
+    files = _files()
+    study = Study(files, FLOOR, {5: FFLOOR}, ["wstat", "wstat-drift"])
+    # 2 factors x 2 robust x (off + 2 rates x 2 bounds); the unchanged ones are wstat's only
     assert len(study.candidates) == 2 * 2 * 5
-    assert {c.kind for c in study.candidates} == {"max", "adapt", "robust", "robust+adapt"}
+    assert {c.kind for c in study.candidates if c.detector == "wstat"} == {"max"}
+    assert {c.kind for c in study.candidates if c.detector == "wstat-drift"} == {
+        "adapt", "robust", "robust+adapt"}
     plain = Candidate("wstat", 5, 1, 0.0, 1.5)
     assert all(n.variant == (0, 0, 0) for n in study.neighbours(plain))
-    adapted = Candidate("wstat", 5, 1, 0.0, 1.5, adapt_rate=0.005, drift_bound=3.0)
+    adapted = Candidate("wstat-drift", 5, 1, 0.0, 1.5, adapt_rate=0.005, drift_bound=3.0)
     hood = study.neighbours(adapted)
     assert {(n.adapt_rate, n.drift_bound) for n in hood} == {(0.005, 3.0), (0.02, 3.0),
                                                               (0.005, 10.0)}
+    # the drift family is scored by the window statistics: its robust-off, adapt-off scores
+    # would be wstat's, and its adapted scores start from them
+    key = ("wstat-drift", 5, 1, 0.0, 0.1, "a/0", (0.0, 0.005, 3.0))
+    assert study._scores[key].base.shape == study._scores[
+        ("wstat", 5, 1, 0.0, 0.1, "a/0", (0.0, 0.0, 0.0))].base.shape
     assert study.choose(list(files), rule="max").variant == (0, 0, 0)
     assert study.choose(list(files), rule="robust+adapt").kind == "robust+adapt"
+    assert study.choose(list(files), family=("wstat", "wstat-drift"),
+                        rule=("max", "adapt")).kind in ("max", "adapt")
     assert study.choose(list(files)) in study.candidates
 
 
+def test_the_wstat_family_alone_studies_what_it_did_before_the_variants() -> None:
+    rows = skab_report.report_rows(["wstat"])
+    assert [r[0] for r in rows] == ["wstat/max", "wstat/pot", "wstat"]
+    assert not any(any(v) for v in skab_select.variants("wstat"))
+    both = [r[0] for r in skab_report.report_rows(["wstat", "wstat-drift"])]
+    assert both[-3:] == ["wstat-drift", "shippable", "any family"]
+
+
 def test_only_kinds_the_agent_implements_are_shipped(monkeypatch: pytest.MonkeyPatch) -> None:
-    grid = {"wstat": {"window": (5,), "param": (1,), "holdout": (0.0,), "factor": (1.5, 2.0),
-                      "robust": (0.0, 1.0), "adapt_rate": (0.0, 0.02), "drift_bound": (3.0,)}}
+    grid = {"wstat": BASE, "wstat-drift": {**BASE, "robust": (0.0, 1.0),
+                                           "adapt_rate": (0.0, 0.02), "drift_bound": (3.0,)}}
     monkeypatch.setattr(skab_select, "GRID", grid)
-    files = {f"{g}/{i}": (_noise(600, 10 * k + i), np.r_[np.zeros(500), np.ones(100)])
-             for k, g in enumerate("ab") for i in range(2)}
-    for _, (x, _) in files.items():
-        x[400:, 0] += np.linspace(0.0, 3.0, 200)  # a drift the adapted candidates follow
-        x[500:] += 4.0
-    study = Study(files, FLOOR, {5: FFLOOR}, ["wstat"])
+    files = _files(drift=True)
+    study = Study(files, FLOOR, {5: FFLOOR}, ["wstat", "wstat-drift"])
     lines: list[str] = []
-    choice = skab_select.report(study, ["wstat"], lines.append)
-    assert choice.kind in skab_select.SHIPPABLE_KINDS
+    choice = skab_report.report(study, ["wstat", "wstat-drift"], lines.append)
+    assert choice.kind in skab_select.SHIPPABLE_KINDS and not choice.robust
     assert any(x.startswith("chosen among all families") for x in lines)
+    # the procedure that picks the shipped defaults is itself reported held out
+    assert sum(x.startswith("shippable   held-out group") for x in lines) == 4
