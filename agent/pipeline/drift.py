@@ -56,7 +56,9 @@ def follow_level(level: FloatArray | float, target: FloatArray | float, rate: fl
     >>> float(follow_level(0.0, 10.0, 0.5, -3.0, 3.0))
     3.0
     """
-    return np.clip(np.add(level, rate * np.subtract(target, level)), low, high)
+    step: FloatArray = np.minimum(np.maximum(
+        np.add(level, rate * np.subtract(target, level)), low), high)
+    return step
 
 
 def adapted_scores(z: FloatArray, means: FloatArray, inv_std: FloatArray, offset: FloatArray,
@@ -83,11 +85,15 @@ def adapted_scores(z: FloatArray, means: FloatArray, inv_std: FloatArray, offset
     d = np.array(offset, dtype=np.float64)
     k = min(top_k, z.shape[1])
     rest = -np.sort(-absz[:, c:], axis=1)[:, :k]  # the level-free features' top k
+    row = np.empty(c + rest.shape[1])  # this window's adapted mean |z|, then ``rest``
+    kth = row.size - k
+    rate, low, high = adaptation.rate, -adaptation.bound, adaptation.bound
     for j in range(z.shape[0]):
-        row = np.concatenate((np.abs(z[j, :c] - d * inv_std), rest[j]))
-        s = float(np.partition(row, row.size - k)[-k:].mean())
+        np.abs(z[j, :c] - d * inv_std, out=row[:c])
+        row[c:] = rest[j]
+        s = float(np.add.reduce(np.partition(row, kth)[kth:]) / k)  # the top k's mean
         out[j] = s
         absz[j, :c] = row[:c]
         if s <= level:
-            d = follow_level(d, means[j], adaptation.rate, -adaptation.bound, adaptation.bound)
+            d = follow_level(d, means[j], rate, low, high)
     return out, absz, d

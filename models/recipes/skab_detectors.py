@@ -93,9 +93,14 @@ def _top_k_mean(a: FloatArray, top_k: int) -> FloatArray:
     return np.partition(a, a.shape[1] - k, axis=1)[:, -k:].mean(1)
 
 
+#: Features shared by the candidates of one fit: see :func:`wstat_scores`'s ``cache``.
+FeatureCache = dict[tuple[object, ...], tuple[FloatArray, FloatArray, FloatArray]]
+
+
 def wstat_scores(values: FloatArray, rows: int, window: int, top_k: int, floor: FloatArray,
                  feature_floor: FloatArray, *, robust: bool = False, adapt_rate: float = 0.0,
-                 drift_bound: float = 0.0, adapt_level: float = -np.inf) -> FloatArray:
+                 drift_bound: float = 0.0, adapt_level: float = -np.inf,
+                 cache: FeatureCache | None = None) -> FloatArray:
     """Window-statistics scores with scaler and feature statistics fitted on ``values[:rows]``.
 
     Args:
@@ -108,16 +113,26 @@ def wstat_scores(values: FloatArray, rows: int, window: int, top_k: int, floor: 
         adapt_rate, drift_bound, adapt_level: bounded level adaptation of the windows after the
             calibration windows (module docstring); ``adapt_level`` is the score at or below
             which a window moves the baseline. ``adapt_rate`` 0: none.
+        cache: Keeps the features and their deviations between calls that differ only in
+            ``top_k`` and the adaptation (the same rows of the same array, fit, floors and
+            statistics); None: none kept.
 
     Returns:
         ``(T − W + 1,)``: score of the window ending at row j + W − 1.
     """
-    z = _scale(values, rows, floor, robust).astype(np.float32)
-    feats = window_features(sliding_windows(z, window)).astype(np.float64)
+    key = (values.__array_interface__["data"][0], values.shape, rows, window, robust,
+           floor.tobytes(), feature_floor.tobytes())
+    hit = cache.get(key) if cache is not None else None
+    if hit is None:
+        z = _scale(values, rows, floor, robust).astype(np.float32)
+        feats = window_features(sliding_windows(z, window)).astype(np.float64)
+        center, spread = center_spread(feats[: rows - window + 1], robust)
+        std = np.maximum(spread, feature_floor) + 1e-9
+        hit = (feats, (feats - center) / std, std)
+        if cache is not None:
+            cache[key] = hit
+    feats, a, std = hit
     k_cal = rows - window + 1
-    center, spread = center_spread(feats[:k_cal], robust)
-    std = np.maximum(spread, feature_floor) + 1e-9
-    a = (feats - center) / std
     scores = _top_k_mean(np.abs(a), top_k)
     if adapt_rate > 0:
         c = values.shape[1]
@@ -175,7 +190,7 @@ def mset_scores(values: FloatArray, rows: int, window: int, memory: int,
 def file_scores(detector: str, values: FloatArray, n: int, window: int, param: float,
                 holdout: float, floor: FloatArray, feature_floor: FloatArray, *,
                 robust: bool = False, adapt_rate: float = 0.0,
-                drift_bound: float = 0.0) -> FileScores:
+                drift_bound: float = 0.0, cache: FeatureCache | None = None) -> FileScores:
     """Threshold-base and test scores of one file (see the module docstring).
 
     Args:
@@ -187,6 +202,7 @@ def file_scores(detector: str, values: FloatArray, n: int, window: int, param: f
         holdout: Fraction h of the N rows held out for the threshold base, 0 ≤ h < 1.
         robust, adapt_rate, drift_bound: the ``wstat`` variants (module docstring); the
             threshold-base scores are never adapted, and their maximum is the adaptation level.
+        cache: ``wstat``: passed to :func:`wstat_scores` (one per file, fit and floors).
 
     Raises:
         ValueError: an unknown detector, a variant of a detector other than ``wstat``, or too
@@ -200,10 +216,10 @@ def file_scores(detector: str, values: FloatArray, n: int, window: int, param: f
         if detector == "wstat":
             if level is None:
                 return wstat_scores(vals, rows, window, int(param), floor, feature_floor,
-                                    robust=robust)
+                                    robust=robust, cache=cache)
             return wstat_scores(vals, rows, window, int(param), floor, feature_floor,
                                 robust=robust, adapt_rate=adapt_rate, drift_bound=drift_bound,
-                                adapt_level=level)
+                                adapt_level=level, cache=cache)
         if detector == "pca":
             return pca_scores(vals, rows, window, param, floor)
         if detector == "mset":

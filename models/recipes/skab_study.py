@@ -17,7 +17,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import skab_select as sel
-from skab_detectors import FileScores, file_scores
+from skab_detectors import FeatureCache, FileScores, file_scores
 from skab_pot import pot_threshold
 from skab_select import Candidate, Figures, Floors, Pick, figures
 
@@ -60,15 +60,21 @@ class Study:
         by_frac = floors if floors is not None else {sel.FLOOR_FRAC: (floor, feature_floors)}
         for fam in families:
             g = sel.GRID[fam]
+            # scored per (W, base, floor), every top-k and variant of it sharing the features
+            for w, h, fl in itertools.product(g["window"], g["holdout"],
+                                              sel.axis_values(fam, "floor")):
+                inp, feat = by_frac[fl]
+                caches: dict[str, FeatureCache] = {name: {} for name in files}
+                for p, var in itertools.product(g["param"], sel.variants(fam)):
+                    for name, (values, _) in files.items():
+                        self._scores[(fam, int(w), p, h, fl, name, var)] = file_scores(
+                            sel.detector_of(fam), values, sel.N, int(w), p, h, inp,
+                            feat.get(int(w), inp), robust=bool(var[0]), adapt_rate=var[1],
+                            drift_bound=var[2], cache=caches[name])
+            # the candidates in grid order (ties go to the earlier grid point)
             grid = itertools.product(g["window"], g["param"], g["holdout"],
                                      sel.axis_values(fam, "floor"), sel.variants(fam))
             for w, p, h, fl, var in grid:
-                inp, feat = by_frac[fl]
-                for name, (values, _) in files.items():
-                    self._scores[(fam, int(w), p, h, fl, name, var)] = file_scores(
-                        sel.detector_of(fam), values, sel.N, int(w), p, h, inp,
-                        feat.get(int(w), inp),
-                        robust=bool(var[0]), adapt_rate=var[1], drift_bound=var[2])
                 self.candidates += [Candidate(fam, int(w), p, h, f, fl, "max", 0.0, 0.0, *var)
                                     for f in g["factor"]]
                 if "q" in g and "init" in g and not any(var):
@@ -194,12 +200,18 @@ class Study:
     def leave_files_out(self, folds: int = 4, family: Pick = None,
                         rule: Pick = None) -> dict[str, Figures]:
         """Per group: pooled figures of its folds, each scored with the candidate chosen on
-        every file outside the fold (:meth:`fold_of`)."""
-        total: dict[str, np.ndarray] = {g: np.zeros(4) for g in self.groups}
+        every file outside the fold (:meth:`fold_of`). A fold with no file outside it (a group
+        of one session) has nothing to choose on: it is not scored, and a group none of whose
+        folds was scored has no figures."""
+        total: dict[str, np.ndarray] = {}
         fold_of = self.fold_of(folds)
         for fold in range(folds):
             held = {n for n, f in fold_of.items() if f == fold}
-            c = self.choose([n for n in self.files if n not in held], family, rule)
+            train = [n for n in self.files if n not in held]
+            if not held or not train:
+                continue
+            c = self.choose(train, family, rule)
             for n in held:
-                total[n.split("/")[0]] += self.counts(c, n)
-        return {g: figures(v) for g, v in total.items()}
+                g = n.split("/")[0]
+                total[g] = total.get(g, np.zeros(4)) + self.counts(c, n)
+        return {g: figures(total[g]) for g in self.groups if g in total}
