@@ -90,7 +90,8 @@ def _scale(values: FloatArray, rows: int, floor: FloatArray, robust: bool = Fals
 
 def _top_k_mean(a: FloatArray, top_k: int) -> FloatArray:
     k = min(top_k, a.shape[1])
-    return np.partition(a, a.shape[1] - k, axis=1)[:, -k:].mean(1)
+    out: FloatArray = np.partition(a, a.shape[1] - k, axis=1)[:, -k:].mean(1)
+    return out
 
 
 #: Features shared by the candidates of one fit: see :func:`wstat_scores`'s ``cache``.
@@ -158,7 +159,9 @@ def pca_scores(values: FloatArray, rows: int, window: int, var: float,
     t2 = (t**2 / ev[:r]).sum(1)
     q = ((a - t @ vt[:r]) ** 2).sum(1)
     k = cal.shape[0]
-    return np.maximum(t2 / np.quantile(t2[:k], 0.99), q / (np.quantile(q[:k], 0.99) + 1e-12))
+    out: FloatArray = np.maximum(t2 / np.quantile(t2[:k], 0.99),
+                                 q / (np.quantile(q[:k], 0.99) + 1e-12))
+    return out
 
 
 def mset_scores(values: FloatArray, rows: int, window: int, memory: int,
@@ -179,12 +182,14 @@ def mset_scores(values: FloatArray, rows: int, window: int, memory: int,
 
     def sim(a: FloatArray, b: FloatArray) -> FloatArray:
         d2 = ((a[:, None, :] - b[None, :, :]) ** 2).sum(2)
-        return np.exp(-d2 / (2 * h * h))
+        out: FloatArray = np.exp(-d2 / (2 * h * h))
+        return out
 
     g = np.linalg.pinv(sim(mem, mem) + 1e-6 * np.eye(mem.shape[0]))
     w = sim(x, mem) @ g
     w = w / np.maximum(w.sum(1, keepdims=True), 1e-9)
-    return np.linalg.norm(x - w @ mem, axis=1)
+    out: FloatArray = np.linalg.norm(x - w @ mem, axis=1)
+    return out
 
 
 def file_scores(detector: str, values: FloatArray, n: int, window: int, param: float,
@@ -226,6 +231,7 @@ def file_scores(detector: str, values: FloatArray, n: int, window: int, param: f
             return mset_scores(vals, rows, window, int(param), floor)
         raise ValueError(f"unknown detector {detector!r}")
 
+    full: FloatArray | None
     if holdout <= 0:
         full = run(n, values.shape[0])
         base = full[: n - window + 1]

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -123,8 +124,9 @@ class Study:
             i = vals.index(getattr(c, axis))
             for j in (i - 1, i + 1):
                 if 0 <= j < len(vals):
-                    out.append(replace(c, **{axis: int(vals[j]) if axis == "window"
-                                             else vals[j]}))
+                    step: dict[str, Any] = {axis: int(vals[j]) if axis == "window"
+                                            else vals[j]}
+                    out.append(replace(c, **step))
         return out
 
     def rating(self, c: Candidate, groups: dict[str, list[str]]) -> float:

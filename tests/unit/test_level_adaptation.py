@@ -35,6 +35,9 @@ class NumpyBackend:
     def run(self, windows: Float32Array) -> Float32Array:
         return window_features(windows)
 
+    def close(self) -> None:
+        """Nothing to release."""
+
 
 def _spec(holdout: float = 0.0, factor: float = 1.5, top_k: int = 2) -> DetectorSpec:
     return DetectorSpec(("a", "b", "c"), W, 1, N, FLOOR, len(FEATURES), top_k, FFLOOR, 1.0,
