@@ -19,8 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "models" / "recipes"))
 
 import skab_data  # noqa: E402
+import skab_floors  # noqa: E402
 import skab_select  # noqa: E402
-from skab_select import Study  # noqa: E402
+from skab_study import Study  # noqa: E402
 
 T0 = dt.datetime(2021, 5, 1, 8, 0, 0)
 HEADER = "datetime;a;b"
@@ -80,15 +81,15 @@ def test_floors_and_study_files_never_use_the_overlapping_rows(
     monkeypatch.setattr(skab_select, "GRID", {"wstat": {"window": (5,), "param": (1,),
                                                         "holdout": (0.0,), "factor": (1.0,)}})
     seen: list[np.ndarray] = []
-    real = skab_select.floors_at
+    real = skab_floors.floors_at
 
     def spy(normal: np.ndarray, frac: float) -> tuple[np.ndarray, dict[int, np.ndarray]]:
         seen.append(normal)
         return real(normal, frac)
 
-    monkeypatch.setattr(skab_select, "floors_at", spy)
-    files, floor, _ = skab_select.load(root)
-    skab_select.load_floors(root, ["wstat"])
+    monkeypatch.setattr(skab_floors, "floors_at", spy)
+    files, floor, _ = skab_floors.load(root)
+    skab_floors.load_floors(root, ["wstat"])
     assert len(seen) == 2 and all(n.shape == (900, 2) for n in seen)
     full = skab_data.read_skab(skab_data.anomaly_free_file(root)).values
     np.testing.assert_allclose(floor, 0.1 * full[:900].std(0))
@@ -101,7 +102,7 @@ def test_files_that_share_rows_are_one_session(root: Path) -> None:
     groups = [[f"{f.path.parent.name}/{f.path.stem}" for f in s]
               for s in skab_data.sessions(files)]
     assert groups == [["g/1"], ["g/2", "g/3"], ["g/4"], ["h/1"]]
-    assert skab_select.load_sessions(root) == {"g/1": 0, "g/2": 1, "g/3": 1, "g/4": 2, "h/1": 3}
+    assert skab_floors.load_sessions(root) == {"g/1": 0, "g/2": 1, "g/3": 1, "g/4": 2, "h/1": 3}
 
 
 def test_a_session_is_held_out_as_a_whole() -> None:
