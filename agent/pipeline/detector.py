@@ -122,7 +122,7 @@ class FeatureDeviationDetector:
         outside: npt.NDArray[np.bool_] | None = None
         if self.fallback is not None and self.input_range is not None and scaled.shape[0]:
             low, high = self.input_range
-            outside = ((scaled < low) | (scaled > high)).any(axis=(1, 2))
+            outside = np.asarray(((scaled < low) | (scaled > high)).any(axis=(1, 2)))
             if outside.all():  # the backend's result would be replaced for every window
                 self.fallback_windows += int(outside.size)
                 return self.fallback.run(scaled).astype(np.float64)
