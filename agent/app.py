@@ -249,7 +249,7 @@ class Agent(AgentLoop):
         self.alerting = Alerting(
             config.agent.device_id, clock, self.store, self.keeper, self.episodes, self.feed,
             self.metrics, self._repeat, snapshots=self.snapshots, publisher=self.publisher,
-            uploader=self.uploader, console=self.console, writer=self.writer)
+            uploader=self.uploader, console=self.console)
         #: Scores the sensor streams' blocks of readings (:meth:`_drain_once`).
         self.scorer = BlockScorer(self.metrics, self.feed, self.alerting, self.store, clock,
                                   self.collectors, self.samples)

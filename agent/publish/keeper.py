@@ -79,12 +79,6 @@ class AlertKeeper:
         return 0 if pub is None else pub.volatile.delivered + pub.early.delivered_unstored
 
     @property
-    def numbering_in_memory(self) -> bool:
-        """Alerts of a refused episode are numbered in memory (:meth:`persist_seq` persists the
-        numbering after the next write the store takes)."""
-        return bool(self._floor)
-
-    @property
     def lost_total(self) -> int:
         """Refused alerts that were really lost: never handed to MQTT, or unacknowledged at stop."""
         return self.lost + (0 if self._publisher is None else self._publisher.volatile.lost)

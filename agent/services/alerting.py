@@ -6,15 +6,12 @@ numbered and stored with the episode mark in one transaction, or published while
 writer commits it (:mod:`agent.publish.keeper`: an alert the store refuses goes over MQTT from
 memory), then the state board, the snapshot
 worker (a camera's raised event), the MQTT publisher, the fleet uploader and the console are
-told. Runs on the pipeline (main) thread, except that aggregates are handed to the store
-writer's thread when there is one (:meth:`agent.store.writer.AlertWriter.put_aggregate`: the
-pipeline does not wait for the store while the writer commits an alert) and counted there.
+told. Runs on the pipeline (main) thread only.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Mapping
 from typing import TextIO
 
@@ -32,7 +29,6 @@ from agent.services.stream_feed import StateFeed
 from agent.services.uploader import Uploader
 from agent.store.parts import RepeatPolicy
 from agent.store.sqlite import Store
-from agent.store.writer import AlertWriter
 
 log = logging.getLogger("agent")
 
@@ -54,12 +50,10 @@ class Alerting:
         publisher: The MQTT publisher, or None.
         uploader: The fleet uploader, or None.
         console: Where each alert's console line is printed, or None.
-        writer: The store writer that writes the aggregates on its thread, or None (written
-            on the caller's thread, as they are while the keeper numbers alerts in memory).
 
     Attributes:
         alerts_raised: Raised events stored or delivered (not updates or clears).
-        aggregates_written: Aggregates stored (or duplicates of stored parts).
+        aggregates_written: Aggregates stored.
         aggregates_dropped: Aggregates the store refused (counted and logged).
     """
 
@@ -78,7 +72,6 @@ class Alerting:
         publisher: MqttPublisher | None = None,
         uploader: Uploader | None = None,
         console: TextIO | None = None,
-        writer: AlertWriter | None = None,
     ) -> None:
         self.device_id = device_id
         self.clock = clock
@@ -92,8 +85,6 @@ class Alerting:
         self.publisher = publisher
         self.uploader = uploader
         self.console = console
-        self.writer = writer
-        self._agg_lock = threading.Lock()  # the counters below: pipeline and writer threads
         self.alerts_raised = 0
         self.aggregates_written = 0
         self.aggregates_dropped = 0
@@ -156,31 +147,14 @@ class Alerting:
             print(alert.console_line(), file=self.console, flush=True)
 
     def write_aggregate(self, agg: Aggregate) -> None:
-        """Store one aggregate (a refusal is counted and logged, never raised): on the store
-        writer's thread when there is one (see the module docstring), else now."""
-        policy = self._repeat.get(agg.stream, "same_readings")
-        if (self.writer is not None and self.writer.running
-                and not self.keeper.numbering_in_memory):
-            try:
-                self.writer.put_aggregate(agg, policy, self._aggregate_done)
-                return
-            except StoreError:
-                pass  # the writer stopped meanwhile: stored here
+        """Store one aggregate (a refusal is counted and logged, never raised)."""
         try:
-            self.store.add_aggregate(agg, policy)
+            self.store.add_aggregate(agg, self._repeat.get(agg.stream, "same_readings"))
+            self.aggregates_written += 1
         except StoreError as exc:
-            self._aggregate_done(agg, exc)
-            return
-        self._aggregate_done(agg, None)
-        self.keeper.persist_seq()
-
-    def _aggregate_done(self, agg: Aggregate, error: StoreError | None) -> None:
-        """Count (and log a refusal of) one aggregate; any thread."""
-        with self._agg_lock:
-            if error is None:
-                self.aggregates_written += 1
-                return
             self.aggregates_dropped += 1
-        self.metrics.dropped_total.labels(kind="aggregate", reason="store_error").inc()
-        log.error("stream %s: aggregate not stored: %s", agg.stream, error,
-                  extra={"stream": agg.stream})
+            self.metrics.dropped_total.labels(kind="aggregate", reason="store_error").inc()
+            log.error("stream %s: aggregate not stored: %s", agg.stream, exc,
+                      extra={"stream": agg.stream})
+            return
+        self.keeper.persist_seq()

@@ -9,14 +9,8 @@ per group, the episode marks with their alerts), then reports each alert's outbo
 store refused the group) through ``on_commit``, so the publisher marks the row published once both
 the commit and the broker's PUBACK are in.
 
-Aggregates (:meth:`AlertWriter.put_aggregate`): the closed aggregate intervals are written on the
-same thread, each in its own ordinary (not durable) transaction, after the alerts queued before
-it, so the pipeline thread never waits for the store's lock while a durable alert commit holds it.
-Each one's outcome goes to the caller's ``done`` callback (on the writer's thread).
-
-Queue bound: at most :data:`QUEUE_LIMIT` alerts and as many aggregates wait; :meth:`AlertWriter.put`
-and :meth:`AlertWriter.put_aggregate` block beyond that (the pipeline slows down instead of
-holding unbounded memory).
+Queue bound: at most :data:`QUEUE_LIMIT` alerts wait; :meth:`AlertWriter.put` blocks beyond that
+(the pipeline slows down instead of holding unbounded memory).
 
 Test hook: ``EDGE_AGENT_TEST_COMMIT_DELAY_S`` (seconds, read by :func:`commit_delay_from_env`)
 delays every commit, so an integration test can kill the agent between publish and commit. Never
@@ -33,9 +27,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from agent.errors import StoreError
-from agent.records import Aggregate, Alert
+from agent.records import Alert
 from agent.store.episodes import EpisodeMark
-from agent.store.parts import RepeatPolicy
 from agent.store.sqlite import Store
 
 log = logging.getLogger("agent.store")
@@ -50,9 +43,6 @@ COMMIT_DELAY_ENV = "EDGE_AGENT_TEST_COMMIT_DELAY_S"
 #: ``on_commit`` argument: ``(alert_id, outbox row id)`` per alert; row id 0 = not stored
 #: (already stored under that id), -1 = the store refused the group.
 Committed = Sequence[tuple[str, int]]
-#: ``done`` of :meth:`AlertWriter.put_aggregate`: the aggregate and None when the store took
-#: it (stored, or a duplicate of a stored part), else the error that refused it.
-AggregateDone = Callable[[Aggregate, StoreError | None], None]
 
 
 def commit_delay_from_env() -> float:
@@ -84,8 +74,6 @@ class AlertWriter:
         self._group_limit = group_limit
         self._queue_limit = queue_limit
         self._queue: collections.deque[tuple[Alert, str, EpisodeMark | None]] = (
-            collections.deque())
-        self._aggs: collections.deque[tuple[Aggregate, RepeatPolicy, AggregateDone]] = (
             collections.deque())
         self._cond = threading.Condition()
         self._busy = 0  # alerts taken by the thread and not yet reported
@@ -124,34 +112,16 @@ class AlertWriter:
             self._queue.append((alert, payload, episode))
             self._cond.notify_all()
 
-    def put_aggregate(self, agg: Aggregate, policy: RepeatPolicy, done: AggregateDone) -> None:
-        """Queue one aggregate: written after the alerts queued before it, stored as
-        :meth:`agent.store.sqlite.Store.add_aggregate` with ``policy``; ``done`` is called with
-        the outcome on the writer's thread (blocks while :data:`QUEUE_LIMIT` wait).
-
-        Raises:
-            StoreError: The writer is stopped (the aggregate was not queued).
-        """
-        with self._cond:
-            while len(self._aggs) >= self._queue_limit and not self._stopping:
-                self._cond.wait(0.1)
-            if self._stopping or self._thread is None:
-                raise StoreError("the store writer is not running", op="add_aggregate",
-                                 path=self._store.path)
-            self._aggs.append((agg, policy, done))
-            self._cond.notify_all()
-
     def pending(self) -> int:
-        """Alerts and aggregates queued or being written."""
+        """Alerts queued or being committed."""
         with self._cond:
-            return len(self._queue) + len(self._aggs) + self._busy
+            return len(self._queue) + self._busy
 
     def flush(self, timeout_s: float) -> bool:
-        """Wait until every queued alert was committed (or refused) and every queued aggregate
-        written (or refused); False on timeout."""
+        """Wait until every queued alert was committed (or refused); False on timeout."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
-            while self._queue or self._aggs or self._busy:
+            while self._queue or self._busy:
                 left = deadline - time.monotonic()
                 if left <= 0 or self._thread is None or not self._thread.is_alive():
                     return False
@@ -159,8 +129,7 @@ class AlertWriter:
         return True
 
     def stop(self, timeout_s: float = 5.0) -> int:
-        """Commit what is queued (up to ``timeout_s``), then end the thread; an aggregate still
-        queued then is reported refused to its ``done``.
+        """Commit what is queued (up to ``timeout_s``), then end the thread.
 
         Returns:
             Alerts left uncommitted (0 normally).
@@ -172,59 +141,27 @@ class AlertWriter:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout_s)
-        with self._cond:  # aggregates the thread did not get to in time: refused
-            aggs = list(self._aggs)
-            self._aggs.clear()
-        for agg, _, done in aggs:
-            self._done(done, agg, StoreError("the store writer stopped before writing it",
-                                             op="add_aggregate", path=self._store.path))
         return left
 
     def _run(self) -> None:
         while True:
-            agg: tuple[Aggregate, RepeatPolicy, AggregateDone] | None = None
             with self._cond:
-                while not self._queue and not self._aggs and not self._stopping:
+                while not self._queue and not self._stopping:
                     self._cond.wait()
-                if self._queue:  # alerts first; then one aggregate at a time
-                    n = min(len(self._queue), self._group_limit)
-                    group = [self._queue.popleft() for _ in range(n)]
-                elif self._aggs:
-                    n, group, agg = 1, [], self._aggs.popleft()
-                else:
+                if not self._queue:
                     return
+                n = min(len(self._queue), self._group_limit)
+                group = [self._queue.popleft() for _ in range(n)]
                 self._busy = n
                 self._cond.notify_all()
-            if agg is not None:
-                self._write_aggregate(*agg)
-            else:
-                try:
-                    self._commit(group)
-                except Exception:  # the thread must survive anything; the alerts stay volatile
-                    log.exception("store writer failed on a group of %d alert(s)", len(group))
-                    self._report([(a.alert_id, -1) for a, _, _ in group])
+            try:
+                self._commit(group)
+            except Exception:  # the thread must survive anything; the alerts stay volatile
+                log.exception("store writer failed on a group of %d alert(s)", len(group))
+                self._report([(a.alert_id, -1) for a, _, _ in group])
             with self._cond:
                 self._busy = 0
                 self._cond.notify_all()
-
-    def _write_aggregate(self, agg: Aggregate, policy: RepeatPolicy, done: AggregateDone) -> None:
-        error: StoreError | None = None
-        try:
-            self._store.add_aggregate(agg, policy)
-        except StoreError as exc:
-            error = exc
-        except Exception as exc:  # the thread must survive anything
-            log.exception("store writer failed on aggregate %s", agg.aggregate_id)
-            error = StoreError(f"unexpected {type(exc).__name__}: {exc}", op="add_aggregate",
-                               path=self._store.path)
-        self._done(done, agg, error)
-
-    @staticmethod
-    def _done(done: AggregateDone, agg: Aggregate, error: StoreError | None) -> None:
-        try:
-            done(agg, error)
-        except Exception:
-            log.exception("store writer: an aggregate's done callback failed")
 
     def _commit(self, group: list[tuple[Alert, str, EpisodeMark | None]]) -> None:
         if self._delay:

@@ -17,7 +17,7 @@ from agent.publish.mqtt import MqttConfig, MqttPublisher
 from agent.store.ids import IdLedger
 from agent.store.sqlite import Store
 from agent.store.writer import AlertWriter, Committed
-from tests.unit.test_store import make_aggregate, make_alert
+from tests.unit.test_store import make_alert
 
 
 def test_numbers_are_reserved_durably_before_use_and_never_reissued(tmp_path: Path) -> None:
@@ -117,57 +117,3 @@ def test_keeper_publishes_and_commits_and_a_refused_commit_stays_deliverable(
     writer.stop()
     pub.stop()
     store.close()
-
-
-def test_writer_writes_aggregates_after_the_alerts_queued_before_them(tmp_path: Path) -> None:
-    store = Store(tmp_path / "agent.db")
-    order: list[str] = []
-    gate, entered = threading.Event(), threading.Event()
-    commit = store.add_numbered_alerts
-
-    def slow(items):  # type: ignore[no-untyped-def]
-        entered.set()
-        gate.wait(5.0)
-        order.append("alerts")
-        return commit(items)
-
-    store.add_numbered_alerts = slow  # type: ignore[method-assign]
-    done: list[tuple[str, StoreError | None]] = []
-
-    def on_done(agg, error):  # type: ignore[no-untyped-def]
-        order.append("aggregate")
-        done.append((agg.aggregate_id, error))
-
-    writer = AlertWriter(store, lambda _: None)
-    writer.start()
-    alert = make_alert(1)
-    writer.put(alert, json.dumps(alert.to_payload()), None)
-    assert entered.wait(5.0)  # the commit holds the thread: the aggregates queue behind it
-    writer.put_aggregate(make_aggregate(0.0), "same_readings", on_done)
-    writer.put_aggregate(make_aggregate(60.0), "same_readings", on_done)
-    assert writer.pending() == 3
-    gate.set()
-    assert writer.flush(5.0) and writer.pending() == 0
-    assert order == ["alerts", "aggregate", "aggregate"]
-    assert [e for _, e in done] == [None, None]
-    assert len(store.aggregates(stream="pump1")) == 2
-    assert writer.stop() == 0
-    try:
-        writer.put_aggregate(make_aggregate(120.0), "same_readings", on_done)
-    except StoreError:
-        pass
-    else:
-        raise AssertionError("a stopped writer took an aggregate")
-    store.close()
-
-
-def test_an_aggregate_the_store_refuses_is_reported_to_its_callback(tmp_path: Path) -> None:
-    store = Store(tmp_path / "agent.db")
-    writer = AlertWriter(store, lambda _: None)
-    writer.start()
-    store.close()  # every write fails from now on
-    done: list[StoreError | None] = []
-    writer.put_aggregate(make_aggregate(0.0), "same_readings", lambda _a, e: done.append(e))
-    assert writer.flush(5.0)
-    assert len(done) == 1 and isinstance(done[0], StoreError)
-    writer.stop()
