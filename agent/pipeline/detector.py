@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from agent.inference.base import Backend
 from agent.pipeline.drift import LevelAdaptation, adapted_scores
@@ -127,6 +128,13 @@ class FeatureDeviationDetector:
             self.fallback.close()
 
     def _run(self, scaled: Float32Array) -> FloatArray:
+        outside: npt.NDArray[np.bool_] | None = None
+        if self.fallback is not None and self.input_range is not None and scaled.shape[0]:
+            low, high = self.input_range
+            outside = np.asarray(((scaled < low) | (scaled > high)).any(axis=(1, 2)))
+            if outside.all():  # the backend's result would be replaced for every window
+                self.fallback_windows += int(outside.size)
+                return self.fallback.run(scaled).astype(np.float64)
         outs = [
             self.backend.run(scaled[i : i + self.max_batch])
             for i in range(0, scaled.shape[0], self.max_batch)
@@ -134,12 +142,9 @@ class FeatureDeviationDetector:
         if not outs:
             return np.zeros((0, self.spec.n_features * len(self.spec.channels)))
         feats = np.concatenate(outs).astype(np.float64)
-        if self.fallback is not None and self.input_range is not None:
-            low, high = self.input_range
-            outside = ((scaled < low) | (scaled > high)).any(axis=(1, 2))
-            if outside.any():
-                feats[outside] = self.fallback.run(scaled[outside]).astype(np.float64)
-                self.fallback_windows += int(outside.sum())
+        if self.fallback is not None and outside is not None and outside.any():
+            feats[outside] = self.fallback.run(scaled[outside]).astype(np.float64)
+            self.fallback_windows += int(outside.sum())
         return feats
 
     def calibrate(self, samples: FloatArray) -> Calibration:

@@ -158,6 +158,9 @@ KIND = "mqtt"
 
 #: How many alert ids ``track`` remembers for the latency histogram (oldest forgotten first).
 TRACK_LIMIT = 10_000
+#: Longest wait, seconds, of the thread raising an alert for paho's network thread to write the
+#: alert it handed to paho (:meth:`MqttPublisher.publish_early`).
+FLUSH_WAIT_S = 0.005
 
 
 
@@ -264,6 +267,9 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
         self._last_stats = -math.inf
 
         self._wake = threading.Event()
+        #: Set by paho's network thread when it has written everything queued (the socket
+        #: needs no more writing): :meth:`publish_early` waits for it.
+        self._flushed = threading.Event()
         self._send_lock = threading.Lock()
         self._window = set()
         #: The last alert :meth:`publish_early` handed to paho itself (:meth:`notify` need
@@ -313,7 +319,17 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
         client.on_disconnect = self._on_disconnect
         client.on_publish = self._on_publish
         client.on_message = self._on_message
+        # paho's own clients call it when their queue is written (a stand-in without it is
+        # not waited for)
+        self._flush_hook = isinstance(getattr(type(client), "on_socket_unregister_write", None),
+                                      property)
+        if self._flush_hook:
+            client.on_socket_unregister_write = self._on_flushed
         return client
+
+    def _on_flushed(self, client: paho.Client, userdata: object, sock: object) -> None:
+        """paho's network thread wrote every packet queued (see :meth:`publish_early`)."""
+        self._flushed.set()
 
     def _connect_client(self) -> None:
         """``connect_async`` + ``loop_start`` on the current client (MQTT 5: clean start, the
@@ -494,9 +510,15 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
             return False
         # Handed to paho on this thread when nothing goes before it (no wait for the drain
         # thread to wake and take the GIL: the latency of read -> delivered); else the drain
-        # sends it in order.
+        # sends it in order. Then this thread waits (at most FLUSH_WAIT_S) until paho's network
+        # thread has written it: the GIL is free for that thread at once, instead of the
+        # network write waiting for the raising thread to finish its work or be forced off the
+        # GIL (the interpreter's switch interval, 5 ms).
+        self._flushed.clear()
         if self._send_direct(item):
             self._direct_last = alert_id
+            if self._flush_hook:
+                self._flushed.wait(FLUSH_WAIT_S)
         else:
             self._wake.set()
         return True

@@ -63,3 +63,41 @@ def test_in_range_windows_never_use_the_fallback() -> None:
 def test_no_fallback_for_fp32_artefacts() -> None:
     pkg = load_package(PACKAGE)
     assert saturation_fallback(pkg, pkg.artefact("onnxruntime", "fp32")) == (None, None)
+
+
+class _Counting:
+    """Wraps a real backend and counts the windows it was given."""
+
+    def __init__(self, inner) -> None:  # type: ignore[no-untyped-def]
+        self.inner, self.windows = inner, 0
+        self.name, self.precision = inner.name, inner.precision
+
+    def run(self, windows: np.ndarray) -> np.ndarray:
+        self.windows += windows.shape[0]
+        return self.inner.run(windows)  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_int8_backend_is_skipped_when_every_window_saturates() -> None:
+    pkg = load_package(PACKAGE)
+    spec = pkg.detector_spec()
+    fallback, input_range = saturation_fallback(pkg, pkg.artefact("onnxruntime", "int8"))
+    int8 = _Counting(open_backend(pkg, "int8"))
+    det = FeatureDeviationDetector(spec, int8, fallback=fallback, input_range=input_range)
+    ref = FeatureDeviationDetector(spec, open_backend(pkg, "int8"), fallback=fallback,
+                                   input_range=input_range)
+    rng = np.random.default_rng(2)
+    cal_rows = rng.normal(size=(400, len(spec.channels))) * spec.scale_floor * 10 + 5
+    cal = det.calibrate(cal_rows)
+    cal_ref = ref.calibrate(cal_rows)
+    int8.windows = 0
+    spikes = _windows(spec, rng, 3).astype(np.float32)
+    spikes[:, spec.window // 2, 2] += 1000 * spec.scale_floor[2] * 10
+    scored = det.score(spikes, cal)
+    assert int8.windows == 0 and det.fallback_windows == 3
+    np.testing.assert_allclose(scored.scores, ref.score(spikes, cal_ref).scores, rtol=1e-6)
+    mixed = np.concatenate([spikes[:1], _windows(spec, rng, 2).astype(np.float32)])
+    det.score(mixed, cal)
+    assert int8.windows == 3 and det.fallback_windows == 4  # one INT8 call, one more fallback
