@@ -7,10 +7,15 @@ import json
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
+from agent.inference.base import Backend
 from agent.inference.choice_memory import ChoiceMemory, selection_key
+from agent.inference.deadline import DeadlineGuard, DegradeParams
 from agent.inference.package import ModelPackage
-from agent.inference.select import Remembering
+from agent.inference.select import AnyPackage, Candidate, Remembering
+from agent.metrics import Metrics
+from agent.sensor_streams import OPENED_AT_START, _guard_backends
 from tests.unit.test_backend_select import SPEEDS, _select, package  # noqa: F401 - fixture
 
 
@@ -66,3 +71,32 @@ def test_the_file_keeps_the_newest_entries(tmp_path: Path,
     for key in ("a", "b", "c"):
         memory.put(key, [("litert", "m.tflite", 1e-5)])
     assert memory.get("a") is None and memory.get("c") == [("litert", "m.tflite", 1e-5)]
+
+
+def test_a_stream_opens_its_chosen_backend_and_the_guard_fallback_only_when_needed(
+        tmp_path: Path, package: ModelPackage) -> None:  # noqa: F811
+    _select(package, SPEEDS, {}, remembering=_remembering(tmp_path, package))  # a first start
+    sel, opened = _select(package, SPEEDS, {},
+                          remembering=_remembering(tmp_path, package, keep=OPENED_AT_START))
+    assert sel.remembered and sorted(opened) == ["litert"]  # the restart: the chosen one only
+    reopened: list[str] = []
+
+    def opener(pkg: AnyPackage, cand: Candidate) -> Backend:
+        reopened.append(cand.label)
+        return opened["litert"]  # any fake passing the golden check
+
+    kept, fallback = _guard_backends(package, sel, opener)
+    assert [b.name for b in kept] == ["litert"] and fallback is not None and reopened == []
+    guard = DeadlineGuard("s", kept, DegradeParams(0.01), Metrics(CollectorRegistry()),
+                          fallback=fallback)
+    assert guard.has_fallback and not guard.fallback_opened
+    assert fallback().name == "litert" and reopened == ["openvino"]  # the next fastest
+
+
+def test_a_selection_timed_here_keeps_its_loaded_fallback_and_closes_the_rest(
+        package: ModelPackage) -> None:  # noqa: F811
+    sel, opened = _select(package, SPEEDS, {})
+    kept, fallback = _guard_backends(package, sel, lambda p, c: opened[c.label])
+    assert [b.name for b in kept] == ["litert", "openvino"] and fallback is None
+    assert opened["onnxruntime"].closed and opened["openvino-onnx"].closed
+    assert not opened["litert"].closed and not opened["openvino"].closed
