@@ -81,9 +81,10 @@ def test_a_stream_opens_its_chosen_backend_and_the_guard_fallback_only_when_need
     assert sel.remembered and sorted(opened) == ["litert"]  # the restart: the chosen one only
     reopened: list[str] = []
 
-    def opener(pkg: AnyPackage, cand: Candidate) -> Backend:
-        reopened.append(cand.label)
-        return opened["litert"]  # any fake passing the golden check
+    def opener(package: AnyPackage, candidate: Candidate) -> Backend:
+        reopened.append(candidate.label)
+        fake: Backend = opened["litert"]  # any fake passing the golden check
+        return fake
 
     kept, fallback = _guard_backends(package, sel, opener)
     assert [b.name for b in kept] == ["litert"] and fallback is not None and reopened == []

@@ -14,8 +14,8 @@ HEAVY = ("requests", "urllib3", "cryptography")
 
 
 def _loaded_after(code: str) -> list[str]:
-    probe = (f"{code}\nimport json, sys\n"
-             f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & {set(HEAVY)!r})))")
+    roots = "{m.split('.')[0] for m in sys.modules}"
+    probe = f"{code}\nimport json, sys\nprint(json.dumps(sorted({roots} & {set(HEAVY)!r})))"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           cwd=ROOT, check=True)
     loaded: list[str] = json.loads(done.stdout.strip().splitlines()[-1])
