@@ -214,7 +214,7 @@ class Agent(AgentLoop):
                     self.image_events.put, self.stop_event, self.metrics,
                     cache_dir=state_dir / "openvino-cache", store=self.store,
                     choices=image_choices, memory=ChoiceMemory.in_state_dir(state_dir),
-                    peers=peers[_model_use(sc)])
+                    peers=peers[_model_use(sc)], progress=self._loading(sc.name))
                 continue
             self.streams[sc.name] = self._build_stream(sc, given.get(sc.name))
         self.updater: Updater | None = None
@@ -308,7 +308,18 @@ class Agent(AgentLoop):
         return build_sensor_stream(
             sc, source, config=self.config, metrics=self.metrics, store=self.store,
             clock=self.clock, updates=self._updates, enqueue=self._enqueue,
-            stop_event=self.stop_event, on_model_changed=self._model_changed)
+            stop_event=self.stop_event, on_model_changed=self._model_changed,
+            progress=self._loading(sc.name))
+
+    def _loading(self, name: str) -> Callable[[], None]:
+        """Called while a child process ranks the runtimes of stream ``name``: more start-up
+        time from systemd, and a watchdog ping (a reload builds under a running watchdog)."""
+
+        def progress() -> None:
+            self.notifier.extend_timeout(START_STEP_S, f"ranking the runtimes of stream {name}")
+            self.notifier.watchdog()
+
+        return progress
 
     def _model_changed(self, name: str, package: ModelPackage) -> None:
         """A model update swapped the model in force (pipeline thread)."""

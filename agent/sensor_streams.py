@@ -108,6 +108,7 @@ def build_sensor_stream(
     store: Store, clock: Clock, updates: tuple[ModelStore, TrustedKeys] | None,
     enqueue: Callable[[Reading], None], stop_event: threading.Event,
     on_model_changed: Callable[[str, ModelPackage], None],
+    progress: Callable[[], None] | None = None,
 ) -> SensorStream:
     """Build the sensor stream of ``sc`` (``source``: a ready-made source instead of one built
     from ``sc.source``).
@@ -124,6 +125,8 @@ def build_sensor_stream(
         stop_event: Stops the source supervisor.
         on_model_changed: Called ``(stream, package)`` on the pipeline thread when a model
             update swapped the model in force.
+        progress: Called every few seconds while a child process ranks the runtimes
+            (:func:`agent.inference.rank_child.child_ranker`).
 
     Raises:
         ConfigError: The source and the model do not fit together, a camera stream was
@@ -148,7 +151,8 @@ def build_sensor_stream(
     cache_dir = state_dir / "openvino-cache"
     opener = registry_opener(cache_dir=cache_dir)
     selection = select_backend(package, sc.backend, sc.precision, opener=opener,
-                               remembering=remembering, ranker=child_ranker(cache_dir=cache_dir))
+                               remembering=remembering,
+                               ranker=child_ranker(cache_dir=cache_dir, progress=progress))
     record_selection(metrics, sc.name, selection)
     kept, open_fallback = _guard_backends(package, selection, opener)
     guard = DeadlineGuard(sc.name, kept,
@@ -204,7 +208,8 @@ def build_sensor_stream(
             config.agent.device_id,
             spec,
             FeatureDeviationDetector(spec, timed, fallback=fallback,
-                                     input_range=input_range),
+                                     input_range=input_range,
+                                     adaptation=package.adaptation()),
             rule_params,
             aggregate_interval_s=config.store.aggregate_interval_s,
             top_channels=r.top_channels,

@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 from agent.inference.package import load_package  # noqa: E402
 from agent.inference.registry import build_backend  # noqa: E402
 from agent.pipeline.detector import DetectorSpec, FeatureDeviationDetector  # noqa: E402
+from agent.pipeline.drift import LevelAdaptation  # noqa: E402
 from agent.pipeline.rules import RuleParams  # noqa: E402
 from agent.pipeline.stream import StreamPipeline  # noqa: E402
 from cloud_sync.calibration import FEATURES, sliding_windows, window_features  # noqa: E402
@@ -83,9 +84,11 @@ def build_model(healthy: np.ndarray, window: int, floor: np.ndarray, work: Path)
 
 
 def fitted_detector(fit_rows: np.ndarray, base: DetectorSpec, frac: float,
-                    channels: list[str], work: Path) -> FeatureDeviationDetector:
+                    channels: list[str], work: Path,
+                    adaptation: LevelAdaptation | None = None) -> FeatureDeviationDetector:
     """The detector fitted on ``fit_rows`` ``(N, 4)``: floors ``frac`` × their std, the INT8
-    model built on them, the SKAB package's score and threshold rule."""
+    model built on them, the SKAB package's score and threshold rule and its level
+    ``adaptation`` (None: none)."""
     w = base.window
     floor = frac * fit_rows.std(0)
     feats = window_features(((sliding_windows(fit_rows, w) - fit_rows.mean(0))
@@ -97,7 +100,7 @@ def fitted_detector(fit_rows: np.ndarray, base: DetectorSpec, frac: float,
         threshold_quantile=base.threshold_quantile, threshold_factor=base.threshold_factor,
         threshold_holdout=base.threshold_holdout)
     backend = build_backend("onnxruntime", build_model(fit_rows, w, floor, work), "int8")
-    return FeatureDeviationDetector(spec, backend)
+    return FeatureDeviationDetector(spec, backend, adaptation=adaptation)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,10 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.data / FILE}: {len(ts)} rows; fit on rows {start}..{stop - 1} "
           f"({iso(ts[start])} .. {iso(ts[stop - 1])}); detector defaults of {args.model.name}: "
           f"W={base.window} top_k={base.top_k} q={base.threshold_quantile} "
-          f"factor={base.threshold_factor} holdout={base.threshold_holdout} floor={frac:g}; "
+          f"factor={base.threshold_factor} holdout={base.threshold_holdout} floor={frac:g} "
+          f"adaptation={package.adaptation()}; "
           f"rules {RuleParams()}")
     with tempfile.TemporaryDirectory(prefix="ims-") as tmp:
-        detector = fitted_detector(healthy, base, frac, channels, Path(tmp) / "all")
+        adaptation = package.adaptation()
+        detector = fitted_detector(healthy, base, frac, channels, Path(tmp) / "all", adaptation)
         spec = detector.spec
         cal = detector.calibrate(healthy)
         print(f"threshold {cal.threshold:.3f}")
@@ -133,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         pipe = StreamPipeline("ims", "bench", spec, detector, RuleParams())
         alerts = pipe.process_block(values[start:], ts[start:]).alerts
         splits = [time_split(values, ts, start, stop, share, base, frac, channels,
-                             Path(tmp) / f"split{share}") for share in SPLITS]
+                             Path(tmp) / f"split{share}", adaptation) for share in SPLITS]
     for a in healthy_alerts:
         print(f"healthy-part alarm {iso(a.window_end)} score {a.score:.2f}")
     for a in alerts:
@@ -150,13 +155,14 @@ SPLITS = (0.5, 0.75)
 
 
 def time_split(values: np.ndarray, ts: np.ndarray, start: int, stop: int, share: float,
-               base: DetectorSpec, frac: float, channels: list[str], work: Path) -> str:
+               base: DetectorSpec, frac: float, channels: list[str], work: Path,
+               adaptation: LevelAdaptation | None = None) -> str:
     """Fit on the first ``share`` of the healthy rows ``start..stop-1`` only, score everything
     after them: the alerts raised before ``stop`` are false alarms on healthy rows the fit has
     not seen. Returns the line ``time_split=<share> fit_rows=<n> healthy_alarms_after_fit=<n>
     first_alarm_after_healthy=<ISO|none>``."""
     cut = start + round(share * (stop - start))
-    detector = fitted_detector(values[start:cut], base, frac, channels, work)
+    detector = fitted_detector(values[start:cut], base, frac, channels, work, adaptation)
     pipe = StreamPipeline("ims", "bench", detector.spec, detector, RuleParams())
     alerts = pipe.process_block(values[start:], ts[start:]).alerts
     healthy = [a for a in alerts if a.window_end <= ts[stop - 1]]

@@ -1,7 +1,7 @@
 """SKAB benchmark of the agent's own detector, with the published protocol.
 
     python benchmarks/skab.py --data ../shared/datasets/skab [--model models/skab-wstat]
-        [--families wstat,pca,mset] [--group valve1|other]
+        [--families wstat,wstat-drift,pca,mset] [--group valve1|other]
 
 For EACH labelled file separately: calibrate (scaler, feature statistics, threshold) on the first
 400 rows with no labels, score every later row (the window ending at that row), then pool all
@@ -11,7 +11,8 @@ beside the published outlier-detection rows, per group (valve1, other) and poole
 
 Then the grouped model selection (:mod:`skab_select`, FP32 NumPy references of every candidate
 family side by side: window statistics with the in-sample and the held-out threshold base and
-with the max × factor and the peaks-over-threshold threshold rules, lagged-window PCA T²+Q,
+with the max × factor and the peaks-over-threshold threshold rules, their drift variants
+(``wstat-drift``: robust statistics, bounded level adaptation), lagged-window PCA T²+Q,
 MSET): each group scored with the parameters chosen on the other group, leave-files-out within
 each group, the pooled figure with parameters chosen on all files, and the spread over the
 chosen point's neighbourhood; it says whether the package's defaults are the ones the procedure
@@ -109,7 +110,8 @@ def predict(readings: list[Reading], channels: tuple[str, ...], package, backend
         raise SystemExit(f"file channels {channels} differ from the model's {spec.channels}")
     fallback, input_range = saturation_fallback(
         package, package.artefact("onnxruntime", backend.precision))
-    detector = FeatureDeviationDetector(spec, backend, fallback=fallback, input_range=input_range)
+    detector = FeatureDeviationDetector(spec, backend, fallback=fallback, input_range=input_range,
+                                        adaptation=package.adaptation())
     pipe = StreamPipeline("bench", "bench", spec, detector, RuleParams())
     values = np.stack([r.values for r in readings])
     ts = np.array([r.ts for r in readings])
@@ -125,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="SKAB benchmark (published protocol)")
     ap.add_argument("--data", type=Path, required=True, help="SKAB root directory")
     ap.add_argument("--model", type=Path, default=ROOT / "models" / "skab-wstat")
-    ap.add_argument("--families", default="wstat,pca,mset",
+    ap.add_argument("--families", default="wstat,wstat-drift,pca,mset",
                     help="candidate families of the grouped selection ('' = skip it)")
     ap.add_argument("--group", help="score only this group's files (valve1, other): a package "
                                     "built with the choice made on the other group gives that "
@@ -181,16 +183,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def grouped(data: Path, families: list[str], package) -> None:
     """Print the grouped selection report and whether the package's defaults are its choice."""
-    from skab_select import (  # noqa: PLC0415
-        FLOOR_FRAC,
-        Candidate,
-        Study,
-        describe,
-        load,
-        load_floors,
-        load_sessions,
-        report,
-    )
+    from skab_floors import load, load_floors, load_sessions  # noqa: PLC0415
+    from skab_report import describe, report  # noqa: PLC0415
+    from skab_select import FLOOR_FRAC, Candidate  # noqa: PLC0415
+    from skab_study import Study  # noqa: PLC0415
 
     print("\ngrouped model selection (models/recipes/skab_select.py; FP32 NumPy references; "
           "F1 / FAR % / MAR %)")
@@ -201,12 +197,16 @@ def grouped(data: Path, families: list[str], package) -> None:
     args = (m.lineage or {}).get("args") or {}
     # the recipe's --floor-frac (= --feature-floor-frac when the selection set it)
     frac = float(args.get("floor_frac", FLOOR_FRAC))
-    shipped = Candidate("wstat", m.input.window, float(m.score.top_k),
-                        m.score.threshold.holdout, m.score.threshold.factor, frac)
+    adapt = m.score.adaptation
+    shipped = Candidate("wstat-drift" if adapt else "wstat", m.input.window,
+                        float(m.score.top_k), m.score.threshold.holdout,
+                        m.score.threshold.factor, frac,
+                        adapt_rate=adapt.rate if adapt else 0.0,
+                        drift_bound=adapt.bound if adapt else 0.0)
     same = (shipped.detector, shipped.window, shipped.param, shipped.holdout,
-            shipped.factor, shipped.floor, shipped.rule) == (
+            shipped.factor, shipped.floor, shipped.rule, shipped.variant) == (
                 choice.detector, choice.window, float(choice.param), choice.holdout,
-                choice.factor, choice.floor, choice.rule)
+                choice.factor, choice.floor, choice.rule, choice.variant)
     verdict = "the procedure's choice" if same else "NOT the procedure's choice"
     print(f"package {package.label}: {describe(shipped)}: {verdict}")
 

@@ -167,7 +167,8 @@ def predict(readings: list[Reading], package_dir: Path) -> np.ndarray:
     package = load_package(package_dir)
     spec = package.detector_spec()
     pipe = StreamPipeline("bench", "bench", spec,
-                          FeatureDeviationDetector(spec, open_backend(package, "int8")),
+                          FeatureDeviationDetector(spec, open_backend(package, "int8"),
+                                                   adaptation=package.adaptation()),
                           RuleParams(), calibration=package.preset_calibration())
     values = np.stack([r.values for r in readings])
     out = pipe.process_block(values, np.array([r.ts for r in readings]))

@@ -61,6 +61,16 @@ class ThresholdSpec(_Strict):
                            "held out to score the threshold base out of sample; 0 = in-sample.")
 
 
+class AdaptationSpec(_Strict):
+    """Bounded per-channel level adaptation (:mod:`agent.pipeline.drift`): a level offset d per
+    channel, in calibration sigmas, starts at 0; each window's mean features are scored against
+    it; after a window scoring at most the threshold base's ``quantile`` (threshold / factor),
+    d ← clip(d + ``rate`` · (window mean − d), −``bound``, ``bound``)."""
+
+    rate: float = Field(gt=0, le=1, description="EWMA rate α per scored window.")
+    bound: float = Field(gt=0, description="Largest level offset, in calibration sigmas.")
+
+
 class ScoreSpec(_Strict):
     """How model outputs become a score.
 
@@ -75,6 +85,9 @@ class ScoreSpec(_Strict):
     top_k: int = Field(ge=1, description="How many of the largest |z| are averaged.")
     feature_std_floor: list[float] = Field(description="Lower bound of each feature's std (F,).")
     threshold: ThresholdSpec
+    adaptation: AdaptationSpec | None = Field(
+        None, description="Bounded level adaptation of the 'mean' features (None: off; packages "
+        "before skab-wstat 3 have none).")
 
 
 class Artefact(_Strict):

@@ -16,6 +16,7 @@ atomically; an unreadable file is treated as empty (the next selection writes it
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import json
@@ -130,21 +131,35 @@ class ChoiceMemory:
             data[key] = [list(r) for r in ranking]
             while len(data) > MAX_ENTRIES:
                 data.pop(next(iter(data)))
-            tmp = self.path.with_name(self.path.name + ".tmp")
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                tmp.write_text(json.dumps(data))
-                os.replace(tmp, self.path)
+                self._write(data)
             except OSError as exc:
                 log.warning("backend choice not remembered (%s): the next start selects "
                             "again", exc)
 
     def forget(self, key: str) -> None:
-        """Drop the ranking under ``key`` (a remembered candidate no longer loads)."""
+        """Drop the ranking under ``key`` (a remembered candidate no longer loads); a failed
+        write keeps the file as it was (the next start finds the candidate failing again)."""
         with self._lock:
             data = self._read()
             if data.pop(key, None) is not None:
                 try:
-                    self.path.write_text(json.dumps(data))
+                    self._write(data)
                 except OSError:
                     return
+
+    def _write(self, data: dict[str, list[list[Any]]]) -> None:
+        """Replace the file atomically (a write failing part-way leaves the old file).
+
+        Raises:
+            OSError: the write or the rename failed (the temporary file is removed).
+        """
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        try:
+            tmp.write_text(json.dumps(data))
+            os.replace(tmp, self.path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise

@@ -5,6 +5,7 @@ remembered across restarts (:mod:`agent.inference.choice_memory`)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,8 @@ def _another(first: Backend) -> Backend | None:
 def open_image_backend(package: ImagePackage, precision: str = "int8", threads: int = 1,
                        backend: str = "auto", cache_dir: Path | None = None,
                        choices: ImageChoices | None = None,
-                       memory: ChoiceMemory | None = None, streams: int = 1) -> Backend:
+                       memory: ChoiceMemory | None = None,
+                       progress: Callable[[], None] | None = None, streams: int = 1) -> Backend:
     """Pick the image package's backend like a sensor stream's (:mod:`agent.inference.select`):
     every installed runtime on every artefact of ``precision`` it can run (OpenVINO on the IR
     and on the ONNX file, ONNX Runtime on the ONNX file), kept when it reproduces the golden
@@ -62,7 +64,8 @@ def open_image_backend(package: ImagePackage, precision: str = "int8", threads: 
     in its state directory) remembers the ranking across restarts: a later start opens the
     chosen candidate only and imports no other runtime (:mod:`agent.inference.choice_memory`);
     with ``memory``, a first selection times the runtimes in a child process
-    (:mod:`agent.inference.rank_child`), so this process imports only the chosen one.
+    (:mod:`agent.inference.rank_child`), so this process imports only the chosen one;
+    ``progress`` is called every few seconds while that child runs.
 
     Raises:
         ModelError: no artefact of ``precision``, or none loads and passes the golden check.
@@ -84,7 +87,8 @@ def open_image_backend(package: ImagePackage, precision: str = "int8", threads: 
         memory, selection_key(package, backend, precision, threads), keep=1))
     selection = select_backend(package, backend, precision, opener=opener, runs=20, warmup=3,
                                remembering=remembering,
-                               ranker=None if memory is None else child_ranker(threads, cache_dir))
+                               ranker=None if memory is None else child_ranker(
+                                   threads, cache_dir, progress=progress))
     chosen = selection.chosen  # raises ModelError when none passed
     assert chosen.backend is not None
     for other in selection.backends[1:]:

@@ -19,6 +19,7 @@ from agent.errors import ModelError
 from agent.inference.base import Backend
 from agent.inference.registry import artefacts_for, build_backend
 from agent.pipeline.detector import Calibration, DetectorSpec
+from agent.pipeline.drift import LevelAdaptation
 from agent.pipeline.univariate import UnivariateParams
 from cloud_sync.calibration import FeatureStats, Scaler
 from cloud_sync.manifest import Artefact, Manifest
@@ -91,6 +92,21 @@ class ModelPackage:
             threshold_factor=threshold_factor or m.score.threshold.factor,
             threshold_holdout=m.score.threshold.holdout,
         )
+
+    def adaptation(self) -> LevelAdaptation | None:
+        """The bounded per-channel level adaptation of a multichannel package (the manifest's
+        ``score.adaptation``, :mod:`agent.pipeline.drift`), or None (off).
+
+        Raises:
+            ModelError: the package adapts but its first feature is not the window ``mean``.
+        """
+        a = self.manifest.score.adaptation
+        if a is None:
+            return None
+        if self.manifest.score.features[0] != "mean":
+            raise ModelError("score.adaptation adapts the 'mean' feature, which must come "
+                             f"first (features {self.manifest.score.features})", model=self.label)
+        return LevelAdaptation(a.rate, a.bound)
 
     def univariate_params(self) -> UnivariateParams | None:
         """Gap and drift-adaptation parameters of a one-channel package (the manifest's

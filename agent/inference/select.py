@@ -34,7 +34,7 @@ import numpy as np
 
 from agent.errors import BackendUnavailable, ModelError
 from agent.inference.base import Backend, install_hint
-from agent.inference.choice_memory import ChoiceMemory
+from agent.inference.choice_memory import ChoiceMemory, Ranked
 from agent.inference.image_package import ImagePackage, check_image_golden
 from agent.inference.package import ModelPackage, check_golden
 from agent.inference.registry import artefacts_for, backend_kinds, build_backend, installed
@@ -369,14 +369,24 @@ def _open_remembered(package: AnyPackage, cands: list[Candidate], remembering: R
     ranking = remembering.memory.get(remembering.key)
     if ranking is None:
         return None
+    trials = _open_ranking(package, cands, ranking, remembering.keep, open_)
+    if trials is None:
+        remembering.memory.forget(remembering.key)
+        return None
+    return Selection(trials, remembered=True)
+
+
+def _open_ranking(package: AnyPackage, cands: list[Candidate], ranking: list[Ranked],
+                  keep: int, open_: Opener) -> tuple[Trial, ...] | None:
+    """``ranking``'s trials, its first ``keep`` candidates opened and checked; None when a
+    candidate is no longer one or a kept one fails (the ones opened are closed)."""
     by_id = {(c.kind, c.artefact.path): c for c in cands}
     if any((kind, path) not in by_id for kind, path, _ in ranking):
-        remembering.memory.forget(remembering.key)
         return None
     trials: list[Trial] = []
     for i, (kind, path, p50) in enumerate(ranking):
         cand = by_id[(kind, path)]
-        if i >= remembering.keep:
+        if i >= keep:
             trials.append(Trial(cand, None, p50, None))
             continue
         try:
@@ -388,17 +398,18 @@ def _open_remembered(package: AnyPackage, cands: list[Candidate], remembering: R
             for t in trials:
                 if t.backend is not None:
                     t.backend.close()
-            remembering.memory.forget(remembering.key)
             return None
         trials.append(Trial(cand, b, p50, None))
-    return Selection(tuple(trials), remembered=True)
+    return tuple(trials)
 
 
 def _rank_apart(package: AnyPackage, cands: list[Candidate], remembering: Remembering,
                 open_: Opener, ranker: Ranker,
                 how: tuple[str, str, int, int]) -> Selection | None:
     """The ranker's ranking, remembered, with its first ``keep`` candidates opened here and its
-    failures listed after them; None when the ranker failed or the opening did."""
+    failures listed after them; None when the ranker failed or the opening did. The ranking is
+    opened as the ranker gave it, not read back from the memory: a state directory that
+    cannot be written (full disk) loses the memory, not the ranker's work."""
     rows = ranker(package, *how)
     if rows is None:
         return None
@@ -406,15 +417,17 @@ def _rank_apart(package: AnyPackage, cands: list[Candidate], remembering: Rememb
     known = [(by_id[(kind, path)], p50, error) for kind, path, p50, error in rows
              if (kind, path) in by_id]
     failed = tuple(Trial(c, None, None, error) for c, _, error in known if error is not None)
-    ranking = [(c.kind, c.artefact.path, p50) for c, p50, error in known
-               if error is None and p50 is not None]
+    ranking: list[Ranked] = sorted(
+        [(c.kind, c.artefact.path, p50) for c, p50, error in known
+         if error is None and p50 is not None], key=lambda r: r[2])
     if not ranking:
         return Selection(failed, apart=True)  # nothing passed: chosen raises with the reasons
-    remembering.memory.put(remembering.key, sorted(ranking, key=lambda r: r[2]))
-    opened = _open_remembered(package, cands, remembering, open_)
+    remembering.memory.put(remembering.key, ranking)
+    opened = _open_ranking(package, cands, ranking, remembering.keep, open_)
     if opened is None:
+        remembering.memory.forget(remembering.key)
         return None
-    return Selection((*opened.trials, *failed), apart=True)
+    return Selection((*opened, *failed), apart=True)
 
 
 def when(selection: Selection) -> str:

@@ -9,9 +9,12 @@ Score definition (the package's ``score.kind = feature_deviation``):
 
 threshold = quantile(threshold-base scores, q) × factor, the base being the calibration windows'
 own scores or, with a hold-out, their out-of-sample scores
-(:func:`cloud_sync.calibration.fit_calibration`). This is the per-series
-calibrate-then-score protocol of SKAB (Katser & Kozitsin, 2020); top-k averaging of standardised
-residuals is the "top-k" score aggregation used by e.g. PyOD's and Merlion's ensemble scorers.
+(:func:`cloud_sync.calibration.fit_calibration`). With the package's bounded level adaptation
+(:mod:`agent.pipeline.drift`), step 3 takes each window's mean features against a level offset
+that the stream carries from window to window (:meth:`FeatureDeviationDetector.score_adapted`).
+This is the per-series calibrate-then-score protocol of SKAB (Katser & Kozitsin, 2020); top-k
+averaging of standardised residuals is the "top-k" score aggregation used by e.g. PyOD's and
+Merlion's ensemble scorers.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from agent.inference.base import Backend
+from agent.pipeline.drift import LevelAdaptation, adapted_scores
 from agent.records import Float32Array, FloatArray
 from cloud_sync.calibration import (
     CalibrationFit,
@@ -28,6 +32,7 @@ from cloud_sync.calibration import (
     Scaler,
     deviation_scores,
     fit_calibration,
+    fit_threshold,
 )
 
 
@@ -93,6 +98,8 @@ class FeatureDeviationDetector:
         max_batch: Largest batch handed to the backend at once.
         fallback: FP32 backend for windows outside ``input_range``; None = no fallback.
         input_range: ``(low, high)`` of scaled inputs the backend represents unclipped.
+        adaptation: Bounded per-channel level adaptation (the manifest's ``score.adaptation``;
+            the first feature is the window mean); None = off.
     """
 
     def __init__(
@@ -103,8 +110,10 @@ class FeatureDeviationDetector:
         *,
         fallback: Backend | None = None,
         input_range: tuple[float, float] | None = None,
+        adaptation: LevelAdaptation | None = None,
     ) -> None:
         self.spec = spec
+        self.adaptation = adaptation
         self.backend = backend
         self.max_batch = max_batch
         self.fallback = fallback if input_range is not None else None
@@ -162,6 +171,33 @@ class FeatureDeviationDetector:
     def _scores(self, feats: FloatArray, stats: FeatureStats) -> tuple[FloatArray, FloatArray]:
         return deviation_scores(feats, stats, self.spec.top_k)
 
+    def score_adapted(self, windows: Float32Array, calibration: Calibration,
+                      offset: FloatArray) -> tuple[ScoredBatch, FloatArray]:
+        """Score raw windows one by one with the level adaptation (:mod:`agent.pipeline.drift`).
+
+        Args:
+            windows: Shape ``(K, W, C)``, float32, raw values.
+            calibration: From :meth:`calibrate`.
+            offset: ``(C,)`` level offset d before the first window, calibration sigmas.
+
+        Returns:
+            Scores and contributions, and d after the last window ``(C,)``.
+
+        Raises:
+            ValueError: the detector has no adaptation.
+            agent.errors.ModelError: the backend failed.
+        """
+        if self.adaptation is None:
+            raise ValueError("score_adapted needs a detector with an adaptation")
+        feats = self._run(self._scale(windows, calibration.scaler))
+        stats = calibration.features
+        c = len(self.spec.channels)
+        level = fit_threshold(calibration.scores, self.spec.threshold_quantile, 1.0)
+        scores, z, offset = adapted_scores(
+            (feats - stats.mean) / stats.std, feats[:, :c], 1.0 / stats.std[:c], offset,
+            self.spec.top_k, self.adaptation, level)
+        return ScoredBatch(scores, self._contributions(z)), offset
+
     def score(self, windows: Float32Array, calibration: Calibration) -> ScoredBatch:
         """Score raw windows.
 
@@ -177,10 +213,14 @@ class FeatureDeviationDetector:
         """
         feats = self._run(self._scale(windows, calibration.scaler))
         scores, z = self._scores(feats, calibration.features)
+        return ScoredBatch(scores, self._contributions(z))
+
+    def _contributions(self, z: FloatArray) -> FloatArray:
+        """Each channel's share ``(K, C)`` of the total |z| ``(K, F)`` over its features."""
         c = len(self.spec.channels)
         per_channel = z.reshape(z.shape[0], self.spec.n_features, c).sum(axis=1)
         total = per_channel.sum(axis=1, keepdims=True)
-        contributions = np.divide(
+        shares: FloatArray = np.divide(
             per_channel, total, out=np.full_like(per_channel, 1.0 / c), where=total > 0
         )
-        return ScoredBatch(scores, contributions)
+        return shares

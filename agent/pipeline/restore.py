@@ -47,13 +47,16 @@ def _sha256_json(value: Any) -> str:
 def package_sha256(manifest: Manifest) -> str:
     """sha256 (hex) of the canonical manifest JSON: names every artefact by its sha256.
 
-    The threshold's ``holdout`` is left out at its default 0 (it was added after packages
-    existed), so the calibrations of a package built before it still match after an upgrade.
+    The threshold's ``holdout`` is left out at its default 0 and the score's ``adaptation`` at
+    its default None (both were added after packages existed), so the calibrations of a package
+    built before them still match after an upgrade.
     """
     data = manifest.model_dump(mode="json")
     threshold = data.get("score", {}).get("threshold", {})
     if threshold.get("holdout") == 0.0:
         del threshold["holdout"]
+    if data.get("score", {}).get("adaptation", 0) is None:
+        del data["score"]["adaptation"]
     return _sha256_json(data)
 
 

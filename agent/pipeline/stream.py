@@ -27,8 +27,7 @@ interval is closed, and the alert rules' cooldown keeps counting monotonic secon
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
-from typing import Protocol
+from dataclasses import replace
 
 import numpy as np
 import numpy.typing as npt
@@ -42,101 +41,22 @@ from agent.pipeline.detector import (
     FeatureDeviationDetector,
     ScoredBatch,
 )
-from agent.pipeline.episodes import Lifecycle, Transition
+from agent.pipeline.episodes import Lifecycle
 from agent.pipeline.rules import AlertRules, RuleParams
-from agent.pipeline.timeline import ClockStep, StepDetector
+from agent.pipeline.stream_types import AlertEvent, BatchObserver, StreamOutput
+from agent.pipeline.timeline import StepDetector
 from agent.pipeline.windowing import SlidingWindower, WindowBatch
 from agent.records import (
     Aggregate,
-    Explanation,
     Float32Array,
     FloatArray,
-    Frame,
-    FrameOrigin,
     TopChannel,
 )
 
+__all__ = ["OFF_SCALE", "AlertEvent", "BatchObserver", "StreamOutput", "StreamPipeline"]
+
 #: The score of a window whose computed score is not finite: above any threshold.
 OFF_SCALE = float(np.finfo(np.float64).max)
-
-
-class BatchObserver(Protocol):
-    """Sees every scored batch of a stream (called in the pipeline's thread; must be quick)."""
-
-    def observe(self, windows: Float32Array, scores: FloatArray, threshold: float) -> None:
-        """Args: ``windows`` ``(K, W, C)`` raw; ``scores`` ``(K,)``; the threshold in force."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class AlertEvent:
-    """An alert decided by the rules, before the store gives it a sequence number.
-
-    Attributes:
-        stream: Stream name.
-        score: Score of the triggering window.
-        threshold: Threshold in force.
-        window_start: First sample time of the window, epoch s UTC.
-        window_end: Last sample time of the window, epoch s UTC.
-        top_channels: Largest contributors first.
-        received_mono: Monotonic receive time of the window's newest reading (0 if unknown).
-        origin: A recorded camera input's file (and video frame) of the alerting frame; None
-            for sensor streams and live cameras.
-        explanation: Expected value and deviation (univariate streams,
-            :mod:`agent.pipeline.univariate`); None otherwise.
-        frame: The alerting frame of a camera stream (its snapshot is made from it); None
-            for sensor streams.
-        kind: The episode event (:mod:`agent.pipeline.episodes`): ``raised``, ``updated``
-            or ``cleared``; the window fields are those of the window that made it.
-        peak_score: The episode's largest score so far (``updated`` and ``cleared``).
-        reason: Why a ``cleared`` event ended its episode: ``recovered`` (the hysteresis)
-            or ``end_of_input`` (a recorded input ended with the episode open); None for the
-            other events.
-    """
-
-    stream: str
-    score: float
-    threshold: float
-    window_start: float
-    window_end: float
-    top_channels: tuple[TopChannel, ...]
-    received_mono: float
-    origin: FrameOrigin | None = None
-    explanation: Explanation | None = None
-    frame: Frame | None = field(default=None, repr=False, compare=False)
-    kind: Transition = "raised"
-    peak_score: float | None = None
-    reason: str | None = None
-
-
-@dataclass(slots=True)
-class StreamOutput:
-    """What one ``process_block`` call produced.
-
-    Attributes:
-        end_index: Shape ``(K,)``, index in the block of each window's last sample.
-        scores: Shape ``(K,)``, float64; NaN for windows inside the calibration period.
-        threshold: Threshold in force at the end of the block (NaN while calibrating).
-        alerts: Alerts raised (the ``raised`` events of :attr:`events`).
-        events: Every episode event (``raised``, ``updated``, ``cleared``), in window order.
-        aggregates: Intervals closed.
-        calibrated: A calibration finished during this block.
-        calibration_outliers: Far-out readings left out of that calibration.
-        nonfinite_scores: Windows whose score was not finite (scored :data:`OFF_SCALE`).
-        clock_steps: Clock steps found in this block's timestamps; the aggregate interval
-            open at each was closed (it is in ``aggregates``).
-    """
-
-    end_index: npt.NDArray[np.int64]
-    scores: FloatArray
-    threshold: float
-    alerts: list[AlertEvent] = field(default_factory=list)
-    events: list[AlertEvent] = field(default_factory=list)
-    aggregates: list[Aggregate] = field(default_factory=list)
-    calibrated: Calibration | None = None
-    calibration_outliers: int = 0
-    nonfinite_scores: int = 0
-    clock_steps: list[ClockStep] = field(default_factory=list)
 
 
 class StreamPipeline:
@@ -200,11 +120,19 @@ class StreamPipeline:
         self._rule_offset = 0.0
         #: The last scored window: (start, end, score, received_mono), for end_of_input.
         self._last_window: tuple[float, float, float, float] | None = None
+        # the level offset of an adapting detector and the calibration it belongs to
+        self._offset: tuple[Calibration, FloatArray] | None = None
 
     @property
     def calibrating(self) -> bool:
         """True until the calibration period is complete."""
         return self.calibration is None
+
+    @property
+    def level_offset(self) -> FloatArray | None:
+        """``(C,)`` the level offset of an adapting detector after the last scored window, in
+        calibration sigmas (:mod:`agent.pipeline.drift`); None before one or without one."""
+        return self._offset[1] if self._offset is not None else None
 
     @property
     def threshold(self) -> float:
@@ -353,15 +281,27 @@ class StreamPipeline:
         return ScoredBatch(np.where(bad, OFF_SCALE, scored.scores), contrib)
 
     def _score(self, windows: Float32Array) -> ScoredBatch:
-        assert self.calibration is not None
         try:
-            return self.detector.score(windows, self.calibration)
+            return self._run_detector(windows)
         except ModelError as exc:
             if self.fallback is None:
                 raise
             self.detector, self.calibration = self.fallback
             self.fallback, self.fallback_error = None, exc
-            return self.detector.score(windows, self.calibration)
+            return self._run_detector(windows)
+
+    def _run_detector(self, windows: Float32Array) -> ScoredBatch:
+        """Score with the detector in force; one with a level adaptation carries its offset
+        from window to window, from 0 at each new calibration (:mod:`agent.pipeline.drift`)."""
+        cal = self.calibration
+        assert cal is not None
+        if self.detector.adaptation is None:
+            return self.detector.score(windows, cal)
+        start = self._offset[1] if self._offset is not None and self._offset[0] is cal else (
+            np.zeros(len(self.spec.channels)))
+        scored, offset = self.detector.score_adapted(windows, cal, start)
+        self._offset = (cal, offset)
+        return scored
 
     def swap(
         self,

@@ -49,6 +49,7 @@ from agent.pipeline.detector import (
     FeatureDeviationDetector,
     ScoredBatch,
 )
+from agent.pipeline.drift import LevelAdaptation, follow_level
 from agent.pipeline.rules import RuleParams
 from agent.pipeline.stream import AlertEvent, StreamOutput, StreamPipeline
 from agent.pipeline.windowing import SlidingWindower, WindowBatch
@@ -169,17 +170,22 @@ class UnivariateDetector(FeatureDeviationDetector):
 
 def build_detector(spec: DetectorSpec, backend: Backend, params: UnivariateParams | None, *,
                    fallback: Backend | None = None,
-                   input_range: tuple[float, float] | None = None) -> FeatureDeviationDetector:
+                   input_range: tuple[float, float] | None = None,
+                   adaptation: LevelAdaptation | None = None) -> FeatureDeviationDetector:
     """The detector of a package: a :class:`UnivariateDetector` when it has univariate
-    ``params`` (a one-channel package), else a :class:`FeatureDeviationDetector`. Used by the
-    composition root and by model updates, so a swapped-in univariate model keeps its floors.
+    ``params`` (a one-channel package), else a :class:`FeatureDeviationDetector` with the
+    package's per-channel level ``adaptation`` (None: off). Used by the composition root, the
+    benchmarks and model updates, so a swapped-in model keeps its floors and its adaptation.
 
     Raises:
-        ValueError: ``params`` given for a multichannel ``spec``.
+        ValueError: ``params`` given for a multichannel ``spec``, or both ``params`` and
+            ``adaptation`` (a univariate stream adapts its baseline itself).
     """
     if params is None:
         return FeatureDeviationDetector(spec, backend, fallback=fallback,
-                                        input_range=input_range)
+                                        input_range=input_range, adaptation=adaptation)
+    if adaptation is not None:
+        raise ValueError("a univariate package adapts with its 'univariate' section")
     return UnivariateDetector(spec, backend, params, fallback=fallback, input_range=input_range)
 
 
@@ -320,7 +326,7 @@ class UnivariatePipeline(StreamPipeline):
         mu = float(cal.scaler.mean[0])
         low, high = mu0 - p.drift_bound * sigma, mu0 + p.drift_bound * sigma
         for m in windows[quiet, :, 0].mean(axis=1).tolist():
-            mu = min(max(mu + p.adapt_rate * (m - mu), low), high)
+            mu = float(follow_level(mu, m, p.adapt_rate, low, high))
         self.calibration = replace(cal, scaler=Scaler(np.array([mu]), cal.scaler.scale))
 
     def _event(self, batch: WindowBatch, i: int, score: float, contrib: FloatArray,

@@ -15,7 +15,8 @@ used) and handed to the publisher (:meth:`MqttPublisher.publish_early`) and to t
 (:class:`agent.store.writer.AlertWriter`, group commits) at the same time; what holds after a
 crash between the publish and the commit is in :mod:`agent.publish.early`. When the ledger cannot
 be written, or alerts of a refused episode are still numbered in memory, the alert takes the
-path above (stored first).
+path above (stored first), after the commits of the alerts raised before it (at most
+:data:`ORDER_WAIT_S`), so the outbox and the stored episodes keep the raising order.
 
 Logging: one ERROR line when an episode of refused alerts starts, one WARNING line with the
 figures when the store takes alerts again.
@@ -37,6 +38,11 @@ from agent.store.sqlite import Store
 from agent.store.writer import AlertWriter
 
 log = logging.getLogger("agent")
+
+#: Longest wait, seconds, for the store writer's queued commits before an alert is stored
+#: directly (the id ledger cannot reserve a number, or refused alerts are numbered in memory),
+#: or queued for MQTT behind one that was not (the in-memory queue was full).
+ORDER_WAIT_S = 5.0
 
 
 class AlertKeeper:
@@ -63,6 +69,7 @@ class AlertKeeper:
         #: Per stream: the last sequence number used in memory and not yet persisted.
         self._floor: dict[str, int] = {}
         self._episode = 0  # alerts refused in the current episode
+        self._unqueued = False  # the last early alert was not queued for MQTT (drains stored)
         self._not_stored = 0
         #: Alerts neither stored nor handed to MQTT (this agent; see also the publisher's).
         self.lost = 0
@@ -112,6 +119,11 @@ class AlertKeeper:
             early = self._add_early(stream, make, episode, received_mono)
             if early is not None:
                 return early, True
+        if self._writer is not None and self._writer.pending():
+            # alerts raised before this one still wait for their commit: store this one after
+            # them, so the outbox (what a restarted agent sends) and the episodes keep the
+            # raising order (a ``cleared`` stored before its ``raised`` would leave it open)
+            self._writer.flush(ORDER_WAIT_S)
         try:
             floor = self._floor.get(stream, 0)
             alert = (self._store.add_new_alert(stream, make, floor) if episode is None
@@ -145,7 +157,13 @@ class AlertKeeper:
         )
         if received_mono is not None:
             pub.track(alert.alert_id, received_mono)
+        if self._unqueued and writer.pending():
+            # the alert before was not queued for MQTT (queue full): it goes out from the
+            # outbox once committed; this one is queued behind the rows committed so far, so
+            # that commit must be in first (raising order)
+            writer.flush(ORDER_WAIT_S)
         published = pub.publish_early(alert.alert_id, stream, payload)
+        self._unqueued = not published
         try:
             writer.put(alert, payload, episode)
         except StoreError as exc:  # the writer is stopped (shutdown)

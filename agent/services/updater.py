@@ -476,6 +476,7 @@ class Updater:
             # as the stream's detector: windows outside the INT8 input range score in FP32
             fallback, input_range = saturation_fallback(
                 package, package.artefact("onnxruntime", "int8"))
+            adaptation = package.adaptation()
         except ModelError as exc:
             raise _Rejected(f"acceptance failed: {exc}") from exc
         if cand.channels != spec.channels or cand.window != spec.window:
@@ -485,7 +486,8 @@ class Updater:
             backend = self._wrap(h.name, backend)
         self._report(h, a, "accepted", details=details)
         return package, build_detector(cand, backend, package.univariate_params(),
-                                       fallback=fallback, input_range=input_range)
+                                       fallback=fallback, input_range=input_range,
+                                       adaptation=adaptation)
 
     def _shadow_then_swap(
         self, h: StreamHandle, a: ModelAssignment, package: ModelPackage,

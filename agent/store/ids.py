@@ -15,10 +15,12 @@ before its row commits must hold a number no restarted agent issues again even i
 before the commit. :meth:`IdLedger.take` hands out numbers from a block reserved in the ledger
 (``"<stream>/reserved": top``, written durably before the first number of the block is handed out;
 ``/`` is not allowed in stream names), :data:`RESERVE_BLOCK` numbers per rewrite, so the hot path
-rewrites the file once per block, not per alert. :meth:`IdLedger.mark` is the larger of the issued
-and the reserved mark, so the store numbers on above every reserved block at the next start: after a
-restart the stream's ids jump by at most one block (gaps, never reuse). Only the issued marks are
-compared with the stored counters at open (a reserved block is not a lost commit).
+rewrites the file once per block, not per alert; a block the store writer's top-up is still
+writing (or failed to write) is not handed out from. :meth:`IdLedger.mark` is the larger of the
+issued and the reserved mark, so the store numbers on above every reserved block at the next
+start: after a restart the stream's ids jump by at most one block (gaps, never reuse). Only the
+issued marks are compared with the stored counters at open (a reserved block is not a lost
+commit).
 
 The file survives a quarantined database (it is not renamed with it). A missing or unreadable
 ledger counts as empty (WARNING); a failed rewrite (disk full) is logged once per episode and the
@@ -65,6 +67,9 @@ class IdLedger:
         self.reserved: dict[str, int] = {k[:-len(RESERVED_SUFFIX)]: v for k, v in loaded.items()
                                          if k.endswith(RESERVED_SUFFIX)}
         self._next: dict[str, int] = {}  # next number :meth:`take` hands out, per stream
+        #: Reserved marks known to be in the file (``reserved`` may run ahead of it while a
+        #: rewrite is in progress or failing): :meth:`take` hands out numbers up to these only.
+        self._durable: dict[str, int] = dict(self.reserved)
 
     def _load(self) -> dict[str, int]:
         if self.path is None:
@@ -117,11 +122,10 @@ class IdLedger:
             known = stream in self._next
         low = 0 if known else int(floor())
         with self._lock:
-            top = self.reserved.get(stream, 0)
             nxt = max(self._next.get(stream, 0), low + 1, self.marks.get(stream, 0) + 1)
             if not known:  # a block reserved by an earlier process may be partly published
-                nxt = max(nxt, top + 1)
-            elif nxt <= top:
+                nxt = max(nxt, self.reserved.get(stream, 0) + 1)
+            elif nxt <= self._durable.get(stream, 0):  # not a block whose rewrite is pending
                 self._next[stream] = nxt + 1
                 return nxt
         self._reserve(stream, nxt + block - 1)
@@ -149,17 +153,18 @@ class IdLedger:
             OSError: The rewrite failed; the mark is restored.
         """
         with self._lock:
-            old = self.reserved.get(stream)
-            if old is not None and old >= top:
+            if self._durable.get(stream, 0) >= top:
                 return
-            self.reserved[stream] = top
-        if self.path is None:
-            return
+            old = self.reserved.get(stream)
+            top = self.reserved[stream] = max(top, old or 0)
+            if self.path is None:
+                self._durable[stream] = top
+                return
         try:
             self._save()
         except OSError:
             with self._lock:
-                if self.reserved.get(stream) == top:
+                if self.reserved.get(stream) == top and self._durable.get(stream, 0) < top:
                     if old is None:
                         del self.reserved[stream]
                     else:
@@ -204,7 +209,8 @@ class IdLedger:
         tmp = self.path + ".tmp"
         with self._lock:  # the newest marks, taken once this rewrite may run
             body = dict(self.marks)
-            body.update({k + RESERVED_SUFFIX: v for k, v in self.reserved.items()})
+            reserved = dict(self.reserved)
+            body.update({k + RESERVED_SUFFIX: v for k, v in reserved.items()})
         data = json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -225,3 +231,6 @@ class IdLedger:
             os.fsync(folder)
         finally:
             os.close(folder)
+        with self._lock:
+            for stream, top in reserved.items():
+                self._durable[stream] = max(self._durable.get(stream, 0), top)

@@ -1,25 +1,10 @@
-"""Rollouts: send one registry version to a target, canary first, and follow device reports.
+"""Rollouts: send one registry version to a target, canary first, and follow device reports
+(the operator side; what devices are assigned and report: :mod:`fleet.registry.device_rollouts`,
+which :class:`RolloutService` delegates to).
 
 * Target: a tag (every active device carrying it) or a device list, resolved once at creation
   (devices enrolled later are not added). Canary devices: :func:`fleet.registry.policy.
   pick_canaries`. Without ``canary_percent`` the rollout starts ``promoted``.
-* Assignment (``GET /v1/models/assignment``): the device's NEWEST rollout whose stream matches
-  (the asked stream or None) decides. canary/promoted and the device assigned and not failed:
-  that version. paused/halted: nothing (204: keep what runs). aborted: a device that has not
-  made the version active (no report, downloaded, verified, accepted, shadow) and ran an older
-  registry version before gets that version again, unsigned (it still runs it: the agent drops the
-  candidate). A device active on the version (its report or its model columns) gets the older
-  version with a :class:`~cloud_sync.protocol.SignedRollback` for this device and the asked
-  stream, signed at each request (fresh ``issued_at``) by the fleet's rollback key
-  (``--rollback-key``, never the package key); without one, nothing (it keeps the version).
-  The previous version and what an abort does per device: :mod:`fleet.registry.fallback`.
-* Downloads (``GET /v1/models/<name>/<version>/package``): a device gets only a package that
-  one of its assignments names (:meth:`RolloutService.may_download`).
-* Reports (``POST /v1/models/status``): stored in ``model_status_reports``; the device's row of
-  the rollout gets the state and reason; ``active`` also updates the device's model columns.
-  When the failed devices (rejected/rolled_back; canary devices only while in canary) reach
-  ``halt_after_failures``, the rollout becomes ``halted`` (one conditional UPDATE, so concurrent
-  reports halt it once).
 * Concurrent operators (on any replica): :meth:`RolloutService.act` locks the rollout's row
   (``SELECT ... FOR UPDATE`` on PostgreSQL; SQLite has one writer at a time) and updates it only
   in the state it read, so two actions run one after the other and each sees the other's result.
@@ -27,7 +12,8 @@
   refused with a Conflict (409): of a promote and an abort sent together from the same view,
   exactly one applies.
 * Superseded (``superseded_by``): every device of the rollout follows a newer rollout of the
-  same stream or of every stream (the assignment's rule above), so the rollout decides nothing
+  same stream or of every stream (the assignment rule of
+  :mod:`fleet.registry.device_rollouts`), so the rollout decides nothing
   any more; every action on it is refused (409) and its ``actions`` are empty
   (:func:`superseded`).
 * Resuming a halted rollout (and any action but abort) clears its ``reason``: the reason says
@@ -41,74 +27,25 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from sqlalchemy import (
-    ColumnElement,
-    Connection,
-    Engine,
-    Select,
-    and_,
-    bindparam,
-    case,
-    func,
-    insert,
-    or_,
-    select,
-    update,
-)
+from sqlalchemy import Connection, Engine, and_, case, func, insert, or_, select, update
 
-from cloud_sync.package import sign_rollback
 from cloud_sync.protocol import ModelAssignment, ModelStatusReport
 from fleet.db.model_tables import model_status_reports, rollout_devices, rollouts
 from fleet.db.retention import StatusRetention
 from fleet.db.schema import devices
-from fleet.errors import Conflict, Forbidden, NotFound, Unprocessable
-from fleet.registry.fallback import abort_outcome, active_on, fill_previous, previous_versions
-from fleet.registry.policy import (
-    ASSIGNING,
-    FAILED,
-    Action,
-    RolloutState,
-    allowed_actions,
-    pick_canaries,
-    should_halt,
-    transition,
-)
+from fleet.errors import Conflict, NotFound, Unprocessable
+from fleet.registry.device_rollouts import DeviceRollouts, OnHalt, Signer
+from fleet.registry.fallback import previous_versions
+from fleet.registry.policy import Action, RolloutState, allowed_actions, pick_canaries, transition
 from fleet.registry.store import ModelRegistry
 from fleet.registry.views import RolloutCreate, RolloutDeviceOut, RolloutOut
 
-Signer = tuple[str, Ed25519PrivateKey]
+__all__ = ["RolloutService", "Signer", "superseded"]
 
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
-
-def package_url(name: str, version: int) -> str:
-    """Path of a package archive, relative to the fleet base URL."""
-    return f"/v1/models/{name}/{version}/package"
-
-
-def _newest_query(every_stream: bool) -> Select[Any]:
-    """The newest rollout of the device ``:device_id`` for the stream ``:stream`` or for every
-    stream (a rollout without a stream applies to all), with its member row and the device's
-    reported model. Built once per shape (:data:`_NEWEST`): an assignment poll only binds the
-    parameters (building the statement was about a third of a poll's CPU in the service)."""
-    streams: ColumnElement[bool] = rollouts.c.stream.is_(None)
-    if not every_stream:
-        streams = or_(streams, rollouts.c.stream == bindparam("stream"))
-    return (select(rollouts, rollout_devices.c.assigned, rollout_devices.c.previous_version,
-                   rollout_devices.c.state.label("device_state"),
-                   devices.c.model_name.label("device_model"),
-                   devices.c.model_version.label("device_version"))
-            .join(rollout_devices, rollout_devices.c.rollout_id == rollouts.c.id)
-            .join(devices, devices.c.device_id == rollout_devices.c.device_id)
-            .where(rollout_devices.c.device_id == bindparam("device_id"), streams)
-            .order_by(rollouts.c.id.desc()).limit(1))
-
-
-#: :func:`_newest_query` by "every stream" (``stream`` None) or one stream.
-_NEWEST = {True: _newest_query(True), False: _newest_query(False)}
 
 class RolloutService:
     """Create, steer and follow rollouts.
@@ -133,15 +70,14 @@ class RolloutService:
         halt_after_failures: int = 1,
         clock: Callable[[], dt.datetime] = _now,
         retention: StatusRetention | None = None,
-        on_halt: Callable[[Connection, dict[str, Any]], object] | None = None,
+        on_halt: OnHalt | None = None,
     ) -> None:
         self._engine = engine
-        self._on_halt = on_halt
-        self._retention = retention
         self._registry = registry
         self._signer = signer
         self._halt_after = halt_after_failures
         self._clock = clock
+        self._devices = DeviceRollouts(engine, registry, signer, clock, retention, on_halt)
 
     # --- operator ------------------------------------------------------------------------------
 
@@ -272,7 +208,7 @@ class RolloutService:
                                       "reason": None}
             if action == "abort":
                 ro = conn.execute(select(rollouts).where(rollouts.c.id == rollout_id)).one()
-                values["reason"] = self._abort_reason(conn, ro)
+                values["reason"] = self._devices.abort_reason(conn, ro)
             done = conn.execute(
                 update(rollouts)
                 .where(rollouts.c.id == rollout_id, rollouts.c.state == row.state)
@@ -289,163 +225,27 @@ class RolloutService:
                 )
         return self.get(rollout_id)
 
-    def _abort_reason(self, conn: Connection, ro: Any) -> str:
-        return abort_outcome(conn, ro, lambda v: self._registry.exists(ro.model_name, v),
-                             self._signer is not None)
 
-    # --- device --------------------------------------------------------------------------------
+    # --- device (fleet.registry.device_rollouts) ------------------------------------------------
 
     def assignment(self, device_id: str, stream: str | None) -> ModelAssignment | None:
-        """What ``device_id`` should run on ``stream`` (None: keep what it runs)."""
-        row = self._newest(device_id, stream)
-        target = self._target(row)
-        if target is None:
-            return None
-        version, is_rollback = target
-        if not is_rollback or self._signer is None:
-            return self._assign(row, version, None)
-        key_id, key = self._signer
-        rollback = sign_rollback(
-            key, key_id, rollout_id=int(row.id), device_id=device_id, stream=stream,
-            name=row.model_name,
-            from_version=int(row.model_version), to_version=version,
-            clock=lambda: self._clock().timestamp(),
-        )
-        return self._assign(row, version, rollback)
+        """What ``device_id`` should run on ``stream`` (None: keep what it runs);
+        :meth:`fleet.registry.device_rollouts.DeviceRollouts.assignment`."""
+        return self._devices.assignment(device_id, stream)
 
     def may_download(self, device_id: str, name: str, version: int) -> bool:
         """True when one of ``device_id``'s assignments (any stream) is ``name@version``."""
-        with self._engine.connect() as conn:
-            streams = set(conn.execute(
-                select(rollouts.c.stream).distinct()
-                .join(rollout_devices, rollout_devices.c.rollout_id == rollouts.c.id)
-                .where(rollout_devices.c.device_id == device_id, rollouts.c.model_name == name)
-            ).scalars())
-        for stream in sorted(streams, key=lambda s: s or ""):
-            row = self._newest(device_id, stream)
-            target = self._target(row)
-            if target is not None and row.model_name == name and target[0] == version:
-                return True
-        return False
-
-    def _newest(self, device_id: str, stream: str | None) -> Any:
-        """The device's newest rollout for ``stream`` (or every stream), with its member row."""
-        params = {"device_id": device_id} if stream is None else {
-            "device_id": device_id, "stream": stream}
-        # one statement: autocommit spares a poll the BEGIN and ROLLBACK round trips
-        with self._engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            return conn.execute(_NEWEST[stream is None], params).first()
-
-    def _target(self, row: Any) -> tuple[int, bool] | None:
-        """``(version, is_rollback)`` a rollout row assigns its device, or None."""
-        if row is None:
-            return None
-        if row.state in ASSIGNING:
-            if not row.assigned or row.device_state in FAILED:
-                return None
-            return int(row.model_version), False
-        if row.state != "aborted" or row.previous_version is None:
-            return None
-        prev = int(row.previous_version)
-        if not self._registry.exists(row.model_name, prev):
-            return None
-        if not active_on(row.device_state, row.device_model, row.device_version,
-                         row.model_name, int(row.model_version)):
-            # never activated the aborted version: it still runs prev, no rollback to sign;
-            # the assignment of prev tells an agent in download/accept/shadow to stop
-            return (prev, False) if row.assigned else None
-        if self._signer is None:
-            return None
-        return prev, True
-
-    def _assign(self, row: Any, version: int, rollback: Any) -> ModelAssignment:
-        rec = self._registry.get(row.model_name, version)
-        return ModelAssignment(
-            rollout_id=int(row.id), stream=row.stream, name=rec.name, version=rec.version,
-            archive_sha256=rec.archive_sha256, archive_size=rec.size,
-            url=package_url(rec.name, rec.version), rollback=rollback,
-        )
+        return self._devices.may_download(device_id, name, version)
 
     def report(self, device_id: str, rep: ModelStatusReport) -> None:
-        """Record a device's report; may halt its rollout.
+        """Record a device's report; may halt its rollout
+        (:meth:`fleet.registry.device_rollouts.DeviceRollouts.report`).
 
         Raises:
             Forbidden: the report names another device, or a rollout the device is not in.
             NotFound: ``rollout_id`` does not exist.
         """
-        if rep.device_id != device_id:
-            raise Forbidden("a device can only report for itself")
-        self._store_report(device_id, rep)
-        if self._retention is not None:
-            self._retention.maybe_prune()
-
-    def _store_report(self, device_id: str, rep: ModelStatusReport) -> None:
-        now = self._clock()
-        with self._engine.begin() as conn:
-            conn.execute(insert(model_status_reports).values(
-                device_id=device_id, rollout_id=rep.rollout_id, stream=rep.stream, name=rep.name,
-                version=rep.version, state=rep.state, reason=rep.reason, details=rep.details,
-                at=rep.at, received_at=now,
-            ))
-            if rep.state == "active":
-                conn.execute(update(devices).where(devices.c.device_id == device_id)
-                             .values(model_name=rep.name, model_version=rep.version))
-            ro = self._find_rollout(conn, device_id, rep)
-            if ro is None or ro.model_name != rep.name:
-                return
-            fill_previous(conn, ro, device_id, now)
-            state, reason = rep.state, rep.reason
-            if ro.state == "aborted" and rep.state == "active" and rep.version != ro.model_version:
-                state, reason = "rolled_back", f"abort: back on {rep.name}@{rep.version}"
-            conn.execute(
-                update(rollout_devices)
-                .where(rollout_devices.c.rollout_id == ro.id,
-                       rollout_devices.c.device_id == device_id)
-                .values(state=state, reason=reason, reported_at=now, updated_at=now)
-            )
-            if ro.state == "aborted":  # the reason line follows the devices' outcomes
-                conn.execute(update(rollouts).where(rollouts.c.id == ro.id).values(
-                    reason=self._abort_reason(conn, ro), updated_at=now))
-            if rep.state in FAILED and rep.version == ro.model_version:
-                self._maybe_halt(conn, ro, now)
-
-    def _find_rollout(self, conn: Connection, device_id: str, rep: ModelStatusReport) -> Any:
-        member = and_(rollout_devices.c.rollout_id == rollouts.c.id,
-                      rollout_devices.c.device_id == device_id)
-        if rep.rollout_id is not None:
-            ro = conn.execute(select(rollouts).where(rollouts.c.id == rep.rollout_id)).first()
-            if ro is None:
-                raise NotFound(f"rollout {rep.rollout_id} does not exist")
-            if conn.execute(select(func.count()).where(member, rollouts.c.id == ro.id)
-                            ).scalar_one() == 0:
-                raise Forbidden(f"device {device_id} is not in rollout {rep.rollout_id}")
-            return ro
-        return conn.execute(
-            select(rollouts).where(member, rollouts.c.model_name == rep.name,
-                                   rollouts.c.model_version == rep.version)
-            .order_by(rollouts.c.id.desc()).limit(1)
-        ).first()
-
-    def _maybe_halt(self, conn: Connection, ro: Any, now: dt.datetime) -> None:
-        if ro.state not in ASSIGNING:
-            return
-        q = select(rollout_devices.c.device_id, rollout_devices.c.reason).where(
-            rollout_devices.c.rollout_id == ro.id, rollout_devices.c.state.in_(FAILED)
-        )
-        if ro.state == "canary":
-            q = q.where(rollout_devices.c.canary.is_(True))
-        failed = conn.execute(q.order_by(rollout_devices.c.device_id)).all()
-        if not should_halt(len(failed), int(ro.halt_after_failures)):
-            return
-        why = "; ".join(f"{f.device_id}: {f.reason or 'no reason given'}" for f in failed[:5])
-        reason = f"halted: {len(failed)} device(s) failed ({why})"[:2000]
-        halted = conn.execute(
-            update(rollouts).where(rollouts.c.id == ro.id, rollouts.c.state.in_(ASSIGNING))
-            .values(state="halted", resume_state=None, updated_at=now, reason=reason)
-        ).rowcount
-        if halted and self._on_halt is not None:
-            self._on_halt(conn, {"rollout_id": int(ro.id), "name": ro.model_name,
-                                 "version": int(ro.model_version), "reason": reason})
+        self._devices.report(device_id, rep)
 
 
 def superseded(conn: Connection, rollout_id: int | None = None) -> dict[int, int]:

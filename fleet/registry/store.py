@@ -8,6 +8,14 @@ stores an unsigned or untrusted package, nor one carrying files its manifest doe
 What is stored is the canonical archive (:func:`cloud_sync.package.pack` of the unpacked
 directory), so its sha256 is the package identity (``ETag``) whatever tool made the upload.
 ``(name, version)`` is unique.
+
+Versions of one name are written one transaction at a time: :meth:`ModelRegistry.add` and
+:meth:`ModelRegistry.next_version` take the registry's lock on the name (held until the
+transaction ends; on PostgreSQL ``pg_advisory_xact_lock(VERSION_LOCK, hashtext(name))``, on
+SQLite the database's write lock). A publisher that numbers its package with
+:meth:`~ModelRegistry.next_version` in the transaction that stores it therefore never collides
+with another publisher of the same name: the second one waits for the first to commit (or roll
+back) and reads the version after it.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from sqlalchemy import Connection, Engine, func, insert, select
+from sqlalchemy import Connection, Engine, false, func, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 
 from cloud_sync.archive import unpack_verified
@@ -31,6 +39,10 @@ from fleet.db.model_tables import models
 from fleet.errors import Conflict, NotFound, Unprocessable
 from fleet.ingest import unstorable
 
+#: First key of the registry's per-name ``pg_advisory_xact_lock(int, int)`` (the second is
+#: ``hashtext(name)``; the two-key space is separate from the one-key locks of migrations and
+#: partition maintenance).
+VERSION_LOCK = 0x0F1EE70A
 #: Starts of the reasons an upload is not a model package archive at all (cloud_sync.archive).
 _NOT_A_PACKAGE = ("not a valid tar.gz archive", "archive holds no manifest.json",
                   "manifest.json is not JSON", "manifest.json is not a JSON object",
@@ -166,15 +178,51 @@ class ModelRegistry:
         }
         if conn is None:
             with self.transaction() as own:
-                return self.add(archive, uploaded_by, own)
+                return self._insert(row, own)
+        return self._insert(row, conn)
+
+    def _insert(self, row: dict[str, Any], conn: Connection) -> ModelRecord:
+        self.lock_name(row["name"], conn)
         try:  # on PostgreSQL a conflict aborts the caller's transaction: it must roll back
             conn.execute(insert(models).values(**row))
         except IntegrityError:
             raise Conflict(
-                f"{manifest.name}@{manifest.version} already exists: versions are immutable, "
+                f"{row['name']}@{row['version']} already exists: versions are immutable, "
                 "bump the version"
             ) from None
-        return self.get(manifest.name, manifest.version, conn)
+        return self.get(row["name"], row["version"], conn)
+
+    def lock_name(self, name: str, conn: Connection) -> None:
+        """Take the registry's write lock on ``name`` until ``conn``'s transaction ends
+        (module docstring); waits while another transaction holds it.
+
+        On SQLite this is the database's write lock, taken by a write that changes nothing: it
+        must come before any read of the transaction (a transaction that read first cannot
+        upgrade once another wrote), and waits up to the busy timeout.
+
+        Raises:
+            sqlalchemy.exc.OperationalError: SQLite: the lock was not free within the busy
+                timeout ("database is locked").
+        """
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(CAST(:k AS integer), hashtext(:n))"),
+                         {"k": VERSION_LOCK, "n": name})
+        else:
+            conn.execute(update(models).where(false()).values(version=models.c.version))
+
+    def next_version(self, name: str, conn: Connection, *, above: int = 0) -> int:
+        """The version to store ``name`` under in ``conn``'s transaction: one more than its
+        newest stored version and than ``above`` (e.g. the version its base package carries).
+
+        Takes :meth:`lock_name` first (call it before any other statement of the transaction),
+        so the number stays free until the transaction ends; :meth:`add` the package through
+        the same ``conn``.
+        """
+        self.lock_name(name, conn)
+        newest = conn.execute(
+            select(func.max(models.c.version)).where(models.c.name == name)
+        ).scalar()
+        return max(above, int(newest or 0)) + 1
 
     def get(self, name: str, version: int, conn: Connection | None = None) -> ModelRecord:
         """The package's record (read through ``conn`` when given). Raises: NotFound."""

@@ -82,6 +82,8 @@ def overlapping_rows(times: npt.NDArray[np.int64], labelled: list[SkabFile]
     ends with the first 572 rows of ``other/5.csv``)."""
     out = np.zeros(times.shape[0], dtype=bool)
     for f in labelled:
+        if f.times is None or not f.times.size:  # a file without rows spans no time
+            continue
         lo, hi = _span(f)
         out |= (times >= lo) & (times <= hi)
     return out
@@ -101,7 +103,8 @@ def training_recording(root: Path) -> SkabFile:
     keep = ~overlapping_rows(af.times, labelled)
     if not keep.any():
         raise ValueError(f"{af.path}: every row overlaps a labelled file")
-    out = replace(af, values=af.values[keep], times=af.times[keep])
+    out = replace(af, values=af.values[keep], times=af.times[keep],
+                  anomaly=None if af.anomaly is None else af.anomaly[keep])
     assert_disjoint(out, labelled)
     return out
 
@@ -126,7 +129,7 @@ def sessions(files: list[SkabFile]) -> list[list[SkabFile]]:
     sessions are ordered by their first file's position in ``files``.
 
     Files that only touch (one ends a second before the next starts) share no row and stay
-    separate sessions.
+    separate sessions; so does a file without rows.
     """
     parent = list(range(len(files)))
 
@@ -136,11 +139,12 @@ def sessions(files: list[SkabFile]) -> list[list[SkabFile]]:
             i = parent[i]
         return i
 
-    spans = [_span(f) for f in files]
-    for i, (lo_i, hi_i) in enumerate(spans):
+    spans = [_span(f) if f.times is not None and f.times.size else None for f in files]
+    for i, span_i in enumerate(spans):
         for j in range(i):
-            lo_j, hi_j = spans[j]
-            if lo_i <= hi_j and lo_j <= hi_i:
+            span_j = spans[j]
+            if (span_i is not None and span_j is not None and span_i[0] <= span_j[1]
+                    and span_j[0] <= span_i[1]):
                 parent[find(i)] = find(j)
     out: dict[int, list[SkabFile]] = {}
     for i, f in enumerate(files):

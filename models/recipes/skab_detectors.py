@@ -24,6 +24,26 @@ N rows score the same rows; what the agent did up to package v1). h > 0 = *held-
 scores: the statistics are fitted on the first (1 − h)·N rows and score the windows inside the last
 h·N rows, so the base scores show how far normal operation drifts past a fit, the same way the
 test rows will; the test scores still use statistics fitted on all N rows.
+
+Two ``wstat`` variants aimed at normal operation that drifts past what the first N rows showed:
+
+* **Robust calibration statistics** (``robust``): the input scaler and the feature statistics
+  are the median and 1.4826 × the median absolute deviation (Huber, "Robust Statistics", 1981,
+  the MAD's consistency constant for a normal distribution) instead of the mean and std, with
+  the same floors.
+* **Bounded level adaptation** (``adapt_rate`` α > 0, ``drift_bound`` B): the multichannel form
+  of the univariate package's adaptation (:mod:`agent.pipeline.univariate`), per channel. A
+  level offset d ``(C,)`` in calibration-scale units starts at 0; each test window is scored with
+  its mean features minus d (the window's mean against the adapted baseline μ_cal + σ_cal·d;
+  spread and roughness features are level-free and not adapted); after a window whose score is
+  at most the threshold base's maximum (the worst score the calibration showed, = threshold /
+  factor, so a window near or above the threshold never moves it), d ← clip(d + α·(m − d),
+  −B, B), m the window's mean features (Roberts, "Control chart tests based on geometric moving
+  averages", 1959). Windows are taken one at a time, in order. With B large this is close to a
+  drift-invariant feature (the deviation from a slow EWMA baseline), except that it freezes
+  while the score is high. The scoring is the agent's own
+  (:func:`agent.pipeline.drift.adapted_scores`), so a package with this adaptation in its
+  manifest scores as the candidate did.
 """
 
 from __future__ import annotations
@@ -33,6 +53,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from agent.pipeline.drift import LevelAdaptation, adapted_scores
 from cloud_sync.calibration import sliding_windows, window_features
 
 FloatArray = npt.NDArray[np.float64]
@@ -49,13 +70,38 @@ class FileScores:
     test: FloatArray
 
 
-def _scale(values: FloatArray, rows: int, floor: FloatArray) -> FloatArray:
-    seg = values[:rows]
-    return (values - seg.mean(0)) / np.maximum(seg.std(0), floor)
+#: 1 / Φ⁻¹(3/4): 1.4826 × MAD estimates a normal distribution's std.
+MAD_SCALE = 1.4826
+
+
+def center_spread(x: FloatArray, robust: bool) -> tuple[FloatArray, FloatArray]:
+    """Per column of ``x`` ``(K, F)``: (mean, std), or (median, :data:`MAD_SCALE` × MAD) when
+    ``robust``; each ``(F,)``."""
+    if not robust:
+        return x.mean(0), x.std(0)
+    med = np.median(x, axis=0)
+    return med, MAD_SCALE * np.median(np.abs(x - med), axis=0)
+
+
+def _scale(values: FloatArray, rows: int, floor: FloatArray, robust: bool = False) -> FloatArray:
+    center, spread = center_spread(values[:rows], robust)
+    return (values - center) / np.maximum(spread, floor)
+
+
+def _top_k_mean(a: FloatArray, top_k: int) -> FloatArray:
+    k = min(top_k, a.shape[1])
+    out: FloatArray = np.partition(a, a.shape[1] - k, axis=1)[:, -k:].mean(1)
+    return out
+
+
+#: Features shared by the candidates of one fit: see :func:`wstat_scores`'s ``cache``.
+FeatureCache = dict[tuple[object, ...], tuple[FloatArray, FloatArray, FloatArray]]
 
 
 def wstat_scores(values: FloatArray, rows: int, window: int, top_k: int, floor: FloatArray,
-                 feature_floor: FloatArray) -> FloatArray:
+                 feature_floor: FloatArray, *, robust: bool = False, adapt_rate: float = 0.0,
+                 drift_bound: float = 0.0, adapt_level: float = -np.inf,
+                 cache: FeatureCache | None = None) -> FloatArray:
     """Window-statistics scores with scaler and feature statistics fitted on ``values[:rows]``.
 
     Args:
@@ -64,17 +110,37 @@ def wstat_scores(values: FloatArray, rows: int, window: int, top_k: int, floor: 
         window: W.
         top_k: |z| values averaged.
         floor: ``(C,)`` input scale floor; feature_floor: ``(3·C,)`` feature std floor.
+        robust: median / MAD statistics (module docstring).
+        adapt_rate, drift_bound, adapt_level: bounded level adaptation of the windows after the
+            calibration windows (module docstring); ``adapt_level`` is the score at or below
+            which a window moves the baseline. ``adapt_rate`` 0: none.
+        cache: Keeps the features and their deviations between calls that differ only in
+            ``top_k`` and the adaptation (the same rows of the same array, fit, floors and
+            statistics); None: none kept.
 
     Returns:
         ``(T − W + 1,)``: score of the window ending at row j + W − 1.
     """
-    z = _scale(values, rows, floor).astype(np.float32)
-    feats = window_features(sliding_windows(z, window)).astype(np.float64)
-    cal = feats[: rows - window + 1]
-    std = np.maximum(cal.std(0), feature_floor) + 1e-9
-    a = np.abs((feats - cal.mean(0)) / std)
-    k = min(top_k, a.shape[1])
-    return np.partition(a, a.shape[1] - k, axis=1)[:, -k:].mean(1)
+    key = (values.__array_interface__["data"][0], values.shape, rows, window, robust,
+           floor.tobytes(), feature_floor.tobytes())
+    hit = cache.get(key) if cache is not None else None
+    if hit is None:
+        z = _scale(values, rows, floor, robust).astype(np.float32)
+        feats = window_features(sliding_windows(z, window)).astype(np.float64)
+        center, spread = center_spread(feats[: rows - window + 1], robust)
+        std = np.maximum(spread, feature_floor) + 1e-9
+        hit = (feats, (feats - center) / std, std)
+        if cache is not None:
+            cache[key] = hit
+    feats, a, std = hit
+    k_cal = rows - window + 1
+    scores = _top_k_mean(np.abs(a), top_k)
+    if adapt_rate > 0:
+        c = values.shape[1]
+        scores[k_cal:] = adapted_scores(a[k_cal:], feats[k_cal:, :c], 1.0 / std[:c], np.zeros(c),
+                                        top_k, LevelAdaptation(adapt_rate, drift_bound),
+                                        adapt_level)[0]
+    return scores
 
 
 def pca_scores(values: FloatArray, rows: int, window: int, var: float,
@@ -93,7 +159,9 @@ def pca_scores(values: FloatArray, rows: int, window: int, var: float,
     t2 = (t**2 / ev[:r]).sum(1)
     q = ((a - t @ vt[:r]) ** 2).sum(1)
     k = cal.shape[0]
-    return np.maximum(t2 / np.quantile(t2[:k], 0.99), q / (np.quantile(q[:k], 0.99) + 1e-12))
+    out: FloatArray = np.maximum(t2 / np.quantile(t2[:k], 0.99),
+                                 q / (np.quantile(q[:k], 0.99) + 1e-12))
+    return out
 
 
 def mset_scores(values: FloatArray, rows: int, window: int, memory: int,
@@ -114,16 +182,20 @@ def mset_scores(values: FloatArray, rows: int, window: int, memory: int,
 
     def sim(a: FloatArray, b: FloatArray) -> FloatArray:
         d2 = ((a[:, None, :] - b[None, :, :]) ** 2).sum(2)
-        return np.exp(-d2 / (2 * h * h))
+        out: FloatArray = np.exp(-d2 / (2 * h * h))
+        return out
 
     g = np.linalg.pinv(sim(mem, mem) + 1e-6 * np.eye(mem.shape[0]))
     w = sim(x, mem) @ g
     w = w / np.maximum(w.sum(1, keepdims=True), 1e-9)
-    return np.linalg.norm(x - w @ mem, axis=1)
+    out: FloatArray = np.linalg.norm(x - w @ mem, axis=1)
+    return out
 
 
 def file_scores(detector: str, values: FloatArray, n: int, window: int, param: float,
-                holdout: float, floor: FloatArray, feature_floor: FloatArray) -> FileScores:
+                holdout: float, floor: FloatArray, feature_floor: FloatArray, *,
+                robust: bool = False, adapt_rate: float = 0.0,
+                drift_bound: float = 0.0, cache: FeatureCache | None = None) -> FileScores:
     """Threshold-base and test scores of one file (see the module docstring).
 
     Args:
@@ -133,25 +205,43 @@ def file_scores(detector: str, values: FloatArray, n: int, window: int, param: f
         window: W.
         param: ``top_k`` (wstat), explained variance (pca) or memory size (mset).
         holdout: Fraction h of the N rows held out for the threshold base, 0 ≤ h < 1.
+        robust, adapt_rate, drift_bound: the ``wstat`` variants (module docstring); the
+            threshold-base scores are never adapted, and their maximum is the adaptation level.
+        cache: ``wstat``: passed to :func:`wstat_scores` (one per file, fit and floors).
 
     Raises:
-        ValueError: an unknown detector, or too few rows for the hold-out.
+        ValueError: an unknown detector, a variant of a detector other than ``wstat``, or too
+            few rows for the hold-out.
     """
-    def run(rows: int, upto: int) -> FloatArray:
+    if detector != "wstat" and (robust or adapt_rate > 0):
+        raise ValueError(f"{detector}: robust statistics and adaptation are wstat variants")
+
+    def run(rows: int, upto: int, level: float | None = None) -> FloatArray:
         vals = values[:upto]
         if detector == "wstat":
-            return wstat_scores(vals, rows, window, int(param), floor, feature_floor)
+            if level is None:
+                return wstat_scores(vals, rows, window, int(param), floor, feature_floor,
+                                    robust=robust, cache=cache)
+            return wstat_scores(vals, rows, window, int(param), floor, feature_floor,
+                                robust=robust, adapt_rate=adapt_rate, drift_bound=drift_bound,
+                                adapt_level=level, cache=cache)
         if detector == "pca":
             return pca_scores(vals, rows, window, param, floor)
         if detector == "mset":
             return mset_scores(vals, rows, window, int(param), floor)
         raise ValueError(f"unknown detector {detector!r}")
 
-    full = run(n, values.shape[0])
+    full: FloatArray | None
     if holdout <= 0:
-        return FileScores(full[: n - window + 1], full[n - window + 1:])
-    fit = round(n * (1 - holdout))
-    if fit < 2 * window or n - fit < window:
-        raise ValueError(f"hold-out {holdout} leaves too few rows of {n} for W={window}")
-    part = run(fit, n)
-    return FileScores(part[fit:], full[n - window + 1:])
+        full = run(n, values.shape[0])
+        base = full[: n - window + 1]
+    else:
+        fit = round(n * (1 - holdout))
+        if fit < 2 * window or n - fit < window:
+            raise ValueError(f"hold-out {holdout} leaves too few rows of {n} for W={window}")
+        base = run(fit, n)[fit:]
+        full = run(n, values.shape[0]) if adapt_rate <= 0 else None
+    if adapt_rate > 0:
+        full = run(n, values.shape[0], float(base.max()))
+    assert full is not None
+    return FileScores(base, full[n - window + 1:])

@@ -4,9 +4,11 @@
     python models/recipes/skab_wstat.py --data ../shared/datasets/skab --out models/skab-wstat \
         --selection selection.json --version 2
 
-The window, top_k, threshold factor and hold-out come from the grouped model selection
-(``--selection``, written by :mod:`skab_select`; it must have chosen the ``wstat`` family), so the
-shipped defaults are the ones that procedure picks.
+The window, top_k, threshold factor, hold-out, floors and the bounded level adaptation come from
+the grouped model selection (``--selection``, written by :mod:`skab_select`; it must have chosen
+the ``wstat`` family, or ``wstat-drift`` with level adaptation and without robust statistics),
+so the shipped defaults are the ones that procedure picks. The adaptation (α, B) goes into the
+manifest's ``score.adaptation``; the agent applies it (:mod:`agent.pipeline.drift`).
 
 Steps (re-runnable; needs the ``train`` extra for ``onnx``):
 
@@ -178,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--full-recording", action="store_true",
                     help="train on every row of the anomaly-free recording, also those in a "
                          "labelled file's time span (how skab-wstat@2 was built)")
+    ap.add_argument("--adapt-rate", type=float, default=0.0,
+                    help="bounded level adaptation rate alpha (0: off)")
+    ap.add_argument("--drift-bound", type=float, default=0.0,
+                    help="bound B of the level adaptation, calibration sigmas")
     ap.add_argument("--quant-windows", type=int, default=4000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--calibration-method", choices=list(METHODS), default="minmax")
@@ -187,19 +193,26 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.selection is not None:
         chosen = json.loads(args.selection.read_text())
-        if chosen["detector"] != "wstat":
+        if chosen["detector"] not in ("wstat", "wstat-drift"):
             raise SystemExit(f"{args.selection}: the selection chose {chosen['detector']!r}; "
                              "this recipe builds the window-statistics package only")
         if chosen.get("rule", "max") != "max":
             raise SystemExit(f"{args.selection}: the selection chose the {chosen['rule']!r} "
                              "threshold rule; the agent's calibration implements max x factor "
                              "only (calibration_quantile)")
+        if chosen.get("robust"):
+            raise SystemExit(f"{args.selection}: the selection chose robust statistics, which "
+                             "the agent's multichannel calibration does not implement")
+        args.adapt_rate = float(chosen.get("adapt_rate", 0.0))
+        args.drift_bound = float(chosen.get("drift_bound", 0.0))
         args.window, args.top_k = int(chosen["window"]), int(chosen["param"])
         args.threshold_factor, args.holdout = float(chosen["factor"]), float(chosen["holdout"])
         if "floor" in chosen:  # one fraction for both floors (skab_select.GRID)
             args.floor_frac = args.feature_floor_frac = float(chosen["floor"])
         # the choice itself goes into the lineage, not the path of a file that may be gone
         args.selection = {"procedure": "models/recipes/skab_select.py", "chosen": chosen}
+    if args.adapt_rate < 0 or (args.adapt_rate > 0 and args.drift_bound <= 0):
+        raise SystemExit("level adaptation needs --adapt-rate > 0 and --drift-bound > 0")
     rng = np.random.default_rng(args.seed)
 
     src = anomaly_free_file(args.data)
@@ -261,7 +274,9 @@ def main(argv: list[str] | None = None) -> int:
         "score": {"kind": "feature_deviation", "features": list(FEATURES), "top_k": args.top_k,
                   "feature_std_floor": [float(v) for v in feature_floor],
                   "threshold": {"kind": "calibration_quantile", "quantile": 1.0,
-                                "factor": args.threshold_factor, "holdout": args.holdout}},
+                                "factor": args.threshold_factor, "holdout": args.holdout},
+                  **({"adaptation": {"rate": args.adapt_rate, "bound": args.drift_bound}}
+                     if args.adapt_rate > 0 else {})},
         "artefacts": artefacts,
         "golden": {"inputs": golden_x.round(6).tolist(), "outputs": golden_y.round(6).tolist(),
                    "atol": round(atol, 4)},

@@ -26,6 +26,7 @@ from agent.app import Agent
 from agent.config.loader import parse_config
 from agent.config.schema import AgentConfig
 from agent.httpd import OpsServer
+from agent.inference import rank_child
 from agent.metrics import Metrics
 from agent.systemd import Notifier
 
@@ -166,6 +167,45 @@ def test_ready_then_watchdog_at_half_watchdog_usec(
     assert any("STATUS" in f for _, f in notify.messages)
     stopping = notify.wait_for("STOPPING", timeout=5)
     assert stopping > ready
+
+
+def test_the_start_is_extended_while_a_child_ranks_the_runtimes(
+    tmp_path: Path, notify: NotifySocket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first start times the runtimes in a child process: the agent keeps asking systemd for
+    start-up time while it runs, so the child's own timeout ends a hung child, not systemd's
+    (one start step of 120 s). This child waits for the agent's first request."""
+    monkeypatch.setattr(rank_child, "PROGRESS_S", 0.2)
+    site, go = tmp_path / "site", tmp_path / "go"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(  # gives up (exit 3) after 30 s without a request
+        "import os, sys, time\nend = time.monotonic() + 30\n"
+        f"while not os.path.exists({str(go)!r}):\n"
+        "    if time.monotonic() > end:\n        sys.exit(3)\n    time.sleep(0.05)\n")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    status = "ranking the runtimes of stream demo"
+
+    def release() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if any(f.get("STATUS") == status and "EXTEND_TIMEOUT_USEC" in f
+                   for _, f in list(notify.messages)):
+                go.touch()
+                return
+            time.sleep(0.05)
+
+    releaser = threading.Thread(target=release, daemon=True)
+    releaser.start()
+    config = _config(tmp_path).resolved(tmp_path)
+    agent = Agent(config, Metrics(), console=None, notifier=Notifier(str(notify.path)))
+    thread = _run_in_thread(agent)
+    try:
+        notify.wait_for("READY", timeout=60)
+    finally:
+        agent.request_stop()
+        thread.join(20)
+    assert go.exists(), "the agent never reported progress while the child ran"
+    assert (tmp_path / "state" / "backend-choices.json").exists()  # the child's ranking
 
 
 def test_no_watchdog_while_a_reader_is_stuck(

@@ -4,6 +4,8 @@ candidates it ranked first, each golden-checked; a ranking that no longer fits i
 from __future__ import annotations
 
 import json
+import resource
+import signal
 from pathlib import Path
 
 import pytest
@@ -71,6 +73,24 @@ def test_the_file_keeps_the_newest_entries(tmp_path: Path,
     for key in ("a", "b", "c"):
         memory.put(key, [("litert", "m.tflite", 1e-5)])
     assert memory.get("a") is None and memory.get("c") == [("litert", "m.tflite", 1e-5)]
+
+
+def test_forgetting_on_a_full_disk_keeps_the_other_rankings(tmp_path: Path) -> None:
+    """A write that fails part-way (here the file-size limit, as a full disk would) must not
+    leave a truncated file: every other model would then time all its runtimes again."""
+    mem = ChoiceMemory.in_state_dir(tmp_path)
+    for i in range(10):
+        mem.put(f"key{i}", [("onnxruntime", "model.int8.onnx", 1e-5 * (i + 1))])
+    limit = mem.path.stat().st_size // 2  # the rewrite without key0 is larger than this
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a signal
+    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, old_limit[1]))
+    try:
+        mem.forget("key0")
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+        signal.signal(signal.SIGXFSZ, old_handler)
+    assert [k for k in (f"key{i}" for i in range(1, 10)) if mem.get(k) is None] == []
 
 
 def test_a_stream_opens_its_chosen_backend_and_the_guard_fallback_only_when_needed(

@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "models" / "recipes"))
 
 import skab_select  # noqa: E402
-from skab_select import Candidate, Study  # noqa: E402
+from skab_select import Candidate  # noqa: E402
+from skab_study import Study  # noqa: E402
 
 C = 3
 
@@ -133,7 +134,7 @@ def test_floor_is_an_axis_of_the_choice(monkeypatch: pytest.MonkeyPatch) -> None
     c = Candidate("wstat", 5, 1, 0.0, 1.0, 0.05)
     assert dataclasses.replace(c, floor=0.5) in study.neighbours(c)
     # a ten times larger feature floor divides the deviations: the floor reaches the scores
-    low = study._scores[("wstat", 5, 1, 0.0, 0.05, "a/0")].test
-    high = study._scores[("wstat", 5, 1, 0.0, 0.5, "a/0")].test
+    low = study._scores[("wstat", 5, 1, 0.0, 0.05, "a/0", (0.0, 0.0, 0.0))].test
+    high = study._scores[("wstat", 5, 1, 0.0, 0.5, "a/0", (0.0, 0.0, 0.0))].test
     assert high.max() < low.max()
     assert study.choose(list(files)).floor in (0.05, 0.5)

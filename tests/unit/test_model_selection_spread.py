@@ -12,8 +12,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "models" / "recipes"))
 
+import skab_report
 import skab_select
-from skab_select import Candidate, Figures, Study
+from skab_select import Candidate, Figures
+from skab_study import Study
 
 C = 3
 
@@ -45,7 +47,7 @@ def test_held_out_spread_is_read_around_the_other_groups_choice(
 
     monkeypatch.setattr(study, "spread", spread)
     lines: list[str] = []
-    skab_select.report(study, ["wstat"], lines.append)
+    skab_report.report(study, ["wstat"], lines.append)
     for group, other in (("a", "b"), ("b", "a")):
         held = frozenset(n for n in files if n.startswith(group + "/"))
         chosen = study.choose([n for n in files if n.startswith(other + "/")], "wstat")

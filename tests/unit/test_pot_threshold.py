@@ -14,9 +14,11 @@ from scipy.stats import genpareto
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "models" / "recipes"))
 
+import skab_report  # noqa: E402
 import skab_select  # noqa: E402
 from skab_pot import MIN_PEAKS, fit_gpd, pot_threshold  # noqa: E402
-from skab_select import Candidate, Study  # noqa: E402
+from skab_select import Candidate  # noqa: E402
+from skab_study import Study  # noqa: E402
 
 
 @pytest.mark.parametrize("gamma", [-0.3, 0.0, 0.2, 0.5])
@@ -86,9 +88,9 @@ def test_pot_candidates_sit_beside_max_ones_and_stay_in_their_rule(
     assert study.choose(list(files), rule="pot").rule == "pot"
     assert study.choose(list(files), rule="max").rule == "max"
     # the threshold is read from the file's base (calibration) scores alone
-    base = study._scores[("wstat", 5, 1, 0.0, 0.1, "a/0")].base
+    base = study._scores[("wstat", 5, 1, 0.0, 0.1, "a/0", (0.0, 0.0, 0.0))].base
     assert study.threshold(c, "a/0") == pot_threshold(base, 0.9, 1e-4)
     lines: list[str] = []
-    skab_select.report(study, ["wstat"], lines.append)
+    skab_report.report(study, ["wstat"], lines.append)
     for label in ("wstat/max", "wstat/pot", "wstat"):
         assert any(x.split()[:3] == [label, "held-out", "group"] for x in lines)

@@ -5,6 +5,7 @@ and times the candidates itself when the ranker fails."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -82,7 +83,7 @@ def test_a_kept_candidate_that_fails_here_means_timing_here(
 
 def test_nothing_passing_in_the_child_is_a_model_error_with_its_reasons(
         tmp_path: Path, package: ModelPackage) -> None:  # noqa: F811
-    rows = [(k, p, None, "does not load") for k, p, _, _ in _rows(package)]
+    rows: list[RankedTrial] = [(k, p, None, "does not load") for k, p, _, _ in _rows(package)]
     sel, opened = _select(package, SPEEDS, {}, remembering=_remembering(tmp_path, package),
                           ranker=_Ranker(rows))
     assert not opened
@@ -91,7 +92,10 @@ def test_nothing_passing_in_the_child_is_a_model_error_with_its_reasons(
 
 
 @pytest.mark.parametrize("text", ["", "{}", '[["litert", "m", 1.0, "both"]]',
-                                  '[["litert", "m", null, null]]', '[["litert", "m", 1.0]]'])
+                                  '[["litert", "m", null, null]]', '[["litert", "m", 1.0]]',
+                                  '[["litert", "m", NaN, null]]', '[["litert", "m", -1.0, null]]',
+                                  '[["litert", "m", Infinity, null]]',
+                                  '[["litert", "m", true, null]]'])
 def test_a_garbage_answer_is_refused(text: str) -> None:
     with pytest.raises(ValueError):
         parse_answer(text)
@@ -154,3 +158,112 @@ def test_the_child_keeps_its_stdout_for_the_answer() -> None:
         text=True,
         capture_output=True, cwd=ROOT, check=False)
     assert done.returncode == 3 and done.stdout == "" and "noise" in done.stderr
+
+
+def test_the_childs_ranking_is_used_when_the_state_dir_cannot_be_written(
+        tmp_path: Path, package: ModelPackage) -> None:  # noqa: F811
+    """Full disk or unwritable state directory: the ranking is not remembered, but the child's
+    work is still used (only its first candidates open), not thrown away for a full in-process
+    timing that imports every runtime."""
+    blocked = tmp_path / "state"
+    blocked.write_text("a file where the state directory should be")  # mkdir fails, even as root
+    rem = Remembering(ChoiceMemory.in_state_dir(blocked / "sub"),
+                      selection_key(package, "auto", "int8", 1), keep=2)
+    sel, opened = _select(package, SPEEDS, {}, remembering=rem, ranker=_Ranker(_rows(package)))
+    assert sel.apart and sel.chosen.candidate.label == "litert"
+    assert sorted(opened) == ["litert", "openvino"]
+    assert rem.memory.get(rem.key) is None  # nothing remembered: the next start asks again
+
+
+def test_a_child_writing_bytes_that_are_not_utf8_is_none_and_logged(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The child's stdout is not trusted to be text: undecodable bytes (a site hook, a library
+    writing before the child took its stdout) mean "time here", not an agent that crashes."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import os\nos.write(1, b'\\xff\\xfe garbage\\n')\n")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    pytest.importorskip("onnxruntime")
+    rows = run_child({"package": str(ROOT / "models" / "skab-wstat"), "image": False,
+                      "backend": "onnxruntime", "precision": "int8", "threads": 1,
+                      "cache_dir": None, "runs": 1, "warmup": 0}, 120.0, "garbled")
+    assert rows is None and "model garbled: the runtime-ranking child answered garbage" in (
+        caplog.text)
+
+
+def test_a_child_killed_by_a_signal_is_none_and_logged_by_the_signals_name(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """SIGKILL (the OOM killer, an operator) reads as such, not as "exited with status -9"."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import os, signal\nos.kill(os.getpid(), "
+                                           "signal.SIGKILL)\n")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    rows = run_child({"package": "/nonexistent", "image": False, "backend": "auto",
+                      "precision": "int8", "threads": 1, "cache_dir": None, "runs": 1,
+                      "warmup": 0}, 120.0, "killed")
+    assert rows is None and "model killed: the runtime-ranking child was killed by SIGKILL" in (
+        caplog.text)
+
+
+def test_progress_is_reported_while_the_child_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent asks systemd for more start-up time from ``progress``: a child longer than
+    one start step must not get the agent killed before the child's own timeout. This child
+    waits for the first ``progress`` call before it ranks."""
+    pytest.importorskip("onnxruntime")
+    site, flag = tmp_path / "site", tmp_path / "progressed"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os, time\n"
+        f"while not os.path.exists({str(flag)!r}):\n"
+        "    time.sleep(0.05)\n")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    calls: list[int] = []
+
+    def progress() -> None:
+        calls.append(1)
+        flag.touch()
+
+    rows = run_child({"package": str(ROOT / "models" / "skab-wstat"), "image": False,
+                      "backend": "onnxruntime", "precision": "int8", "threads": 1,
+                      "cache_dir": None, "runs": 1, "warmup": 0}, 120.0, "slow",
+                     progress=progress, progress_s=0.2)
+    assert calls and rows is not None and rows[0][:2] == ("onnxruntime", "model.int8.onnx")
+
+
+def test_a_hung_child_is_killed_and_reaped_at_the_timeout(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    site, pid_file = tmp_path / "site", tmp_path / "child.pid"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os, time\n"
+        f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+        "time.sleep(3600)\n")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    fds = len(os.listdir("/proc/self/fd"))
+    rows = run_child({"package": "/nonexistent", "image": False, "backend": "auto",
+                      "precision": "int8", "threads": 1, "cache_dir": None, "runs": 1,
+                      "warmup": 0}, 1.0, "hung", progress=lambda: None, progress_s=0.2)
+    assert rows is None and len(os.listdir("/proc/self/fd")) == fds  # no pipe left open
+    assert "model hung: the runtime-ranking child gave no answer within 1 s" in caplog.text
+    with pytest.raises(ProcessLookupError):  # killed and waited for: not even a zombie
+        os.kill(int(pid_file.read_text()), 0)
+
+
+def test_the_child_runs_this_agent_package_whatever_the_working_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``python -m`` puts the working directory first on the child's path: an ``agent``
+    folder there (a checkout of another version) must not be what the child runs."""
+    pytest.importorskip("onnxruntime")
+    shadow = tmp_path / "agent"
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text("import sys\nsys.exit(7)\n")
+    monkeypatch.chdir(tmp_path)
+    rows = run_child({"package": str(ROOT / "models" / "skab-wstat"), "image": False,
+                      "backend": "onnxruntime", "precision": "int8", "threads": 1,
+                      "cache_dir": None, "runs": 1, "warmup": 0}, 120.0, "shadowed")
+    assert rows is not None and rows[0][:2] == ("onnxruntime", "model.int8.onnx")

@@ -19,8 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "models" / "recipes"))
 
 import skab_data  # noqa: E402
+import skab_floors  # noqa: E402
 import skab_select  # noqa: E402
-from skab_select import Study  # noqa: E402
+from skab_study import Study  # noqa: E402
 
 T0 = dt.datetime(2021, 5, 1, 8, 0, 0)
 HEADER = "datetime;a;b"
@@ -59,7 +60,8 @@ def test_training_rows_in_a_labelled_files_time_span_are_dropped(root: Path) -> 
     assert full.values.shape == (1000, 2)
     assert train.values.shape == (900, 2)
     np.testing.assert_array_equal(train.values, full.values[:900])
-    assert train.times is not None and int(train.times.max()) < int(full.times.min()) + 900
+    assert train.times is not None and full.times is not None
+    assert int(train.times.max()) < int(full.times.min()) + 900
     labelled = [skab_data.read_skab(p) for p in skab_data.labelled_files(root)]
     skab_data.assert_disjoint(train, labelled)
     with pytest.raises(ValueError, match=r"100 training rows fall inside .*1\.csv"):
@@ -79,15 +81,15 @@ def test_floors_and_study_files_never_use_the_overlapping_rows(
     monkeypatch.setattr(skab_select, "GRID", {"wstat": {"window": (5,), "param": (1,),
                                                         "holdout": (0.0,), "factor": (1.0,)}})
     seen: list[np.ndarray] = []
-    real = skab_select.floors_at
+    real = skab_floors.floors_at
 
     def spy(normal: np.ndarray, frac: float) -> tuple[np.ndarray, dict[int, np.ndarray]]:
         seen.append(normal)
         return real(normal, frac)
 
-    monkeypatch.setattr(skab_select, "floors_at", spy)
-    files, floor, _ = skab_select.load(root)
-    skab_select.load_floors(root, ["wstat"])
+    monkeypatch.setattr(skab_floors, "floors_at", spy)
+    files, floor, _ = skab_floors.load(root)
+    skab_floors.load_floors(root, ["wstat"])
     assert len(seen) == 2 and all(n.shape == (900, 2) for n in seen)
     full = skab_data.read_skab(skab_data.anomaly_free_file(root)).values
     np.testing.assert_allclose(floor, 0.1 * full[:900].std(0))
@@ -100,7 +102,7 @@ def test_files_that_share_rows_are_one_session(root: Path) -> None:
     groups = [[f"{f.path.parent.name}/{f.path.stem}" for f in s]
               for s in skab_data.sessions(files)]
     assert groups == [["g/1"], ["g/2", "g/3"], ["g/4"], ["h/1"]]
-    assert skab_select.load_sessions(root) == {"g/1": 0, "g/2": 1, "g/3": 1, "g/4": 2, "h/1": 3}
+    assert skab_floors.load_sessions(root) == {"g/1": 0, "g/2": 1, "g/3": 1, "g/4": 2, "h/1": 3}
 
 
 def test_a_session_is_held_out_as_a_whole() -> None:
@@ -121,3 +123,21 @@ def test_a_session_is_held_out_as_a_whole() -> None:
     study.sessions = {**sessions, "h/0": 1}
     with pytest.raises(ValueError, match="span several groups"):
         study.fold_of(2)
+
+
+def test_a_labelled_training_recording_keeps_its_labels_row_for_row(tmp_path: Path) -> None:
+    """An anomaly-free file that carries label columns: its labels are cut with its rows."""
+    _write(tmp_path / "anomaly-free" / "anomaly-free.csv", 0, 1000, True, 0)
+    _write(tmp_path / "g" / "1.csv", 900, 300, True, 1)
+    train = skab_data.training_recording(tmp_path)
+    assert train.anomaly is not None and train.times is not None
+    assert train.values.shape[0] == train.anomaly.shape[0] == train.times.shape[0] == 900
+
+
+def test_a_labelled_file_without_rows_overlaps_nothing(root: Path) -> None:
+    (root / "g" / "empty.csv").write_text(HEADER + ";anomaly;changepoint\n", encoding="utf-8")
+    train = skab_data.training_recording(root)
+    assert train.values.shape == (900, 2)
+    files = [skab_data.read_skab(p) for p in skab_data.labelled_files(root)]
+    # g/1, g/2+3, g/4 (only touches g/3), g/empty, h/1
+    assert [len(s) for s in skab_data.sessions(files)] == [1, 2, 1, 1, 1]
