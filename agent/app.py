@@ -43,6 +43,7 @@ import queue
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -203,6 +204,7 @@ class Agent(AgentLoop):
         self.image_events: queue.Queue[AlertEvent | Aggregate | ScoredFile] = queue.Queue()
         self._updates = open_model_store(config) if config.updater.enabled else None
         image_choices: ImageChoices = {}  # cameras on one model: one backend selection
+        peers = Counter(_model_use(sc) for sc in config.streams if sc.source.kind == "camera")
         for sc in config.streams:
             self.notifier.extend_timeout(START_STEP_S, f"loading the model of stream {sc.name}")
             self.notifier.watchdog()  # a reload builds under a running watchdog: progress
@@ -212,7 +214,7 @@ class Agent(AgentLoop):
                     self.image_events.put, self.stop_event, self.metrics,
                     cache_dir=state_dir / "openvino-cache", store=self.store,
                     choices=image_choices, memory=ChoiceMemory.in_state_dir(state_dir),
-                    progress=self._loading(sc.name))
+                    peers=peers[_model_use(sc)], progress=self._loading(sc.name))
                 continue
             self.streams[sc.name] = self._build_stream(sc, given.get(sc.name))
         self.updater: Updater | None = None
@@ -343,6 +345,12 @@ class Agent(AgentLoop):
                 continue
 
     # -- running: agent.run_loop.AgentLoop ----------------------------------------------------
+
+
+def _model_use(sc: StreamConfig) -> tuple[str, str, str]:
+    """What camera streams sharing one loaded model have in common: model, precision, backend
+    setting (:func:`agent.inference.image_select.open_image_backend`)."""
+    return (sc.model, sc.precision, sc.backend)
 
 
 def run(config: AgentConfig, config_dir: Path, config_file: Path | None = None) -> int:

@@ -31,7 +31,10 @@ from agent.inference.deadline import DeadlineGuard, DegradeParams
 from agent.inference.package import ModelPackage, load_package, saturation_fallback
 from agent.inference.rank_child import child_ranker
 from agent.inference.select import (
+    Opener,
     Remembering,
+    Selection,
+    deferred_open,
     record_selection,
     registry_opener,
     select_backend,
@@ -61,8 +64,9 @@ from cloud_sync.package import TrustedKeys
 log = logging.getLogger("agent")
 
 Clock = Callable[[], float]
-#: Backends a stream keeps after the selection: the chosen one and the latency guard's fallback.
-GUARD_BACKENDS = 2
+#: Backends a stream opens at start: the chosen one; the latency guard's fallback (the next
+#: fastest that passed) is opened when the guard first needs it (:func:`_guard_backends`).
+OPENED_AT_START = 1
 
 
 class TimedBackend:
@@ -141,21 +145,19 @@ def build_sensor_stream(
     state_dir = Path(config.agent.state_dir)
     remembering = Remembering(ChoiceMemory.in_state_dir(state_dir),
                               selection_key(package, sc.backend, sc.precision, threads=1),
-                              keep=GUARD_BACKENDS)
+                              keep=OPENED_AT_START)
     # a first selection times every runtime in a child process (rank_child): this process
-    # imports only the runtimes it keeps
+    # imports only the runtimes it opens
     cache_dir = state_dir / "openvino-cache"
-    selection = select_backend(package, sc.backend, sc.precision,
-                               opener=registry_opener(cache_dir=cache_dir),
+    opener = registry_opener(cache_dir=cache_dir)
+    selection = select_backend(package, sc.backend, sc.precision, opener=opener,
                                remembering=remembering,
                                ranker=child_ranker(cache_dir=cache_dir, progress=progress))
     record_selection(metrics, sc.name, selection)
-    kept = selection.backends[:GUARD_BACKENDS]
-    for unused in selection.backends[GUARD_BACKENDS:]:  # their memory, not their libraries
-        unused.close()
+    kept, open_fallback = _guard_backends(package, selection, opener)
     guard = DeadlineGuard(sc.name, kept,
                           DegradeParams(package.manifest.latency_budget_ms_p99 / 1e3),
-                          metrics)
+                          metrics, fallback=open_fallback)
     backend: Backend = guard
     fallback, input_range = saturation_fallback(package, selection.chosen.candidate.artefact)
     hist = metrics.inference_seconds.labels(stream=sc.name, backend=backend.name)
@@ -245,6 +247,27 @@ def build_sensor_stream(
     if updates is not None:
         slot = ModelSlot(sc.name, package, lambda p: on_model_changed(sc.name, p))
     return SensorStream(sc, package, pipeline, order, supervisor, backend, policy, slot=slot)
+
+
+def _guard_backends(package: ModelPackage, selection: Selection, opener: Opener
+                    ) -> tuple[list[Backend], Callable[[], Backend] | None]:
+    """The latency guard's backends: ``[chosen]`` and an opener of the fallback (the next
+    fastest passing candidate, opened and golden-checked when first needed), or
+    ``[chosen, fallback]`` when the selection already loaded both (timed in this process).
+    Every other loaded backend is closed (its memory, not its runtime's libraries)."""
+    loaded = selection.backends
+    passing = selection.passing
+    spare = passing[1] if len(passing) > 1 else None
+    if spare is not None and spare.backend is not None:
+        keep = [loaded[0], spare.backend]
+    else:
+        keep = loaded[:1]
+    for unused in loaded:
+        if not any(unused is k for k in keep):
+            unused.close()
+    if spare is None or spare.backend is not None:
+        return keep, None
+    return keep, deferred_open(package, spare.candidate, opener)
 
 
 def restore_calibration(

@@ -33,18 +33,19 @@ import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
-
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import (
-    Ed25519PrivateKey,
-    Ed25519PublicKey,
-)
+from typing import TYPE_CHECKING, Any
 
 from cloud_sync.errors import KeyFileError, SignatureError
 from cloud_sync.manifest import canonical_bytes
 from cloud_sync.protocol import SignedRollback
+
+# ``cryptography`` (about 6 MB resident) is imported by the functions that use it, so a process
+# that only imports this module (an agent without signed model updates) never loads it.
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+        Ed25519PrivateKey,
+        Ed25519PublicKey,
+    )
 
 SCHEME = "ed25519"
 KEY_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
@@ -53,7 +54,7 @@ PUBLIC_SUFFIX = ".pub"
 #: Largest key file read, bytes (a PEM Ed25519 key is ~120).
 _MAX_KEY_FILE = 16 * 1024
 
-TrustedKeys = Mapping[str, Ed25519PublicKey]
+TrustedKeys = Mapping[str, "Ed25519PublicKey"]
 
 
 def _check_key_id(key_id: str) -> str:
@@ -64,6 +65,8 @@ def _check_key_id(key_id: str) -> str:
 
 def fingerprint(public_key: Ed25519PublicKey) -> str:
     """First 16 hex digits of sha256 over the 32 raw public key bytes (the default key id)."""
+    from cryptography.hazmat.primitives import serialization  # noqa: PLC0415 - lazy, see top
+
     raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return hashlib.sha256(raw).hexdigest()[:16]
 
@@ -81,6 +84,11 @@ def generate_keypair(directory: Path, key_id: str | None = None) -> tuple[Path, 
     Raises:
         KeyFileError: invalid key id, or a file of that name exists (never overwritten).
     """
+    from cryptography.hazmat.primitives import serialization  # noqa: PLC0415 - lazy, see top
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (  # noqa: PLC0415
+        Ed25519PrivateKey,
+    )
+
     private_key = Ed25519PrivateKey.generate()
     kid = _check_key_id(key_id or fingerprint(private_key.public_key()))
     directory.mkdir(parents=True, exist_ok=True)
@@ -131,6 +139,11 @@ def load_private_key(path: Path) -> Ed25519PrivateKey:
     Raises:
         KeyFileError: unreadable, encrypted, or not an Ed25519 private key.
     """
+    from cryptography.hazmat.primitives import serialization  # noqa: PLC0415 - lazy, see top
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (  # noqa: PLC0415
+        Ed25519PrivateKey,
+    )
+
     data = _read_key_file(path)
     try:
         key = serialization.load_pem_private_key(data, password=None)
@@ -147,6 +160,11 @@ def load_public_key(path: Path) -> Ed25519PublicKey:
     Raises:
         KeyFileError: unreadable or not an Ed25519 public key.
     """
+    from cryptography.hazmat.primitives import serialization  # noqa: PLC0415 - lazy, see top
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (  # noqa: PLC0415
+        Ed25519PublicKey,
+    )
+
     data = _read_key_file(path)
     try:
         key = serialization.load_pem_public_key(data)
@@ -186,6 +204,8 @@ def load_public_keys(source: Path | Iterable[Path]) -> dict[str, Ed25519PublicKe
 
 
 def _verify(trusted: TrustedKeys, key_id: str, sig_b64: str, message: bytes, what: str) -> None:
+    from cryptography.exceptions import InvalidSignature  # noqa: PLC0415 - lazy, see top
+
     key = trusted.get(key_id)
     if key is None:
         raise SignatureError(f"{what} is signed by key {key_id!r}, which is not trusted")

@@ -12,6 +12,11 @@ and feeds :class:`DegradePolicy`, which is pure (no clock, no I/O) and decides t
 2     ``fallback_backend``  also switch to the next fastest backend of the selection
 ====  ====================  ==========================================================
 
+The fallback backend may be given unopened (``fallback``: a callable that opens it): it is then
+opened, on the stream's thread, the first time level 2 is reached, so a stream that never needs
+it never loads its runtime (one runtime's libraries are tens of MB resident). When it fails to
+open, the guard logs one WARNING and stays at level 1 from then on.
+
 Breach: the p99 of the last ``window`` (200) per-window latencies is above the budget; the level
 goes up one step and the estimate starts afresh (the next step needs another full window of
 evidence). Recovery: the p99 stays at or below ``recover_ratio`` × budget for
@@ -30,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from agent.errors import ModelError
 from agent.inference.base import Backend
 from agent.records import Float32Array
 
@@ -151,6 +157,9 @@ class DeadlineGuard:
         metrics: :class:`agent.metrics.Metrics` (``deadline_miss_total``, ``degraded``).
         on_stride: Called with k when the stride changes (the stream raises its hop × k).
         clock: Seconds, monotonic.
+        fallback: Opens the fallback of level 2 when ``backends`` holds one backend only:
+            called once, the first time level 2 is reached (None: no fallback). It may raise
+            :class:`~agent.errors.ModelError` (then the guard stops at level 1).
     """
 
     def __init__(
@@ -161,13 +170,15 @@ class DeadlineGuard:
         metrics: Any,
         on_stride: Callable[[int], None] | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        fallback: Callable[[], Backend] | None = None,
     ) -> None:
         if not backends:
             raise ValueError("DeadlineGuard needs at least one backend")
-        if len(backends) < 2 and params.max_level > 1:
+        self._backends = list(backends)
+        self._open_fallback = fallback if len(self._backends) < 2 else None
+        if not self.has_fallback and params.max_level > 1:
             params = DegradeParams(**{**_asdict(params), "max_level": 1})
         self.stream = stream
-        self._backends = list(backends)
         self.policy = DegradePolicy(params)
         self._metrics = metrics
         self.on_stride = on_stride
@@ -186,6 +197,16 @@ class DeadlineGuard:
         """The degrade level in force."""
         return self.policy.level
 
+    @property
+    def has_fallback(self) -> bool:
+        """Whether level 2 has a backend to switch to (opened or still to open)."""
+        return len(self._backends) > 1 or self._open_fallback is not None
+
+    @property
+    def fallback_opened(self) -> bool:
+        """Whether the fallback backend is loaded (False until level 2 first needs it)."""
+        return len(self._backends) > 1
+
     def run(self, windows: Float32Array) -> Float32Array:
         """Run on the backend in force, time it and apply the policy's decision."""
         backend = self._current
@@ -198,9 +219,35 @@ class DeadlineGuard:
         with self._lock:
             before = self.policy.level
             change = self.policy.observe(per_window, n)
+            if change is not None and change >= 2 and not self._ensure_fallback():
+                change = None if before == 1 else 1
             if change is not None:
                 self._apply(before, change)
         return out
+
+    def _ensure_fallback(self) -> bool:
+        """Open the fallback if it is still unopened (under the lock); False when there is
+        none: the policy is then capped at level 1 for good."""
+        if len(self._backends) > 1:
+            return True
+        opener, self._open_fallback = self._open_fallback, None
+        error: Exception | None = None
+        if opener is not None:
+            t0 = time.perf_counter()
+            try:
+                self._backends.append(opener())
+            except (ModelError, OSError) as exc:  # BackendUnavailable included
+                error = exc
+            else:
+                log.info("stream %s: fallback backend %s/%s opened in %.0f ms", self.stream,
+                         self._backends[1].name, self._backends[1].precision,
+                         (time.perf_counter() - t0) * 1e3, extra={"stream": self.stream})
+                return True
+        log.warning("stream %s: the fallback backend cannot be opened (%s); staying at level 1 "
+                    "%s", self.stream, error, LEVELS[1], extra={"stream": self.stream})
+        self.policy.params = DegradeParams(**{**_asdict(self.policy.params), "max_level": 1})
+        self.policy.level = 1
+        return False
 
     def close(self) -> None:
         """Close every backend (the one in force and the fallback)."""

@@ -24,12 +24,13 @@ ImageChoices = dict[tuple[str, str, str], tuple[Candidate, Backend]]
 
 
 def _another(first: Backend) -> Backend | None:
-    """A handle sharing ``first``'s loaded model (ONNX Runtime: one session serves concurrent
-    calls), or None when its runtime has no such sharing or ``first`` is closed.
+    """A handle sharing ``first``'s loaded model, or None when its runtime has no such sharing,
+    ``first`` is closed or has no room for another handle.
 
-    OpenVINO and LiteRT are not shared: an OpenVINO compiled model with its one stream (the
-    ``LATENCY`` hint) runs one inference at a time, so cameras sharing it would score fewer
-    frames on a multi-core gateway, and a LiteRT interpreter serves one call at a time.
+    ONNX Runtime: one session serves concurrent calls. OpenVINO: one compiled model with an
+    inference stream per camera (``streams``), an infer request per handle; a compiled model
+    with all its streams taken is not shared (one more handle would wait for another's
+    inference). LiteRT is not shared: an interpreter serves one call at a time.
     """
     share: Any = getattr(first, "share", None)
     if share is None:
@@ -45,7 +46,7 @@ def open_image_backend(package: ImagePackage, precision: str = "int8", threads: 
                        backend: str = "auto", cache_dir: Path | None = None,
                        choices: ImageChoices | None = None,
                        memory: ChoiceMemory | None = None,
-                       progress: Callable[[], None] | None = None) -> Backend:
+                       progress: Callable[[], None] | None = None, streams: int = 1) -> Backend:
     """Pick the image package's backend like a sensor stream's (:mod:`agent.inference.select`):
     every installed runtime on every artefact of ``precision`` it can run (OpenVINO on the IR
     and on the ONNX file, ONNX Runtime on the ONNX file), kept when it reproduces the golden
@@ -56,8 +57,10 @@ def open_image_backend(package: ImagePackage, precision: str = "int8", threads: 
     whose package, precision and ``backend`` setting were already chosen for opens that
     candidate only (golden check included, no timing), so N cameras on one model select once
     and load the other runtimes once, not N times; on ONNX Runtime they share the first
-    stream's session (one copy of the weights and buffers), on the other runtimes each opens its
-    own instance. ``memory`` (the agent's,
+    stream's session (one copy of the weights and buffers), on OpenVINO its compiled model (one
+    copy of the weights and kernels, an infer request each; ``streams``: how many camera streams
+    use this model, the compiled model's inference streams), on LiteRT each opens its own
+    interpreter. ``memory`` (the agent's,
     in its state directory) remembers the ranking across restarts: a later start opens the
     chosen candidate only and imports no other runtime (:mod:`agent.inference.choice_memory`);
     with ``memory``, a first selection times the runtimes in a child process
@@ -68,7 +71,7 @@ def open_image_backend(package: ImagePackage, precision: str = "int8", threads: 
         ModelError: no artefact of ``precision``, or none loads and passes the golden check.
         agent.errors.BackendUnavailable: a pinned ``backend`` is not installed.
     """
-    opener = registry_opener(threads, cache_dir)
+    opener = registry_opener(threads, cache_dir, streams)
     key = (str(package.path), precision, backend)
     known = None if choices is None else choices.get(key)
     if known is not None:
@@ -78,7 +81,7 @@ def open_image_backend(package: ImagePackage, precision: str = "int8", threads: 
         check_image_golden(package, b)
         log.info("image model %s: backend %s/%s (chosen for another stream of this model%s)",
                  package.label, cand.label, cand.precision,
-                 ", its session shared" if shared is not None else "")
+                 ", its loaded model shared" if shared is not None else "")
         return b
     remembering = (None if memory is None else Remembering(
         memory, selection_key(package, backend, precision, threads), keep=1))

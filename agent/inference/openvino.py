@@ -51,6 +51,10 @@ class OpenVinoConfig:
             default on Linux) the streams' inference threads were pinned onto the same cores:
             ``benchmarks/camera.py`` (4 streams x 30 fps, 2 cores, back to back) scored 46.5
             frames/s with pinning, 108.1 without.
+        streams: Inference streams of the compiled model (``NUM_STREAMS``), for streams of the
+            agent sharing it (:meth:`OpenVinoBackend.share`): up to this many handles, each
+            with its own infer request, run at once on ``threads`` threads each
+            (``INFERENCE_NUM_THREADS`` = threads × streams). 1: one inference at a time.
     """
 
     threads: int = 1
@@ -58,6 +62,7 @@ class OpenVinoConfig:
     device: str = "CPU"
     hint: str = "LATENCY"
     pin_threads: bool = False
+    streams: int = 1
 
 
 class _StackT(ctypes.Structure):
@@ -121,6 +126,10 @@ def usable_cache_dir(cache_dir: Path | None) -> Path | None:
 class OpenVinoBackend:
     """Run an ONNX or IR artefact with OpenVINO.
 
+    One compiled model serves ``config.streams`` handles (this one and those of :meth:`share`),
+    each with its own infer request: the weights, the compiled kernels and the plugin's thread
+    pool are held once, the intermediate buffers once per inference stream.
+
     Args:
         path: ``.onnx`` or ``.xml`` (IR; its ``.bin`` beside it).
         precision: ``int8`` or ``fp32`` (as the manifest says).
@@ -145,12 +154,15 @@ class OpenVinoBackend:
         cache_dir = usable_cache_dir(cfg.cache_dir)
         if cache_dir is not None:
             core.set_property({"CACHE_DIR": str(cache_dir)})
+        streams = max(1, cfg.streams)
         props: dict[str, Any] = {"PERFORMANCE_HINT": cfg.hint}
+        if streams > 1:
+            props["NUM_STREAMS"] = streams  # an explicit value overrides the hint's choice
         if cfg.device == "CPU":
             # f32 keeps FP32 artefacts exact on CPUs with bf16/fp16 units; int8 artefacts still
             # run their quantized operators in int8.
-            props |= {"INFERENCE_NUM_THREADS": cfg.threads, "INFERENCE_PRECISION_HINT": "f32",
-                      "ENABLE_CPU_PINNING": cfg.pin_threads}
+            props |= {"INFERENCE_NUM_THREADS": cfg.threads * streams,
+                      "INFERENCE_PRECISION_HINT": "f32", "ENABLE_CPU_PINNING": cfg.pin_threads}
         try:
             # compiling from the path (not a read model) lets the cache key on the file
             with keep_signal_stack():
@@ -161,10 +173,43 @@ class OpenVinoBackend:
         self._expected = tuple(d.get_length() if d.is_static else None
                                for d in self._compiled.input(0).get_partial_shape())
         self._lock = threading.Lock()  # an infer request serves one call at a time
+        #: Handles made on the compiled model, this one included (one counter shared by all).
+        self._handles = [1]
+        self.streams = streams
         self.precision = precision
         self.path = path
         self.threads = cfg.threads
         self.cache_dir = cache_dir
+
+    def share(self) -> OpenVinoBackend:
+        """Another handle on this compiled model, with its own infer request (camera streams on
+        one model: :func:`agent.inference.image_select.open_image_backend`).
+
+        Handles run at once, each on its own infer request, up to ``streams`` of them in
+        parallel. Closing a handle drops its request and its reference; the compiled model is
+        freed with the last handle.
+
+        Raises:
+            ModelError: this handle is closed, or the compiled model already has ``streams``
+                handles (one more would wait for another's inference).
+        """
+        with self._lock:
+            compiled = self._compiled
+        if compiled is None:
+            raise ModelError("cannot share: the backend is closed", path=self.path)
+        handles = self._handles
+        if handles[0] >= self.streams:
+            raise ModelError(f"cannot share: the compiled model has {self.streams} inference "
+                             f"stream(s), all taken", path=self.path)
+        other = object.__new__(OpenVinoBackend)
+        other.__dict__.update(self.__dict__)
+        try:
+            other._request = compiled.create_infer_request()
+        except Exception as exc:  # openvino raises RuntimeError with its own text
+            raise ModelError(f"cannot share: {exc}", path=self.path) from exc
+        other._lock = threading.Lock()
+        handles[0] += 1
+        return other
 
     def run(self, windows: Float32Array) -> Float32Array:
         """Run on ``windows`` (``(B, W, C)`` or ``(B, H, W, Ch)`` float32); ``(B, F)`` float32.

@@ -223,12 +223,15 @@ class Opener(Protocol):
     def __call__(self, package: AnyPackage, candidate: Candidate) -> Backend: ...
 
 
-def registry_opener(threads: int = 1, cache_dir: Path | None = None) -> Opener:
-    """An :class:`Opener` building backends through the registry with these settings."""
+def registry_opener(threads: int = 1, cache_dir: Path | None = None,
+                    streams: int = 1) -> Opener:
+    """An :class:`Opener` building backends through the registry with these settings
+    (``streams``: OpenVINO's inference streams, for handles sharing one compiled model)."""
 
     def open_(package: AnyPackage, candidate: Candidate) -> Backend:
         return build_backend(candidate.kind, package.path / candidate.artefact.path,
-                             candidate.precision, threads=threads, cache_dir=cache_dir)
+                             candidate.precision, threads=threads, cache_dir=cache_dir,
+                             streams=streams)
 
     return open_
 
@@ -328,6 +331,28 @@ def select_backend(
         remembering.memory.put(remembering.key, [
             (t.candidate.kind, t.candidate.artefact.path, float(t.p50_s or 0.0)) for t in passed])
     return Selection((*passed, *failed))
+
+
+def deferred_open(package: AnyPackage, candidate: Candidate,
+                  opener: Opener) -> Callable[[], Backend]:
+    """A callable that opens ``candidate`` and checks it against the package's golden vectors
+    when called (not before): the latency guard's fallback, loaded only when first needed
+    (:class:`agent.inference.deadline.DeadlineGuard`).
+
+    The callable raises :class:`~agent.errors.ModelError` when the candidate does not load or
+    fails the check (the backend is then closed).
+    """
+
+    def open_now() -> Backend:
+        backend = opener(package, candidate)
+        try:
+            _check(package, backend)
+        except ModelError:
+            backend.close()
+            raise
+        return backend
+
+    return open_now
 
 
 def _check(package: AnyPackage, backend: Backend) -> None:

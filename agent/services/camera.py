@@ -349,7 +349,8 @@ def build_camera_stream(config: StreamConfig, device_id: str, aggregate_interval
                         on_score: ScoreHook | None = None, cache_dir: Path | None = None,
                         store: CheckpointStore | None = None, choices: ImageChoices | None = None,
                         memory: ChoiceMemory | None = None,
-                        progress: Callable[[], None] | None = None) -> CameraStream:
+                        progress: Callable[[], None] | None = None,
+                        peers: int = 1) -> CameraStream:
     """Load the stream's image package (verified, golden images), build source and pipeline.
 
     The backend is chosen as the stream's ``backend`` and ``precision`` say (``auto``: the
@@ -358,7 +359,9 @@ def build_camera_stream(config: StreamConfig, device_id: str, aggregate_interval
     folder's checkpoint (:mod:`agent.sources.camera_watch`; None: in memory only).
     ``choices``: the backends chosen for the agent's other camera streams
     (:func:`agent.inference.image_select.open_image_backend`: one selection per model); ``memory``:
-    rankings kept across restarts; ``progress``: called while a child process ranks runtimes.
+    rankings kept across restarts; ``progress``: called while a child process ranks runtimes;
+    ``peers``: the agent's camera streams on this model, precision and backend setting, this one
+    included (OpenVINO compiles the model once with an inference stream for each).
 
     Raises:
         ModelError: the package is missing, not an image package, or fails its checks.
@@ -373,7 +376,7 @@ def build_camera_stream(config: StreamConfig, device_id: str, aggregate_interval
     package = load_image_package(resolve_model_path(config.model, Path.cwd()))
     backend = open_image_backend(package, config.precision, backend=config.backend,
                                  cache_dir=cache_dir, choices=choices, memory=memory,
-                                 progress=progress)
+                                 progress=progress, streams=peers)
     inp = package.manifest.input
     checkpoint = (FolderCheckpoint(config.name, store) if config.source.watch else None)
     source = build_source(config.source, config.name, image_size=(inp.height, inp.width),

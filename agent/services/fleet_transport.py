@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Protocol
-
-import requests
-from urllib3.util import parse_url
+from typing import TYPE_CHECKING, Protocol
 
 from agent.loopback import is_loopback
 from agent.secret_files import check_trust_file
-from cloud_sync.tls import fleet_session, parse_pins
+
+# requests, urllib3 and cryptography (about 15 MB resident together) load with the first use of
+# the fleet transport, not with the config schema that imports this module: an agent without
+# ``[fleet]`` never loads them.
+if TYPE_CHECKING:
+    import requests
 
 
 class FleetEndpoint(Protocol):
@@ -53,6 +55,8 @@ def check_tls_fields(url: str | None, ca_file: str | None, pinned_pubkey: str | 
         if value is not None and url is not None and not url.startswith("https://"):
             raise ValueError(f"{key} is set but url {url!r} is not https://")
     if pinned_pubkey is not None:
+        from cloud_sync.tls import parse_pins  # noqa: PLC0415 - lazy, see the imports
+
         parse_pins(pinned_pubkey)
 
 
@@ -62,6 +66,8 @@ def warn_plaintext(url: str, logger: logging.Logger | None = None) -> bool:
     Returns:
         True when this call logged the warning.
     """
+    from urllib3.util import parse_url  # noqa: PLC0415 - lazy, see the imports
+
     # the host urllib3 connects to (requests' parser): urllib.parse reads
     # 'http://10.0.0.5\\@127.0.0.1' as 127.0.0.1, urllib3 connects to 10.0.0.5
     parts = parse_url(url)
@@ -91,4 +97,6 @@ def session_for(config: FleetEndpoint) -> requests.Session:
         warn_plaintext(config.url)
     if config.ca_file is not None:
         check_trust_file(config.ca_file, "fleet.ca_file")
+    from cloud_sync.tls import fleet_session  # noqa: PLC0415 - lazy, see the imports
+
     return fleet_session(config.ca_file, config.pinned_pubkey)

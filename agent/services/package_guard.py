@@ -55,9 +55,8 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from pydantic import Field
 
 from agent.config.base import StrictModel
@@ -67,6 +66,9 @@ from cloud_sync.manifest import Manifest
 from cloud_sync.package import TrustedKeys, load_public_keys
 from cloud_sync.protocol import MAX_ARCHIVE_BYTES, PACKAGE_NAME_PATTERN, ModelAssignment
 from cloud_sync.rollback import RollbackPolicy, check_rollback, rollback_floor
+
+if TYPE_CHECKING:  # cryptography loads with the first key (an agent without updates never)
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 HIGH_WATER_FILE = "high_water.json"
 #: Most model names remembered per stream (the oldest marks are never dropped: refused instead).
@@ -341,6 +343,8 @@ def load_rollback_policy(
 
 
 def _raw(key: Ed25519PublicKey) -> bytes:
+    from cryptography.hazmat.primitives import serialization  # noqa: PLC0415 - lazy: updater only
+
     return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 

@@ -94,7 +94,6 @@ from agent.services.upload_failures import UploadFailures, failure_reason
 from agent.sources.backoff import Backoff
 from agent.store.sqlite import RecordKind, Store
 from agent.store.wire import AggregateColumnsText, WireRow, schema1_alert
-from cloud_sync.client import batch_json, columns_batch_json
 from cloud_sync.errors import (
     FleetAuthError,
     FleetDeadlineExceeded,
@@ -462,6 +461,9 @@ class Uploader:
             },
             "records": [],
         })
+        # cloud_sync.client imports requests: loaded when an uploader runs, not by the config
+        from cloud_sync.client import batch_json, columns_batch_json  # noqa: PLC0415
+
         if schema >= 2:
             document = columns_batch_json(
                 header, [r.json for r in alerts], None if columns is None else columns.json

@@ -9,10 +9,15 @@ import signal
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
+from agent.inference.base import Backend
 from agent.inference.choice_memory import ChoiceMemory, selection_key
+from agent.inference.deadline import DeadlineGuard, DegradeParams
 from agent.inference.package import ModelPackage
-from agent.inference.select import Remembering
+from agent.inference.select import AnyPackage, Candidate, Remembering
+from agent.metrics import Metrics
+from agent.sensor_streams import OPENED_AT_START, _guard_backends
 from tests.unit.test_backend_select import SPEEDS, _select, package  # noqa: F401 - fixture
 
 
@@ -86,3 +91,33 @@ def test_forgetting_on_a_full_disk_keeps_the_other_rankings(tmp_path: Path) -> N
         resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
         signal.signal(signal.SIGXFSZ, old_handler)
     assert [k for k in (f"key{i}" for i in range(1, 10)) if mem.get(k) is None] == []
+
+
+def test_a_stream_opens_its_chosen_backend_and_the_guard_fallback_only_when_needed(
+        tmp_path: Path, package: ModelPackage) -> None:  # noqa: F811
+    _select(package, SPEEDS, {}, remembering=_remembering(tmp_path, package))  # a first start
+    sel, opened = _select(package, SPEEDS, {},
+                          remembering=_remembering(tmp_path, package, keep=OPENED_AT_START))
+    assert sel.remembered and sorted(opened) == ["litert"]  # the restart: the chosen one only
+    reopened: list[str] = []
+
+    def opener(package: AnyPackage, candidate: Candidate) -> Backend:
+        reopened.append(candidate.label)
+        fake: Backend = opened["litert"]  # any fake passing the golden check
+        return fake
+
+    kept, fallback = _guard_backends(package, sel, opener)
+    assert [b.name for b in kept] == ["litert"] and fallback is not None and reopened == []
+    guard = DeadlineGuard("s", kept, DegradeParams(0.01), Metrics(CollectorRegistry()),
+                          fallback=fallback)
+    assert guard.has_fallback and not guard.fallback_opened
+    assert fallback().name == "litert" and reopened == ["openvino"]  # the next fastest
+
+
+def test_a_selection_timed_here_keeps_its_loaded_fallback_and_closes_the_rest(
+        package: ModelPackage) -> None:  # noqa: F811
+    sel, opened = _select(package, SPEEDS, {})
+    kept, fallback = _guard_backends(package, sel, lambda p, c: opened[c.label])
+    assert [b.name for b in kept] == ["litert", "openvino"] and fallback is None
+    assert opened["onnxruntime"].closed and opened["openvino-onnx"].closed
+    assert not opened["litert"].closed and not opened["openvino"].closed

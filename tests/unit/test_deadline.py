@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
+from agent.errors import ModelError
 from agent.inference.deadline import DeadlineGuard, DegradeParams, DegradePolicy
 from agent.metrics import Metrics
 from agent.records import Float32Array
@@ -111,6 +112,9 @@ class _Timed:
         self._clock.t += self.cost * windows.shape[0]
         return np.zeros((windows.shape[0], 3), np.float32)
 
+    def close(self) -> None:
+        pass
+
 
 def test_guard_counts_misses_degrades_falls_back_and_recovers(
     caplog: pytest.LogCaptureFixture,
@@ -161,3 +165,50 @@ def test_guard_without_fallback_stops_at_skipping() -> None:
     for _ in range(100):
         guard.run(np.zeros((1, 2, 2), np.float32))
     assert guard.level == 1
+
+
+def test_an_unopened_fallback_is_opened_only_when_level_2_needs_it() -> None:
+    clock = _Clock()
+    primary, fallback = _Timed("litert", 0.01, clock), _Timed("onnxruntime", 0.001, clock)
+    opened: list[str] = []
+
+    def open_fallback() -> _Timed:
+        opened.append(fallback.name)
+        return fallback
+
+    guard = DeadlineGuard("s", [primary], DegradeParams(BUDGET, window=50),
+                          Metrics(CollectorRegistry()), clock=clock, fallback=open_fallback)
+    x = np.zeros((1, 10, 8), np.float32)
+    assert guard.has_fallback and not guard.fallback_opened
+    for _ in range(50):
+        guard.run(x)
+    assert guard.level == 1 and opened == [] and not guard.fallback_opened
+    for _ in range(50):
+        guard.run(x)
+    assert guard.level == 2 and opened == ["onnxruntime"] and guard.fallback_opened
+    assert guard.name == "onnxruntime"
+    for _ in range(10):
+        guard.run(x)
+    assert fallback.calls == 10 and opened == ["onnxruntime"]  # opened once
+
+
+def test_a_fallback_that_cannot_be_opened_leaves_the_guard_at_skipping(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = _Clock()
+    primary = _Timed("litert", 0.01, clock)
+    tries: list[int] = []
+
+    def broken() -> _Timed:
+        tries.append(1)
+        raise ModelError("golden outputs differ")
+
+    guard = DeadlineGuard("s", [primary], DegradeParams(BUDGET, window=50),
+                          Metrics(CollectorRegistry()), clock=clock, fallback=broken)
+    with caplog.at_level(logging.INFO, logger="agent.inference"):
+        for _ in range(300):
+            guard.run(np.zeros((1, 10, 8), np.float32))
+    assert guard.level == 1 and guard.name == "litert" and tries == [1]
+    assert not guard.has_fallback and primary.calls == 300
+    failed = [r.getMessage() for r in caplog.records if "cannot be opened" in r.getMessage()]
+    assert len(failed) == 1 and "golden outputs differ" in failed[0]

@@ -4,6 +4,7 @@ the candidates not chosen are closed."""
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ from agent.errors import ModelError
 from agent.inference.image_package import load_image_package
 from agent.inference.image_select import ImageChoices, open_image_backend
 from agent.inference.onnxruntime import OnnxRuntimeBackend
+from agent.inference.openvino import OpenVinoBackend
 from agent.inference.select import golden_window, select_backend
 
 MODEL = Path(__file__).resolve().parents[2] / "models" / "mtd-patchcore"
@@ -63,3 +65,34 @@ def test_cameras_on_one_onnxruntime_model_share_its_session() -> None:
     third = open_image_backend(package, backend="onnxruntime", choices=choices)
     assert isinstance(third, OnnxRuntimeBackend)
     assert third._session is not second._session  # the first was closed: a new session
+
+
+def test_cameras_on_one_openvino_model_share_its_compiled_model() -> None:
+    pytest.importorskip("openvino")
+    package = load_image_package(MODEL)
+    choices: ImageChoices = {}
+    opened = [open_image_backend(package, backend="openvino", choices=choices, streams=2)
+              for _ in range(3)]
+    first, second, third = opened
+    assert all(isinstance(b, OpenVinoBackend) for b in opened)
+    assert isinstance(first, OpenVinoBackend) and isinstance(second, OpenVinoBackend)
+    assert isinstance(third, OpenVinoBackend)
+    assert second._compiled is first._compiled  # one compiled model ...
+    assert second._request is not first._request  # ... an infer request each
+    assert third._compiled is not first._compiled  # its 2 streams taken: another instance
+    x = golden_window(package)
+    alone = first.run(x)
+    together: list[np.ndarray] = []
+    runs = [threading.Thread(target=lambda b=b: together.append(b.run(x)))
+            for b in (first, second) for _ in range(3)]
+    for t in runs:
+        t.start()
+    for t in runs:
+        t.join()
+    assert len(together) == 6 and all(np.array_equal(r, alone) for r in together)
+    first.close()  # the other handle keeps the compiled model
+    assert np.array_equal(second.run(x), alone)
+    with pytest.raises(ModelError, match="closed"):
+        first.share()
+    for b in (second, third):
+        b.close()
