@@ -25,9 +25,14 @@ then two workers. Three parts:
    as latency, not as a lower rate. Once a device count's p99 is over ``--give-up-ms``
    (saturated) the larger counts are not run (printed as such). The client keeps
    ``--connections`` keep-alive connections per replica (a gateway has its own; the
-   server's work per request is the same). CPU per request: CPU time (from ``/proc``) of the
-   replicas' processes, and of the PostgreSQL backends of the benchmark's database, over
-   all requests sent for the device count (warm-up included).
+   server's work per request is the same; a response with ``Connection: close`` makes it
+   open a new one, and a connection the server drops counts as an error). CPU per request:
+   CPU time (from ``/proc``) of the replicas' processes, and of the PostgreSQL backends of
+   the benchmark's database, over all requests sent for the device count (warm-up
+   included). A second line per device count says where the tail is (:func:`tail_summary`:
+   how the requests over the p99 bunch in time, the wait for a free client connection, the
+   load generator's own loop lag); ``--trace DIR`` writes every request's due, sent and end
+   times and the loop lag to CSV files.
 2. **Console queries on ``--rows`` aggregates** (default 100,000,000). Generated in PostgreSQL
    with ``INSERT ... SELECT generate_series`` in chunks of ``--chunk-rows`` (a progress bar on
    stderr): 1,000 devices x ``--streams`` streams, one row per minute, oldest first, ending now
@@ -54,7 +59,7 @@ Usage::
     python3 benchmarks/fleet_scale.py [--devices 1000,5000,10000] [--minutes 2] [--minute-s 60]
         [--poll-s 300] [--health-s 60] [--rows 100000000] [--queries 200] [--jobs 500]
         [--rows-budget-s S] [--pg "host=... user=... dbname=test"] [--port N] [--workdir DIR]
-        [--log FILE]
+        [--log FILE] [--trace DIR]
 
 Takes long at full scale (about 40 minutes and 53 GB of disk for 100 M rows on a shared 2-core
 VM; 500 real retrainings take minutes): see docs/fleet-scale.md. ``--log FILE`` keeps the
@@ -178,6 +183,10 @@ class Tally:
         "ingest": [], "health": [], "poll": []})
     errors: list[str] = field(default_factory=list)
     sent: int = 0  # requests sent, warm-up included (the CPU is measured over all of them)
+    #: (due, written, ended, kind, replica, counted) of every request, perf_counter seconds
+    trace: list[tuple[float, float, float, str, int, bool]] = field(default_factory=list)
+    #: (at, lag s, CPU s) of the load generator's loop: a 5 ms sleep's lateness, its CPU time
+    lags: list[tuple[float, float, float]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -201,15 +210,20 @@ def _request(port: int, method: str, path: str, token: str, body: bytes = b"",
     return (head + "\r\n").encode("ascii") + body
 
 
-async def _response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+async def _response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
+    """``(status, body, close)``: ``close`` when the server ends the connection after it
+    (``Connection: close``)."""
     head = await reader.readuntil(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
-    length = 0
+    length, close = 0, False
     for line in lines[1:]:
         name, _, value = line.partition(":")
-        if name.strip().lower() == "content-length":
+        name = name.strip().lower()
+        if name == "content-length":
             length = int(value)
-    return int(lines[0].split(" ", 2)[1]), await reader.readexactly(length)
+        elif name == "connection":
+            close = value.strip().lower() == "close"
+    return int(lines[0].split(" ", 2)[1]), await reader.readexactly(length), close
 
 
 def _ingest_json(device: str, shape: DeviceShape, minute: float, now: float) -> bytes:
@@ -316,6 +330,7 @@ async def _run_minutes(ports: list[int], tokens: dict[str, str], shape: DeviceSh
 
     async def conn_worker(r: int) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", ports[r])
+        idle_since = time.perf_counter()
         try:
             while (item := await queues[r].get()) is not None:
                 due, kind, device, minute_no, stream = item
@@ -329,16 +344,40 @@ async def _run_minutes(ports: list[int], tokens: dict[str, str], shape: DeviceSh
                 else:
                     req = _request(ports[r], "GET", f"/v1/models/assignment?stream=s{stream}",
                                    token)
-                writer.write(req)
+                written = time.perf_counter()
                 tally.sent += 1
-                status, content = await _response(reader)
+                try:
+                    writer.write(req)
+                    status, content, close = await _response(reader)
+                except (asyncio.IncompleteReadError, ConnectionError) as exc:
+                    # a failed request (counted as an error, no latency); a new connection
+                    tally.errors.append(f"{kind}: connection lost ({type(exc).__name__}) "
+                                        f"{written - idle_since:.1f} s after its previous "
+                                        f"response, {written - due:.3f} s after due")
+                    writer.close()
+                    reader, writer = await asyncio.open_connection("127.0.0.1", ports[r])
+                    idle_since = time.perf_counter()
+                    continue
+                ended = idle_since = time.perf_counter()
+                if close:  # the server ends this connection: open another, as a client does
+                    writer.close()
+                    reader, writer = await asyncio.open_connection("127.0.0.1", ports[r])
+                tally.trace.append((due, written, ended, kind, r, minute_no > 0))
                 if minute_no > 0:
-                    tally.latencies[kind].append(time.perf_counter() - due)
+                    tally.latencies[kind].append(ended - due)
                 if status not in (200, 204):
                     tally.errors.append(f"{kind} {status} {content[:160]!r}")
         finally:
             writer.close()
 
+    async def lag_monitor() -> None:
+        while True:
+            t, cpu = time.perf_counter(), time.process_time()
+            await asyncio.sleep(0.005)
+            now = time.perf_counter()
+            tally.lags.append((now, now - t - 0.005, time.process_time() - cpu))
+
+    monitor = asyncio.create_task(lag_monitor())
     route = {d: i % len(ports) for i, d in enumerate(devices)}
     workers = [asyncio.create_task(conn_worker(r)) for r in range(len(ports))
                for _ in range(connections)]
@@ -354,6 +393,31 @@ async def _run_minutes(ports: list[int], tokens: dict[str, str], shape: DeviceSh
         for _ in range(connections):
             q.put_nowait(None)
     await asyncio.gather(*workers)
+    monitor.cancel()
+
+
+def tail_summary(tally: Tally, p99_s: float) -> str:
+    """Where the counted requests' tail is: in how many one-second slots of their due times the
+    requests over the p99 fall (a stall bunches them; a slow handler spreads them), the time
+    requests waited for a free client connection, and the load generator's own loop lag (the
+    lateness of a 5 ms sleep: when it is large, the load generator was waiting for a core
+    and its latencies include that)."""
+    counted = [t for t in tally.trace if t[5]]
+    if not counted:
+        return "tail: no counted requests"
+    start = min(t[0] for t in counted)
+    slots = {int(t[0] - start) for t in counted}
+    slow: dict[int, int] = {}
+    for t in counted:
+        if t[2] - t[0] > p99_s:
+            slow[int(t[0] - start)] = slow.get(int(t[0] - start), 0) + 1
+    waits = [1000 * (t[1] - t[0]) for t in counted]
+    lags = [1000 * lag for _, lag, _ in tally.lags]
+    worst = max(slow.values(), default=0)
+    return (f"tail: the {sum(slow.values())} requests over the p99 fall in {len(slow)} of "
+            f"{len(slots)} seconds (at most {worst} in one); waiting for a free client "
+            f"connection p99 {percentile(waits, 99):.1f} ms; load generator loop lag p99 "
+            f"{percentile(lags, 99):.1f} ms, max {max(lags, default=0.0):.1f} ms")
 
 
 def _loop_factory() -> Any:
@@ -623,6 +687,8 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(ap, port_help="port of the first replica (the second: a free one)")
     ap.add_argument("--log", type=Path, help="also append everything printed on stdout to this "
                     "file (results.py keeps only the last line)")
+    ap.add_argument("--trace", type=Path, help="write every request's times and the load "
+                    "generator's loop lag to CSV files in this folder")
     args = ap.parse_args(argv)
     if args.log is not None:
         sys.stdout = _Tee(sys.stdout, args.log.open("a", encoding="utf-8"))
@@ -690,6 +756,15 @@ def run(args: argparse.Namespace, counts: list[int], admin: psycopg.Connection[A
                                         minute0, args.connections, tally))
             minute0 += 60.0 * args.minutes
             wall = time.perf_counter() - t0
+            if args.trace is not None:
+                args.trace.mkdir(parents=True, exist_ok=True)
+                with (args.trace / f"requests-{n}.csv").open("w") as fh:
+                    fh.write("due,written,ended,kind,replica,counted\n")
+                    fh.writelines(f"{a:.6f},{b:.6f},{c:.6f},{k},{r},{int(m)}\n"
+                                  for a, b, c, k, r, m in tally.trace)
+                with (args.trace / f"client-lag-{n}.csv").open("w") as fh:
+                    fh.write("at,lag,cpu\n")
+                    fh.writelines(f"{a:.6f},{b:.6f},{c:.6f}\n" for a, b, c in tally.lags)
             cpu = CpuMeter.delta(before, meter.sample())
             lat = [x * 1000 for v in tally.latencies.values() for x in v]
             counted = tally.sent  # CPU is measured over every minute, warm-up too
@@ -706,6 +781,7 @@ def run(args: argparse.Namespace, counts: list[int], admin: psycopg.Connection[A
                   f"client {1000 * (time.process_time() - cpu0) / max(1.0, counted):.2f} ms; "
                   f"errors {len(tally.errors)}{': ' + tally.errors[0] if tally.errors else ''}; "
                   f"wall {wall:.0f} s, load average {os.getloadavg()[0]:.1f}", flush=True)
+            print("  " + tail_summary(tally, res["p99"] / 1000), flush=True)
         if len(results) > 1:
             lo, hi = min(results), max(results)
             print(f"growth {lo} -> {hi} devices (x{hi / lo:.0f}): p50 "

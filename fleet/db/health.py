@@ -102,13 +102,16 @@ WHERE (:all OR d.revoked_at IS NULL) AND (CAST(:device AS text) IS NULL OR d.dev
 
 #: :meth:`HealthStore.put` on PostgreSQL; ``%s`` parameters in order: now, agent_version,
 #: backlog_alerts, backlog_aggregates, device_id (twice), status, summary (JSON text), now. The
-#: time it came online (``state_since``) stays unless the device was offline until now.
+#: time it came online (``state_since``) stays unless the device was offline until now. The
+#: statement turns ``synchronous_commit`` off for its own transaction only (``set_config(...,
+#: true)``; see :meth:`HealthStore.put`).
 _PG_PUT = (
     "WITH dev AS (UPDATE devices SET last_seen = %s, agent_version = %s, backlog_alerts = %s, "
     "backlog_aggregates = %s WHERE device_id = %s) "
     "INSERT INTO device_health AS h (device_id, status, state, summary, received_at, "
     "state_since) SELECT %s, %s, 'online', CAST(%s AS jsonb), t, t FROM "
-    "(SELECT CAST(%s AS timestamptz) AS t) AS now "
+    "(SELECT CAST(%s AS timestamptz) AS t, "
+    "set_config('synchronous_commit', 'off', true) AS async_commit) AS now "
     "ON CONFLICT (device_id) DO UPDATE SET status = excluded.status, "
     "summary = excluded.summary, received_at = excluded.received_at, state = 'online', "
     "state_since = CASE WHEN h.state = 'online' THEN h.state_since "
@@ -139,7 +142,14 @@ class HealthStore:
 
         PostgreSQL: one autocommit statement (:data:`_PG_PUT`: the ``devices`` update in a
         data-modifying CTE and an ``INSERT ... ON CONFLICT DO UPDATE``), atomic as a whole and
-        one round trip. SQLite: update, else insert, in one transaction (one writer at a time).
+        one round trip, committed asynchronously (``synchronous_commit`` off for this
+        transaction only): the answer does not wait for the WAL flush (an fsync of the
+        database's disk), so a slow disk does not hold a pooled connection per report. A
+        report answered in the last moment (``wal_writer_delay``, 200 ms by default, up to
+        three times that) before PostgreSQL crashes can be lost; the device sends its next
+        one a health interval later. Ingest batches stay synchronous (a device clears what
+        was acknowledged). SQLite: update, else insert, in one transaction (one writer at a
+        time).
 
         Raises:
             sqlalchemy.exc.OperationalError: The database failed.

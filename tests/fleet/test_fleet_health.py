@@ -22,6 +22,7 @@ from cloud_sync.client import FleetClient
 from cloud_sync.errors import FleetRejected
 from cloud_sync.health import HealthSummary
 from fleet.app import create_app
+from fleet.db import health as health_module
 from fleet.db.devices import DeviceRegistry
 from fleet.db.health import HealthStore
 from fleet.db.ops_tables import device_health
@@ -218,6 +219,27 @@ def test_health_put_on_postgresql_is_one_autocommit_statement(engine: Engine) ->
         event.remove(engine, "before_cursor_execute", seen)
     assert len(statements) == 1 and "ON CONFLICT" in statements[0][0]
     assert statements[0][1]  # autocommit: no BEGIN ... COMMIT round trips
+
+
+def test_health_put_on_postgresql_commits_without_waiting_for_the_wal_flush(
+        engine: Engine) -> None:
+    """The report's own transaction has ``synchronous_commit`` off; the setting ends with it,
+    so the next statement on the same pooled connection (an ingest) commits durably."""
+    if engine.dialect.name != "postgresql":
+        pytest.skip("PostgreSQL only (synchronous_commit)")
+    DeviceRegistry(engine).enroll("gw1", [])
+    now = dt.datetime.now(dt.UTC)
+    params = (now, "0.9.1", 0, 0, "gw1", "gw1", "green", _summary().model_dump_json(), now)
+    with engine.connect() as conn:
+        conn.exec_driver_sql(health_module._PG_PUT, params)
+        inside = conn.exec_driver_sql("SHOW synchronous_commit").scalar_one()
+        conn.commit()
+        after = conn.exec_driver_sql("SHOW synchronous_commit").scalar_one()
+    assert (inside, after) == ("off", "on")
+    HealthStore(engine).put("gw1", _summary())
+    with engine.connect() as conn:  # the pool's most recently returned connection (LIFO)
+        assert conn.exec_driver_sql("SHOW synchronous_commit").scalar_one() == "on"
+    assert _row(engine, "gw1")[0] == "online"
 
 
 def test_concurrent_first_reports_of_one_device_all_succeed(engine: Engine) -> None:
