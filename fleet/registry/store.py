@@ -165,6 +165,8 @@ class ModelRegistry:
                 raise Unprocessable(upload_error(exc, tmp)) from None
             data = canonical.read_bytes()
         bad = unstorable(raw, "manifest")
+        if bad is None and type(raw.get("version")) is not int:  # the schema reads "7", 7.0, true
+            bad = f"manifest.version: {raw.get('version')!r} is not a JSON integer"
         if bad is None and not 1 <= manifest.version <= INT64_MAX:
             bad = "manifest.version: out of range"
         if bad is not None:
