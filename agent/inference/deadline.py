@@ -35,7 +35,6 @@ from typing import Any
 
 import numpy as np
 
-from agent.errors import ModelError
 from agent.inference.base import Backend
 from agent.records import Float32Array
 
@@ -158,8 +157,9 @@ class DeadlineGuard:
         on_stride: Called with k when the stride changes (the stream raises its hop × k).
         clock: Seconds, monotonic.
         fallback: Opens the fallback of level 2 when ``backends`` holds one backend only:
-            called once, the first time level 2 is reached (None: no fallback). It may raise
-            :class:`~agent.errors.ModelError` (then the guard stops at level 1).
+            called once, the first time level 2 is reached (None: no fallback). When it raises
+            (:class:`~agent.errors.ModelError`, or any error of the runtime's own) the guard
+            logs it and stops at level 1.
     """
 
     def __init__(
@@ -236,7 +236,10 @@ class DeadlineGuard:
             t0 = time.perf_counter()
             try:
                 self._backends.append(opener())
-            except (ModelError, OSError) as exc:  # BackendUnavailable included
+            # ModelError (BackendUnavailable included), OSError, or a runtime's own class
+            # (OpenVINO raises RuntimeError outside its wrapped calls): the primary still
+            # works, so the stream must not fail here nor stay at level 2 without a backend
+            except Exception as exc:
                 error = exc
             else:
                 log.info("stream %s: fallback backend %s/%s opened in %.0f ms", self.stream,

@@ -340,14 +340,14 @@ def deferred_open(package: AnyPackage, candidate: Candidate,
     (:class:`agent.inference.deadline.DeadlineGuard`).
 
     The callable raises :class:`~agent.errors.ModelError` when the candidate does not load or
-    fails the check (the backend is then closed).
+    fails the check (the backend is then closed; also when the check ends in another error).
     """
 
     def open_now() -> Backend:
         backend = opener(package, candidate)
         try:
             _check(package, backend)
-        except ModelError:
+        except BaseException:  # ModelError, or a runtime's own error from its first run
             backend.close()
             raise
         return backend

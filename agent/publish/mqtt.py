@@ -514,10 +514,13 @@ class MqttPublisher(PahoCallbacks, OutboxDrain):
         # thread has written it: the GIL is free for that thread at once, instead of the
         # network write waiting for the raising thread to finish its work or be forced off the
         # GIL (the interpreter's switch interval, 5 ms).
+        # Not waited for when paho's thread already wrote it: paho queues the packet, wakes its
+        # thread and only then marks the socket as wanting a write, so a write done in between
+        # never calls back and the wait would last the whole FLUSH_WAIT_S.
         self._flushed.clear()
         if self._send_direct(item):
             self._direct_last = alert_id
-            if self._flush_hook:
+            if self._flush_hook and self._client.want_write():
                 self._flushed.wait(FLUSH_WAIT_S)
         else:
             self._wake.set()

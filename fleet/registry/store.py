@@ -165,6 +165,8 @@ class ModelRegistry:
                 raise Unprocessable(upload_error(exc, tmp)) from None
             data = canonical.read_bytes()
         bad = unstorable(raw, "manifest")
+        if bad is None and type(raw.get("version")) is not int:  # the schema reads "7", 7.0, true
+            bad = f"manifest.version: {raw.get('version')!r} is not a JSON integer"
         if bad is None and not 1 <= manifest.version <= INT64_MAX:
             bad = "manifest.version: out of range"
         if bad is not None:
@@ -217,12 +219,16 @@ class ModelRegistry:
         Takes :meth:`lock_name` first (call it before any other statement of the transaction),
         so the number stays free until the transaction ends; :meth:`add` the package through
         the same ``conn``.
+
+        Raises:
+            Unprocessable: no storable version is left above them (the newest or ``above`` is
+                already the largest, 2**63 - 1).
         """
         self.lock_name(name, conn)
         newest = conn.execute(
             select(func.max(models.c.version)).where(models.c.name == name)
         ).scalar()
-        return max(above, int(newest or 0)) + 1
+        return version_above(name, max(above, int(newest or 0)))
 
     def get(self, name: str, version: int, conn: Connection | None = None) -> ModelRecord:
         """The package's record (read through ``conn`` when given). Raises: NotFound."""
@@ -263,3 +269,14 @@ class ModelRegistry:
         with self._engine.connect() as conn:
             return [_record(r) for r in conn.execute(q)]
 
+
+def version_above(name: str, version: int) -> int:
+    """``version`` + 1, the next version of ``name``.
+
+    Raises:
+        Unprocessable: ``version`` is already the largest storable one (2**63 - 1).
+    """
+    if version >= INT64_MAX:
+        raise Unprocessable(f"PackageFormatError: {name}@{version} is the largest version the "
+                            f"registry stores ({INT64_MAX}): no version is left above it")
+    return version + 1

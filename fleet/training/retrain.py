@@ -45,6 +45,7 @@ from cloud_sync.package import MANIFEST, pack, sign_package_dir
 from fleet.api.model_loop import ModelLoop
 from fleet.db.samples import SampleStore
 from fleet.errors import Conflict, FleetError
+from fleet.registry.store import version_above
 from fleet.registry.views import RolloutCreate
 from fleet.training.train import DeviceData, GateFailed, GateReport, TrainOptions, train_wstat
 
@@ -151,7 +152,7 @@ class Retrainer:
     def _next_version(self) -> int:
         """The build's provisional number (the published one is taken at publication)."""
         versions = [r.version for r in self.loop.registry.list(self.name)]
-        return max([self.base_version, *versions]) + 1
+        return version_above(self.name, max([self.base_version, *versions]))
 
     def retrain(
         self,

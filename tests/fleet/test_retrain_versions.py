@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import shutil
 import threading
 from collections import Counter
 from pathlib import Path
@@ -14,12 +15,14 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, select
 
-from cloud_sync.protocol import SampleBatch
+from cloud_sync.package import pack, sign_package_dir
+from cloud_sync.protocol import INT64_MAX, SampleBatch
 from fleet.db.model_tables import rollouts
 from fleet.db.samples import SampleStore
+from fleet.errors import Unprocessable
 from fleet.registry.wiring import build_model_loop
 from fleet.settings import Settings
-from fleet.training.retrain import Retrainer, RetrainOutcome
+from fleet.training.retrain import Retrainer, RetrainOutcome, _set_version
 from tests.fleet.test_training import BASE, NEXT, _batch, _keys
 
 
@@ -104,3 +107,21 @@ def test_two_retrainings_publishing_at_once_get_distinct_versions(
         rec = retrainer.loop.registry.get("skab-wstat", version)
         assert rec.manifest["calibration"]["fitted_on"]["device_id"] == device
     assert _rollout_targets(engine) == {v: [d] for d, v in versions.items()}
+
+
+def test_a_name_at_the_largest_version_is_refused_before_training(
+    retrainer: Retrainer, tmp_path: Path
+) -> None:
+    """An operator's package at the largest storable version (2**63 - 1): a retraining of that
+    name has no version left; it is refused with that reason before it trains."""
+    pkg = tmp_path / "top"
+    shutil.copytree(BASE, pkg)
+    _set_version(pkg, INT64_MAX)
+    sign_package_dir(pkg, retrainer.signing_key)
+    pack(pkg, tmp_path / "top.tar.gz")
+    retrainer.loop.registry.add((tmp_path / "top.tar.gz").read_bytes(), "operator")
+    steps: Counter[str] = Counter()
+    with pytest.raises(Unprocessable, match="no version is left"):
+        retrainer.retrain("gw1", "pump", on_step=lambda name: steps.update([name]))
+    assert steps["prepare"] == 0  # not trained for nothing
+    assert [r.version for r in retrainer.loop.registry.list("skab-wstat")] == [INT64_MAX]

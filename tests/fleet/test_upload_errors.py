@@ -8,6 +8,7 @@ import io
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 from fastapi.testclient import TestClient
@@ -85,3 +86,18 @@ def test_push_of_an_unsigned_package_warns_before_it_uploads(
     junk.mkdir()
     assert fleet_main(["model", "push", str(junk), *http]) == 78
     assert "must be a model package directory: manifest.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("version", ["7", 7.0, True], ids=["string", "float", "bool"])
+def test_a_signed_manifest_whose_version_is_no_json_integer_is_refused(
+    mclient: TestClient, admin: dict[str, str], tmp_path: Path, version: object
+) -> None:
+    """The schema reads "7", 7.0 and true as 7, 7 and 1: stored, the package would carry a
+    version that is not the one its manifest says to a reader that does not coerce."""
+    key = tmp_path / "keys" / "private" / "ops.key"
+    body = archive(tmp_path, cast(int, version), key)
+    r = mclient.post("/v1/models", content=body, headers={**admin, **GZ})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"].startswith("PackageFormatError: manifest.version: "), r.text
+    assert "is not a JSON integer" in r.json()["detail"]
+    assert mclient.get("/v1/models", headers=admin).json() == {"models": []}

@@ -15,7 +15,7 @@ from agent.inference.base import Backend
 from agent.inference.choice_memory import ChoiceMemory, selection_key
 from agent.inference.deadline import DeadlineGuard, DegradeParams
 from agent.inference.package import ModelPackage
-from agent.inference.select import AnyPackage, Candidate, Remembering
+from agent.inference.select import AnyPackage, Candidate, Remembering, deferred_open
 from agent.metrics import Metrics
 from agent.sensor_streams import OPENED_AT_START, _guard_backends
 from tests.unit.test_backend_select import SPEEDS, _select, package  # noqa: F401 - fixture
@@ -121,3 +121,25 @@ def test_a_selection_timed_here_keeps_its_loaded_fallback_and_closes_the_rest(
     assert [b.name for b in kept] == ["litert", "openvino"] and fallback is None
     assert opened["onnxruntime"].closed and opened["openvino-onnx"].closed
     assert not opened["litert"].closed and not opened["openvino"].closed
+
+
+class _FailingRun:
+    """A backend that loads, then fails its golden check with its runtime's own error."""
+
+    name, precision, closed = "openvino", "int8", False
+
+    def run(self, windows: object) -> object:
+        raise RuntimeError("Exception from src/plugins/intel_cpu")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_deferred_fallback_failing_its_check_with_any_error_is_closed(
+        package: ModelPackage) -> None:  # noqa: F811
+    sel, _ = _select(package, SPEEDS, {})
+    failing = _FailingRun()
+    open_now = deferred_open(package, sel.passing[1].candidate, lambda p, c: failing)  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError):
+        open_now()
+    assert failing.closed  # not left loaded (the guard goes on without it)

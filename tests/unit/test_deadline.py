@@ -212,3 +212,25 @@ def test_a_fallback_that_cannot_be_opened_leaves_the_guard_at_skipping(
     assert not guard.has_fallback and primary.calls == 300
     failed = [r.getMessage() for r in caplog.records if "cannot be opened" in r.getMessage()]
     assert len(failed) == 1 and "golden outputs differ" in failed[0]
+
+
+def test_a_fallback_whose_runtime_raises_its_own_error_leaves_the_guard_at_skipping(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # a runtime's own error class (OpenVINO's RuntimeError from creating an infer request) is
+    # raised on the stream's thread while the primary keeps working: the stream must not fail,
+    # nor be left at level 2 with no second backend
+    clock = _Clock()
+    primary = _Timed("litert", 0.01, clock)
+
+    def broken() -> _Timed:
+        raise RuntimeError("Exception from src/inference/src/cpp/infer_request.cpp")
+
+    guard = DeadlineGuard("s", [primary], DegradeParams(BUDGET, window=50),
+                          Metrics(CollectorRegistry()), clock=clock, fallback=broken)
+    with caplog.at_level(logging.INFO, logger="agent.inference"):
+        for _ in range(300):
+            guard.run(np.zeros((1, 10, 8), np.float32))
+    assert guard.level == 1 and guard.name == "litert" and primary.calls == 300
+    failed = [r.getMessage() for r in caplog.records if "cannot be opened" in r.getMessage()]
+    assert len(failed) == 1 and "infer_request.cpp" in failed[0]

@@ -584,3 +584,60 @@ def test_publish_early_hands_the_next_alert_to_paho_on_the_callers_thread(store:
         assert r.metric("edge_agent_mqtt_published_total") == 3
     finally:
         r.pub.stop()
+
+
+class _WritingClient(FakeClient):
+    """A client with paho's write callback whose network thread has already written what the
+    caller queued (``want_write`` False) without calling back: paho queues the packet, wakes
+    its thread, and marks the socket as wanting a write only afterwards, so a write done in
+    between unregisters nothing."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._unregister: Callable[..., None] | None = None
+
+    @property
+    def on_socket_unregister_write(self) -> Callable[..., None] | None:
+        return self._unregister
+
+    @on_socket_unregister_write.setter
+    def on_socket_unregister_write(self, func: Callable[..., None] | None) -> None:
+        self._unregister = func
+
+    def want_write(self) -> bool:
+        return False
+
+
+class _CountingEvent(threading.Event):
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits = 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits += 1
+        return super().wait(timeout)
+
+
+def test_publish_early_does_not_wait_for_a_write_already_done(store: Store) -> None:
+    """The raising thread waits for paho's write callback only while the packet is unwritten;
+    one already written (its callback never comes) adds no wait."""
+    clients: list[_WritingClient] = []
+
+    def factory(**kw: Any) -> Any:  # a stand-in for paho.Client
+        clients.append(_WritingClient(**kw))
+        return clients[-1]
+
+    pub = MqttPublisher(MqttConfig(enabled=True), store, "gw1", Metrics(CollectorRegistry()),
+                        client_factory=factory, logger=logging.getLogger("test.fake_mqtt"))
+    flushed = _CountingEvent()
+    pub._flushed = flushed
+    try:
+        pub.start()
+        clients[0].fire_connect()
+        wait_until(lambda: pub._drain_generation == pub.generation, what="drain caught up")
+        a = alert(1)
+        assert pub.publish_early(a.alert_id, "pump1", json.dumps(a.to_payload()))
+        assert [x for _, x in clients[0].alert_publishes()] == ["gw1:pump1:1"]
+        assert pub._flush_hook and flushed.waits == 0
+    finally:
+        pub.stop()
