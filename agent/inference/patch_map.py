@@ -19,8 +19,8 @@ Which tensors (found by walking the graph back from the ``score`` output, no nam
   map is ``d²_c`` with the shortlisted patches replaced by their exact value.
 
 The map returned is ``sqrt(max(d², 0))`` (score units, like the threshold), ``float32`` of shape
-``grid``. Needs the ``onnx`` package (``pip install 'edge-anomaly-agent[camera]'``) to edit the
-graph in memory; the file on disk is never changed.
+``grid``. The graph is edited in memory (:mod:`agent.inference.onnx_wire`, without the ``onnx``
+package); the file on disk is never changed.
 
 Memory: the session runs without ONNX Runtime's CPU arena and memory patterns (both keep
 their peak buffers for the life of the session; the map's outputs are the same bit for bit),
@@ -40,6 +40,7 @@ import numpy as np
 import numpy.typing as npt
 
 from agent.errors import BackendUnavailable, ModelError
+from agent.inference import onnx_wire
 from agent.inference.image_package import ImagePackage
 from agent.records import Float32Array
 
@@ -132,7 +133,7 @@ class PatchMapModel:
         threads: ONNX Runtime intra-op threads.
 
     Raises:
-        BackendUnavailable: ``onnx`` is not installed.
+        BackendUnavailable: ``onnxruntime`` is not installed.
         ModelError: no ONNX artefact, a score not of a known aggregation, or a graph whose map
             cannot be found or run.
     """
@@ -143,22 +144,23 @@ class PatchMapModel:
             raise ModelError(f"no patch map for score aggregation {score.aggregation!r}",
                              model=package.label)
         try:
-            import onnx  # noqa: PLC0415 - lazy: only for snapshots' heatmaps
+            import onnxruntime as ort  # noqa: PLC0415 - lazy: only for snapshots' heatmaps
         except ImportError as exc:
             raise BackendUnavailable(
-                "the heatmap needs the onnx package: pip install 'edge-anomaly-agent[camera]'",
+                "the heatmap needs onnxruntime: pip install 'edge-anomaly-agent[camera]'",
                 model=package.label) from exc
-        import onnxruntime as ort  # noqa: PLC0415
 
         path = _onnx_artefact(package, precision)
-        model = onnx.load(str(path))
+        try:
+            graph = path.read_bytes()
+        except OSError as exc:
+            raise ModelError(f"cannot read {path}: {exc}", model=package.label) from exc
         self._root = score.aggregation in KNN_AGGREGATIONS
-        names = map_outputs(model.graph, discrepancy=not self._root)
-        self._outputs = [model.graph.output[0].name] + [n for n in names if n is not None]
-        for name in self._outputs[1:]:
-            model.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
-        graph = model.SerializeToString()
-        del model
+        parsed = onnx_wire.read_graph(graph)
+        names = map_outputs(parsed, discrepancy=not self._root)
+        self._outputs = [parsed.output[0].name] + [n for n in names if n is not None]
+        del parsed
+        graph = onnx_wire.with_outputs(graph, self._outputs[1:])
         try:
             self._session = ort.InferenceSession(graph, sess_options=session_options(ort, threads),
                                                  providers=["CPUExecutionProvider"])
