@@ -19,12 +19,19 @@ Which tensors (found by walking the graph back from the ``score`` output, no nam
   map is ``d²_c`` with the shortlisted patches replaced by their exact value.
 
 The map returned is ``sqrt(max(d², 0))`` (score units, like the threshold), ``float32`` of shape
-``grid``. Needs the ``onnx`` package (``pip install 'edge-anomaly-agent[camera]'``) to edit the
-graph in memory; the file on disk is never changed.
+``grid``. The graph is edited in memory (:mod:`agent.inference.onnx_wire`, without the ``onnx``
+package); the file on disk is never changed.
+
+Memory: the session runs without ONNX Runtime's CPU arena and memory patterns (both keep
+their peak buffers for the life of the session; the map's outputs are the same bit for bit),
+the edited graph is dropped once the session holds it, and the C heap's free pages are given
+back to the system (:func:`release_free_heap`) after loading and after each map.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import math
 from pathlib import Path
 from typing import Any
@@ -33,6 +40,7 @@ import numpy as np
 import numpy.typing as npt
 
 from agent.errors import BackendUnavailable, ModelError
+from agent.inference import onnx_wire
 from agent.inference.image_package import ImagePackage
 from agent.records import Float32Array
 
@@ -44,6 +52,37 @@ KNN_AGGREGATIONS = ("max_patch_knn_distance",)
 DISCREPANCY_AGGREGATIONS = ("max_patch_student_teacher_discrepancy",
                             "topk_mean_student_teacher_discrepancy")
 AGGREGATIONS = KNN_AGGREGATIONS + DISCREPANCY_AGGREGATIONS
+
+
+def release_free_heap() -> bool:
+    """Give the C heap's free pages back to the system (glibc ``malloc_trim(0)``).
+
+    ONNX Runtime and protobuf free their buffers to glibc's heap, which keeps them mapped: the
+    resident size would stay at the peak of loading and of each run.
+
+    Returns:
+        True when it was called; False where there is no glibc (nothing done).
+    """
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        trim = libc.malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return False
+    trim(0)
+    return True
+
+
+def session_options(ort: Any, threads: int) -> Any:
+    """ONNX Runtime ``SessionOptions`` of the patch-map session: ``threads`` intra-op threads,
+    one inter-op thread, no CPU memory arena, no memory patterns, warnings off."""
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    opts.enable_cpu_mem_arena = False
+    opts.enable_mem_pattern = False
+    return opts
 
 
 def _onnx_artefact(package: ImagePackage, precision: str) -> Path:
@@ -94,7 +133,7 @@ class PatchMapModel:
         threads: ONNX Runtime intra-op threads.
 
     Raises:
-        BackendUnavailable: ``onnx`` is not installed.
+        BackendUnavailable: ``onnxruntime`` is not installed.
         ModelError: no ONNX artefact, a score not of a known aggregation, or a graph whose map
             cannot be found or run.
     """
@@ -105,30 +144,32 @@ class PatchMapModel:
             raise ModelError(f"no patch map for score aggregation {score.aggregation!r}",
                              model=package.label)
         try:
-            import onnx  # noqa: PLC0415 - lazy: only for snapshots' heatmaps
+            import onnxruntime as ort  # noqa: PLC0415 - lazy: only for snapshots' heatmaps
         except ImportError as exc:
             raise BackendUnavailable(
-                "the heatmap needs the onnx package: pip install 'edge-anomaly-agent[camera]'",
+                "the heatmap needs onnxruntime: pip install 'edge-anomaly-agent[camera]'",
                 model=package.label) from exc
-        import onnxruntime as ort  # noqa: PLC0415
 
         path = _onnx_artefact(package, precision)
-        model = onnx.load(str(path))
-        self._root = score.aggregation in KNN_AGGREGATIONS
-        names = map_outputs(model.graph, discrepancy=not self._root)
-        self._outputs = [model.graph.output[0].name] + [n for n in names if n is not None]
-        for name in self._outputs[1:]:
-            model.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
-        opts.log_severity_level = 3
         try:
-            self._session = ort.InferenceSession(model.SerializeToString(), sess_options=opts,
+            graph = path.read_bytes()
+        except OSError as exc:
+            raise ModelError(f"cannot read {path}: {exc}", model=package.label) from exc
+        self._root = score.aggregation in KNN_AGGREGATIONS
+        parsed = onnx_wire.read_graph(graph)
+        names = map_outputs(parsed, discrepancy=not self._root)
+        self._outputs = [parsed.output[0].name] + [n for n in names if n is not None]
+        del parsed
+        graph = onnx_wire.with_outputs(graph, self._outputs[1:])
+        try:
+            self._session = ort.InferenceSession(graph, sess_options=session_options(ort, threads),
                                                  providers=["CPUExecutionProvider"])
         except Exception as exc:  # onnxruntime raises its own untyped errors
             raise ModelError(f"cannot load the patch-map model: {exc}",
                              model=package.label) from exc
+        finally:
+            del graph
+            release_free_heap()
         self._input = self._session.get_inputs()[0].name
         self.grid = (int(score.grid[0]), int(score.grid[1]))
         self.label = package.label
@@ -150,6 +191,8 @@ class PatchMapModel:
             outs = self._session.run(self._outputs, {self._input: x})
         except Exception as exc:
             raise ModelError(f"patch-map inference failed: {exc}", model=self.label) from exc
+        finally:
+            release_free_heap()
         return (float(np.asarray(outs[0]).reshape(-1)[0]),
                 assemble_map(outs[1:], self.grid, root=self._root))
 

@@ -74,7 +74,7 @@ class SnapshotConfig(StrictModel):
     jpeg_quality: int = Field(80, ge=10, le=95, description="JPEG quality of the frame (1-95).")
     heatmap: bool = Field(
         True, description="Also render the anomaly heatmap overlay (PNG) from the model's "
-        "patch-score map (needs the onnx package: the camera extra).")
+        "patch-score map (ONNX Runtime, the model's ONNX artefact).")
     publish: bool = Field(
         True, description="Publish the latest snapshot of each camera on its retained topics "
         "(needs [mqtt] enabled).")
