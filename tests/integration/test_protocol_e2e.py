@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import paho.mqtt.client as mqtt
 import pytest
 
 from tests.conftest import MosquittoBroker, _free_port
@@ -46,6 +48,27 @@ def _alerts_inside_fault(tmp_path: Path, agent: AgentProcess, lo: float, hi: flo
     assert any(line.startswith("ALERT ") for line in agent.stdout().splitlines())
 
 
+def _open_session(port: int, client_id: str, topic: str) -> None:
+    """Make the broker hold the agent's persistent session (MQTT 3.1.1 §3.1.2.4: clean session
+    0, the agent's client id, its QoS 1 subscription) before the agent starts, so the rows sent
+    while the agent is still starting are queued for it, not dropped: the test does not depend
+    on how soon the agent subscribes (a machine under load once took longer than a fixed sleep)."""
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
+                         clean_session=False, protocol=mqtt.MQTTv311)
+    connected, subscribed = threading.Event(), threading.Event()
+    client.on_connect = lambda *a: connected.set()
+    client.on_subscribe = lambda *a: subscribed.set()
+    client.connect("127.0.0.1", port)
+    client.loop_start()
+    try:
+        assert connected.wait(10), "no CONNACK from the test broker"
+        client.subscribe(topic, qos=1)
+        assert subscribed.wait(10), "no SUBACK from the test broker"
+    finally:
+        client.disconnect()
+        client.loop_stop()
+
+
 def test_skab_rows_over_mqtt_json_raise_alerts(
     tmp_path: Path, mosquitto: MosquittoBroker, run_agent: Callable[..., AgentProcess]
 ) -> None:
@@ -55,12 +78,12 @@ def test_skab_rows_over_mqtt_json_raise_alerts(
               f'topics = ["plant/pump1/telemetry"]\ntimestamp_field = "ts"\n'
               f'client_id = "edge-in-e2e"\n[streams.source.fields]\n{fields}')
     config = write_config(tmp_path / "agent.toml", source)
+    _open_session(mosquitto.port, "edge-in-e2e", "plant/pump1/telemetry")
     agent = run_agent(["run", "--config", str(config)], tmp_path)
     pub = Publisher(mosquitto.port, "skab-pump")
     try:
         db = tmp_path / "state" / "agent.db"
         assert wait_for(db.exists, timeout=30), agent.stderr()[-3000:]
-        time.sleep(2.0)  # the subscription is made right after the store opens
         for ts, row in zip(data.ts, data.values, strict=True):
             pub.send("plant/pump1/telemetry",
                      json.dumps({"ts": ts, **dict(zip(data.channels, row.tolist(), strict=True))}))

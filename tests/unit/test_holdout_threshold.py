@@ -103,6 +103,7 @@ def test_packages_without_holdout_keep_their_hash_and_calibration_key(tmp_path: 
     assert m.score.threshold.holdout == 0.0
     data = m.model_dump(mode="json")
     del data["score"]["threshold"]["holdout"]
+    assert data["score"].pop("adaptation") is None  # a later field, also left out at its default
     old = hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":"))
                          .encode()).hexdigest()
     assert package_sha256(m) == old
