@@ -45,7 +45,8 @@ def _alerts_inside_fault(tmp_path: Path, agent: AgentProcess, lo: float, hi: flo
     for a in stored_alerts(db):
         end = parse_iso(a["payload"]["window_end"])
         assert lo - WINDOW_S <= end <= hi + WINDOW_S, a["payload"]["window_end"]
-    assert any(line.startswith("ALERT ") for line in agent.stdout().splitlines())
+    assert wait_for(lambda: any(line.startswith("ALERT ") for line in agent.stdout().splitlines()),
+                    timeout=30), agent.stdout()[-3000:]  # printed after the alert is stored
 
 
 def _open_session(port: int, client_id: str, topic: str) -> None:
