@@ -265,6 +265,7 @@ class SnapshotPublisher:
         gen = self._pub.generation
         packet, big_topic = max((publish_packet_bytes(t, d, v5=self._pub.v5), t)
                                 for t, d, _ in parts)
+        handed = False
         for topic, data, ctype in parts:
             props = None
             if self._pub.v5:
@@ -272,8 +273,14 @@ class SnapshotPublisher:
                 props.ContentType = ctype
                 props.UserProperty = [("alert_id", snap.alert_id)]
             info = self._pub.publish_best_effort(topic, data, retain=retain, properties=props)
-            if info is None:
-                return 0  # not connected: tried again on the next connection
+            if info is None:  # not connected: tried again on the next connection
+                if handed and not self._pub.v5:
+                    # the connection was lost after a part went out (a 3.1.1 broker drops it
+                    # at a packet it refuses): the loss is that part's, a probe's outcome
+                    self._probe = _Probe(gen, self._monotonic(), snap.row_id, snap.alert_id,
+                                         retain, packet, big_topic)
+                return 0
+            handed = True
         self._store.mark_snapshot_published(snap.row_id, "published", self._clock())
         self._metrics.snapshots_published_total.labels(retained=str(retain).lower()).inc()
         if not self._pub.v5 and (packet > self._ok_packet or (retain and not self._retain_ok)
