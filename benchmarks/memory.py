@@ -26,7 +26,11 @@ pins one runtime for every stream instead):
 * ``sensor``: one stream, the shipped ``skab-wstat`` model, SKAB ``valve1/0.csv`` replayed in a
   loop at 50x (``<data>/skab``);
 * ``cameras<N>``: N camera streams, the shipped ``mtd-patchcore`` model, each an image folder
-  (``<data>/mtd/MT_Free/Imgs``, the ``*.jpg`` only) played like a camera at 30 fps in a loop.
+  played like a camera at 30 fps in a loop (the ``*.jpg`` only): N - 1 of good tiles
+  (``<data>/mtd/MT_Free/Imgs``) and one of tiles with blowholes (``<data>/mtd/MT_Blowhole/Imgs``),
+  which raises alerts, so the agent also holds the heatmap model and the snapshots
+  (:mod:`agent.services.snapshots`); its resident size is read after the first snapshot is stored
+  (``edge_agent_snapshots_total`` above 0).
 
 The last line is ``sensor_rss_mb=<x> sensor_hwm_mb=<y> sensor_first_rss_mb=<a>
 sensor_first_hwm_mb=<b> cameras4_rss_mb=... cameras4_first_hwm_mb=... load=<l>`` (without
@@ -86,9 +90,11 @@ loop = true
 
 
 def camera_streams(data: Path, n: int, backend: str = "auto") -> str:
-    folder = data / "mtd" / "MT_Free" / "Imgs"
-    if not folder.is_dir():
-        raise SystemExit(f"MTD folder not found: {folder} (pass --data, the dataset root)")
+    good = data / "mtd" / "MT_Free" / "Imgs"
+    flawed = data / "mtd" / "MT_Blowhole" / "Imgs"
+    for folder in (good, flawed):
+        if not folder.is_dir():
+            raise SystemExit(f"MTD folder not found: {folder} (pass --data, the dataset root)")
     return "".join(f"""
 [[streams]]
 name = "cam{i}"
@@ -96,7 +102,7 @@ model = "builtin:mtd-patchcore"
 backend = "{backend}"
 [streams.source]
 kind = "camera"
-folder = "{folder}"
+folder = "{flawed if i == n - 1 else good}"
 include = ["*.jpg"]
 fps = 30
 loop = true
@@ -160,10 +166,13 @@ enabled = false
                 raise SystemExit(f"{name}: the agent exited ({proc.returncode}) before it was "
                                  f"steady; its log: {log}\n{log.read_text()[-2000:]}")
             scored = scoring_streams(port, SCORED[kind])
-            if len(scored) >= n and all(v > 0 for v in scored.values()):
+            snapshots = sum(scoring_streams(port, "edge_agent_snapshots_total").values())
+            if (len(scored) >= n and all(v > 0 for v in scored.values())
+                    and (kind != "camera" or snapshots > 0)):
                 break
             if time.monotonic() - t0 > max_wait_s:
-                raise SystemExit(f"{name}: no stream scoring after {max_wait_s:g} s; log {log}")
+                raise SystemExit(f"{name}: no stream scoring (cameras: and no snapshot) after "
+                                 f"{max_wait_s:g} s; log {log}")
             time.sleep(0.5)
         ready_s = time.monotonic() - t0
         while time.monotonic() - t0 < max_wait_s:

@@ -34,7 +34,7 @@ import ctypes
 import ctypes.util
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -52,6 +52,18 @@ KNN_AGGREGATIONS = ("max_patch_knn_distance",)
 DISCREPANCY_AGGREGATIONS = ("max_patch_student_teacher_discrepancy",
                             "topk_mean_student_teacher_discrepancy")
 AGGREGATIONS = KNN_AGGREGATIONS + DISCREPANCY_AGGREGATIONS
+
+
+class PatchMap(Protocol):
+    """A model that scores one image and returns its patch map (:class:`PatchMapModel`,
+    :class:`agent.inference.patch_map_openvino.OpenVinoPatchMap`)."""
+
+    grid: tuple[int, int]
+    label: str
+
+    def run(self, x: Float32Array) -> tuple[float, Float32Array]:
+        """``(score, map)`` of one normalised ``float32`` ``(1, C, H, W)`` image."""
+        ...
 
 
 def release_free_heap() -> bool:

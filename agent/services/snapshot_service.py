@@ -71,7 +71,8 @@ class SnapshotService:
             return False
         return self.worker.submit(SnapshotJob(alert, event.frame, camera.package,
                                               camera.pipeline.spec,
-                                              finite=camera.source.config.finite))
+                                              finite=camera.source.config.finite,
+                                              runtime=camera.pipeline.backend.name))
 
     def start(self) -> None:
         """Start every part's thread."""

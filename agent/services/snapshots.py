@@ -7,7 +7,9 @@ stored as usual by the agent's main loop, its payload naming the snapshot
 (``camera-snapshots``), which
 
 1. normalises the frame's model image and runs the package's patch-map model
-   (:class:`agent.inference.patch_map.PatchMapModel`, opened on the first alert of a stream)
+   (opened on the first alert of a package's streams, on the runtime the stream scores with
+   where it can: :class:`agent.inference.patch_map_openvino.OpenVinoPatchMap` for OpenVINO,
+   else :class:`agent.inference.patch_map.PatchMapModel` on ONNX Runtime)
    for the patch-score map: only for alerting frames, never on the frame → score path;
 2. renders the JPEG of the captured frame (longer edge ``max_edge``, ``jpeg_quality``) and the
    heatmap overlay PNG (:mod:`agent.services.snapshot_render`);
@@ -50,7 +52,7 @@ from agent.services import snapshot_render as render
 
 if TYPE_CHECKING:
     from agent.inference.image_package import ImagePackage
-    from agent.inference.patch_map import PatchMapModel
+    from agent.inference.patch_map import PatchMap
     from agent.metrics import Metrics
     from agent.store.sqlite import Store
 
@@ -96,12 +98,32 @@ class SnapshotJob:
     #: (:attr:`agent.sources.camera.CameraConfig.finite`): it is read as fast as it scores, so
     #: skipped snapshots are reported once when the worker stops, not as a warning.
     finite: bool = False
+    #: The backend the stream scores with (``openvino``, ``onnxruntime``, ``litert``): the
+    #: heatmap is read on the same runtime where it can.
+    runtime: str = ""
 
 
-MapOpener = Callable[["ImagePackage"], "PatchMapModel"]
+MapOpener = Callable[["ImagePackage", str], "PatchMap"]
 
 
-def _open_patch_map(package: ImagePackage) -> PatchMapModel:
+def _open_patch_map(package: ImagePackage, runtime: str) -> PatchMap:
+    """The package's patch-map model, on ``runtime`` (the stream's scoring backend) when that
+    is OpenVINO and the package has an IR, so no second runtime is loaded; else, or when the IR
+    cannot give the map, on ONNX Runtime.
+
+    Raises:
+        agent.errors.AgentError: neither runtime can give the map.
+    """
+    if runtime == "openvino" and any(a.runtime == "openvino"
+                                     for a in package.manifest.artefacts):
+        from agent.inference.patch_map_openvino import (  # noqa: PLC0415 - only when used
+            OpenVinoPatchMap,
+        )
+
+        try:
+            return OpenVinoPatchMap(package)
+        except AgentError as exc:
+            log.info("model %s: heatmap from ONNX Runtime: %s", package.label, exc)
     from agent.inference.patch_map import PatchMapModel  # noqa: PLC0415 - onnx only when used
 
     return PatchMapModel(package)
@@ -154,7 +176,7 @@ class SnapshotWorker:
         self._store = store
         self._metrics = metrics
         self._open_map = open_patch_map
-        self._maps: dict[str, PatchMapModel | None] = {}
+        self._maps: dict[tuple[str, str], PatchMap | None] = {}
         self._queue: queue.Queue[SnapshotJob | None] = queue.Queue(maxsize=QUEUE_LIMIT)
         self._limiter = RateLimiter(60.0, monotonic)
         self._hooks: list[Callable[[], None]] = []
@@ -265,15 +287,15 @@ class SnapshotWorker:
                            "map_score": round(score, 6), "grid": list(patch_map.shape)}
         return png
 
-    def _patch_map(self, job: SnapshotJob) -> PatchMapModel | None:
-        label = job.package.label
-        if label not in self._maps:
+    def _patch_map(self, job: SnapshotJob) -> PatchMap | None:
+        key = (job.package.label, job.runtime)
+        if key not in self._maps:
             try:
-                self._maps[label] = self._open_map(job.package)
+                self._maps[key] = self._open_map(job.package, job.runtime)
             except AgentError as exc:
-                self._maps[label] = None
+                self._maps[key] = None
                 log.warning("stream %s: snapshots without heatmap: %s", job.alert.stream, exc)
-        return self._maps[label]
+        return self._maps[key]
 
     def _drop(self, stream: str, reason: str, message: str, *, count: bool = True) -> None:
         if count:

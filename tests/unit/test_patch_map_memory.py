@@ -114,7 +114,7 @@ def test_cameras_of_one_model_share_one_patch_map_model(tmp_path: Path) -> None:
     pkg, _ = _input()
     opened: list[str] = []
 
-    def opener(package: Any) -> PatchMapModel:
+    def opener(package: Any, runtime: str) -> PatchMapModel:
         opened.append(package.label)
         return PatchMapModel(package)
 

@@ -165,7 +165,7 @@ def test_worker_stores_the_frame_and_heatmap_of_an_alert(tmp_path: Path) -> None
     with Store(tmp_path / "s.db") as store:
         store.add_alert(alert)
         worker = SnapshotWorker(SnapshotConfig(max_edge=320), store, m,
-                                open_patch_map=lambda _pkg: fake)  # type: ignore[arg-type,return-value]
+                                open_patch_map=lambda _pkg, _rt: fake)  # type: ignore[arg-type,return-value]
         hooks: list[int] = []
         worker.on_stored(lambda: hooks.append(1))
         assert worker.process(SnapshotJob(alert, frame, pkg, spec))
@@ -319,9 +319,10 @@ def test_service_tells_the_worker_whether_the_stream_ends(
     jobs: list[SnapshotJob] = []
     worker = SimpleNamespace(submit=lambda job: jobs.append(job) or True, config=SnapshotConfig())
     service = SnapshotService(worker, None, None, None, "gw1")  # type: ignore[arg-type]
-    camera = SimpleNamespace(package="pkg", pipeline=SimpleNamespace(spec="spec"),
+    camera = SimpleNamespace(package="pkg", pipeline=SimpleNamespace(
+                                 spec="spec", backend=SimpleNamespace(name="openvino")),
                              source=SimpleNamespace(config=CameraConfig.model_validate(
                                  {"kind": "camera", **source})))
     event = SimpleNamespace(frame="frame")
     assert service.submit(make_alert(1, stream="tiles"), event, camera)  # type: ignore[arg-type]
-    assert [job.finite for job in jobs] == [finite]
+    assert [(job.finite, job.runtime) for job in jobs] == [(finite, "openvino")]
