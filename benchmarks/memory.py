@@ -134,6 +134,22 @@ def scoring_streams(port: int, counter: str) -> dict[str, float]:
     return found
 
 
+def stream_backends(port: int) -> dict[str, str]:
+    """The backend each stream scores with (``edge_agent_model_info`` on /metrics)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return {}
+    found: dict[str, str] = {}
+    for m in re.finditer(r'^edge_agent_model_info\{([^}]*)\} ', text, re.M):
+        stream = re.search(r'stream="([^"]+)"', m[1])
+        backend = re.search(r'backend="([^"]+)"', m[1])
+        if stream and backend:
+            found[stream[1]] = backend[1]
+    return found
+
+
 def measure(name: str, streams: str, kind: str, n: int, work: Path, settle_s: int,
             max_wait_s: float, run: str) -> Memory:
     """Run the agent with ``streams`` (in ``work/name``, its state kept) and measure it."""
@@ -184,9 +200,10 @@ enabled = false
                 break
         mem = proc_status(proc.pid)
         seconds = time.monotonic() - t0
+        backends = sorted(set(stream_backends(port).values()))
         print(f"{name}, {run}: scoring after {ready_s:.1f} s; VmRSS {mem.get('VmRSS', 0):.1f} MB, "
               f"VmHWM {mem.get('VmHWM', 0):.1f} MB ({'steady' if steady else 'not steady'} "
-              f"after {seconds:.0f} s)", flush=True)
+              f"after {seconds:.0f} s; backend {'/'.join(backends) or '?'})", flush=True)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
