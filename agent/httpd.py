@@ -14,13 +14,18 @@ another host, by setting ``0.0.0.0``) and ``agent.metrics_port``:
     ``edge-agent status --config`` compares ``device_id`` with the config's, so another agent
     on the same port is not taken for this one.
 
-Anything else is 404. Requests are not logged (Prometheus scrapes every 15 s).
+Anything else is 404. Requests are not logged (Prometheus scrapes every 15 s). A client that
+hangs up before the answer is written (a scrape timeout, ``curl`` interrupted) is not an error;
+a connection that sends no complete request within ``client_timeout_s`` is closed, so idle or
+byte-a-second clients do not keep threads; any other failure of a request is logged as a
+WARNING, at most once a minute.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import sys
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,6 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from agent.health import Report
+from agent.logs import RateLimiter
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +48,8 @@ class OpsServer:
         port: TCP port; 0 picks a free one (see :attr:`port`).
         identity: Returns the fields naming this agent in ``/healthz`` (``device_id``,
             ``version``); None = none.
+        client_timeout_s: Seconds a connection may take to send its request (and to take the
+            answer) before it is closed.
 
     Raises:
         OSError: The address cannot be bound (port in use, address not local).
@@ -54,11 +62,13 @@ class OpsServer:
         address: str = "127.0.0.1",
         port: int = 0,
         identity: Callable[[], dict[str, object]] | None = None,
+        client_timeout_s: float = 10.0,
     ) -> None:
         self.registry = registry
         self.health = health
         self.identity = identity
-        self._server = ThreadingHTTPServer((address, port), _handler_for(self))
+        self.client_timeout_s = client_timeout_s
+        self._server = _Server((address, port), _handler_for(self))
         self._server.daemon_threads = True
         self.address = address
         self.port: int = self._server.server_address[1]
@@ -82,8 +92,27 @@ class OpsServer:
         self._server.server_close()
 
 
+class _Server(ThreadingHTTPServer):
+    """Logs a failed request once a minute instead of printing its traceback on stderr."""
+
+    def __init__(self, address: tuple[str, int],
+                 handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self.limiter = RateLimiter(60.0)
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            return  # the client hung up or stalled: nothing to answer
+        suppressed = self.limiter.hit("request")
+        if suppressed is not None:
+            log.warning("metrics endpoint: a request from %s failed: %r", client_address, exc)
+
+
 def _handler_for(server: OpsServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        timeout = server.client_timeout_s
+
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/metrics":

@@ -1,0 +1,65 @@
+"""The operations endpoint with clients that hang up, stall, or break a request
+(agent.httpd): no traceback on stderr, no thread kept by an idle connection, one WARNING for a
+real failure."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+import urllib.request
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from agent.health import Component, Report
+from agent.httpd import OpsServer
+
+
+def _server(**kw: float) -> OpsServer:
+    return OpsServer(CollectorRegistry(), lambda: Report((Component("pipeline", "green"),), 1.0),
+                     **kw).start()
+
+
+def test_a_client_that_sends_nothing_is_closed_after_the_timeout() -> None:
+    server = _server(client_timeout_s=0.5)
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+            sock.sendall(b"GET /metr")  # a byte-a-second client that stopped
+            t0 = time.monotonic()
+            assert sock.recv(1024) == b""  # closed by the server, no answer
+            assert time.monotonic() - t0 < 4.5
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/healthz", timeout=5) as r:
+            assert r.status == 200  # still serving
+    finally:
+        server.stop()
+
+
+def test_a_client_that_hangs_up_is_not_an_error(capsys: pytest.CaptureFixture[str],
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    server = _server()
+    try:
+        try:
+            raise BrokenPipeError(32, "Broken pipe")
+        except BrokenPipeError:
+            server._server.handle_error(None, ("127.0.0.1", 1))
+        assert capsys.readouterr().err == ""
+        assert not caplog.records
+    finally:
+        server.stop()
+
+
+def test_another_failure_is_one_warning_not_a_traceback_flood(
+        capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    server = _server()
+    try:
+        with caplog.at_level(logging.WARNING, logger="agent.httpd"):
+            for _ in range(5):
+                try:
+                    raise ValueError("bad")
+                except ValueError:
+                    server._server.handle_error(None, ("127.0.0.1", 1))
+        assert capsys.readouterr().err == ""
+        assert len([r for r in caplog.records if "failed" in r.getMessage()]) == 1
+    finally:
+        server.stop()
