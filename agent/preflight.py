@@ -8,6 +8,7 @@ as a run-time failure restarted forever.
 
 from __future__ import annotations
 
+import os
 import ssl
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -87,7 +88,24 @@ def preflight(config: AgentConfig) -> list[str]:
             problems.append(f"{name}: no such file {value!r}")
     problems.extend(_credentials(config))
     problems.extend(_mqtt_consumers(config))
+    problems.extend(_state_dir(Path(config.agent.state_dir)))
     return problems
+
+
+def _state_dir(state_dir: Path) -> list[str]:
+    """``agent.state_dir`` can be created (or is a directory) and written to: its nearest
+    existing ancestor is a directory this process may write to. ``run`` would otherwise fail at
+    its lock file with exit 1, which systemd restarts in a loop."""
+    existing = state_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return [f"agent.state_dir: {str(existing)!r} is not a directory"
+                + ("" if existing == state_dir else f" (cannot create {str(state_dir)!r})")]
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return [f"agent.state_dir: {str(existing)!r} is not writable by this user"
+                + ("" if existing == state_dir else f" (cannot create {str(state_dir)!r})")]
+    return []
 
 
 def _camera_modules(key: str, source: CameraConfig, snapshots: bool) -> list[str]:
