@@ -42,7 +42,7 @@ def preflight(config: AgentConfig) -> list[str]:
         key = f"streams[{i}]"
         source = stream.source
         if isinstance(source, ReplayConfig) and not Path(source.path).is_file():
-            problems.append(f"{key}.source.path: no such file {source.path!r}")
+            problems.append(f"{key}.source.path: {_not_a_file(Path(source.path))}")
         if isinstance(source, CameraConfig):
             problems.extend(_camera_modules(key, source, config.snapshots.enabled))
             if source.path is not None and not Path(source.path).is_file():
@@ -90,6 +90,15 @@ def preflight(config: AgentConfig) -> list[str]:
     problems.extend(_mqtt_consumers(config))
     problems.extend(_state_dir(Path(config.agent.state_dir)))
     return problems
+
+
+def _not_a_file(path: Path) -> str:
+    """Why ``path`` (not a regular file) cannot be read as a recording."""
+    if path.is_dir():
+        return f"{str(path)!r} is a directory, not a file"
+    if path.exists():
+        return f"{str(path)!r} is not a regular file (a device or a pipe)"
+    return f"no such file {str(path)!r}"
 
 
 def _state_dir(state_dir: Path) -> list[str]:

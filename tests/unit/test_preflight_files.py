@@ -160,3 +160,25 @@ def test_a_state_dir_to_be_created_in_a_writable_folder_passes(
     rc, err = _check(tmp_path, text, capsys)
     assert rc == 0, err
     assert not (tmp_path / "new").exists()  # check-config creates nothing
+
+
+@pytest.mark.parametrize(("path", "says"), [
+    ("{tmp}", "'{tmp}' is a directory, not a file"),
+    ("/dev/null", "'/dev/null' is not a regular file (a device or a pipe)"),
+    ("{tmp}/missing.csv", "no such file '{tmp}/missing.csv'"),
+], ids=["directory", "device", "missing"])
+def test_a_replay_path_that_is_no_file_says_what_it_is(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], path: str, says: str) -> None:
+    text = f"""
+[agent]
+device_id = "gw1"
+[[streams]]
+name = "pump"
+model = "builtin:skab-wstat"
+[streams.source]
+kind = "replay"
+path = "{path.format(tmp=tmp_path)}"
+"""
+    rc, err = _check(tmp_path, text, capsys)
+    assert rc == EX_CONFIG
+    assert f"streams[0].source.path: {says.format(tmp=tmp_path)}" in err, err
