@@ -270,7 +270,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
         body = json.loads(raw)
         overall = str(body["status"])
     except (ValueError, KeyError, TypeError):
-        print(f"edge-agent at {url}: not a health report: {raw[:200]!r}", file=sys.stderr)
+        overall = ""
+    if overall not in STATUS_EXIT:  # another service's /healthz, e.g. edge-fleet's {"status": "ok"}
+        print(f"edge-agent at {url}: not an edge-agent health report: {raw[:200]!r}",
+              file=sys.stderr)
         return STATUS_UNREACHABLE
     answered = body.get("device_id")
     if expected is not None and answered is None:  # an agent older than /healthz's device_id

@@ -8,6 +8,7 @@ as a run-time failure restarted forever.
 
 from __future__ import annotations
 
+import os
 import ssl
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -41,7 +42,7 @@ def preflight(config: AgentConfig) -> list[str]:
         key = f"streams[{i}]"
         source = stream.source
         if isinstance(source, ReplayConfig) and not Path(source.path).is_file():
-            problems.append(f"{key}.source.path: no such file {source.path!r}")
+            problems.append(f"{key}.source.path: {_not_a_file(Path(source.path))}")
         if isinstance(source, CameraConfig):
             problems.extend(_camera_modules(key, source, config.snapshots.enabled))
             if source.path is not None and not Path(source.path).is_file():
@@ -87,7 +88,33 @@ def preflight(config: AgentConfig) -> list[str]:
             problems.append(f"{name}: no such file {value!r}")
     problems.extend(_credentials(config))
     problems.extend(_mqtt_consumers(config))
+    problems.extend(_state_dir(Path(config.agent.state_dir)))
     return problems
+
+
+def _not_a_file(path: Path) -> str:
+    """Why ``path`` (not a regular file) cannot be read as a recording."""
+    if path.is_dir():
+        return f"{str(path)!r} is a directory, not a file"
+    if path.exists():
+        return f"{str(path)!r} is not a regular file (a device or a pipe)"
+    return f"no such file {str(path)!r}"
+
+
+def _state_dir(state_dir: Path) -> list[str]:
+    """``agent.state_dir`` can be created (or is a directory) and written to: its nearest
+    existing ancestor is a directory this process may write to. ``run`` would otherwise fail at
+    its lock file with exit 1, which systemd restarts in a loop."""
+    existing = state_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return [f"agent.state_dir: {str(existing)!r} is not a directory"
+                + ("" if existing == state_dir else f" (cannot create {str(state_dir)!r})")]
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return [f"agent.state_dir: {str(existing)!r} is not writable by this user"
+                + ("" if existing == state_dir else f" (cannot create {str(state_dir)!r})")]
+    return []
 
 
 def _camera_modules(key: str, source: CameraConfig, snapshots: bool) -> list[str]:

@@ -1,9 +1,10 @@
 """``edge-agent probe``: open a config's sources and show what they read (commissioning).
 
 What ``telegraf --test`` is to Telegraf: every selected stream's source runs for ``--seconds``;
-each reading is printed (time, channel values), each rejected record with its reason, each
-outage and recovery the source reports. Nothing is scored, stored or published: no model is
-loaded, no broker or fleet is contacted.
+each reading is printed (time, channel values), each rejected record with its reason (a
+reading outside the stream's ``valid_range`` or a float32's range too, as ``run`` rejects it:
+``out_of_range``), each outage and recovery the source reports. Nothing is scored, stored or
+published: no model is loaded, no broker or fleet is contacted.
 
 Text output, one line per event::
 
@@ -37,6 +38,7 @@ from agent.exitcodes import EX_FAILURE, EX_OK
 from agent.records import iso_utc
 from agent.sources.base import ReportsStatus
 from agent.sources.registry import build_source
+from agent.sources.valid_range import ValidRange
 
 #: Seconds between two attempts of a source that failed (a probe does not back off further).
 RETRY_S = 1.0
@@ -107,8 +109,20 @@ def _run_stream(sc: StreamConfig, printer: Printer, report: StreamReport,
         printer.event(sc.name, f"ERROR {exc}", error=str(exc))
         return
     channels = tuple(getattr(source, "channels", ()))
+    try:  # the bounds `run` applies after the source (agent.services.supervisor)
+        valid = ValidRange(channels, {r.channel: (r.low, r.high)
+                                      for r in getattr(sc, "valid_range", ())})
+    except ValueError as exc:
+        report.errors += 1
+        printer.event(sc.name, f"ERROR streams.{sc.name}.valid_range: {exc}", error=str(exc))
+        return
 
     def emit(item: Any) -> None:
+        values = getattr(item, "values", None)
+        invalid = None if values is None else valid.check(values)
+        if invalid is not None:
+            reject(invalid)
+            return
         report.readings += 1
         text, fields = _values(item, channels)
         printer.event(sc.name, text, ts=getattr(item, "ts", None), **fields)

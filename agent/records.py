@@ -59,6 +59,16 @@ class Reading:
 MAX_SOURCE_FILE_CHARS = 1024
 
 
+def score_text(score: float) -> str:
+    """A score for a console line: two decimals, or three significant digits when it is too
+    large for that (an off-scale window scores the largest float, 1.8e308).
+
+    >>> score_text(7.304), score_text(1.7976931348623157e308), score_text(float("nan"))
+    ('7.30', '1.8e+308', 'nan')
+    """
+    return f"{score:.2f}" if abs(score) < 1e9 else f"{score:.3g}"
+
+
 def wire_text(text: str) -> str:
     """``text`` safe for UTF-8 JSON: file-name bytes that are not UTF-8 (``os.fsdecode`` keeps
     them as lone surrogates, ``surrogateescape``) become U+FFFD.
@@ -353,11 +363,11 @@ class Alert:
         """
         if self.event != "raised":
             return (f"{self.event.upper()} {self.episode_id or self.alert_id} "
-                    f"({self.alert_id}) score {self.score:.2f}, peak "
-                    f"{(self.peak_score or self.score):.2f}, threshold {self.threshold:.2f} at "
-                    f"{iso_utc(self.window_end)}")
-        parts = [f"ALERT {self.alert_id} score {self.score:.2f} > threshold "
-                 f"{self.threshold:.2f}"]
+                    f"({self.alert_id}) score {score_text(self.score)}, peak "
+                    f"{score_text(self.peak_score or self.score)}, threshold "
+                    f"{score_text(self.threshold)} at {iso_utc(self.window_end)}")
+        parts = [f"ALERT {self.alert_id} score {score_text(self.score)} > threshold "
+                 f"{score_text(self.threshold)}"]
         if self.window_start == self.window_end:
             parts.append(f"at {iso_utc(self.window_end)}")
         else:

@@ -427,6 +427,7 @@ def _serve(args: argparse.Namespace) -> int:
                          "replicas of this PostgreSQL fleet have their own; give every replica "
                          "the same --admin-token-file or use accounts (--no-admin-token)")
     os.environ.pop(ADMIN_TOKEN_ENV, None)  # no child process inherits it (module docstring)
+    _check_port_free(args.host, args.port)
     settings = _settings(args, token)
     options = _server_options(args)
     engine = make_engine(settings)
@@ -491,6 +492,27 @@ _OPS_FIELDS = ("offline_after_s", "retention_s", "webhook_max_attempts",
 
 def _ops_settings(settings: Settings) -> dict[str, Any]:
     return {name: getattr(settings, name) for name in _OPS_FIELDS}
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Bind ``host:port`` as uvicorn will (``SO_REUSEADDR``) and let it go again.
+
+    Raises:
+        ConfigError: the port is taken (another edge-fleet?) or the address is not this host's;
+            uvicorn would log that after the start-up line and exit 3.
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ConfigError(f"--host {host!r}: {exc.strerror}") from None
+    family, kind, proto, _name, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc} (another "
+                              "edge-fleet, or another program: stop it or give --port)") from None
 
 
 def _loopback(host: str) -> bool:

@@ -153,6 +153,11 @@ def parse_timestamp(text: str, time_format: str = "auto") -> float:
     return value
 
 
+#: Longest header line read (characters): a header is a few hundred; a longer first line is
+#: not a CSV header (a binary file, a JSON dump) and is refused without reading all of it.
+MAX_HEADER_CHARS = 65536
+
+
 class ReplaySource:
     """Replays a recorded CSV file as a stream of readings.
 
@@ -170,8 +175,10 @@ class ReplaySource:
         channels: Channel column names, in the order of ``Reading.values``.
 
     Raises:
-        SourceError: From the constructor when the file is missing, unreadable or empty, lacks the
-            time column, or lacks a configured channel (the message lists the columns present).
+        SourceError: From the constructor when the file is missing, unreadable or empty, its
+            first line is not a CSV header (over ``MAX_HEADER_CHARS``, or a field the csv module
+            refuses), lacks the time column, or lacks a configured channel (the message lists the
+            columns present).
     """
 
     def __init__(
@@ -194,7 +201,14 @@ class ReplaySource:
         self._delimiter = (
             sniff_delimiter(header_line) if config.delimiter == "auto" else config.delimiter
         )
-        first = next(csv.reader([header_line], delimiter=self._delimiter))
+        try:
+            first = next(csv.reader([header_line], delimiter=self._delimiter))
+        except csv.Error as exc:  # a field over the csv module's limit, a NUL byte ...
+            raise SourceError(
+                f"replay file's header line cannot be read as CSV: {exc}",
+                stream=stream,
+                path=str(self._path),
+            ) from exc
         header = [name.strip() for name in first]
         self._n_fields = len(header)
         if config.time_column not in header:
@@ -248,11 +262,18 @@ class ReplaySource:
     def _read_header_line(self) -> str:
         with self._open() as f:
             try:
-                line = f.readline()
+                line = f.readline(MAX_HEADER_CHARS + 1)
             except OSError as exc:
                 raise SourceError(
                     f"cannot read replay file: {exc}", stream=self.stream, path=str(self._path)
                 ) from exc
+        if len(line) > MAX_HEADER_CHARS:
+            raise SourceError(
+                f"replay file's first line is longer than {MAX_HEADER_CHARS} characters: not a "
+                "CSV header (is this the recording?)",
+                stream=self.stream,
+                path=str(self._path),
+            )
         line = line.rstrip("\r\n")
         if not line.strip():
             raise SourceError(

@@ -139,3 +139,46 @@ def test_a_fleet_ca_file_that_is_not_a_certificate(tmp_path: Path,
                      'token_file = "gw1.token"\nca_file = "ca.pem"\n')
     rc, err = _check(tmp_path, text, capsys)
     assert rc == EX_CONFIG and "fleet.ca_file: cannot load" in err
+
+
+@pytest.mark.parametrize("state_dir", ["afile/st", "afile"], ids=["under-a-file", "a-file"])
+def test_a_state_dir_that_cannot_be_a_directory_is_a_config_problem(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], state_dir: str) -> None:
+    (tmp_path / "afile").write_text("not a directory\n")
+    text = SENSOR.replace('device_id = "gw1"', f'device_id = "gw1"\nstate_dir = "{state_dir}"')
+    rc, err = _check(tmp_path, text, capsys)
+    assert rc == EX_CONFIG
+    assert f"agent.state_dir: {str(tmp_path / 'afile')!r} is not a directory" in err
+    # run refuses it the same way (before: "cannot create the state lock", exit 1)
+    assert main(["run", "--config", str(tmp_path / "agent.toml")]) == EX_CONFIG
+    assert "agent.state_dir:" in capsys.readouterr().err
+
+
+def test_a_state_dir_to_be_created_in_a_writable_folder_passes(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = SENSOR.replace('device_id = "gw1"', 'device_id = "gw1"\nstate_dir = "new/deeper"')
+    rc, err = _check(tmp_path, text, capsys)
+    assert rc == 0, err
+    assert not (tmp_path / "new").exists()  # check-config creates nothing
+
+
+@pytest.mark.parametrize(("path", "says"), [
+    ("{tmp}", "'{tmp}' is a directory, not a file"),
+    ("/dev/null", "'/dev/null' is not a regular file (a device or a pipe)"),
+    ("{tmp}/missing.csv", "no such file '{tmp}/missing.csv'"),
+], ids=["directory", "device", "missing"])
+def test_a_replay_path_that_is_no_file_says_what_it_is(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], path: str, says: str) -> None:
+    text = f"""
+[agent]
+device_id = "gw1"
+[[streams]]
+name = "pump"
+model = "builtin:skab-wstat"
+[streams.source]
+kind = "replay"
+path = "{path.format(tmp=tmp_path)}"
+"""
+    rc, err = _check(tmp_path, text, capsys)
+    assert rc == EX_CONFIG
+    assert f"streams[0].source.path: {says.format(tmp=tmp_path)}" in err, err

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from agent.cli import main
 from agent.errors import RecordError, SourceError, SourceExhausted, SourceFailed
 from agent.records import Reading
 from agent.sources.replay import ReplayConfig, ReplaySource
@@ -324,3 +325,31 @@ def test_real_skab_valve1_file() -> None:
     assert c.rejects == []
     assert all(r.values.shape == (8,) for r in c.readings)
     assert c.readings[0].ts == T0  # 2020-03-09 10:14:33, naive = UTC
+
+
+@pytest.mark.parametrize("first_line", [
+    "datetime;" + "1" * 200_000,          # one field over the csv module's 131072 limit
+    "x" * 70_000 + ";datetime;Current",   # a first line too long to be a header
+], ids=["huge-field", "huge-line"])
+def test_a_first_line_that_is_no_csv_header_is_a_source_error(
+        tmp_path: Path, first_line: str) -> None:
+    path = tmp_path / "notcsv.csv"
+    path.write_text(first_line + "\n2020-03-09 10:14:33;1.0\n")
+    with pytest.raises(SourceError, match="not a CSV header") as info:
+        ReplaySource(ReplayConfig(path=str(path)), "s")
+    assert len(str(info.value)) < 500  # the line itself is not echoed
+
+
+def test_check_config_on_a_replay_file_with_a_huge_first_field_exits_78(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "dump.csv"
+    data.write_text("datetime;" + "1" * 200_000 + "\n")
+    config = tmp_path / "agent.toml"
+    config.write_text(
+        '[agent]\ndevice_id = "gw"\nstate_dir = "st"\n[[streams]]\nname = "s"\n'
+        'model = "builtin:skab-wstat"\n[streams.source]\nkind = "replay"\npath = "dump.csv"\n'
+    )
+    assert main(["check-config", str(config)]) == 78
+    err = capsys.readouterr().err
+    assert "streams[0].source.path: replay file's first line is longer than 65536" in err
+    assert main(["run", "--config", str(config)]) == 78

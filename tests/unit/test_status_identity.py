@@ -10,7 +10,9 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from threading import Thread
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -90,3 +92,32 @@ def test_run_with_the_metrics_port_taken_is_a_config_error(tmp_path: Path) -> No
     assert out.returncode == 78, out.stderr
     assert (f"{cfg}: agent.metrics_port: 127.0.0.1:{port} is already in use (another agent, "
             "or another program): set [agent] metrics_port to a free port") in out.stderr
+
+
+def test_status_of_another_services_healthz_is_no_health_report(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``status --url`` pointed at edge-fleet (``/healthz`` answers ``{"status": "ok"}``)
+    printed ``edge-agent at ...: OK`` and exited 2 (red)."""
+    class FleetLike(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b'{"status":"ok"}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FleetLike)
+    Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        assert cli.main(["status", "--url", url]) == cli.STATUS_UNREACHABLE == 3
+    finally:
+        server.shutdown()
+        server.server_close()
+    captured = capsys.readouterr()
+    assert "not an edge-agent health report" in captured.err
+    assert "OK" not in captured.out
