@@ -46,7 +46,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Literal, TextIO
 
 from agent import __version__
 from agent.compose import (
@@ -114,7 +114,8 @@ class Agent(AgentLoop):
     Args:
         config: A config whose paths are already absolute (``AgentConfig.resolved``).
         metrics: Metrics registry holder.
-        console: Where alerts are printed when ``agent.console_alerts`` is on.
+        console: Where alerts are printed when ``agent.console_alerts`` is on (``"stdout"``: the
+            ``sys.stdout`` of the moment the agent is made; None: nowhere).
         notifier: systemd notifier.
         clock: Wall clock, epoch seconds UTC.
         sources: Ready-made sources by stream name, used instead of building one from that
@@ -137,7 +138,7 @@ class Agent(AgentLoop):
         self,
         config: AgentConfig,
         metrics: Metrics | None = None,
-        console: TextIO | None = sys.stdout,
+        console: TextIO | Literal["stdout"] | None = "stdout",
         notifier: Notifier | None = None,
         clock: Callable[[], float] = time.time,
         sources: Mapping[str, Source] | None = None,
@@ -153,6 +154,8 @@ class Agent(AgentLoop):
         self._repeat = {sc.name: repeat_policy(sc.source) for sc in config.streams}
         self.metrics = metrics if metrics is not None else Metrics()
         self.metrics.info.info({"version": __version__, "device_id": config.agent.device_id})
+        if console == "stdout":  # looked up now: sys.stdout may be replaced after import
+            console = sys.stdout
         self.console = console if config.agent.console_alerts else None
         self.notifier = notifier if notifier is not None else Notifier()
         self.clock = clock
