@@ -597,8 +597,9 @@ def rate_outputs(series: dict[str, tuple[np.ndarray, np.ndarray]], out: Path,
         rows = path.read_text(encoding="utf-8").splitlines()[1:]
         fields = [r.split(",") for r in rows]
         alarms = np.array([int(f[3]) for f in fields], np.int8)
+        opened = np.array([int(f[4]) if len(f) > 4 else 0 for f in fields], np.int8)
         g = name.split("/")[0]
-        by_group[g] = by_group.get(g, ZERO) + rate(alarms, labels, N)
+        by_group[g] = by_group.get(g, ZERO) + rate(alarms, labels, N, opened)
     for g, r in by_group.items():
         log(f"benchmark output, group {g:<7} {r.text()}")
     log(f"benchmark output, pooled        {sum(by_group.values(), ZERO).text()}")

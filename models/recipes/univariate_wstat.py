@@ -4,10 +4,12 @@
     python models/recipes/univariate_wstat.py --data ../shared/datasets/skab \
         --out models/univariate-wstat --selection uni.json --version 3
 
-The window, top_k, threshold factor and hold-out, the drift adaptation (rate, bound) and the
-alert rule (k of n and the single-window path) come from the grouped selection on univariate
-series (``--selection``, written by :mod:`univariate_select`), so the shipped defaults are the
-ones that procedure picks.
+The window, the robust adaptive score (threshold in robust sigmas, adaptation rates, level and
+scale bounds, Huber clip; :mod:`agent.pipeline.robust`) and the alert rule (k of n and the
+single-window path) come from the grouped selection on univariate series (``--selection``,
+written by :mod:`univariate_select`), so the shipped defaults are the ones that procedure picks.
+The manifest's ``score.threshold`` is written for the schema and is not read by a package with
+``univariate.threshold_sigma``.
 
 Steps (as :mod:`skab_wstat`, with C = 1):
 
@@ -57,8 +59,8 @@ from fleet.training.wstat import (
 
 #: The choices the package takes from the selection (``univariate_select.py --json``). There
 #: are no fallback values: a package built without a selection would ship hand-picked defaults.
-SELECTED = ("window", "top_k", "factor", "holdout", "adapt_rate", "drift_bound", "rule_k",
-            "rule_n", "spike_factor")
+SELECTED = ("window", "top_k", "threshold_sigma", "adapt_rate", "scale_rate", "drift_bound",
+            "clip", "scale_bound", "rule_k", "rule_n", "spike_factor")
 
 
 FEATURE_FLOOR_FRAC = 0.1
@@ -149,8 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     manifest = {
         "format": 1, "name": "univariate-wstat", "version": args.version, "kind": "sensor",
         "description": "One channel of any unit at irregular intervals: window statistics "
-                       "(mean, mean abs deviation, mean |diff|), calibrated on device, gaps "
-                       "restart the window, bounded drift adaptation; INT8 QDQ.",
+                       "(mean, mean abs deviation, mean |diff|) against a robust baseline whose "
+                       "level and scale adapt within bounds, threshold in robust sigmas; gaps "
+                       "restart the window; INT8 QDQ.",
         "input": {"channels": ["value"], "units": [""], "sample_rate_hz": 1.0, "window": w,
                   "hop": 1},
         "preprocessing": {"scaler": "calibrate_on_device",
@@ -160,12 +163,15 @@ def main(argv: list[str] | None = None) -> int:
                   "top_k": int(chosen["top_k"]),
                   "feature_std_floor": [float(v) for v in feature_floor],
                   "threshold": {"kind": "calibration_quantile", "quantile": 1.0,
-                                "factor": float(chosen["factor"]),
-                                "holdout": float(chosen["holdout"])}},
+                                "factor": 1.0, "holdout": 0.0}},
         "univariate": {"gap_factor": args.gap_factor, "scale_floor_rel": args.scale_floor_rel,
                        "adapt_rate": float(chosen["adapt_rate"]),
                        "adapt_below": args.adapt_below,
                        "drift_bound": float(chosen["drift_bound"]),
+                       "threshold_sigma": float(chosen["threshold_sigma"]),
+                       "scale_rate": float(chosen["scale_rate"]),
+                       "clip": float(chosen["clip"]),
+                       "scale_bound": float(chosen["scale_bound"]),
                        "rule_k": int(chosen["rule_k"]), "rule_n": int(chosen["rule_n"]),
                        "rule_spike": (None if chosen["spike_factor"] is None
                                       else float(chosen["spike_factor"]))},
