@@ -25,7 +25,11 @@ Steps (as :mod:`skab_wstat`, with C = 1):
    quantum floors of :func:`agent.pipeline.univariate.univariate_floor`.
 3. The FP32 ONNX graph (:func:`fleet.training.wstat.build_graph` with C = 1), INT8 QDQ with
    ``quantize_static`` on the scaled windows (plus the same ×``--headroom``, so a fault several
-   sigmas out is still represented; beyond it the FP32 twin scores, as for every package),
+   sigmas out is still represented; beyond it the FP32 twin scores, as for every package), and
+   ``--spike-windows`` copies with 1 or 3 rows set to the sample's extreme values
+   (:func:`spike_windows`): the fallback looks at the input range only, so without them a spike
+   inside that range saturates the INT8 spread and roughness outputs (a 1-row 8σ spike on W 3
+   scored about half its FP32 score),
    golden vectors, OpenVINO IR and TFLite INT8 (:func:`skab_wstat.other_runtimes`).
 """
 
@@ -80,6 +84,20 @@ def training_windows(values: np.ndarray, window: int, cal: int) -> tuple[np.ndar
     return np.concatenate(ws), np.concatenate(fs)
 
 
+def spike_windows(windows: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:
+    """``count`` copies ``(count, W, 1)`` of random ``windows`` with one row, or 3 consecutive
+    rows (alternately), set to the windows' largest or smallest value (alternately): spikes
+    inside the input range, for the INT8 output ranges."""
+    lo, hi = float(windows.min()), float(windows.max())
+    out = windows[rng.choice(windows.shape[0], count)].copy()
+    w = out.shape[1]
+    for i in range(count):
+        length = 1 if i % 2 == 0 else min(3, w)
+        start = int(rng.integers(0, w - length + 1))
+        out[i, start : start + length, :] = hi if (i // 2) % 2 == 0 else lo
+    return out
+
+
 def read_selection(path: Path) -> dict[str, Any]:
     """The choices of :data:`SELECTED` from a ``univariate_select.py --json`` file.
 
@@ -117,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="train on every row of the anomaly-free recording, also those in a "
                          "labelled file's time span (how univariate-wstat@2 was built)")
     ap.add_argument("--quant-windows", type=int, default=4000)
+    ap.add_argument("--spike-windows", type=int, default=1000,
+                    help="quantization windows carrying in-range spikes (0: none, as @2)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     chosen = read_selection(args.selection)
@@ -134,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
 
     onnx.save(build_graph(w, 1), fp32_path)
     pick = windows[rng.choice(windows.shape[0], args.quant_windows // 2, replace=False)]
-    quant_sample = np.concatenate([pick, pick * args.headroom]).astype(np.float32)
+    quant_sample = np.concatenate([pick, pick * args.headroom,
+                                   spike_windows(windows, args.spike_windows, rng)]
+                                  ).astype(np.float32)
     quantize_int8(fp32_path, int8_path, quant_sample)
     check = windows[rng.choice(windows.shape[0], 2000, replace=False)]
     ref = window_features(check)

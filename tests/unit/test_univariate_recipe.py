@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "models" / "recipes"))
@@ -51,3 +52,13 @@ def test_a_full_selection_is_taken_whole(tmp_path: Path) -> None:
     sel.write_text("{not json")
     with pytest.raises(SystemExit, match="not a selection file"):
         univariate_wstat.read_selection(sel)
+
+
+def test_spike_windows_stay_inside_the_sample_range() -> None:
+    """The INT8 quantization sample's spike windows: 1 or 3 rows at the sample's extremes, so
+    the output ranges cover a spike whose input the INT8 artefact still represents."""
+    windows = np.random.default_rng(0).normal(size=(200, 5, 1))
+    out = univariate_wstat.spike_windows(windows, 4, np.random.default_rng(1))
+    lo, hi = windows.min(), windows.max()
+    assert out.shape == (4, 5, 1) and lo <= out.min() and out.max() <= hi
+    assert [int(np.isin(w, (lo, hi)).sum()) for w in out] == [1, 3, 1, 3]
