@@ -144,8 +144,8 @@ def _spikes(tmp_path: Path, package: Path) -> None:
 
 
 @pytest.mark.xfail(strict=True, reason="univariate-wstat@2 (10 of 10 on W 5, no single-window "
-                   "path) cannot alarm on a point anomaly; the selection with R1/R2 found no "
-                   "candidate meeting them (docs/detection.md), so no @3 was built")
+                   "path) cannot alarm on a point anomaly; no selection found a candidate "
+                   "meeting R1-R3 (docs/detection.md), so no @3 was built")
 def test_the_shipped_package_alarms_on_point_anomalies_and_short_shifts(tmp_path: Path) -> None:
     _spikes(tmp_path, ROOT / "models" / "univariate-wstat")
 
