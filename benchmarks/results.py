@@ -102,6 +102,11 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("skab_loop", ("benchmarks/skab_loop.py", "--data", "{data}/skab"),
               "SKAB through the closed loop (fleet retrains, signs and rolls out per device)",
               heavy=True),
+    Benchmark("univariate_generated", ("benchmarks/univariate_generated.py",),
+              "the shipped univariate package on generated series (noise, daily sine, trend, "
+              "heavy tails, random walk, irregular times with gaps) with 8 sigma spikes of 1 and "
+              "3 rows and 4 sigma steps of 50 rows: hit rates, false alarms, time in alarm",
+              "hit rates >= 0.9, false alarms <= 1 per 10,000 rows", heavy=True),
     Benchmark("fleet_hostile_bodies", ("benchmarks/fleet_hostile_bodies.py",),
               "fleet memory under large unauthenticated bodies", heavy=True),
     Benchmark("console_scale", ("benchmarks/console_scale.py",),

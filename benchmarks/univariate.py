@@ -10,18 +10,21 @@ calibration, detector, gaps, bounded drift adaptation) and :class:`agent.pipelin
 with the rule a deployed stream whose ``[streams.rules]`` gives no key runs
 (:func:`agent.services.stream_rules.stream_rule_params`: the package's selected k of n, the
 agent's defaults for the other rule parameters). No labels are read. ``OUT/<same relative
-path>`` gets ``timestamp,value,score,alarm``:
+path>`` gets ``timestamp,value,score,alarm,in_alarm``:
 
 * ``score``: the score of the window ending at the row; **empty** while calibrating, before the
   first window after a gap is complete, and on rejected rows;
 * ``alarm``: 1 on the row where the alert rules raise an alert, else 0;
+* ``in_alarm``: 1 on a scored row after which an alert episode is open (the rules' state at the
+  end of the row's ``--block``: exact at the default of one row per block), else 0;
 * rejected rows (value or timestamp not a number, timestamp before the previous row's) are
   kept as they were with an empty score and alarm 0;
 * calibration: the first N accepted rows, N the package's ``calibration_samples``, as on a
   device (which cannot know how long its stream will be). A file with fewer than N + W accepted
   rows is written unscored (all scores empty).
 
-The last line printed is ``files=… rows=… rejected=… unscored_files=… alarms=…``.
+The last line printed is ``files=… rows=… rejected=… unscored_files=… alarms=… in_alarm=…``
+(``in_alarm``: the share of scored rows inside an open episode).
 """
 
 from __future__ import annotations
@@ -111,13 +114,15 @@ def read_csv(path: Path) -> tuple[list[list[str]], np.ndarray, np.ndarray]:
 def score_series(ts: np.ndarray, values: np.ndarray, spec: DetectorSpec, backend: Backend,
                  rules: RuleParams, params: UnivariateParams, block: int = 1,
                  fallback: tuple[Backend | None, tuple[float, float] | None] = (None, None),
-                 ) -> tuple[np.ndarray, np.ndarray, float]:
+                 in_alarm: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, float]:
     """Run one series through the univariate pipeline in stream order.
 
     Args:
         ts, values: ``(T,)`` epoch seconds and values (NaN = unparsable, rejected).
         spec: Detector spec (its ``calibration_samples`` is the series' calibration length).
         block: Rows per ``process_block`` call.
+        in_alarm: ``(T,)`` int8, filled with 1 on the scored rows after whose block an alert
+            episode is open (None: not recorded).
 
     Returns:
         (scores ``(T,)`` float64, NaN where unscored; alarms ``(T,)`` int8; the threshold,
@@ -132,6 +137,8 @@ def score_series(ts: np.ndarray, values: np.ndarray, spec: DetectorSpec, backend
         out = pipe.process_block(values[a : a + block, None], ts[a : a + block])
         idx = out.end_index + a
         scores[idx] = out.scores
+        if in_alarm is not None:
+            in_alarm[idx] = pipe.rules.active
         for alert in out.alerts:  # the row whose window raised it: its end time and score
             hit = idx[(ts[idx] == alert.window_end) & (out.scores == alert.score)]
             alarms[int(hit[-1]) if hit.size else a + min(block, ts.shape[0] - a) - 1] = 1
@@ -140,8 +147,9 @@ def score_series(ts: np.ndarray, values: np.ndarray, spec: DetectorSpec, backend
 
 def run_file(path: Path, out: Path, package: ModelPackage, backend: Backend,
              fallback: tuple[Backend | None, tuple[float, float] | None], block: int
-             ) -> tuple[int, int, int, bool]:
-    """Score one file into ``out``; returns (rows, rejected, alarms, scored)."""
+             ) -> tuple[int, int, int, bool, int, int]:
+    """Score one file into ``out``; returns (rows, rejected, alarms, scored, scored rows, rows
+    in alarm)."""
     rows, ts, values = read_csv(path)
     spec = package.detector_spec()
     params = package.univariate_params()
@@ -150,18 +158,21 @@ def run_file(path: Path, out: Path, package: ModelPackage, backend: Backend,
     good = accepted_rows(values[:, None], ts)
     scores = np.full(len(rows), math.nan)
     alarms = np.zeros(len(rows), np.int8)
+    in_alarm = np.zeros(len(rows), np.int8)
     scored = int(good.sum()) >= spec.calibration_samples + spec.window
     if scored:
         rules = stream_rule_params(RulesConfig(), package.manifest.univariate)
         scores, alarms, _ = score_series(ts, values, spec, backend, rules, params, block,
-                                         fallback)
+                                         fallback, in_alarm)
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh, lineterminator="\n")
-        w.writerow(["timestamp", "value", "score", "alarm"])
-        for r, s, al in zip(rows, scores.tolist(), alarms.tolist(), strict=True):
-            w.writerow([r[0], r[1], "" if math.isnan(s) else f"{s:.6g}", al])
-    return len(rows), int((~good).sum()), int(alarms.sum()), scored
+        w.writerow(["timestamp", "value", "score", "alarm", "in_alarm"])
+        for r, s, al, op in zip(rows, scores.tolist(), alarms.tolist(), in_alarm.tolist(),
+                                strict=True):
+            w.writerow([r[0], r[1], "" if math.isnan(s) else f"{s:.6g}", al, op])
+    return (len(rows), int((~good).sum()), int(alarms.sum()), scored,
+            int((~np.isnan(scores)).sum()), int(in_alarm.sum()))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,20 +187,20 @@ def main(argv: list[str] | None = None) -> int:
     backend = open_backend(package, args.precision)
     fallback = saturation_fallback(package, package.artefact("onnxruntime", args.precision))
     files = sorted(p for p in args.data.rglob("*.csv") if p.is_file())
-    totals = np.zeros(4, np.int64)
+    totals = np.zeros(6, np.int64)
     for path in files:
         rel = path.relative_to(args.data)
         try:
-            rows, rejected, alarms, scored = run_file(path, args.out / rel, package, backend,
-                                                      fallback, max(1, args.block))
+            rows, rejected, alarms, scored, n_scored, n_open = run_file(
+                path, args.out / rel, package, backend, fallback, max(1, args.block))
         except ValueError as exc:
             print(f"{rel}: skipped: {exc}")
             continue
-        totals += (rows, rejected, alarms, 0 if scored else 1)
+        totals += (rows, rejected, alarms, 0 if scored else 1, n_scored, n_open)
         print(f"{rel}: rows={rows} rejected={rejected} alarms={alarms}"
               f"{'' if scored else ' (too short to calibrate: unscored)'}")
     print(f"files={len(files)} rows={totals[0]} rejected={totals[1]} unscored_files={totals[3]} "
-          f"alarms={totals[2]}")
+          f"alarms={totals[2]} in_alarm={totals[5] / max(1, totals[4]):.4f}")
     return 0
 
 

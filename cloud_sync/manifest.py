@@ -164,7 +164,14 @@ class UnivariateSpec(_Strict):
     * ``rule_spike``: the rule's single-window path the selection chose (one window above
       ``rule_spike`` × threshold alerts; :class:`agent.pipeline.rules.RuleParams`
       ``spike_factor``), None = off; applied like ``rule_k``, and a stream's ``spike_factor``
-      key overrides it.
+      key overrides it;
+    * ``threshold_sigma`` (packages from ``univariate-wstat@3``): the robust adaptive score
+      (:mod:`agent.pipeline.robust`): each window feature against a baseline whose centre
+      (rate ``adapt_rate``, the level bounded at ± ``drift_bound`` calibration sigmas) and
+      robust scale (rate ``scale_rate``) adapt with deviations clipped at ± ``clip`` robust
+      sigmas, spread, roughness and scales within a factor ``scale_bound`` of their start;
+      the threshold is ``threshold_sigma`` robust sigmas and ``score.threshold`` and
+      ``adapt_below`` are not read. None: the calibration-quantile threshold.
     """
 
     gap_factor: float = Field(gt=1, description="Gap = interval > gap_factor x median interval.")
@@ -181,6 +188,15 @@ class UnivariateSpec(_Strict):
     rule_spike: float | None = Field(
         None, ge=1, description="Selected single-window path: one window above rule_spike x "
         "threshold alerts (None: off; packages before univariate-wstat 3 have none).")
+    threshold_sigma: float | None = Field(
+        None, gt=0, description="Robust adaptive score: threshold in robust sigmas (None: the "
+        "calibration-quantile threshold of packages before univariate-wstat 3).")
+    scale_rate: float = Field(0.01, ge=0, lt=1, description="Robust score: EW rate of the "
+                              "robust scales per window.")
+    clip: float = Field(3.0, gt=0, description="Robust score: deviations clipped at this many "
+                        "robust sigmas before they adapt the baseline.")
+    scale_bound: float = Field(4.0, ge=1, description="Robust score: largest factor between a "
+                               "spread, roughness or scale value and its start.")
 
 
 class Manifest(_Strict):

@@ -115,7 +115,8 @@ class ModelPackage:
         if u is None:
             return None
         return UnivariateParams(u.gap_factor, u.scale_floor_rel, u.adapt_rate, u.adapt_below,
-                                u.drift_bound)
+                                u.drift_bound, u.threshold_sigma, u.scale_rate, u.clip,
+                                u.scale_bound)
 
     def preset_calibration(self) -> Calibration | None:
         """The calibration fitted in the cloud for one device, when the package carries one.

@@ -25,9 +25,15 @@ interval is scored like a regular one, only a gap is treated apart.
 * **Scale floor.** σ_cal = max(manifest floor, ``scale_floor_rel`` × |median|, the smallest
   nonzero step between calibration samples): a channel that was flat while calibrating (a
   quantized sensor) does not turn one quantum into an alarm.
-* **Explanation.** Each alert carries :class:`agent.records.Explanation`: expected = μ in force
-  when the alert was raised, observed = the alerting window's mean, deviation = observed −
-  expected, and that deviation in σ_cal.
+* **Robust adaptive score** (``threshold_sigma`` set, packages from ``univariate-wstat@3``):
+  the window features are scored against a baseline whose level and scale both adapt, robustly
+  and within bounds (:mod:`agent.pipeline.robust`); the score is in robust sigmas and the
+  threshold is ``threshold_sigma`` of them. The level EWMA above is then not used (the robust
+  baseline carries the level), and the calibration's feature statistics hold the baseline's
+  start (median and robust std of the calibration windows' features).
+* **Explanation.** Each alert carries :class:`agent.records.Explanation`: expected = the
+  baseline level in force when the alert was raised, observed = the alerting window's mean,
+  deviation = observed − expected, and that deviation in σ_cal.
 """
 
 from __future__ import annotations
@@ -50,11 +56,12 @@ from agent.pipeline.detector import (
     ScoredBatch,
 )
 from agent.pipeline.drift import LevelAdaptation, follow_level
+from agent.pipeline.robust import RobustParams, RobustState, robust_scores, robust_stats
 from agent.pipeline.rules import RuleParams
 from agent.pipeline.stream import AlertEvent, StreamOutput, StreamPipeline
 from agent.pipeline.windowing import SlidingWindower, WindowBatch
 from agent.records import Explanation, Float32Array, FloatArray
-from cloud_sync.calibration import Scaler
+from cloud_sync.calibration import FeatureStats, Scaler, sliding_windows
 
 
 class _HasChannel(Protocol):
@@ -79,6 +86,20 @@ class UnivariateParams:
     adapt_rate: float = 0.01
     adapt_below: float = 0.5
     drift_bound: float = 3.0
+    #: The robust adaptive score's threshold in robust sigmas; None = the calibration-quantile
+    #: score of packages before ``univariate-wstat@3``.
+    threshold_sigma: float | None = None
+    scale_rate: float = 0.01
+    clip: float = 3.0
+    scale_bound: float = 4.0
+
+    @property
+    def robust(self) -> RobustParams | None:
+        """The robust baseline's parameters, None without ``threshold_sigma``."""
+        if self.threshold_sigma is None:
+            return None
+        return RobustParams(self.adapt_rate, self.scale_rate, self.clip, self.drift_bound,
+                            self.scale_bound)
 
 
 def univariate_floor(samples: FloatArray, floor: float, rel: float) -> float:
@@ -157,15 +178,37 @@ class UnivariateDetector(FeatureDeviationDetector):
         self.params = params
 
     def calibrate(self, samples: FloatArray) -> Calibration:
-        """As :meth:`FeatureDeviationDetector.calibrate`, with the univariate scale floor."""
+        """As :meth:`FeatureDeviationDetector.calibrate`, with the univariate scale floor.
+
+        With ``threshold_sigma`` the feature statistics are the robust baseline's start
+        (:func:`agent.pipeline.robust.robust_stats` of the calibration windows' features), the
+        threshold is ``threshold_sigma`` and ``scores`` are the calibration windows' robust
+        scores against that start.
+        """
         floor = univariate_floor(samples, float(self.spec.scale_floor[0]),
                                  self.params.scale_floor_rel)
         base = self.spec
-        self.spec = replace(base, scale_floor=np.array([floor]))
+        robust, t = self.params.robust, self.params.threshold_sigma
+        # the robust score's threshold is fixed: no hold-out base to fit
+        self.spec = replace(base, scale_floor=np.array([floor]),
+                            threshold_holdout=base.threshold_holdout if t is None else 0.0)
         try:
-            return super().calibrate(samples)
+            fit = super().calibrate(samples)
         finally:
             self.spec = base
+        if robust is None or t is None:
+            return fit
+        windows = sliding_windows(np.asarray(samples, np.float64), base.window)
+        feats = self._run(fit.scaler.apply(windows))
+        centre, scale = robust_stats(feats, base.feature_std_floor)
+        frozen = replace(robust, adapt_rate=0.0, scale_rate=0.0)
+        scores = robust_scores(feats, RobustState.start(centre, scale), frozen, base.top_k)[0]
+        return replace(fit, features=FeatureStats(centre, scale), threshold=float(t),
+                       scores=scores)
+
+    def features(self, windows: Float32Array, calibration: Calibration) -> FloatArray:
+        """Features ``(K, F)`` of raw windows ``(K, W, 1)`` scaled with ``calibration``."""
+        return self._run(calibration.scaler.apply(windows))
 
 
 def build_detector(spec: DetectorSpec, backend: Backend, params: UnivariateParams | None, *,
@@ -225,11 +268,28 @@ class UnivariatePipeline(StreamPipeline):
         self.gaps = 0
         #: Calibration the baseline is bounded against (the one fitted or restored).
         self.origin: Calibration | None = calibration
+        # the robust baseline and the calibration it started from
+        self._robust: tuple[Calibration, RobustState] | None = None
 
     @property
     def baseline(self) -> float:
-        """The baseline level μ in force, channel units (NaN while calibrating)."""
-        return float(self.calibration.scaler.mean[0]) if self.calibration else math.nan
+        """The baseline level in force, channel units (NaN while calibrating): μ, or with the
+        robust score μ_cal + σ_cal × the level centre."""
+        cal = self.calibration
+        if cal is None:
+            return math.nan
+        state = self.robust_state
+        if state is None:
+            return float(cal.scaler.mean[0])
+        return float(cal.scaler.mean[0] + cal.scaler.scale[0] * state.centre[0])
+
+    @property
+    def robust_state(self) -> RobustState | None:
+        """The robust baseline in force (:mod:`agent.pipeline.robust`), None without the
+        robust score or before its first window (it then starts from the calibration)."""
+        if self._robust is None or self._robust[0] is not self.calibration:
+            return None
+        return self._robust[1]
 
     def accepted(self, values: FloatArray, ts: FloatArray) -> np.ndarray:
         """:func:`accepted_rows` after this pipeline's last accepted reading (no state change)."""
@@ -309,8 +369,25 @@ class UnivariatePipeline(StreamPipeline):
 
     def _score(self, windows: Float32Array) -> ScoredBatch:
         scored = super()._score(windows)
-        self._adapt(windows, scored.scores)
+        if self._robust_params() is None:
+            self._adapt(windows, scored.scores)
         return scored
+
+    def _robust_params(self) -> RobustParams | None:
+        det = self.detector
+        return det.params.robust if isinstance(det, UnivariateDetector) else None
+
+    def _run_detector(self, windows: Float32Array) -> ScoredBatch:
+        """With the robust score: the windows against the robust baseline, adapted window by
+        window from the calibration's start (:mod:`agent.pipeline.robust`)."""
+        p, cal, det = self._robust_params(), self.calibration, self.detector
+        if p is None or not isinstance(det, UnivariateDetector):
+            return super()._run_detector(windows)
+        assert cal is not None
+        state = self.robust_state or RobustState.start(cal.features.mean, cal.features.std)
+        scores, _, state = robust_scores(det.features(windows, cal), state, p, self.spec.top_k)
+        self._robust = (cal, state)
+        return ScoredBatch(scores, np.ones((scores.shape[0], 1)))
 
     def _adapt(self, windows: Float32Array, scores: FloatArray) -> None:
         """The bounded EWMA of the baseline (module docstring)."""

@@ -4,10 +4,12 @@
     python models/recipes/univariate_wstat.py --data ../shared/datasets/skab \
         --out models/univariate-wstat --selection uni.json --version 3
 
-The window, top_k, threshold factor and hold-out, the drift adaptation (rate, bound) and the
-alert rule (k of n and the single-window path) come from the grouped selection on univariate
-series (``--selection``, written by :mod:`univariate_select`), so the shipped defaults are the
-ones that procedure picks.
+The window, the robust adaptive score (threshold in robust sigmas, adaptation rates, level and
+scale bounds, Huber clip; :mod:`agent.pipeline.robust`) and the alert rule (k of n and the
+single-window path) come from the grouped selection on univariate series (``--selection``,
+written by :mod:`univariate_select`), so the shipped defaults are the ones that procedure picks.
+The manifest's ``score.threshold`` is written for the schema and is not read by a package with
+``univariate.threshold_sigma``.
 
 Steps (as :mod:`skab_wstat`, with C = 1):
 
@@ -23,7 +25,11 @@ Steps (as :mod:`skab_wstat`, with C = 1):
    quantum floors of :func:`agent.pipeline.univariate.univariate_floor`.
 3. The FP32 ONNX graph (:func:`fleet.training.wstat.build_graph` with C = 1), INT8 QDQ with
    ``quantize_static`` on the scaled windows (plus the same ×``--headroom``, so a fault several
-   sigmas out is still represented; beyond it the FP32 twin scores, as for every package),
+   sigmas out is still represented; beyond it the FP32 twin scores, as for every package), and
+   ``--spike-windows`` copies with 1 or 3 rows set to the sample's extreme values
+   (:func:`spike_windows`): the fallback looks at the input range only, so without them a spike
+   inside that range saturates the INT8 spread and roughness outputs (a 1-row 8σ spike on W 3
+   scored about half its FP32 score),
    golden vectors, OpenVINO IR and TFLite INT8 (:func:`skab_wstat.other_runtimes`).
 """
 
@@ -57,8 +63,8 @@ from fleet.training.wstat import (
 
 #: The choices the package takes from the selection (``univariate_select.py --json``). There
 #: are no fallback values: a package built without a selection would ship hand-picked defaults.
-SELECTED = ("window", "top_k", "factor", "holdout", "adapt_rate", "drift_bound", "rule_k",
-            "rule_n", "spike_factor")
+SELECTED = ("window", "top_k", "threshold_sigma", "adapt_rate", "scale_rate", "drift_bound",
+            "clip", "scale_bound", "rule_k", "rule_n", "spike_factor")
 
 
 FEATURE_FLOOR_FRAC = 0.1
@@ -76,6 +82,20 @@ def training_windows(values: np.ndarray, window: int, cal: int) -> tuple[np.ndar
         ws.append(win)
         fs.append(feats)
     return np.concatenate(ws), np.concatenate(fs)
+
+
+def spike_windows(windows: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:
+    """``count`` copies ``(count, W, 1)`` of random ``windows`` with one row, or 3 consecutive
+    rows (alternately), set to the windows' largest or smallest value (alternately): spikes
+    inside the input range, for the INT8 output ranges."""
+    lo, hi = float(windows.min()), float(windows.max())
+    out = windows[rng.choice(windows.shape[0], count)].copy()
+    w = out.shape[1]
+    for i in range(count):
+        length = 1 if i % 2 == 0 else min(3, w)
+        start = int(rng.integers(0, w - length + 1))
+        out[i, start : start + length, :] = hi if (i // 2) % 2 == 0 else lo
+    return out
 
 
 def read_selection(path: Path) -> dict[str, Any]:
@@ -115,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="train on every row of the anomaly-free recording, also those in a "
                          "labelled file's time span (how univariate-wstat@2 was built)")
     ap.add_argument("--quant-windows", type=int, default=4000)
+    ap.add_argument("--spike-windows", type=int, default=1000,
+                    help="quantization windows carrying in-range spikes (0: none, as @2)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     chosen = read_selection(args.selection)
@@ -132,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
 
     onnx.save(build_graph(w, 1), fp32_path)
     pick = windows[rng.choice(windows.shape[0], args.quant_windows // 2, replace=False)]
-    quant_sample = np.concatenate([pick, pick * args.headroom]).astype(np.float32)
+    quant_sample = np.concatenate([pick, pick * args.headroom,
+                                   spike_windows(windows, args.spike_windows, rng)]
+                                  ).astype(np.float32)
     quantize_int8(fp32_path, int8_path, quant_sample)
     check = windows[rng.choice(windows.shape[0], 2000, replace=False)]
     ref = window_features(check)
@@ -149,8 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     manifest = {
         "format": 1, "name": "univariate-wstat", "version": args.version, "kind": "sensor",
         "description": "One channel of any unit at irregular intervals: window statistics "
-                       "(mean, mean abs deviation, mean |diff|), calibrated on device, gaps "
-                       "restart the window, bounded drift adaptation; INT8 QDQ.",
+                       "(mean, mean abs deviation, mean |diff|) against a robust baseline whose "
+                       "level and scale adapt within bounds, threshold in robust sigmas; gaps "
+                       "restart the window; INT8 QDQ.",
         "input": {"channels": ["value"], "units": [""], "sample_rate_hz": 1.0, "window": w,
                   "hop": 1},
         "preprocessing": {"scaler": "calibrate_on_device",
@@ -160,12 +185,15 @@ def main(argv: list[str] | None = None) -> int:
                   "top_k": int(chosen["top_k"]),
                   "feature_std_floor": [float(v) for v in feature_floor],
                   "threshold": {"kind": "calibration_quantile", "quantile": 1.0,
-                                "factor": float(chosen["factor"]),
-                                "holdout": float(chosen["holdout"])}},
+                                "factor": 1.0, "holdout": 0.0}},
         "univariate": {"gap_factor": args.gap_factor, "scale_floor_rel": args.scale_floor_rel,
                        "adapt_rate": float(chosen["adapt_rate"]),
                        "adapt_below": args.adapt_below,
                        "drift_bound": float(chosen["drift_bound"]),
+                       "threshold_sigma": float(chosen["threshold_sigma"]),
+                       "scale_rate": float(chosen["scale_rate"]),
+                       "clip": float(chosen["clip"]),
+                       "scale_bound": float(chosen["scale_bound"]),
                        "rule_k": int(chosen["rule_k"]), "rule_n": int(chosen["rule_n"]),
                        "rule_spike": (None if chosen["spike_factor"] is None
                                       else float(chosen["spike_factor"]))},

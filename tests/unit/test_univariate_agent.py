@@ -114,3 +114,27 @@ def test_a_univariate_section_on_a_multichannel_package_is_refused(tmp_path: Pat
     (pkg / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ModelError, match="needs exactly one channel"):
         load_package(pkg)
+
+
+def test_a_package_with_threshold_sigma_runs_the_robust_score(tmp_path: Path) -> None:
+    """The manifest's ``univariate.threshold_sigma`` and its adaptation keys reach the stream:
+    after calibration the threshold is that many robust sigmas and the baseline adapts."""
+    pkg = tmp_path / "pkg"
+    shutil.copytree(PACKAGE, pkg)
+    manifest = json.loads((pkg / "manifest.json").read_text())
+    manifest["univariate"].update(threshold_sigma=6.0, scale_rate=0.02, clip=2.5, scale_bound=3.0)
+    (pkg / "manifest.json").write_text(json.dumps(manifest))
+    params = load_package(pkg).univariate_params()
+    assert params is not None and params.robust is not None
+    assert (params.threshold_sigma, params.robust.scale_rate, params.robust.clip,
+            params.robust.scale_bound) == (6.0, 0.02, 2.5, 3.0)
+    assert load_package(PACKAGE).univariate_params().robust is None  # type: ignore[union-attr]
+    agent = _agent(tmp_path, None, ("current",), (), str(pkg))
+    try:
+        pipe = agent.streams["temp"].pipeline
+        assert isinstance(pipe, UnivariatePipeline)
+        x = np.random.default_rng(0).normal(20.0, 0.5, size=(600, 1))
+        pipe.process_block(x, 1_600_000_000 + np.arange(600.0))
+        assert pipe.threshold == 6.0 and pipe.robust_state is not None
+    finally:
+        agent.shutdown()

@@ -7,14 +7,16 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "models" / "recipes"))
 
 import univariate_wstat
 
-CHOICE = {"window": 20, "top_k": 3, "factor": 1.0, "holdout": 0.25, "adapt_rate": 0.005,
-          "drift_bound": 3.0, "rule_k": 3, "rule_n": 5, "spike_factor": 2.0}
+CHOICE = {"window": 5, "top_k": 1, "threshold_sigma": 5.0, "adapt_rate": 0.01,
+          "scale_rate": 0.01, "drift_bound": 6.0, "clip": 3.0, "scale_bound": 4.0, "rule_k": 3,
+          "rule_n": 5, "spike_factor": 1.5}
 
 
 def test_a_build_without_a_selection_is_refused(tmp_path: Path,
@@ -28,8 +30,9 @@ def test_a_build_without_a_selection_is_refused(tmp_path: Path,
 
 def test_a_selection_missing_a_choice_names_it(tmp_path: Path) -> None:
     sel = tmp_path / "uni.json"
-    sel.write_text(json.dumps({k: v for k, v in CHOICE.items() if k not in ("rule_k", "factor")}))
-    with pytest.raises(SystemExit, match=r"lacks factor, rule_k") as exc:
+    drop = ("rule_k", "threshold_sigma")
+    sel.write_text(json.dumps({k: v for k, v in CHOICE.items() if k not in drop}))
+    with pytest.raises(SystemExit, match=r"lacks threshold_sigma, rule_k") as exc:
         univariate_wstat.main(["--data", str(tmp_path), "--out", str(tmp_path / "pkg"),
                                "--selection", str(sel)])
     assert "univariate_select.py" in str(exc.value.code)
@@ -49,3 +52,13 @@ def test_a_full_selection_is_taken_whole(tmp_path: Path) -> None:
     sel.write_text("{not json")
     with pytest.raises(SystemExit, match="not a selection file"):
         univariate_wstat.read_selection(sel)
+
+
+def test_spike_windows_stay_inside_the_sample_range() -> None:
+    """The INT8 quantization sample's spike windows: 1 or 3 rows at the sample's extremes, so
+    the output ranges cover a spike whose input the INT8 artefact still represents."""
+    windows = np.random.default_rng(0).normal(size=(200, 5, 1))
+    out = univariate_wstat.spike_windows(windows, 4, np.random.default_rng(1))
+    lo, hi = windows.min(), windows.max()
+    assert out.shape == (4, 5, 1) and lo <= out.min() and out.max() <= hi
+    assert [int(np.isin(w, (lo, hi)).sum()) for w in out] == [1, 3, 1, 3]

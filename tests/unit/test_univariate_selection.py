@@ -55,8 +55,8 @@ def _series(seed: int, shift_at: int | None) -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_held_out_choice_never_reads_the_held_out_group(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sel, "GRID", {"window": (5, 10), "top_k": (2,), "factor": (1.25, 2.0),
-                                      "adapt": ((0.0, 0.0), (0.01, 3.0)), "holdout": (0.25,),
+    monkeypatch.setattr(sel, "GRID", {"window": (5, 10), "rate": (0.01, 0.05),
+                                      "bound": (6.0,), "threshold": (4.0, 6.0),
                                       "rule": ((5, 10), (7, 10)), "spike": (None,)})
     monkeypatch.setattr(sel, "AXES", tuple(sel.GRID))
     floors = {w: np.array([0.15, 0.03, 0.045]) for w in (5, 10)}
@@ -82,6 +82,23 @@ def test_false_alarms_are_charged_per_normal_time() -> None:
     assert within.fa_rate == pytest.approx(1.0) and within.objective == pytest.approx(1.0)
 
 
+def test_time_spent_in_alarm_on_normal_rows_is_charged() -> None:
+    """A stream stuck in one open episode raises one alert but is charged for its time: each
+    ROWS_PER_ALARM normal rows inside an open episode count as one more false alarm."""
+    stuck = sel.Rated(alarms=1, hits=0, events=0, detected=0, delay=0.0, normal=10_000,
+                      open_normal=8_000)
+    assert stuck.alarm_time == pytest.approx(0.8)
+    assert stuck.fa_rate == pytest.approx(1 + 8_000 / sel.ROWS_PER_ALARM)
+    labels = np.zeros(100, np.int8)
+    labels[50:60] = 1
+    alarms = np.zeros(100, np.int8)
+    alarms[30] = 1
+    opened = np.zeros(100, np.int8)
+    opened[30:70] = 1  # open from the false alarm through the event and 10 rows after it
+    r = sel.rate(alarms, labels, 20, opened)
+    assert r.open_normal == 30 and r.normal == 70
+
+
 def test_the_rule_replay_skips_nothing_that_matters() -> None:
     rng = np.random.default_rng(4)
     scores = rng.normal(size=3000)
@@ -93,8 +110,15 @@ def test_the_rule_replay_skips_nothing_that_matters() -> None:
             r = sel.AlertRules(sel.RuleParams(k=rule[0], n=rule[1], spike_factor=spike))
             want = np.array([0 if np.isnan(s) else r.update(float(s), 1.5, float(i))
                              for i, s in enumerate(scores)], np.int8)
-            got = sel.replay_rules(scores, 1.5, rule, spike)
+            got, opened = sel.replay_episodes(scores, 1.5, rule, spike)
             assert np.array_equal(got, want), (rule, spike)
+            r = sel.AlertRules(sel.RuleParams(k=rule[0], n=rule[1], spike_factor=spike))
+            active = []
+            for i, s in enumerate(scores):
+                if not np.isnan(s):
+                    r.update(float(s), 1.5, float(i))
+                active.append(int(r.active and not np.isnan(s)))
+            assert np.array_equal(opened, np.array(active, np.int8)), (rule, spike)
     assert sel.replay_rules(scores, 1.5, (10, 10), 3.0)[[2000, 2400]].tolist() == [1, 1]
 
 
@@ -108,17 +132,17 @@ def _noisy_normal(seed: int) -> np.ndarray:
 
 def test_a_rule_that_cries_wolf_on_normal_time_is_not_chosen(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sel, "GRID", {"window": (5,), "top_k": (2,), "factor": (1.25,),
-                                      "adapt": ((0.01, 3.0),), "holdout": (0.25,),
-                                      "rule": ((1, 1), (8, 10)), "spike": (None,)})
+    monkeypatch.setattr(sel, "GRID", {"window": (5,), "rate": (0.01,), "bound": (6.0,),
+                                      "threshold": (4.0, 8.0), "rule": ((1, 1), (8, 10)),
+                                      "spike": (None,)})
     monkeypatch.setattr(sel, "AXES", tuple(sel.GRID))
     floors = {5: np.array([0.15, 0.03, 0.045])}
     series = {"a/1/x": _series(0, 600), "b/1/x": _series(2, 700),
               "free/x": (_noisy_normal(5), np.zeros(6000, np.int8))}
     study = sel.Study(series, floors)
     names = sorted(series)
-    loud = (5, 2, 1.25, (0.01, 3.0), 0.25, (1, 1), None)
-    quiet = (*loud[:5], (8, 10), None)
+    loud = (5, 0.01, 6.0, 4.0, (1, 1), None)
+    quiet = (5, 0.01, 6.0, 8.0, (8, 10), None)
     assert study.evaluate(loud, ["free/x"]).fa_rate > sel.FA_BUDGET
     assert study.evaluate(quiet, ["free/x"]).fa_rate <= sel.FA_BUDGET
     assert study.evaluate(quiet, names).objective > study.evaluate(loud, names).objective
@@ -131,8 +155,8 @@ def test_candidates_failing_the_point_anomaly_requirement_are_out(
     """R1/R2 by injection into normal series: a 10 of 10 rule on W 5 cannot alarm on a 1-row
     spike, so only the candidates with the single-window path remain; with that path off on
     the whole grid nothing is chosen (and no package would be built)."""
-    grid = {"window": (5,), "top_k": (3,), "factor": (1.25,), "adapt": ((0.01, 6.0),),
-            "holdout": (0.25,), "rule": ((10, 10),), "spike": (1.5, None)}
+    grid = {"window": (5,), "rate": (0.01,), "bound": (6.0,), "threshold": (5.0,),
+            "rule": ((10, 10),), "spike": (1.0, None)}
     monkeypatch.setattr(sel, "GRID", grid)
     monkeypatch.setattr(sel, "AXES", tuple(grid))
     floors = {5: np.array([0.15, 0.03, 0.045])}
@@ -141,8 +165,8 @@ def test_candidates_failing_the_point_anomaly_requirement_are_out(
     injected = {"free/x+inject": sel.inject(series["free/x"][0])}
     assert [k for k, _, _ in injected["free/x+inject"][1]][:3] == ["spike1", "spike3", "shift50"]
     study = sel.Study(series, floors, injected)
-    off = (5, 3, 1.25, (0.01, 6.0), 0.25, (10, 10), None)
-    on = (*off[:-1], 1.5)
+    off = (5, 0.01, 6.0, 5.0, (10, 10), None)
+    on = (*off[:-1], 1.0)
     assert study.hit_rates(off)["spike1"] == 0.0 and not study.meets(off)
     assert study.hit_rates(on)["spike1"] >= sel.REQUIRED_HIT_RATE and study.meets(on)
     assert study.eligible == [on] and study.choose(sorted(series)) == on
@@ -151,7 +175,7 @@ def test_candidates_failing_the_point_anomaly_requirement_are_out(
     assert none.choose(sorted(series)) is None
     lines: list[str] = []
     assert sel.report(none, lines.append) is None
-    assert any("no candidate meets R1 and R2" in line for line in lines)
+    assert any("no candidate meets R1, R2 and R3" in line for line in lines)
 
 
 def test_requirement_hits_count_an_alarm_up_to_w_rows_after_the_injection() -> None:
@@ -164,8 +188,8 @@ def test_requirement_hits_count_an_alarm_up_to_w_rows_after_the_injection() -> N
 
 
 def test_a_candidate_to_diagnose_is_parsed_on_the_grid() -> None:
-    c = sel.parse_candidate("5,3,1.25,3/5,1.5")
-    assert c == (5, 3, 1.25, sel.GRID["adapt"][0], sel.GRID["holdout"][0], (3, 5), 1.5)
-    assert sel.parse_candidate("10,1,3.0,10/10,off")[-1] is None
+    c = sel.parse_candidate("5,0.01,6,5,3/5,1.5")
+    assert c == (5, 0.01, 6.0, 5.0, (3, 5), 1.5)
+    assert sel.parse_candidate("3,0.05,12,4,2/3,off")[-1] is None
     with pytest.raises(ValueError):
-        sel.parse_candidate("5,3,1.25,3-5,1.5")
+        sel.parse_candidate("5,0.01,6,5,3-5,1.5")
