@@ -242,7 +242,8 @@ def ratios(package: Any, configs: list[Config]) -> tuple[str, float, float, floa
 def head_to_head(student: Any, teacher: Any, root: Path, reps: int, calls: int
                  ) -> tuple[float, float]:
     """Batch-1, 1-thread p50 of the student's auto-selected INT8 backend against the teacher
-    package on ONNX Runtime FP32 and in torch eager, the three interleaved (same load for all).
+    package on ONNX Runtime FP32 and in torch eager, the three interleaved (same load for all),
+    each on its own package's first golden image (the student's input may be smaller).
 
     Returns:
         ``(teacher ORT FP32 / student, teacher torch / student)``; NaN where one is missing.
@@ -257,13 +258,14 @@ def head_to_head(student: Any, teacher: Any, root: Path, reps: int, calls: int
     torch_run = torch_image(teacher, root)
     if torch_run is not None:
         configs.append(Config("patchcore torch", "fp32", 1, 1, torch_run, torch_threads(1)))
-    golden = golden_inputs(teacher)[:1]
-    for cfg in configs:
+    # Each model gets its own golden image: a student may take a smaller input than the teacher.
+    inputs = [golden_inputs(student)[:1]] + [golden_inputs(teacher)[:1]] * (len(configs) - 1)
+    for cfg, golden in zip(configs, inputs, strict=True):
         cfg.setup()
         for _ in range(3):
             cfg.run(golden)
     for _ in range(reps):
-        for cfg in configs:
+        for cfg, golden in zip(configs, inputs, strict=True):
             cfg.setup()
             for _ in range(calls):
                 t0 = time.perf_counter()
