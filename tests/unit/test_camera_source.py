@@ -197,7 +197,9 @@ def test_unreadable_images_in_a_folder_are_rejected_and_the_folder_goes_on(
     frames: list[Frame] = []
     with pytest.raises(SourceExhausted):
         src.run(frames.append, rejected.append, threading.Event())
-    assert len(frames) == 3 and src.rejected == 3
+    # paced at 50 fps a folder has newest-frame semantics: on a loaded machine a frame not
+    # taken within 20 ms is replaced by the next one (counted as dropped, not lost silently)
+    assert len(frames) + src.dropped == 3 and len(frames) >= 1 and src.rejected == 3
     assert [e.reason for e in rejected] == ["unreadable_image"] * 3
     assert "00-corrupt.jpg" in str(rejected[0]) and "empty file" in str(rejected[1])
 
