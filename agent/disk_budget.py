@@ -40,7 +40,8 @@ the store's budget. When the parts that cannot be evicted (the models, the store
 its fixed files) alone exceed the budget, ``disk`` is red with the figures and one ERROR line
 says so (one INFO line when it is over); above ``WARN_SHARE`` of the budget it is yellow.
 Without a budget every part is still measured and reported (``edge_agent_disk_budget_bytes``
-is 0) and the store keeps ``store.budget_bytes``.
+is 0) and the store keeps ``store.budget_bytes``. The file system's free space joins the
+verdict at every heartbeat (:mod:`agent.disk_free`).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from agent.disk_free import with_free_space
 from agent.errors import StoreError
 from agent.health import GREEN, RED, YELLOW, Component
 from agent.logs import ALWAYS
@@ -269,12 +271,16 @@ class DiskBudget:
         return use
 
     def component(self) -> Component:
-        """The ``disk`` health component, checking first when ``check_interval_s`` passed."""
+        """The ``disk`` health component, checking first when ``check_interval_s`` passed;
+        with the free space of the store's file system at every call
+        (:func:`agent.disk_free.with_free_space`: red while the store cannot write for lack of
+        space, yellow when the space is low)."""
         now = self._monotonic()
         if now - self._last_check >= self.check_interval_s:
             self._last_check = now
             self._component = self._judge(self.check())
-        return self._component
+        directory = os.path.dirname(os.path.abspath(self.store.path))
+        return with_free_space(self._component, directory, self.store.failure(), now)
 
     def _judge(self, use: DiskUse) -> Component:
         details: dict[str, object] = {

@@ -230,8 +230,12 @@ class AgentLoop:
         report = self.monitor.tick(self.alerts_raised)
         for n, c in self.cameras.items():  # cameras score in their own threads
             self.feed.scored(n, c.last_score, c.pipeline.threshold)
+        finished = frozenset(
+            [n for n, s in self.streams.items() if s.supervisor.done and s.supervisor.error is None]
+            + [n for n, c in self.cameras.items() if c.done and c.error is None])
         self.feed.health({comp.name.removeprefix("source:"): comp.state
-                          for comp in report.components if comp.name.startswith("source:")})
+                          for comp in report.components if comp.name.startswith("source:")},
+                         finished)
 
     def _drain_once(self, timeout: float) -> None:
         self._drain_images()

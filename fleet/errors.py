@@ -19,7 +19,8 @@
         ├── PayloadTooLarge         413 body or batch over the limits of cloud_sync.protocol
         ├── UnsupportedMediaType    415 wrong Content-Type or Content-Encoding
         ├── Unprocessable           422 schema violation of the envelope or a query parameter
-        └── TooManyRequests         429 login attempts too fast (``Retry-After``)
+        ├── TooManyRequests         429 login attempts too fast (``Retry-After``)
+        └── CorruptArchive          500 a stored model archive fails its recorded sha256
 
 ``retryable`` is a class property: clients may retry only what says so. API errors render as
 ``{"error": <code>, "detail": <text or list>}`` (see :mod:`fleet.api.handlers`).
@@ -153,3 +154,12 @@ class TooManyRequests(ApiError):
     def __init__(self, detail: Any, *, retry_after_s: int) -> None:
         super().__init__(detail, headers={"Retry-After": str(retry_after_s)})
         self.retry_after_s = retry_after_s
+
+
+class CorruptArchive(ApiError):
+    """A stored model archive no longer matches its recorded sha256 (damaged in the database):
+    it is not served; the operator pushes the package again (:mod:`fleet.registry.integrity`).
+    """
+
+    status = 500
+    code = "corrupt_archive"

@@ -18,6 +18,8 @@ Metrics:
     fleet_replica_info{replica}: always 1; names the replica that answered the scrape
         (``serve --replica-id``, default ``<host name>:<port>``). Every other metric counts this
         replica only: scrape each replica (Prometheus adds its ``instance`` label).
+    fleet_model_archive_corrupt_total: model downloads refused because the stored archive no
+        longer matches its recorded sha256 (:mod:`fleet.registry.integrity`).
     fleet_invalidations_total{kind}: cache invalidations received from any replica
         (PostgreSQL ``NOTIFY``, :mod:`fleet.db.invalidation`).
     fleet_invalidation_listens_total: times a process's invalidation listener (re)connected and
@@ -89,6 +91,11 @@ class FleetMetrics:
         self.webhook_events_dropped = Counter(
             "fleet_webhook_events_dropped", "Webhook events not queued (database failed).",
             ["event"], registry=self.registry,
+        )
+        self.model_archive_corrupt = Counter(
+            "fleet_model_archive_corrupt",
+            "Model downloads refused: the stored archive fails its recorded sha256.",
+            registry=self.registry,
         )
         self.invalidations = Counter(
             "fleet_invalidations", "Cache invalidations received from any replica.", ["kind"],

@@ -231,9 +231,10 @@ def _model(args: argparse.Namespace, out: Callable[[str], None]) -> None:
             f"({rec['size']} bytes, key {rec['key_id']})")
         return
     models = _call(args, "GET", "/v1/models")["models"]
-    out(table(("NAME", "VERSION", "SIZE", "KEY", "UPLOADED (UTC)", "SHA256"), [
+    out(table(("NAME", "VERSION", "SIZE", "KEY", "UPLOADED (UTC)", "SHA256", "STORED"), [
         (m["name"], str(m["version"]), str(m["size"]), m["key_id"],
-         m["uploaded_at"][:19].replace("T", " "), m["archive_sha256"][:16])
+         m["uploaded_at"][:19].replace("T", " "), m["archive_sha256"][:16],
+         "CORRUPT: push again" if m.get("corrupt") else "ok")
         for m in models
     ]))
 
@@ -272,6 +273,8 @@ def show(ro: dict[str, Any]) -> str:
     ]
     if ro.get("reason"):
         head.append(f"reason: {ro['reason']}")
+    if ro.get("model_corrupt"):
+        head.append(f"CORRUPT PACKAGE: {ro['model_corrupt']}")
     rows = [
         (d["device_id"], "yes" if d["canary"] else "", "yes" if d["assigned"] else "",
          str(d["previous_version"] or "-"),

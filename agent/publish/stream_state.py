@@ -18,8 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-StreamStatus = Literal["normal", "anomalous", "calibrating", "degraded", "down"]
-STATUSES: tuple[StreamStatus, ...] = ("normal", "anomalous", "calibrating", "degraded", "down")
+StreamStatus = Literal["normal", "anomalous", "calibrating", "degraded", "down", "finished"]
+STATUSES: tuple[StreamStatus, ...] = (
+    "normal", "anomalous", "calibrating", "degraded", "down", "finished")
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +33,8 @@ class StreamState:
         status: ``normal`` (scored, no episode), ``anomalous`` (an episode is open),
             ``calibrating`` (collecting the calibration windows), ``degraded`` (scoring, but
             the source reports errors or the latency budget skips windows), ``down`` (the
-            source is not delivering).
+            source is not delivering), ``finished`` (a finite source, a recorded file or a
+            simulator with a duration, reached its end normally: nothing more will be scored).
         score: The last window's score (the model's units: reconstruction error or its
             robust z-score), or None before the first scored window.
         threshold: The threshold in force, or None before calibration ends.

@@ -6,6 +6,8 @@ heartbeat with the sources' health (``/healthz`` components ``source:<stream>``)
 that into one :class:`~agent.publish.stream_state.StreamState` per stream:
 
 * ``down``: the source's health is red (not delivering: failed, stalled, outage);
+* ``finished``: the source reached the end of a finite input normally (a replay without
+  ``loop``, a simulator's ``duration_s``); it stays so until the stream starts again;
 * ``calibrating``: no threshold yet;
 * ``anomalous``: an episode is open (raised, not cleared);
 * ``degraded``: the source's health is yellow, or the latency budget skips windows;
@@ -38,6 +40,7 @@ class _Known:
     episode_id: str | None = None
     health: str = "green"
     skipping: bool = False
+    finished: bool = False
 
 
 class StateFeed:
@@ -93,12 +96,16 @@ class StateFeed:
         self._metrics.stream_anomaly_active.labels(stream=stream).set(episode_id is not None)
         self._publish(stream)
 
-    def health(self, states: dict[str, str]) -> None:
-        """The sources' health by stream: ``green``, ``yellow`` or ``red``."""
+    def health(self, states: dict[str, str], finished: frozenset[str] = frozenset()) -> None:
+        """The sources' health by stream: ``green``, ``yellow`` or ``red``; ``finished``: the
+        streams whose finite input ended normally (their health is yellow, ``exhausted``)."""
         for stream, state in states.items():
             k = self._known.get(stream)
-            if k is not None and k.health != state:
-                k.health = state
+            if k is None:
+                continue
+            done = stream in finished
+            if k.health != state or k.finished != done:
+                k.health, k.finished = state, done
                 self._publish(stream)
 
     def _publish(self, stream: str) -> None:
@@ -112,6 +119,8 @@ class StateFeed:
 def _status(k: _Known) -> StreamStatus:
     if k.health == "red":
         return "down"
+    if k.finished:
+        return "finished"
     if k.threshold is None:
         return "calibrating"
     if k.episode_id is not None:

@@ -21,6 +21,10 @@ log = logging.getLogger("agent.uploader")
 
 #: Distinct rejection reasons remembered for log-once (then every new one is logged again).
 REASONS_REMEMBERED = 256
+#: Consecutive failed attempts after which the uploader needs a look (``/healthz`` yellow) ...
+FAILURE_STREAK = 3
+#: ... or failed attempts for longer than this many ``backoff_max_s`` without a success.
+FAILING_BACKOFFS = 2
 
 
 def failure_reason(exc: Exception) -> str:
@@ -40,6 +44,7 @@ class _Outage:
 
     since: float | None = None
     attempts: int = 0
+    last_error: str | None = None
     auth_logged: bool = False
     reasons: set[str] = field(default_factory=set)
 
@@ -52,7 +57,8 @@ class UploadFailures:
         metrics: ``upload_failures_total{reason}``.
         device_id: This gateway's id (named in the 403 log line).
         clock: Wall clock, epoch seconds UTC (outage start).
-        refresh_gauges: Refreshes the backlog gauges (after each failure).
+        refresh_gauges: Refreshes the backlog gauges (after each failure: the backlog that
+            :meth:`streak` names).
         refresh_token: Reads the token again after a 401/403, True when it changed; may raise
             ConfigError; None = never.
 
@@ -60,6 +66,10 @@ class UploadFailures:
         failing: The last attempt failed (the loop waits out the backoff, not the idle wait).
         deadline_failure: Why the last failure needs a look (a request cut off at its
             deadline), None once an upload succeeds.
+
+    A failure episode needs a look (:meth:`streak`) once ``FAILURE_STREAK`` consecutive
+    attempts failed, or attempts have failed for longer than ``FAILING_BACKOFFS`` x
+    ``backoff_max_s`` (a 401/403 retried every ``backoff_max_s``); the first success ends it.
     """
 
     def __init__(
@@ -97,6 +107,7 @@ class UploadFailures:
         self.metrics.upload_failures_total.labels(reason=reason).inc()
         o = self._outage
         o.attempts += 1
+        o.last_error = message
         if o.since is None:
             o.since = self.clock()
             log.warning(
@@ -116,6 +127,7 @@ class UploadFailures:
         self.metrics.upload_failures_total.labels(reason="auth").inc()
         o = self._outage
         o.attempts += 1
+        o.last_error = f"HTTP {exc.status}: {exc.detail}"
         if o.since is None:
             o.since = self.clock()
         if self._refresh_token is not None:
@@ -150,6 +162,34 @@ class UploadFailures:
         self.failing = True
         self._refresh_gauges()
         return self._backoff.max_s
+
+    def streak(self, backlog: tuple[int, int]) -> str | None:
+        """Why the failure episode in progress needs a look, or None (no episode, or still
+        short: see the class docstring). ``backlog`` is ``(alerts, aggregates)`` waiting.
+
+        >>> from prometheus_client import CollectorRegistry
+        >>> f = UploadFailures(Backoff(1.0, 8.0), Metrics(CollectorRegistry()), "gw1",
+        ...                    lambda: 100.0, lambda: None)
+        >>> for _ in range(2):
+        ...     _ = f.failed("unavailable", "connection refused", None)
+        >>> f.streak((2, 40)) is None
+        True
+        >>> _ = f.failed("unavailable", "connection refused", None)
+        >>> text = f.streak((2, 40))
+        >>> text.startswith("uploads failing: 3 consecutive attempts failed over 0 s, the last: "
+        ...                 "connection refused; 2 alert(s) and 40 aggregate(s) wait")
+        True
+        """
+        o = self._outage
+        since, attempts = o.since, o.attempts
+        if since is None or attempts == 0:
+            return None
+        age = max(0.0, self.clock() - since)
+        if attempts < FAILURE_STREAK and age <= FAILING_BACKOFFS * self._backoff.max_s:
+            return None
+        return (f"uploads failing: {attempts} consecutive attempts failed over "
+                f"{age:.0f} s, the last: {o.last_error}; {backlog[0]} alert(s) and "
+                f"{backlog[1]} aggregate(s) wait on the device (retrying with backoff)")
 
     def recovered(self) -> None:
         """An upload succeeded: log the end of the episode, reset the backoff."""

@@ -61,7 +61,9 @@ on a hung fleet (rows not acknowledged stay in the store).
 Slow peers: every request has a total deadline in the client
 (:class:`~cloud_sync.errors.FleetDeadlineExceeded`). :meth:`Uploader.trouble` names what needs a
 look (``/healthz`` shows the uploader yellow with it): a request in flight for longer than
-``slow_request_s``, or the last failure being such a deadline, until an upload succeeds again.
+``slow_request_s``, or the last failure being such a deadline, or a failure streak (the fleet
+down or refusing: :meth:`~agent.services.upload_failures.UploadFailures.streak`, naming the last
+error and the backlog), until an upload succeeds again.
 A batch cut off at its deadline is retried in halves (a slow link), doubled back after each
 success.
 
@@ -196,7 +198,7 @@ class Uploader:
         #: Backoff, log-once state and token refresh of a failure episode.
         self.failures = UploadFailures(
             Backoff(backoff_initial_s, backoff_max_s, jitter=1.0, rng=rng), metrics,
-            device_id, clock, self._refresh_gauges, refresh_token)
+            device_id, clock, lambda: self._refresh_gauges(force=True), refresh_token)
         self._bucket = (
             TokenBucket(max_bytes_per_s, monotonic=monotonic) if max_bytes_per_s else None
         )
@@ -261,7 +263,9 @@ class Uploader:
             return (f"an upload request has been in flight for {now - oldest:.0f} s (slower "
                     f"than {self._slow_request_s:g} s): the fleet answers slowly or hangs; "
                     "the request is cut off at its total deadline")
-        return self.failures.deadline_failure
+        if self.failures.deadline_failure is not None:
+            return self.failures.deadline_failure
+        return self.failures.streak(self._backlog)
 
     def close(self) -> None:
         """Forget batches in flight and prepared, end the sender threads (the loop does this on

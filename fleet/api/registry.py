@@ -13,7 +13,10 @@
   ``ETag: "<sha256>"``, ``Accept-Ranges: bytes``. ``Range: bytes=a-b | a- | -n`` (one range,
   RFC 9110 §14.1.2) → 206 with ``Content-Range: bytes a-b/size``; an unparsable, multi-part or
   unsatisfiable range → 416 with ``Content-Range: bytes */size``. ``If-Range`` other than the
-  ETag → the whole archive (200). ``If-None-Match`` equal to the ETag → 304.
+  ETag → the whole archive (200). ``If-None-Match`` equal to the ETag → 304. The archive is
+  hashed first: one that no longer matches its recorded sha256 → 500 ``corrupt_archive``
+  (:mod:`fleet.registry.integrity`: marked corrupt, counted in
+  ``fleet_model_archive_corrupt_total``).
 """
 
 from __future__ import annotations
@@ -26,10 +29,10 @@ from starlette.concurrency import run_in_threadpool
 
 from cloud_sync.protocol import INT64_MAX, NAME_PATTERN, PLAIN_PATTERN
 from fleet.api.auditing import arecord
-from fleet.api.deps import OperatorDep, PrincipalDep, ViewerDep
+from fleet.api.deps import OperatorDep, PrincipalDep, ServicesDep, ViewerDep
 from fleet.api.handlers import error_response
 from fleet.api.model_loop import ModelLoopDep
-from fleet.errors import Forbidden, PayloadTooLarge, UnsupportedMediaType
+from fleet.errors import CorruptArchive, Forbidden, PayloadTooLarge, UnsupportedMediaType
 from fleet.registry.store import ModelRecord
 from fleet.registry.views import ModelList, ModelOut
 
@@ -42,7 +45,7 @@ def _out(rec: ModelRecord) -> ModelOut:
     return ModelOut(
         name=rec.name, version=rec.version, archive_sha256=rec.archive_sha256, size=rec.size,
         key_id=rec.key_id, description=rec.description, uploaded_at=rec.uploaded_at,
-        uploaded_by=rec.uploaded_by,
+        uploaded_by=rec.uploaded_by, corrupt=rec.corrupt,
     )
 
 
@@ -116,14 +119,18 @@ def parse_range(header: str, size: int) -> tuple[int, int] | None:
 def download(
     name: Annotated[str, Path(max_length=64, pattern=PLAIN_PATTERN)],
     version: Annotated[int, Path(ge=1, le=INT64_MAX)], request: Request,
-    loop: ModelLoopDep, who: PrincipalDep,
+    loop: ModelLoopDep, who: PrincipalDep, services: ServicesDep,
 ) -> Response:
     if not re.fullmatch(NAME_PATTERN, name):
         return error_response(404, "not_found", f"model {name}@{version} is not in the registry")
     device = who.device_id
     if device is not None and not loop.rollouts.may_download(device, name, version):
         raise Forbidden(f"model {name}@{version} is not assigned to device {device}")
-    data, sha = loop.registry.archive(name, version)
+    try:
+        data, sha = loop.registry.archive(name, version)
+    except CorruptArchive:
+        services.metrics.model_archive_corrupt.inc()
+        raise
     etag = f'"{sha}"'
     headers = {"ETag": etag, "Accept-Ranges": "bytes", "Cache-Control": "no-cache"}
     if request.headers.get("if-none-match") == etag:

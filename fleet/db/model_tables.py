@@ -46,6 +46,9 @@ models = Table(
     Column("key_id", String(64), nullable=False),
     Column("uploaded_at", UtcDateTime, nullable=False),
     Column("uploaded_by", String(64), nullable=False),
+    # set when the stored archive no longer matches archive_sha256 (fleet.registry.integrity)
+    Column("corrupt_at", UtcDateTime, nullable=True),
+    Column("corrupt_reason", Text, nullable=True),
     UniqueConstraint("name", "version"),
 )
 

@@ -30,7 +30,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, and_, case, func, insert, or_, select, update
 
 from cloud_sync.protocol import ModelAssignment, ModelStatusReport
-from fleet.db.model_tables import model_status_reports, rollout_devices, rollouts
+from fleet.db.model_tables import model_status_reports, models, rollout_devices, rollouts
 from fleet.db.retention import StatusRetention
 from fleet.db.schema import devices
 from fleet.errors import Conflict, NotFound, Unprocessable
@@ -138,7 +138,8 @@ class RolloutService:
     def get(self, rollout_id: int, *, with_devices: bool = True) -> RolloutOut:
         """Raises: NotFound."""
         with self._engine.connect() as conn:
-            row = conn.execute(select(rollouts).where(rollouts.c.id == rollout_id)).first()
+            row = conn.execute(_with_model_state(select(rollouts, models.c.corrupt_reason))
+                               .where(rollouts.c.id == rollout_id)).first()
             if row is None:
                 raise NotFound(f"rollout {rollout_id} does not exist")
             members = conn.execute(
@@ -157,7 +158,8 @@ class RolloutService:
         1,000-device fleet are tens of thousands of device rows)."""
         state = func.coalesce(rollout_devices.c.state, "none")
         with self._engine.connect() as conn:
-            rows = conn.execute(select(rollouts).order_by(rollouts.c.id.desc())).all()
+            rows = conn.execute(_with_model_state(select(rollouts, models.c.corrupt_reason))
+                                .order_by(rollouts.c.id.desc())).all()
             counted = conn.execute(
                 select(rollout_devices.c.rollout_id, state, func.count())
                 .group_by(rollout_devices.c.rollout_id, state)
@@ -298,6 +300,12 @@ def _reported_versions(conn: Connection, ro: Any, device_ids: Sequence[str]) -> 
         select(r.c.device_id, r.c.version).join(newest, newest.c.pk == r.c.pk))}
 
 
+def _with_model_state(query: Any) -> Any:
+    """``query`` over ``rollouts`` joined to its package's row (``corrupt_reason``)."""
+    return query.select_from(rollouts.outerjoin(models, and_(
+        models.c.name == rollouts.c.model_name, models.c.version == rollouts.c.model_version)))
+
+
 def _out(
     row: Any, members: Sequence[Any], with_devices: bool, versions: dict[str, int] | None = None,
     can_roll_back: bool = False, counts: Mapping[str, int] | None = None,
@@ -315,6 +323,7 @@ def _out(
         state=row.state, reason=row.reason, created_at=row.created_at,
         updated_at=row.updated_at, counts=dict(sorted(counts.items())),
         can_roll_back=can_roll_back, superseded_by=superseded_by,
+        model_corrupt=getattr(row, "corrupt_reason", None),
         actions=list(allowed_actions(row.state, row.resume_state, superseded_by is not None)),
         devices=[
             RolloutDeviceOut(

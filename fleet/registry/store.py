@@ -36,8 +36,9 @@ from cloud_sync.archive import unpack_verified
 from cloud_sync.package import PackageError, PackageFormatError, pack, read_manifest
 from cloud_sync.protocol import INT64_MAX
 from fleet.db.model_tables import models
-from fleet.errors import Conflict, NotFound, Unprocessable
+from fleet.errors import Conflict, CorruptArchive, NotFound, Unprocessable
 from fleet.ingest import unstorable
+from fleet.registry import integrity
 
 #: First key of the registry's per-name ``pg_advisory_xact_lock(int, int)`` (the second is
 #: ``hashtext(name)``; the two-key space is separate from the one-key locks of migrations and
@@ -73,7 +74,8 @@ def upload_error(exc: PackageError, tmp_dir: str) -> str:
 
 @dataclass(frozen=True)
 class ModelRecord:
-    """A stored package (without its archive bytes)."""
+    """A stored package (without its archive bytes); ``corrupt``: why its stored archive is
+    unusable (:mod:`fleet.registry.integrity`), None while it is sound."""
 
     name: str
     version: int
@@ -84,6 +86,7 @@ class ModelRecord:
     uploaded_at: dt.datetime
     uploaded_by: str
     manifest: dict[str, Any]
+    corrupt: str | None = None
 
 
 def _now() -> dt.datetime:
@@ -92,7 +95,7 @@ def _now() -> dt.datetime:
 
 _COLUMNS = (
     models.c.name, models.c.version, models.c.archive_sha256, models.c.size, models.c.key_id,
-    models.c.uploaded_at, models.c.uploaded_by, models.c.manifest,
+    models.c.uploaded_at, models.c.uploaded_by, models.c.manifest, models.c.corrupt_reason,
 )
 
 
@@ -102,6 +105,7 @@ def _record(row: Any) -> ModelRecord:
         name=row.name, version=int(row.version), archive_sha256=row.archive_sha256,
         size=int(row.size), key_id=row.key_id, description=str(manifest.get("description", "")),
         uploaded_at=row.uploaded_at, uploaded_by=row.uploaded_by, manifest=manifest,
+        corrupt=row.corrupt_reason,
     )
 
 
@@ -185,6 +189,8 @@ class ModelRegistry:
 
     def _insert(self, row: dict[str, Any], conn: Connection) -> ModelRecord:
         self.lock_name(row["name"], conn)
+        if integrity.repair(conn, row):  # the same package again over a corrupt copy
+            return self.get(row["name"], row["version"], conn)
         try:  # on PostgreSQL a conflict aborts the caller's transaction: it must roll back
             conn.execute(insert(models).values(**row))
         except IntegrityError:
@@ -250,7 +256,13 @@ class ModelRegistry:
         return bool(n)
 
     def archive(self, name: str, version: int) -> tuple[bytes, str]:
-        """The archive bytes and their sha256. Raises: NotFound."""
+        """The archive bytes and their sha256, checked against each other.
+
+        Raises:
+            NotFound: no such package.
+            CorruptArchive: the stored archive does not hash to its recorded sha256 (the
+                package is marked corrupt: :mod:`fleet.registry.integrity`).
+        """
         with self._engine.connect() as conn:
             row = conn.execute(
                 select(models.c.archive, models.c.archive_sha256).where(
@@ -259,7 +271,14 @@ class ModelRegistry:
             ).first()
         if row is None:
             raise NotFound(f"model {name}@{version} is not in the registry")
-        return bytes(row.archive), str(row.archive_sha256)
+        data, sha = bytes(row.archive), str(row.archive_sha256)
+        actual = integrity.mismatch(data, sha)
+        if actual is not None:
+            reason = integrity.corrupt_reason(name, version, sha, actual, len(data))
+            with self._engine.begin() as conn:
+                integrity.mark_corrupt(conn, name, version, reason, self._clock())
+            raise CorruptArchive(reason)
+        return data, sha
 
     def list(self, name: str | None = None) -> list[ModelRecord]:
         """Every package (or those of ``name``), by name then version."""

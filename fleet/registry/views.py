@@ -29,6 +29,10 @@ class ModelOut(_Body):
     description: str
     uploaded_at: dt.datetime
     uploaded_by: str
+    corrupt: str | None = Field(
+        None, description="Why the stored archive is unusable (it no longer matches "
+        "archive_sha256: downloads are refused with HTTP 500 corrupt_archive); push the "
+        "package again. None while it is sound.")
 
 
 class ModelList(_Body):
@@ -100,6 +104,10 @@ class RolloutOut(_Body):
         None, description="A newer rollout of the same stream (or of every stream) that all "
         "its devices follow now (when they follow several, the oldest of them); None while "
         "any device still follows this one.")
+    model_corrupt: str | None = Field(
+        None, description="Why the rolled-out package's stored archive is unusable (devices "
+        "cannot download it: HTTP 500 corrupt_archive); push the package again. None while it "
+        "is sound.")
     actions: list[str] = Field(
         default_factory=list, description="The operator actions the fleet accepts now "
         "(promote, pause, resume, abort; none once aborted or superseded).")

@@ -86,7 +86,7 @@ def test_episodes_and_retained_state_through_edge_agent_run(
     state = json.loads(msg.payload)
     assert msg.retain and msg.qos == 1
     assert state["stream"] == "s1" and state["kind"] == "sensor"
-    assert state["status"] in ("normal", "anomalous", "down", "degraded")
+    assert state["status"] == "finished", state  # the simulator's duration_s ended normally
     assert state["model_name"] == "skab-wstat" and state["threshold"] > 0
 
 
@@ -115,3 +115,28 @@ def test_replaying_a_recording_twice_yields_the_same_alert_ids(
     assert agent.wait(60) == 0, agent.stderr()[-3000:]
     assert [a["alert_id"] for a in stored_alerts(where / "state" / "agent.db",
                                                   ALL_EVENTS)] == ids[0]
+
+
+@pytest.mark.dataset
+def test_a_finished_replay_leaves_its_retained_state_finished_not_degraded(
+    tmp_path: Path, mosquitto: MosquittoBroker, subscribers: Callable[..., Subscriber],
+    run_agent: Callable[..., AgentProcess],
+) -> None:
+    """A recorded file (``loop`` false) that reached its end left the retained state
+    ``degraded`` (its source's health is yellow, "exhausted") although nothing was wrong."""
+    sub = subscribers(mosquitto, [STATE])
+    config = write_config(tmp_path / "agent.toml", replay_source(skab_dir() / SKAB_FILE, 0),
+                          broker_port=mosquitto.port)
+    agent = run_agent(["run", "--config", str(config)], tmp_path)
+    assert agent.wait(60) == 0, agent.stderr()[-3000:]
+    def statuses() -> list[str]:
+        return [json.loads(m.payload)["status"] for m in sub.messages(STATE)]
+
+    wait_until(lambda: "finished" in statuses(), 10, f"a finished state: {statuses()}")
+    assert statuses()[-1] == "finished", statuses()
+    late = subscribers(mosquitto, [STATE])  # what a consumer connecting now is given
+    wait_until(lambda: late.messages(STATE) != [], 10, "the retained state")
+    msg = late.messages(STATE)[-1]
+    state = json.loads(msg.payload)
+    assert msg.retain and state["status"] == "finished", state
+    assert state["threshold"] is not None and state["score"] is not None, state
