@@ -120,7 +120,7 @@ from univariate_wstat import FEATURE_FLOOR_FRAC, training_windows
 
 from agent.pipeline.detector import DetectorSpec
 from agent.pipeline.rules import AlertRules, RuleParams
-from agent.pipeline.univariate import UnivariateParams, univariate_floor
+from agent.pipeline.univariate_detector import UnivariateParams, univariate_floor
 from cloud_sync.calibration import FEATURES, window_features
 
 N = 400
@@ -318,7 +318,7 @@ Candidate = tuple[object, ...]
 
 def calibration_sigma(values: np.ndarray, floor: float = 1e-9, rel: float = 1e-3) -> float:
     """σ_cal of a series as the univariate pipeline fits it: the std of the first N values,
-    floored at :func:`agent.pipeline.univariate.univariate_floor` (defaults: the package's
+    floored at :func:`agent.pipeline.univariate_detector.univariate_floor` (defaults: the package's
     ``scale_floor`` and ``scale_floor_rel``)."""
     head = values[:N].astype(np.float64)
     return max(float(head.std()), univariate_floor(head, floor, rel))

@@ -22,7 +22,7 @@ Steps (as :mod:`skab_wstat`, with C = 1):
    each feature over all segments, pooled over channels; in scaled units, so it holds for a
    channel of any unit). The input scale floor in channel units cannot be known for a signal of
    any unit: the manifest's is a tiny absolute floor and the device adds the relative and
-   quantum floors of :func:`agent.pipeline.univariate.univariate_floor`.
+   quantum floors of :func:`agent.pipeline.univariate_detector.univariate_floor`.
 3. The FP32 ONNX graph (:func:`fleet.training.wstat.build_graph` with C = 1), INT8 QDQ with
    ``quantize_static`` on the scaled windows (plus the same ×``--headroom``, so a fault several
    sigmas out is still represented; beyond it the FP32 twin scores, as for every package), and
