@@ -48,8 +48,10 @@ numbers (SKAB is sampled at 1 s). Labels are used only to rate.
     anomaly-free channels, label-free normal time (67,464 scored rows). The labelled files'
     normal rows enter through the charge in J.
 
-  If no candidate meets R1, R2 and R3, the run says so and writes no choice (no package is
-  built from it).
+  If no candidate meets R1, R2 and R3, the run says so and writes no choice. The default
+  package is then replaced by a candidate only if it is better than the shipped package on
+  every declared requirement (a rule set after the two runs below): the second run's closest
+  candidate was, and ships as ``univariate-wstat@3`` (``univariate_choice_v3.json``).
 * **Smoothing, worst group, leave one group out, the neighbourhood spread**: as
   :mod:`skab_select` (a candidate is rated by the mean J over itself and its neighbours one grid
   step away along each axis; with both groups, the worst group's rating; each group is
