@@ -44,11 +44,8 @@ from agent.metrics import Metrics
 from agent.pipeline.detector import Calibration, FeatureDeviationDetector
 from agent.pipeline.restore import CalibrationKey, StoredCalibration, calibration_key, refusal
 from agent.pipeline.stream import StreamPipeline
-from agent.pipeline.univariate import (
-    UnivariatePipeline,
-    build_detector,
-    univariate_channel,
-)
+from agent.pipeline.univariate import UnivariatePipeline, univariate_channel
+from agent.pipeline.univariate_detector import build_detector
 from agent.records import Float32Array, Reading, iso_utc
 from agent.services.model_slot import ModelSlot
 from agent.services.model_store import ModelStore

@@ -51,12 +51,8 @@ from agent.inference.package import (  # noqa: E402
 )
 from agent.pipeline.detector import DetectorSpec  # noqa: E402
 from agent.pipeline.rules import RuleParams  # noqa: E402
-from agent.pipeline.univariate import (  # noqa: E402
-    UnivariateDetector,
-    UnivariateParams,
-    UnivariatePipeline,
-    accepted_rows,
-)
+from agent.pipeline.univariate import UnivariatePipeline, accepted_rows  # noqa: E402
+from agent.pipeline.univariate_detector import UnivariateDetector, UnivariateParams  # noqa: E402
 from agent.services.stream_rules import stream_rule_params  # noqa: E402
 
 DEFAULT_MODEL = ROOT / "models" / "univariate-wstat"

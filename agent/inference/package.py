@@ -20,7 +20,7 @@ from agent.inference.base import Backend
 from agent.inference.registry import artefacts_for, build_backend
 from agent.pipeline.detector import Calibration, DetectorSpec
 from agent.pipeline.drift import LevelAdaptation
-from agent.pipeline.univariate import UnivariateParams
+from agent.pipeline.univariate_detector import UnivariateParams
 from cloud_sync.calibration import FeatureStats, Scaler
 from cloud_sync.manifest import Artefact, Manifest
 

@@ -109,13 +109,16 @@ def _bounds(state: RobustState, p: RobustParams) -> tuple[FloatArray, FloatArray
 
 
 def robust_scores(features: FloatArray, state: RobustState, params: RobustParams,
-                  top_k: int = 1) -> tuple[FloatArray, FloatArray, RobustState]:
+                  top_k: int = 1, *, levels: list[float] | None = None
+                  ) -> tuple[FloatArray, FloatArray, RobustState]:
     """Score K windows in order and adapt the baseline after each.
 
     Args:
         features: ``(K, F)`` window features, calibration sigmas, feature 0 the window mean.
         state: The baseline before the first window.
         top_k: |z| values averaged into a score (capped at F).
+        levels: If given, the level centre c_0 each window is scored against (before its
+            update; calibration sigmas) is appended to it, K values.
 
     Returns:
         (scores ``(K,)``, |z| ``(K, F)``, the state after the last window), float64.
@@ -135,6 +138,8 @@ def robust_scores(features: FloatArray, state: RobustState, params: RobustParams
     absz = np.empty(features.shape, np.float64)
     scores = np.empty(features.shape[0], np.float64)
     for j, row in enumerate(features.tolist()):
+        if levels is not None:
+            levels.append(c[0])
         zs = []
         for f in range(nf):
             d = row[f] - c[f]

@@ -22,17 +22,14 @@ interval is scored like a regular one, only a gap is treated apart.
   sigmas is followed. Spread and roughness (the other features) are not adapted: a change of
   noise is a fault signature. The updates of one block use the scores of that block, computed
   with the baseline at its start. A restart resumes from the calibration (μ = μ_cal).
-* **Scale floor.** σ_cal = max(manifest floor, ``scale_floor_rel`` × |median|, the smallest
-  nonzero step between calibration samples): a channel that was flat while calibrating (a
-  quantized sensor) does not turn one quantum into an alarm.
-* **Robust adaptive score** (``threshold_sigma`` set, packages from ``univariate-wstat@3``):
-  the window features are scored against a baseline whose level and scale both adapt, robustly
-  and within bounds (:mod:`agent.pipeline.robust`); the score is in robust sigmas and the
-  threshold is ``threshold_sigma`` of them. The level EWMA above is then not used (the robust
-  baseline carries the level), and the calibration's feature statistics hold the baseline's
-  start (median and robust std of the calibration windows' features).
+* **Scale floor and robust adaptive score** (``threshold_sigma`` set, packages from
+  ``univariate-wstat@3``): the detector's part, :mod:`agent.pipeline.univariate_detector`. With
+  the robust score the window features are scored against a baseline whose level and scale
+  both adapt, robustly and within bounds (:mod:`agent.pipeline.robust`), carried by this
+  pipeline window by window; the level EWMA above is then not used.
 * **Explanation.** Each alert carries :class:`agent.records.Explanation`: expected = the
-  baseline level in force when the alert was raised, observed = the alerting window's mean,
+  baseline level in force when the alerting window was scored (with the robust score, before
+  that window's update, whatever the block size), observed = the alerting window's mean,
   deviation = observed − expected, and that deviation in σ_cal.
 """
 
@@ -41,13 +38,12 @@ from __future__ import annotations
 import itertools
 import math
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Protocol
 
 import numpy as np
 
 from agent.errors import ConfigError
-from agent.inference.base import Backend
 from agent.pipeline.aggregates import IntervalAggregator
 from agent.pipeline.detector import (
     Calibration,
@@ -55,13 +51,14 @@ from agent.pipeline.detector import (
     FeatureDeviationDetector,
     ScoredBatch,
 )
-from agent.pipeline.drift import LevelAdaptation, follow_level
-from agent.pipeline.robust import RobustParams, RobustState, robust_scores, robust_stats
+from agent.pipeline.drift import follow_level
+from agent.pipeline.robust import RobustParams, RobustState, robust_scores
 from agent.pipeline.rules import RuleParams
 from agent.pipeline.stream import AlertEvent, StreamOutput, StreamPipeline
+from agent.pipeline.univariate_detector import UnivariateDetector, UnivariateParams
 from agent.pipeline.windowing import SlidingWindower, WindowBatch
 from agent.records import Explanation, Float32Array, FloatArray
-from cloud_sync.calibration import FeatureStats, Scaler, sliding_windows
+from cloud_sync.calibration import Scaler
 
 
 class _HasChannel(Protocol):
@@ -75,47 +72,6 @@ class _HasChannel(Protocol):
 INTERVAL_HISTORY = 64
 #: Intervals needed before a gap can be recognised.
 MIN_INTERVALS = 8
-
-
-@dataclass(frozen=True, slots=True)
-class UnivariateParams:
-    """See the module docstring; validated by :class:`cloud_sync.manifest.UnivariateSpec`."""
-
-    gap_factor: float = 5.0
-    scale_floor_rel: float = 1e-3
-    adapt_rate: float = 0.01
-    adapt_below: float = 0.5
-    drift_bound: float = 3.0
-    #: The robust adaptive score's threshold in robust sigmas; None = the calibration-quantile
-    #: score of packages before ``univariate-wstat@3``.
-    threshold_sigma: float | None = None
-    scale_rate: float = 0.01
-    clip: float = 3.0
-    scale_bound: float = 4.0
-
-    @property
-    def robust(self) -> RobustParams | None:
-        """The robust baseline's parameters, None without ``threshold_sigma``."""
-        if self.threshold_sigma is None:
-            return None
-        return RobustParams(self.adapt_rate, self.scale_rate, self.clip, self.drift_bound,
-                            self.scale_bound)
-
-
-def univariate_floor(samples: FloatArray, floor: float, rel: float) -> float:
-    """σ floor of one channel: max(``floor``, ``rel`` × |median|, smallest nonzero step).
-
-    Args:
-        samples: Shape ``(N, 1)`` or ``(N,)``, the calibration samples, channel units.
-
-    >>> univariate_floor(np.array([20.0, 20.0, 20.5, 20.0]), 1e-9, 1e-3)
-    0.5
-    """
-    x = np.asarray(samples, np.float64).ravel()
-    steps = np.abs(np.diff(x))
-    steps = steps[steps > 0]
-    quantum = float(steps.min()) if steps.size else 0.0
-    return max(floor, rel * abs(float(np.median(x))) if x.size else 0.0, quantum)
 
 
 def accepted_rows(values: FloatArray, ts: FloatArray, last: float = -math.inf) -> np.ndarray:
@@ -161,77 +117,6 @@ def univariate_channel(sc: _HasChannel, model: str, package_channels: tuple[str,
     raise ConfigError(msg, problems=[msg])
 
 
-class UnivariateDetector(FeatureDeviationDetector):
-    """A one-channel :class:`FeatureDeviationDetector` whose scale floor is
-    :func:`univariate_floor` of the calibration samples.
-
-    Raises:
-        ValueError: the spec has more than one channel.
-    """
-
-    def __init__(self, spec: DetectorSpec, backend: Backend, params: UnivariateParams,
-                 max_batch: int = 256, *, fallback: Backend | None = None,
-                 input_range: tuple[float, float] | None = None) -> None:
-        if len(spec.channels) != 1:
-            raise ValueError(f"a univariate detector has one channel, got {spec.channels}")
-        super().__init__(spec, backend, max_batch, fallback=fallback, input_range=input_range)
-        self.params = params
-
-    def calibrate(self, samples: FloatArray) -> Calibration:
-        """As :meth:`FeatureDeviationDetector.calibrate`, with the univariate scale floor.
-
-        With ``threshold_sigma`` the feature statistics are the robust baseline's start
-        (:func:`agent.pipeline.robust.robust_stats` of the calibration windows' features), the
-        threshold is ``threshold_sigma`` and ``scores`` are the calibration windows' robust
-        scores against that start.
-        """
-        floor = univariate_floor(samples, float(self.spec.scale_floor[0]),
-                                 self.params.scale_floor_rel)
-        base = self.spec
-        robust, t = self.params.robust, self.params.threshold_sigma
-        # the robust score's threshold is fixed: no hold-out base to fit
-        self.spec = replace(base, scale_floor=np.array([floor]),
-                            threshold_holdout=base.threshold_holdout if t is None else 0.0)
-        try:
-            fit = super().calibrate(samples)
-        finally:
-            self.spec = base
-        if robust is None or t is None:
-            return fit
-        windows = sliding_windows(np.asarray(samples, np.float64), base.window)
-        feats = self._run(fit.scaler.apply(windows))
-        centre, scale = robust_stats(feats, base.feature_std_floor)
-        frozen = replace(robust, adapt_rate=0.0, scale_rate=0.0)
-        scores = robust_scores(feats, RobustState.start(centre, scale), frozen, base.top_k)[0]
-        return replace(fit, features=FeatureStats(centre, scale), threshold=float(t),
-                       scores=scores)
-
-    def features(self, windows: Float32Array, calibration: Calibration) -> FloatArray:
-        """Features ``(K, F)`` of raw windows ``(K, W, 1)`` scaled with ``calibration``."""
-        return self._run(calibration.scaler.apply(windows))
-
-
-def build_detector(spec: DetectorSpec, backend: Backend, params: UnivariateParams | None, *,
-                   fallback: Backend | None = None,
-                   input_range: tuple[float, float] | None = None,
-                   adaptation: LevelAdaptation | None = None) -> FeatureDeviationDetector:
-    """The detector of a package: a :class:`UnivariateDetector` when it has univariate
-    ``params`` (a one-channel package), else a :class:`FeatureDeviationDetector` with the
-    package's per-channel level ``adaptation`` (None: off). Used by the composition root, the
-    benchmarks and model updates, so a swapped-in model keeps its floors and its adaptation.
-
-    Raises:
-        ValueError: ``params`` given for a multichannel ``spec``, or both ``params`` and
-            ``adaptation`` (a univariate stream adapts its baseline itself).
-    """
-    if params is None:
-        return FeatureDeviationDetector(spec, backend, fallback=fallback,
-                                        input_range=input_range, adaptation=adaptation)
-    if adaptation is not None:
-        raise ValueError("a univariate package adapts with its 'univariate' section")
-    return UnivariateDetector(spec, backend, params, fallback=fallback, input_range=input_range)
-
-
 class UnivariatePipeline(StreamPipeline):
     """:class:`StreamPipeline` for one channel with gaps, bounded adaptation and explanations.
 
@@ -270,6 +155,9 @@ class UnivariatePipeline(StreamPipeline):
         self.origin: Calibration | None = calibration
         # the robust baseline and the calibration it started from
         self._robust: tuple[Calibration, RobustState] | None = None
+        # the baseline level (channel units) each window of the last scored batch was scored
+        # against, for the alerts' explanations
+        self._levels: FloatArray = np.zeros(0)
 
     @property
     def baseline(self) -> float:
@@ -368,8 +256,11 @@ class UnivariatePipeline(StreamPipeline):
         self.origin = calibration
 
     def _score(self, windows: Float32Array) -> ScoredBatch:
+        level = self.baseline
         scored = super()._score(windows)
         if self._robust_params() is None:
+            # the block's windows are scored against the level at its start
+            self._levels = np.full(windows.shape[0], level)
             self._adapt(windows, scored.scores)
         return scored
 
@@ -385,8 +276,11 @@ class UnivariatePipeline(StreamPipeline):
             return super()._run_detector(windows)
         assert cal is not None
         state = self.robust_state or RobustState.start(cal.features.mean, cal.features.std)
-        scores, _, state = robust_scores(det.features(windows, cal), state, p, self.spec.top_k)
+        levels: list[float] = []
+        scores, _, state = robust_scores(det.features(windows, cal), state, p, self.spec.top_k,
+                                         levels=levels)
         self._robust = (cal, state)
+        self._levels = cal.scaler.mean[0] + cal.scaler.scale[0] * np.asarray(levels, np.float64)
         return ScoredBatch(scores, np.ones((scores.shape[0], 1)))
 
     def _adapt(self, windows: Float32Array, scores: FloatArray) -> None:
@@ -409,7 +303,9 @@ class UnivariatePipeline(StreamPipeline):
     def _event(self, batch: WindowBatch, i: int, score: float, contrib: FloatArray,
                mono: float) -> AlertEvent:
         event = super()._event(batch, i, score, contrib, mono)
-        expected = self.baseline
+        # the scored windows are the batch's last len(self._levels)
+        j = i - (len(batch) - self._levels.shape[0])
+        expected = float(self._levels[j]) if 0 <= j < self._levels.shape[0] else self.baseline
         observed = float(batch.data[i, :, 0].astype(np.float64).mean())
         assert self.calibration is not None
         sigma = float(self.calibration.scaler.scale[0])

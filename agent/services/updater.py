@@ -66,7 +66,7 @@ from agent.inference.package import ModelPackage, load_package, saturation_fallb
 from agent.metrics import Metrics
 from agent.pipeline.detector import Calibration, FeatureDeviationDetector
 from agent.pipeline.stream import StreamPipeline
-from agent.pipeline.univariate import build_detector
+from agent.pipeline.univariate_detector import build_detector
 from agent.services.model_checks import Limits, ShadowRun, acceptance_test
 from agent.services.model_report import running_report
 from agent.services.model_slot import ModelSlot, Observe, Rollback, Swap

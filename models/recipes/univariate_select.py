@@ -48,8 +48,10 @@ numbers (SKAB is sampled at 1 s). Labels are used only to rate.
     anomaly-free channels, label-free normal time (67,464 scored rows). The labelled files'
     normal rows enter through the charge in J.
 
-  If no candidate meets R1, R2 and R3, the run says so and writes no choice (no package is
-  built from it).
+  If no candidate meets R1, R2 and R3, the run says so and writes no choice. The default
+  package is then replaced by a candidate only if it is better than the shipped package on
+  every declared requirement (a rule set after the two runs below): the second run's closest
+  candidate was, and ships as ``univariate-wstat@3`` (``univariate_choice_v3.json``).
 * **Smoothing, worst group, leave one group out, the neighbourhood spread**: as
   :mod:`skab_select` (a candidate is rated by the mean J over itself and its neighbours one grid
   step away along each axis; with both groups, the worst group's rating; each group is
@@ -120,7 +122,7 @@ from univariate_wstat import FEATURE_FLOOR_FRAC, training_windows
 
 from agent.pipeline.detector import DetectorSpec
 from agent.pipeline.rules import AlertRules, RuleParams
-from agent.pipeline.univariate import UnivariateParams, univariate_floor
+from agent.pipeline.univariate_detector import UnivariateParams, univariate_floor
 from cloud_sync.calibration import FEATURES, window_features
 
 N = 400
@@ -318,7 +320,7 @@ Candidate = tuple[object, ...]
 
 def calibration_sigma(values: np.ndarray, floor: float = 1e-9, rel: float = 1e-3) -> float:
     """σ_cal of a series as the univariate pipeline fits it: the std of the first N values,
-    floored at :func:`agent.pipeline.univariate.univariate_floor` (defaults: the package's
+    floored at :func:`agent.pipeline.univariate_detector.univariate_floor` (defaults: the package's
     ``scale_floor`` and ``scale_floor_rel``)."""
     head = values[:N].astype(np.float64)
     return max(float(head.std()), univariate_floor(head, floor, rel))

@@ -2,7 +2,12 @@
 
     nice python models/recipes/univariate_select.py --data ../shared/datasets/skab --json uni.json
     python models/recipes/univariate_wstat.py --data ../shared/datasets/skab \
-        --out models/univariate-wstat --selection uni.json --version 3
+        --out models/univariate-wstat --selection uni.json --version N
+
+``univariate-wstat@3`` was built with ``--selection models/recipes/univariate_choice_v3.json
+--version 3``: the selection wrote no choice (no candidate met R1-R3) and that file names its
+closest candidate, shipped because it is better than ``@2`` on every requirement
+(docs/detection.md, "Univariate streams").
 
 The window, the robust adaptive score (threshold in robust sigmas, adaptation rates, level and
 scale bounds, Huber clip; :mod:`agent.pipeline.robust`) and the alert rule (k of n and the
@@ -16,13 +21,13 @@ Steps (as :mod:`skab_wstat`, with C = 1):
 1. Training data: every channel of the anomaly-free SKAB recording as its own univariate series
    (normal operation only, no labels used), without the recording's rows that fall in a
    labelled file's time span (:func:`skab_data.training_recording`). ``--full-recording``
-   keeps them: how the shipped ``univariate-wstat@2`` was built.
+   keeps them: how ``univariate-wstat@2`` was built.
 2. Emulated on-device calibrations on 400-sample segments of each channel (scaled with each
    segment's own mean and std): the per-feature std floor (``--feature-floor-frac`` × the std of
    each feature over all segments, pooled over channels; in scaled units, so it holds for a
    channel of any unit). The input scale floor in channel units cannot be known for a signal of
    any unit: the manifest's is a tiny absolute floor and the device adds the relative and
-   quantum floors of :func:`agent.pipeline.univariate.univariate_floor`.
+   quantum floors of :func:`agent.pipeline.univariate_detector.univariate_floor`.
 3. The FP32 ONNX graph (:func:`fleet.training.wstat.build_graph` with C = 1), INT8 QDQ with
    ``quantize_static`` on the scaled windows (plus the same ×``--headroom``, so a fault several
    sigmas out is still represented; beyond it the FP32 twin scores, as for every package), and

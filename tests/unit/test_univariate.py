@@ -12,12 +12,11 @@ from agent.errors import ConfigError
 from agent.pipeline.detector import DetectorSpec
 from agent.pipeline.rules import RuleParams
 from agent.pipeline.stream import AlertEvent
-from agent.pipeline.univariate import (
+from agent.pipeline.univariate import UnivariatePipeline, univariate_channel
+from agent.pipeline.univariate_detector import (
     UnivariateDetector,
     UnivariateParams,
-    UnivariatePipeline,
     build_detector,
-    univariate_channel,
     univariate_floor,
 )
 from agent.records import Alert, Explanation, TopChannel

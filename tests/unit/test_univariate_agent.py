@@ -128,7 +128,13 @@ def test_a_package_with_threshold_sigma_runs_the_robust_score(tmp_path: Path) ->
     assert params is not None and params.robust is not None
     assert (params.threshold_sigma, params.robust.scale_rate, params.robust.clip,
             params.robust.scale_bound) == (6.0, 0.02, 2.5, 3.0)
-    assert load_package(PACKAGE).univariate_params().robust is None  # type: ignore[union-attr]
+    shipped = load_package(PACKAGE).univariate_params()
+    assert shipped is not None and shipped.threshold_sigma is not None  # @3: the robust score
+    manifest["univariate"].pop("threshold_sigma")  # a package before @3
+    (pkg / "manifest.json").write_text(json.dumps(manifest))
+    assert load_package(pkg).univariate_params().robust is None  # type: ignore[union-attr]
+    manifest["univariate"]["threshold_sigma"] = 6.0
+    (pkg / "manifest.json").write_text(json.dumps(manifest))
     agent = _agent(tmp_path, None, ("current",), (), str(pkg))
     try:
         pipe = agent.streams["temp"].pipeline

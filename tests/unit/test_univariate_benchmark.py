@@ -143,17 +143,15 @@ def _spikes(tmp_path: Path, package: Path) -> None:
         alarms
 
 
-@pytest.mark.xfail(strict=True, reason="univariate-wstat@2 (10 of 10 on W 5, no single-window "
-                   "path) cannot alarm on a point anomaly; no selection found a candidate "
-                   "meeting R1-R3 (docs/detection.md), so no @3 was built")
 def test_the_shipped_package_alarms_on_point_anomalies_and_short_shifts(tmp_path: Path) -> None:
     _spikes(tmp_path, ROOT / "models" / "univariate-wstat")
 
 
 def test_the_single_window_path_reaches_the_benchmark(tmp_path: Path) -> None:
     """The manifest's ``rule_spike`` is the rule the benchmark runs (as a deployed stream): a
-    +20 sigma spike of 1 row raises nothing with the shipped package (10 of 10 on W 5) and an
-    alarm within W rows with the same package and ``rule_spike`` 1.0; the noise none."""
+    +20 sigma spike of 1 row raises nothing with the shipped package set to 10 of 10 (a spike
+    touches W < 10 windows) and an alarm within W rows with that package and ``rule_spike``
+    2.0 (one window above 2 x threshold); the noise none."""
     x = 20.0 + 0.5 * np.random.default_rng(3).normal(size=2000)
     x[1500] += 20 * float(x[:400].std())
     _write(tmp_path / "data" / "spike.csv",
@@ -163,9 +161,12 @@ def test_the_single_window_path_reaches_the_benchmark(tmp_path: Path) -> None:
     manifest = json.loads((pkg / "manifest.json").read_text())
     assert manifest["univariate"].get("rule_spike") is None
     window = int(manifest["input"]["window"])
+    assert window < 10
+    manifest["univariate"].update(rule_k=10, rule_n=10)
+    (pkg / "manifest.json").write_text(json.dumps(manifest))
     _run(tmp_path / "data", tmp_path / "off", "--model", str(pkg))
     assert not any(r["alarm"] == "1" for r in _read(tmp_path / "off" / "spike.csv"))
-    manifest["univariate"]["rule_spike"] = 1.0
+    manifest["univariate"]["rule_spike"] = 2.0
     (pkg / "manifest.json").write_text(json.dumps(manifest))
     _run(tmp_path / "data", tmp_path / "on", "--model", str(pkg))
     alarms = [i for i, r in enumerate(_read(tmp_path / "on" / "spike.csv")) if r["alarm"] == "1"]

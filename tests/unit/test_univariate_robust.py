@@ -12,7 +12,8 @@ from agent.pipeline.detector import DetectorSpec
 from agent.pipeline.robust import RobustParams, RobustState, robust_scores, robust_stats
 from agent.pipeline.rules import RuleParams
 from agent.pipeline.stream import AlertEvent
-from agent.pipeline.univariate import UnivariateDetector, UnivariateParams, UnivariatePipeline
+from agent.pipeline.univariate import UnivariatePipeline
+from agent.pipeline.univariate_detector import UnivariateDetector, UnivariateParams
 from tests.unit.test_detector import NumpyBackend
 
 W = 5
