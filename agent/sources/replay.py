@@ -285,10 +285,10 @@ class ReplaySource:
         """Replay the file; see :class:`agent.sources.base.Source`.
 
         Raises:
-            SourceExhausted: At the end of the file (never with ``loop``, unless a later pass
-                finds no valid row).
-            SourceFailed: The file ended without a single valid row (every row rejected, or
-                none at all): it cannot be replayed, as a camera file without a readable frame.
+            SourceExhausted: At the end of the file (never with ``loop``).
+            SourceFailed: A pass ended without a single valid row (every row rejected, or
+                none at all; with ``loop`` also a later pass, the file emptied or replaced):
+                it cannot be replayed, as a camera file without a readable frame.
             SourceError: When the file becomes unreadable.
         """
         wait = self._sleep if self._sleep is not None else stop.wait
@@ -326,10 +326,11 @@ class ReplaySource:
                 out_ts = start_wall + elapsed if self.config.restamp else ts + pass_offset
                 emit(Reading(self.stream, out_ts, values, received_mono=self._monotonic()))
             emitted += pass_count
-            if emitted == 0:
+            if pass_first is None:
+                # looped: the file was emptied between passes; a loop never ends normally
                 raise SourceFailed("replay file holds no valid row", stream=self.stream,
                                    path=str(self._path))
-            if not self.config.loop or pass_first is None:
+            if not self.config.loop:
                 raise SourceExhausted(
                     "replay file ended", stream=self.stream, path=str(self._path), readings=emitted
                 )

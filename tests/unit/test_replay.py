@@ -277,6 +277,24 @@ def test_a_file_without_one_valid_row_fails_for_good(tmp_path: Path) -> None:
         assert [e.reason for e in rejected] == ["non_numeric"]
 
 
+def test_a_looping_file_emptied_between_passes_fails_not_finishes(tmp_path: Path) -> None:
+    # a looping replay never ends normally: a later pass without one valid row (the file
+    # truncated to its header) is a failure (stream 'down'), not an exhaustion ('finished')
+    path = skab_file(tmp_path, n=3)
+    header = path.read_text().splitlines()[0]
+    out: list[Reading] = []
+
+    def emit(r: Reading) -> None:
+        out.append(r)
+        if len(out) == 3:  # the first pass's last row: empty the file before the next pass
+            path.write_text(header + "\n")
+
+    src = ReplaySource(ReplayConfig(path=str(path), loop=True), "s")
+    with pytest.raises(SourceFailed, match="no valid row"):
+        src.run(emit, lambda e: None, threading.Event())
+    assert len(out) == 3
+
+
 def test_explicit_delimiter_tab(tmp_path: Path) -> None:
     path = tmp_path / "t.tsv"
     path.write_text("datetime\tx\n2020-03-09 10:14:33\t1.5\n")
