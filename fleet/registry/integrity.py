@@ -53,14 +53,16 @@ def mismatch(data: bytes, recorded: str) -> str | None:
     return None if actual == recorded else actual
 
 
-def mark_corrupt(conn: Connection, name: str, version: int, reason: str,
+def mark_corrupt(conn: Connection, name: str, version: int, data: bytes, reason: str,
                  now: dt.datetime) -> None:
-    """Mark the package corrupt in ``conn``'s transaction; the first mark (by any worker or
-    replica) is logged at ERROR, later ones change nothing."""
+    """Mark the package corrupt in ``conn``'s transaction while its stored archive is still
+    ``data``, the bytes found damaged (a push of the same package may have repaired it since
+    they were read); the first mark (by any worker or replica) is logged at ERROR, later ones
+    change nothing."""
     marked = conn.execute(
         update(models)
         .where(models.c.name == name, models.c.version == version,
-               models.c.corrupt_at.is_(None))
+               models.c.corrupt_at.is_(None), models.c.archive == data)
         .values(corrupt_at=now, corrupt_reason=reason)
     ).rowcount
     if marked:

@@ -276,7 +276,7 @@ class ModelRegistry:
         if actual is not None:
             reason = integrity.corrupt_reason(name, version, sha, actual, len(data))
             with self._engine.begin() as conn:
-                integrity.mark_corrupt(conn, name, version, reason, self._clock())
+                integrity.mark_corrupt(conn, name, version, data, reason, self._clock())
             raise CorruptArchive(reason)
         return data, sha
 
