@@ -23,8 +23,10 @@ WARNING, at most once a minute.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import socket
 import sys
 import threading
 from collections.abc import Callable
@@ -111,7 +113,29 @@ class _Server(ThreadingHTTPServer):
 
 def _handler_for(server: OpsServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
-        timeout = server.client_timeout_s
+        timeout = server.client_timeout_s  # each read and write of the connection
+        _deadline: threading.Timer
+
+        def setup(self) -> None:
+            super().setup()
+            # the whole request (line and headers) within client_timeout_s: the socket's
+            # timeout bounds each read only, so a byte every few seconds kept the thread
+            self._deadline = threading.Timer(server.client_timeout_s, self._expire)
+            self._deadline.daemon = True
+            self._deadline.start()
+
+        def _expire(self) -> None:
+            with contextlib.suppress(OSError):  # the blocked read then returns b""
+                self.connection.shutdown(socket.SHUT_RDWR)
+
+        def parse_request(self) -> bool:
+            ok = super().parse_request()  # reads the headers too
+            self._deadline.cancel()  # the request is in; the answer has the write timeout
+            return ok
+
+        def finish(self) -> None:
+            self._deadline.cancel()
+            super().finish()
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]

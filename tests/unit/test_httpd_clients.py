@@ -35,6 +35,32 @@ def test_a_client_that_sends_nothing_is_closed_after_the_timeout() -> None:
         server.stop()
 
 
+def test_a_client_that_trickles_its_request_is_closed_after_the_timeout() -> None:
+    # the socket timeout bounds each read: a byte every 0.1 s never tripped it, and the
+    # connection kept its thread as long as the client kept trickling
+    server = _server(client_timeout_s=0.5)
+    request = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200
+    closed = False
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+            sock.settimeout(0.1)
+            for byte in request:  # 20 s of trickling, 40 x the timeout
+                try:
+                    sock.sendall(bytes([byte]))
+                    closed = sock.recv(1024) == b""
+                except TimeoutError:
+                    continue  # nothing from the server yet: still open
+                except OSError:
+                    closed = True
+                if closed:
+                    break
+        assert closed, "the server kept a trickling connection open"
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/healthz", timeout=5) as r:
+            assert r.status == 200  # still serving
+    finally:
+        server.stop()
+
+
 def test_a_client_that_hangs_up_is_not_an_error(capsys: pytest.CaptureFixture[str],
                                                 caplog: pytest.LogCaptureFixture) -> None:
     server = _server()
