@@ -30,6 +30,12 @@ feature f has a baseline: a centre c_f and a robust scale s_f, both in the featu
   start; the spread and roughness centres and every scale stay within a factor
   ``scale_bound`` (G) of their start. A slow fault is followed at most that far and then
   scores as it grows.
+* **A flat calibration** (the typical calibration window has no spread: a stopped machine, a
+  stuck or coarsely quantized sensor) gives no reference for the bounds: a centre of 0 cannot
+  move by a factor and σ_cal sits at its floor, so the first noise after it would score
+  thousands of sigmas for ever. Such a state (``bounded`` False) keeps only the scales' lower
+  bound: the baseline learns the stream's level and noise from operation, at the same clipped
+  rates, and the stream alarms on the change and then follows it.
 
 The state is carried window by window, so a stream's scores do not depend on how its readings
 were split into blocks; it restarts from the calibration after a restart or a model swap.
@@ -79,12 +85,24 @@ class RobustState:
     scale: FloatArray
     centre0: FloatArray
     scale0: FloatArray
+    #: False after a flat calibration: no upper bounds (module docstring).
+    bounded: bool = True
 
     @classmethod
-    def start(cls, centre: FloatArray, scale: FloatArray) -> RobustState:
+    def start(cls, centre: FloatArray, scale: FloatArray, bounded: bool = True) -> RobustState:
         """The state at the calibration (copies the arrays)."""
         c, s = np.array(centre, np.float64), np.array(scale, np.float64)
-        return cls(c.copy(), s.copy(), c, s)
+        return cls(c.copy(), s.copy(), c, s, bounded)
+
+
+def flat_calibration(centre: FloatArray) -> bool:
+    """Whether calibration feature centres ``(F,)`` (feature 0 the level, then spread and
+    roughness) describe a flat calibration: the median window has no spread and no roughness.
+
+    >>> flat_calibration(np.array([3.0, 0.0, 0.0])), flat_calibration(np.array([3.0, 0.2, 0.1]))
+    (True, False)
+    """
+    return bool(centre.shape[0] > 1 and np.all(np.asarray(centre[1:]) == 0.0))
 
 
 def robust_stats(features: FloatArray, floor: FloatArray) -> tuple[FloatArray, FloatArray]:
@@ -102,6 +120,9 @@ def robust_stats(features: FloatArray, floor: FloatArray) -> tuple[FloatArray, F
 def _bounds(state: RobustState, p: RobustParams) -> tuple[FloatArray, FloatArray,
                                                           FloatArray, FloatArray]:
     c0, s0, g = state.centre0, state.scale0, max(p.scale_bound, 1.0)
+    if not state.bounded:
+        inf = np.full_like(c0, np.inf)
+        return -inf, inf, s0 / g, inf
     lo_c = np.minimum(c0 / g, c0 * g)
     hi_c = np.maximum(c0 / g, c0 * g)
     lo_c[0], hi_c[0] = c0[0] - p.drift_bound, c0[0] + p.drift_bound
@@ -152,4 +173,5 @@ def robust_scores(features: FloatArray, state: RobustState, params: RobustParams
             s[f] = min(max(s[f] + b * (ABS_TO_STD * abs(r) - s[f]), ls[f]), hs[f])
         absz[j] = zs
         scores[j] = max(zs) if k == 1 else sum(sorted(zs)[-k:]) / k
-    return scores, absz, RobustState(np.array(c), np.array(s), state.centre0, state.scale0)
+    return scores, absz, RobustState(np.array(c), np.array(s), state.centre0, state.scale0,
+                                     state.bounded)

@@ -36,6 +36,7 @@ interval is scored like a regular one, only a gap is treated apart.
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 from collections import deque
 from dataclasses import replace
@@ -52,13 +53,15 @@ from agent.pipeline.detector import (
     ScoredBatch,
 )
 from agent.pipeline.drift import follow_level
-from agent.pipeline.robust import RobustParams, RobustState, robust_scores
+from agent.pipeline.robust import RobustParams, RobustState, flat_calibration, robust_scores
 from agent.pipeline.rules import RuleParams
 from agent.pipeline.stream import AlertEvent, StreamOutput, StreamPipeline
 from agent.pipeline.univariate_detector import UnivariateDetector, UnivariateParams
 from agent.pipeline.windowing import SlidingWindower, WindowBatch
 from agent.records import Explanation, Float32Array, FloatArray
 from cloud_sync.calibration import Scaler
+
+log = logging.getLogger("agent.pipeline")
 
 
 class _HasChannel(Protocol):
@@ -275,7 +278,15 @@ class UnivariatePipeline(StreamPipeline):
         if p is None or not isinstance(det, UnivariateDetector):
             return super()._run_detector(windows)
         assert cal is not None
-        state = self.robust_state or RobustState.start(cal.features.mean, cal.features.std)
+        state = self.robust_state
+        if state is None:
+            flat = flat_calibration(np.asarray(cal.features.mean))
+            if flat:
+                log.warning("stream %s: the calibration period was flat (most windows without "
+                            "any change): the baseline learns the stream's level and noise from "
+                            "operation, without its drift bounds; calibrate over normal "
+                            "operation (calibration_samples) to keep them", self.stream)
+            state = RobustState.start(cal.features.mean, cal.features.std, bounded=not flat)
         levels: list[float] = []
         scores, _, state = robust_scores(det.features(windows, cal), state, p, self.spec.top_k,
                                          levels=levels)

@@ -143,3 +143,26 @@ def test_the_explanation_gives_the_adapted_level() -> None:
     e = alerts[0].explanation
     assert e.expected == pytest.approx(2.0, abs=0.6)  # the drifted level, not the calibration's
     assert e.deviation == pytest.approx(e.observed - e.expected)
+
+
+@pytest.mark.parametrize("level", [0.0, 5.0])
+def test_a_flat_calibration_learns_the_noise_that_follows_and_still_alarms_a_spike(
+        level: float, caplog: pytest.LogCaptureFixture) -> None:
+    """A channel flat while calibrating (a stopped machine) scored its later noise thousands
+    of sigmas away for ever: the bounds had no reference (a centre of 0, σ_cal at its floor).
+    Now it alarms at the change, learns the noise, and a later spike still alarms."""
+    x = np.r_[np.full(500, level), level + 0.01 * noise(6000, seed=8)]
+    x[5000] += 0.3  # 30 sigmas of the noise that follows
+    alerts, scores, pipe = run(x)
+    state = pipe.robust_state
+    assert state is not None and not state.bounded
+    assert "calibration period was flat" in caplog.text
+    assert alerts and alerts[0].window_end < 600  # the change from flat
+    assert np.mean(scores[3000:4900] > 6.0) < 0.01  # the noise is learned: not stuck in alarm
+    assert any(4990 <= a.window_end <= 5010 for a in alerts)  # the spike
+
+
+def test_a_calibration_with_noise_keeps_its_bounds() -> None:
+    _, _, pipe = run(noise(1000, seed=9))
+    state = pipe.robust_state
+    assert state is not None and state.bounded
