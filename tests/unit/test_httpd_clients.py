@@ -69,8 +69,9 @@ def test_a_client_that_hangs_up_is_not_an_error(capsys: pytest.CaptureFixture[st
             raise BrokenPipeError(32, "Broken pipe")
         except BrokenPipeError:
             server._server.handle_error(None, ("127.0.0.1", 1))
-        assert capsys.readouterr().err == ""
-        assert not caplog.records
+        # socketserver's own handle_error prints this and a traceback
+        assert "Exception occurred during processing" not in capsys.readouterr().err
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     finally:
         server.stop()
 
@@ -85,7 +86,7 @@ def test_another_failure_is_one_warning_not_a_traceback_flood(
                     raise ValueError("bad")
                 except ValueError:
                     server._server.handle_error(None, ("127.0.0.1", 1))
-        assert capsys.readouterr().err == ""
+        assert "Exception occurred during processing" not in capsys.readouterr().err
         assert len([r for r in caplog.records if "failed" in r.getMessage()]) == 1
     finally:
         server.stop()
