@@ -79,13 +79,18 @@ def parse_ts(text: str) -> float:
     return t.timestamp()
 
 
+#: The largest finite float32: the agent rejects readings beyond it (out_of_range).
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 def parse_value(text: str) -> float:
-    """The float of ``text``; NaN when it is not a finite number."""
+    """The float of ``text``; NaN (rejected, as the agent rejects it) when it is not a finite
+    number a float32 holds."""
     try:
         v = float(text)
     except ValueError:
         return math.nan
-    return v if math.isfinite(v) else math.nan
+    return v if math.isfinite(v) and abs(v) <= FLOAT32_MAX else math.nan
 
 
 def read_csv(path: Path) -> tuple[list[list[str]], np.ndarray, np.ndarray]:
@@ -95,7 +100,7 @@ def read_csv(path: Path) -> tuple[list[list[str]], np.ndarray, np.ndarray]:
     Raises:
         ValueError: no header with ``timestamp`` and ``value`` columns.
     """
-    with path.open(newline="", encoding="utf-8", errors="replace") as fh:
+    with path.open(newline="", encoding="utf-8-sig", errors="replace") as fh:  # BOM or not
         rows = list(csv.reader(fh))
     header = [h.strip().lower() for h in rows[0]] if rows else []
     if "timestamp" not in header or "value" not in header:

@@ -171,3 +171,19 @@ def test_the_single_window_path_reaches_the_benchmark(tmp_path: Path) -> None:
     _run(tmp_path / "data", tmp_path / "on", "--model", str(pkg))
     alarms = [i for i, r in enumerate(_read(tmp_path / "on" / "spike.csv")) if r["alarm"] == "1"]
     assert len(alarms) == 1 and 1500 <= alarms[0] < 1501 + window, alarms
+
+
+
+def test_a_file_with_a_byte_order_mark_and_a_value_beyond_float32_is_read_as_the_agent_would(
+        tmp_path: Path) -> None:
+    """A UTF-8 BOM before the header skipped the file; 1e39 was scored (off-scale) where the
+    agent rejects it as out of range."""
+    rng = np.random.default_rng(4)
+    lines = ["timestamp,value"] + [f"{1_700_000_000 + 60 * i},{v:.4f}"
+                                   for i, v in enumerate(rng.normal(size=600))]
+    lines[550] = f"{1_700_000_000 + 60 * 549},1e39"
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "bom.csv").write_bytes(("\ufeff" + "\n".join(lines) + "\n").encode())
+    last = _run(tmp_path / "in", tmp_path / "out")[-1]
+    assert re.fullmatch(SUMMARY, last), last
+    assert "files=1 rows=600 rejected=1 unscored_files=0" in last, last
