@@ -512,8 +512,9 @@ def test_sigterm_flushes_open_interval_and_keeps_outbox_consistent(
     )
     db = tmp_path / "state" / "agent.db"
     agent = run_agent(["run", "--config", str(config)], tmp_path)
+    # 60 s: a CI worker at load 10+ once took over 20 s to start the agent (stderr still empty)
     wait_until(
-        lambda: "ALERT " in agent.stdout(), 20, "the first alert on stdout", agent.stderr
+        lambda: "ALERT " in agent.stdout(), 60, "the first alert on stdout", agent.stderr
     )
     assert stored_aggregates(db) == [], "the day-long interval closed before shutdown"
     assert agent.proc.poll() is None, "the replay ended before SIGTERM"
