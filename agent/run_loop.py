@@ -232,7 +232,7 @@ class AgentLoop:
             self.feed.scored(n, c.last_score, c.pipeline.threshold)
         finished = frozenset(
             [n for n, s in self.streams.items() if s.supervisor.done and s.supervisor.error is None]
-            + [n for n, c in self.cameras.items() if c.done and c.error is None])
+            + [n for n, c in self.cameras.items() if c.exhausted and c.error is None])
         self.feed.health({comp.name.removeprefix("source:"): comp.state
                           for comp in report.components if comp.name.startswith("source:")},
                          finished)
