@@ -129,8 +129,11 @@ max_edge = 640
         heat_resp = wait_for(lambda: served("heatmap"), "the fleet serving the heatmap",
                              DEADLINE_S, proc)
         assert heat_resp.status_code == 200 and heat_resp.headers["content-type"] == "image/png"
-        listed = requests.get(f"{fleet.url}/v1/devices/gw1/alerts", headers=admin, timeout=10)
-        assert {a["id"] for a in listed.json()["items"]} >= set(ids)  # alerts went without it
+        def listed() -> bool:  # every alert reaches the fleet (its upload is a batch of its own)
+            got = requests.get(f"{fleet.url}/v1/devices/gw1/alerts", headers=admin, timeout=10)
+            return {a["id"] for a in got.json()["items"]} >= set(ids)
+
+        wait_for(listed, "both alerts listed by the fleet", DEADLINE_S, proc)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0, err.read_text(errors="replace")[-3000:]
     finally:
