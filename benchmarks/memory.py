@@ -119,13 +119,18 @@ def proc_status(pid: int) -> dict[str, float]:
                                                            re.M)}
 
 
-def scoring_streams(port: int, counter: str) -> dict[str, float]:
-    """``counter`` per stream label from /metrics (empty while it is not up)."""
+def metrics_text(port: int) -> str:
+    """The agent's /metrics page ("" while it is not up)."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
-            text = resp.read().decode()
+            return str(resp.read().decode())
     except OSError:
-        return {}
+        return ""
+
+
+def scoring_streams(port: int, counter: str) -> dict[str, float]:
+    """``counter`` per stream label from /metrics (empty while it is not up)."""
+    text = metrics_text(port)
     found: dict[str, float] = {}
     for m in re.finditer(rf'^{counter}\{{([^}}]*)\}} ([0-9.e+]+)$', text, re.M):
         stream = re.search(r'stream="([^"]+)"', m[1])
@@ -136,11 +141,7 @@ def scoring_streams(port: int, counter: str) -> dict[str, float]:
 
 def stream_backends(port: int) -> dict[str, str]:
     """The backend each stream scores with (``edge_agent_model_info`` on /metrics)."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
-            text = resp.read().decode()
-    except OSError:
-        return {}
+    text = metrics_text(port)
     found: dict[str, str] = {}
     for m in re.finditer(r'^edge_agent_model_info\{([^}]*)\} ', text, re.M):
         stream = re.search(r'stream="([^"]+)"', m[1])
