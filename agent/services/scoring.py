@@ -62,7 +62,8 @@ class BlockScorer:
     def process(self, s: SensorStream) -> None:
         """Score the stream's pending readings (``s.pending``, emptied) as one block: model
         updates handed over between two blocks, clock steps and calibration logged and
-        counted, retraining samples collected, gauges set, events raised, aggregates stored."""
+        counted, events raised (before the rest), retraining samples collected, gauges set,
+        aggregates stored."""
         readings, s.pending = s.pending, []
         values = np.stack([r.values for r in readings])[:, s.order]
         ts = np.fromiter((r.ts for r in readings), dtype=np.float64, count=len(readings))
@@ -96,6 +97,10 @@ class BlockScorer:
                 log.warning("stream %s: %d far-out reading(s) left out of the calibration",
                             name, out.calibration_outliers, extra=ALWAYS)
             save_calibration(self.store, s, s.package, self.clock)
+        # Alerts first: their latency (read -> delivered) does not wait for the bookkeeping
+        # below (retraining samples, counters, the state board).
+        for event in out.events:
+            self.alerting.raise_event(s, event)
         collector = self.collectors.get(name)
         if collector is not None:  # retraining samples: calibration block, normal windows
             if out.calibrated is not None and s.pipeline.calibration_samples is not None:
@@ -120,7 +125,5 @@ class BlockScorer:
         self.feed.scored(name, float(finite[-1]) if finite.size else None, out.threshold,
                          model_name=m.name, model_version=m.version,
                          skipping=s.pipeline.windower.hop > s.pipeline.spec.hop)
-        for event in out.events:
-            self.alerting.raise_event(s, event)
         for agg in out.aggregates:
             self.alerting.write_aggregate(agg)
