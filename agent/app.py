@@ -15,12 +15,13 @@ uploader and sources are started; then READY=1. About once a second the main loo
 progress, STATUS=).
 
 Shutdown (SIGTERM/SIGINT, or every source has ended): STOPPING=1, stop the sources, score
-what is queued, close open aggregate intervals, wait up to ``SHUTDOWN_FLUSH_S`` for the outbox to
-drain, publish ``offline``, close the store. Alerts not acknowledged by then stay in the outbox for
-the next start. When every source has ended by itself, :meth:`Agent.run` returns 0 if each
-reached the end of its finite input, and ``EX_UNAVAILABLE`` (69, :mod:`agent.exitcodes`) if at
-least one failed for good (a sensor source's fatal error, a camera file that cannot be read), so
-systemd's ``Restart=on-failure`` sees the failure; one ERROR line names the failed sources.
+what is queued, close open aggregate intervals, store the univariate streams' adapted baselines,
+wait up to ``SHUTDOWN_FLUSH_S`` for the outbox to drain, publish ``offline``, close the store.
+Alerts not acknowledged by then stay in the outbox for the next start. When every source has
+ended by itself, :meth:`Agent.run` returns 0 if each reached the end of its finite input, and
+``EX_UNAVAILABLE`` (69, :mod:`agent.exitcodes`) if at least one failed for good (a sensor
+source's fatal error, a camera file that cannot be read), so systemd's ``Restart=on-failure``
+sees the failure; one ERROR line names the failed sources.
 
 Reload (SIGHUP, ``systemctl reload``): the config file is read and checked again (schema, and
 every model package loads); when invalid every problem is logged and the agent keeps running as
@@ -77,6 +78,7 @@ from agent.reload import check_reload, run_with_reload
 from agent.run_loop import QUEUE_SIZE, START_STEP_S, AgentLoop
 from agent.sensor_streams import SensorStream, build_sensor_stream, save_calibration
 from agent.services.alerting import Alerting
+from agent.services.baselines import BaselineSaver
 from agent.services.camera import CameraStream, build_camera_stream
 from agent.services.episode_book import EpisodeBook, recorded_identity
 from agent.services.health_reporter import HealthReporter
@@ -256,9 +258,11 @@ class Agent(AgentLoop):
             config.agent.device_id, clock, self.store, self.keeper, self.episodes, self.feed,
             self.metrics, self._repeat, snapshots=self.snapshots, publisher=self.publisher,
             uploader=self.uploader, console=self.console)
+        #: Saves the univariate streams' adapted baselines (:mod:`agent.services.baselines`).
+        self.baselines = BaselineSaver(self.store, clock)
         #: Scores the sensor streams' blocks of readings (:meth:`_drain_once`).
         self.scorer = BlockScorer(self.metrics, self.feed, self.alerting, self.store, clock,
-                                  self.collectors, self.samples)
+                                  self.collectors, self.samples, self.baselines)
         #: The one disk budget (store, models, OpenVINO cache; snapshots: add_part).
         self.disk = DiskBudget(config.storage.disk_budget_bytes, self.store,
                                default_parts(state_dir), self.metrics,

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from agent.records import Aggregate, Reading
     from agent.sensor_streams import SensorStream
     from agent.services.alerting import Alerting
+    from agent.services.baselines import BaselineSaver
     from agent.services.camera import CameraStream
     from agent.services.health_reporter import HealthReporter
     from agent.services.samples import SampleUploader
@@ -111,6 +112,7 @@ class AgentLoop:
     keeper: AlertKeeper
     alerting: Alerting
     scorer: BlockScorer
+    baselines: BaselineSaver
     monitor: Monitor
     readings_dropped: int
 
@@ -293,7 +295,7 @@ class AgentLoop:
                     "dropped (the pipeline was behind its sources)", dropped, SHUTDOWN_DRAIN_S)
 
     def shutdown(self, final: bool = True) -> None:
-        """Stop sources, score what is queued, flush aggregates and the outbox, close.
+        """Stop sources, score what is queued, flush aggregates, baselines and the outbox, close.
 
         Args:
             final: The process ends: send STOPPING=1 and close the notifier. False for a
@@ -319,6 +321,8 @@ class AgentLoop:
                     self.alerting.raise_event(s, ended)
             for agg in s.pipeline.flush():
                 self.alerting.write_aggregate(agg)
+        # the univariate streams' adapted baselines, for the next start (fsynced)
+        self.baselines.save_all((s.pipeline, s.package) for s in self.streams.values())
         for c in self.cameras.values():
             c.join(timeout=5.0)
             for agg in c.flush():

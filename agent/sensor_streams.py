@@ -8,7 +8,8 @@ remembered by an earlier start in the state directory opens only the runtimes it
 :mod:`agent.inference.rank_child`) behind its
 latency guard (:mod:`agent.inference.deadline`), checks the source's channels against the
 model, restores a stored calibration when it fits (:mod:`agent.pipeline.restore`) and builds
-the pipeline; :func:`save_calibration` stores the calibration in force for the next start.
+the pipeline, resuming a univariate stream's adapted baseline (:mod:`agent.services.baselines`);
+:func:`save_calibration` stores the calibration in force for the next start.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from agent.pipeline.stream import StreamPipeline
 from agent.pipeline.univariate import UnivariatePipeline, univariate_channel
 from agent.pipeline.univariate_detector import build_detector
 from agent.records import Float32Array, Reading, iso_utc
+from agent.services.baselines import restore_baseline
 from agent.services.model_slot import ModelSlot
 from agent.services.model_store import ModelStore
 from agent.services.stream_rules import stream_rule_params
@@ -186,8 +188,8 @@ def build_sensor_stream(
     order = np.array([source.channels.index(c) for c in source_channels], dtype=np.int64)
     r = sc.rules
     preset = preset_calibration(package, config.agent.device_id, sc.name)
-    restored = None if preset is not None else restore_calibration(
-        store, sc, calibration_key(package.manifest, spec, backend.precision), clock)
+    key = calibration_key(package.manifest, spec, backend.precision)
+    restored = None if preset is not None else restore_calibration(store, sc, key, clock)
     start_cal = preset if restored is None else restored.calibration
     rule_params = stream_rule_params(r, package.manifest.univariate)
     timed = TimedBackend(backend, hist.observe)
@@ -214,6 +216,7 @@ def build_sensor_stream(
         )
     if restored is not None:  # a model update calibrates its candidate on these readings
         pipeline.calibration_samples = restored.readings
+    restore_baseline(store, pipeline, key)  # a univariate stream's adapted baseline
     guard.on_stride = lambda k: setattr(pipeline.windower, "hop", spec.hop * k)
     try:
         valid = ValidRange(source.channels,

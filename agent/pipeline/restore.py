@@ -228,6 +228,20 @@ def spec_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return out
 
 
+def key_refusal(old: CalibrationKey, key: CalibrationKey) -> str | None:
+    """Why state kept for ``old`` does not belong to ``key`` (None: the same package and
+    detector settings): ``model changed (a@1 → a@2)``, ``model package changed (...)`` or the
+    :func:`spec_changes`. Also used for the adapted baseline (:mod:`agent.pipeline.
+    baseline_restore`)."""
+    if old.model_label != key.model_label:
+        return f"model changed ({old.model_label} → {key.model_label})"
+    if old.package_sha256 != key.package_sha256:
+        return f"model package changed ({key.model_label} with other contents)"
+    if old.spec_sha256 != key.spec_sha256:
+        return ", ".join(spec_changes(old.spec, key.spec)) or "detector settings changed"
+    return None
+
+
 def refusal(
     stored: StoredCalibration, key: CalibrationKey, now: float, max_age_s: float | None
 ) -> str | None:
@@ -245,13 +259,9 @@ def refusal(
         ``calibration expired (...)``, ``calibration stamped in the future (...)``, ``it was
         fitted on 1 far-out reading(s)`` (:func:`agent.pipeline.calibration.far_out_rows`).
     """
-    old = stored.key
-    if old.model_label != key.model_label:
-        return f"model changed ({old.model_label} → {key.model_label})"
-    if old.package_sha256 != key.package_sha256:
-        return f"model package changed ({key.model_label} with other contents)"
-    if old.spec_sha256 != key.spec_sha256:
-        return ", ".join(spec_changes(old.spec, key.spec)) or "detector settings changed"
+    why = key_refusal(stored.key, key)
+    if why is not None:
+        return why
     if not math.isfinite(stored.calibration.threshold):
         return "its threshold is not finite"
     if stored.readings is not None and stored.readings.shape[1:] == (len(key.spec["channels"]),):

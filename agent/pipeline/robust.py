@@ -38,7 +38,9 @@ feature f has a baseline: a centre c_f and a robust scale s_f, both in the featu
   rates, and the stream alarms on the change and then follows it.
 
 The state is carried window by window, so a stream's scores do not depend on how its readings
-were split into blocks; it restarts from the calibration after a restart or a model swap.
+were split into blocks. A model swap starts it again from the new calibration; across a restart
+the agent keeps it (:mod:`agent.pipeline.baseline_restore`) and :func:`resume_state` checks what
+comes back against the bounds.
 """
 
 from __future__ import annotations
@@ -117,8 +119,16 @@ def robust_stats(features: FloatArray, floor: FloatArray) -> tuple[FloatArray, F
     return centre, np.maximum(MAD_TO_STD * mad, floor) + 1e-9
 
 
-def _bounds(state: RobustState, p: RobustParams) -> tuple[FloatArray, FloatArray,
-                                                          FloatArray, FloatArray]:
+def bounds(state: RobustState, p: RobustParams) -> tuple[FloatArray, FloatArray,
+                                                         FloatArray, FloatArray]:
+    """(centre low, centre high, scale low, scale high), each ``(F,)``, of ``state``'s start
+    (module docstring; ±inf where there is no bound).
+
+    >>> lo, hi, slo, shi = bounds(RobustState.start(np.array([0.0, 0.5]), np.ones(2)),
+    ...                          RobustParams(drift_bound=6.0, scale_bound=4.0))
+    >>> lo.tolist(), hi.tolist(), slo.tolist(), shi.tolist()
+    ([-6.0, 0.125], [6.0, 2.0], [0.25, 0.25], [4.0, 4.0])
+    """
     c0, s0, g = state.centre0, state.scale0, max(p.scale_bound, 1.0)
     if not state.bounded:
         inf = np.full_like(c0, np.inf)
@@ -150,7 +160,7 @@ def robust_scores(features: FloatArray, state: RobustState, params: RobustParams
     (8.0, 0.03)
     """
     k = min(max(top_k, 1), features.shape[1])
-    lo_c, hi_c, lo_s, hi_s = _bounds(state, params)
+    lo_c, hi_c, lo_s, hi_s = bounds(state, params)
     c = [float(v) for v in state.centre]
     s = [float(v) for v in state.scale]
     lc, hc, ls, hs = lo_c.tolist(), hi_c.tolist(), lo_s.tolist(), hi_s.tolist()
@@ -175,3 +185,52 @@ def robust_scores(features: FloatArray, state: RobustState, params: RobustParams
         scores[j] = max(zs) if k == 1 else sum(sorted(zs)[-k:]) / k
     return scores, absz, RobustState(np.array(c), np.array(s), state.centre0, state.scale0,
                                      state.bounded)
+
+
+#: Relative slack of :func:`resume_state`'s bound check (the bounds are applied exactly; the
+#: slack only absorbs a last-digit difference).
+BOUND_SLACK = 1e-9
+
+
+def resume_state(start: RobustState, centre: FloatArray, scale: FloatArray,
+                 params: RobustParams) -> RobustState:
+    """``start`` (the calibration's state) moved to a kept ``centre`` and ``scale``, checked.
+
+    Args:
+        start: The state at the calibration (:meth:`RobustState.start`).
+        centre, scale: ``(F,)`` float64 the baseline had reached, feature units.
+        params: The adaptation whose bounds they must respect.
+
+    Raises:
+        ValueError: a shape other than ``(F,)``, a value that is not finite, a scale ≤ 0, or a
+            value outside :func:`bounds` (beyond the drift or scale bound).
+
+    >>> st = RobustState.start(np.zeros(3), np.ones(3))
+    >>> resume_state(st, np.array([2.0, 0.0, 0.0]), np.ones(3), RobustParams()).centre.tolist()
+    [2.0, 0.0, 0.0]
+    >>> resume_state(st, np.array([7.0, 0.0, 0.0]), np.ones(3), RobustParams())
+    Traceback (most recent call last):
+    ...
+    ValueError: centre beyond its bound (feature 0: 7 outside [-6, 6])
+    """
+    c, s = np.asarray(centre), np.asarray(scale)
+    shape = start.centre0.shape
+    if c.shape != shape or s.shape != shape:
+        raise ValueError(f"shape {c.shape}/{s.shape}, expected {shape}")
+    if c.dtype.kind not in "fi" or s.dtype.kind not in "fi":
+        raise ValueError("values are not numbers")
+    c, s = c.astype(np.float64), s.astype(np.float64)
+    if not (np.isfinite(c).all() and np.isfinite(s).all()):
+        raise ValueError("a value is not finite")
+    if (s <= 0).any():
+        raise ValueError("a scale is not positive")
+    lo_c, hi_c, lo_s, hi_s = bounds(start, params)
+    for what, v, lo, hi in (("centre", c, lo_c, hi_c), ("scale", s, lo_s, hi_s)):
+        slack = BOUND_SLACK * np.maximum(np.abs(np.where(np.isfinite(lo), lo, 0.0)),
+                                         np.abs(np.where(np.isfinite(hi), hi, 0.0))) + 1e-12
+        out = np.flatnonzero((v < lo - slack) | (v > hi + slack))
+        if out.size:
+            f = int(out[0])
+            raise ValueError(f"{what} beyond its bound (feature {f}: {v[f]:.6g} outside "
+                             f"[{lo[f]:.6g}, {hi[f]:.6g}])")
+    return RobustState(c, s, start.centre0, start.scale0, start.bounded)

@@ -26,7 +26,9 @@ interval is scored like a regular one, only a gap is treated apart.
   ``univariate-wstat@3``): the detector's part, :mod:`agent.pipeline.univariate_detector`. With
   the robust score the window features are scored against a baseline whose level and scale
   both adapt, robustly and within bounds (:mod:`agent.pipeline.robust`), carried by this
-  pipeline window by window; the level EWMA above is then not used.
+  pipeline window by window; the level EWMA above is then not used. The agent keeps that
+  baseline across restarts (:meth:`UnivariatePipeline.resume_baseline`,
+  :mod:`agent.pipeline.baseline_restore`).
 * **Explanation.** Each alert carries :class:`agent.records.Explanation`: expected = the
   baseline level in force when the alerting window was scored (with the robust score, before
   that window's update, whatever the block size), observed = the alerting window's mean,
@@ -182,6 +184,27 @@ class UnivariatePipeline(StreamPipeline):
             return None
         return self._robust[1]
 
+    def baseline_start(self) -> RobustState | None:
+        """The robust baseline at the calibration in force (its bounds' origin), None without
+        the robust score or while calibrating."""
+        cal = self.calibration
+        if self.robust_params is None or cal is None:
+            return None
+        flat = flat_calibration(np.asarray(cal.features.mean))
+        return RobustState.start(cal.features.mean, cal.features.std, bounded=not flat)
+
+    def resume_baseline(self, state: RobustState) -> None:
+        """Continue from ``state`` (a baseline kept across a restart, started at the calibration
+        in force: :func:`agent.pipeline.robust.resume_state` of :meth:`baseline_start`)
+        instead of the calibration's start.
+
+        Raises:
+            ValueError: the stream is calibrating or has no robust score.
+        """
+        if self.calibration is None or self.robust_params is None:
+            raise ValueError(f"stream {self.stream}: no robust baseline to resume")
+        self._robust = (self.calibration, state)
+
     def accepted(self, values: FloatArray, ts: FloatArray) -> np.ndarray:
         """:func:`accepted_rows` after this pipeline's last accepted reading (no state change)."""
         return accepted_rows(values, ts, -math.inf if self._last_ts is None else self._last_ts)
@@ -261,32 +284,34 @@ class UnivariatePipeline(StreamPipeline):
     def _score(self, windows: Float32Array) -> ScoredBatch:
         level = self.baseline
         scored = super()._score(windows)
-        if self._robust_params() is None:
+        if self.robust_params is None:
             # the block's windows are scored against the level at its start
             self._levels = np.full(windows.shape[0], level)
             self._adapt(windows, scored.scores)
         return scored
 
-    def _robust_params(self) -> RobustParams | None:
+    @property
+    def robust_params(self) -> RobustParams | None:
+        """The robust baseline's adaptation, None without the robust score."""
         det = self.detector
         return det.params.robust if isinstance(det, UnivariateDetector) else None
 
     def _run_detector(self, windows: Float32Array) -> ScoredBatch:
         """With the robust score: the windows against the robust baseline, adapted window by
         window from the calibration's start (:mod:`agent.pipeline.robust`)."""
-        p, cal, det = self._robust_params(), self.calibration, self.detector
+        p, cal, det = self.robust_params, self.calibration, self.detector
         if p is None or not isinstance(det, UnivariateDetector):
             return super()._run_detector(windows)
         assert cal is not None
         state = self.robust_state
         if state is None:
-            flat = flat_calibration(np.asarray(cal.features.mean))
-            if flat:
+            state = self.baseline_start()
+            assert state is not None
+            if not state.bounded:
                 log.warning("stream %s: the calibration period was flat (most windows without "
                             "any change): the baseline learns the stream's level and noise from "
                             "operation, without its drift bounds; calibrate over normal "
                             "operation (calibration_samples) to keep them", self.stream)
-            state = RobustState.start(cal.features.mean, cal.features.std, bounded=not flat)
         levels: list[float] = []
         scores, _, state = robust_scores(det.features(windows, cal), state, p, self.spec.top_k,
                                          levels=levels)

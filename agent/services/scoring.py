@@ -5,7 +5,8 @@ the model slot syncs a model update in between two blocks, :meth:`agent.pipeline
 StreamPipeline.process_block` scores them, and the result is reported: clock steps and the end
 of calibration (logged, counted, the calibration stored for the next start), retraining samples
 (:mod:`agent.services.samples`), the stream's gauges and state, its episode events and
-aggregates (:mod:`agent.services.alerting`).
+aggregates (:mod:`agent.services.alerting`), and a univariate stream's adapted baseline
+(:mod:`agent.services.baselines`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from agent.metrics import Metrics
 from agent.records import iso_utc
 from agent.sensor_streams import SensorStream, save_calibration
 from agent.services.alerting import Alerting
+from agent.services.baselines import BaselineSaver
 from agent.services.samples import SampleCollector, SampleUploader
 from agent.services.stream_feed import StateFeed
 from agent.store.sqlite import Store
@@ -39,6 +41,8 @@ class BlockScorer:
         clock: Wall clock, epoch seconds UTC.
         collectors: Retraining sample collectors by stream (may be empty; read per block).
         samples: Their uploader (told when a calibration block is ready), or None.
+        baselines: Saves the univariate streams' adapted baselines after their blocks, or
+            None.
     """
 
     def __init__(
@@ -50,6 +54,7 @@ class BlockScorer:
         clock: Callable[[], float],
         collectors: Mapping[str, SampleCollector],
         samples: SampleUploader | None,
+        baselines: BaselineSaver | None = None,
     ) -> None:
         self.metrics = metrics
         self.feed = feed
@@ -58,6 +63,7 @@ class BlockScorer:
         self.clock = clock
         self.collectors = collectors
         self.samples = samples
+        self.baselines = baselines
 
     def process(self, s: SensorStream) -> None:
         """Score the stream's pending readings (``s.pending``, emptied) as one block: model
@@ -127,3 +133,5 @@ class BlockScorer:
                          skipping=s.pipeline.windower.hop > s.pipeline.spec.hop)
         for agg in out.aggregates:
             self.alerting.write_aggregate(agg)
+        if self.baselines is not None:
+            self.baselines.after_block(s.pipeline, s.package)

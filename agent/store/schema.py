@@ -50,6 +50,11 @@ Version 7 (alert lifecycle):
     episodes:    one row per stream with an episode raised and not yet cleared
                  (:mod:`agent.store.episodes`): ``episode_id``, ``peak_score``, ``reported_ts``
                  (stream time of its last report, epoch s) and ``opened_at`` (epoch s).
+Version 8 (adapted baselines):
+    baselines:   one row per univariate stream, its adapted robust baseline
+                 (:mod:`agent.store.baselines`): the model and detector settings it belongs to
+                 (as in ``calibrations``), ``calibration_sha256`` (of the calibration it started
+                 from), ``baseline`` (JSON: centres and scales) and ``saved_at`` (epoch s).
 """
 
 from __future__ import annotations
@@ -205,6 +210,22 @@ MIGRATIONS: tuple[Migration, ...] = (
             peak_score  REAL NOT NULL,
             reported_ts REAL NOT NULL,
             opened_at   REAL NOT NULL
+        )
+        """,
+    ),
+    # 7 -> 8: the adapted baseline of each univariate stream, resumed at the next start.
+    (
+        """
+        CREATE TABLE baselines (
+            stream             TEXT    PRIMARY KEY,
+            model_name         TEXT    NOT NULL,
+            model_version      INTEGER NOT NULL,
+            package_sha256     TEXT    NOT NULL,
+            spec_sha256        TEXT    NOT NULL,
+            spec               TEXT    NOT NULL,
+            calibration_sha256 TEXT    NOT NULL,
+            baseline           TEXT    NOT NULL,
+            saved_at           REAL    NOT NULL
         )
         """,
     ),

@@ -41,6 +41,9 @@ Calibrations (the pipeline thread): ``save_calibration`` (durable, when a stream
 calibration or a model update swaps one in) and ``calibration`` (at start):
 :mod:`agent.store.calibrations`.
 
+Adapted baselines of univariate streams (the pipeline thread): ``save_baseline`` (every minute
+and at shutdown), ``baseline`` and ``forget_baseline`` (at start): :mod:`agent.store.baselines`.
+
 Errors: every ``sqlite3`` failure becomes :class:`agent.errors.StoreError` (retryable) with the
 operation and path as context; a full disk says so in the message. When ``metrics`` is given the
 store counts ``store_errors_total{op}`` itself; callers must not count the same error again.
@@ -68,8 +71,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from agent.errors import StoreError
+from agent.pipeline.baseline_restore import StoredBaseline
 from agent.pipeline.restore import StoredCalibration
-from agent.store import calibrations, camera_files, snapshots
+from agent.store import baselines, calibrations, camera_files, snapshots
 from agent.store.aggregates import StoreAggregates
 from agent.store.connection import Clock, StoreFailure
 from agent.store.outbox import OutboxRow, StoreOutbox
@@ -138,6 +142,44 @@ class Store(StoreOutbox, StoreAggregates, StoreUploads):
             except ValueError as exc:
                 raise StoreError(f"stored calibration of stream {stream}: {exc}",
                                  op="load_calibration", path=self.path) from exc
+
+    # -- adapted baselines ------------------------------------------------------------------------
+
+    def save_baseline(self, rec: StoredBaseline, *, durable: bool = False) -> None:
+        """Keep ``rec`` as its stream's adapted baseline (replaces the previous one). Not
+        fsynced unless ``durable`` (the shutdown's save): a power cut may lose the last save.
+
+        Raises:
+            StoreError: The write failed, or a value is not finite (nothing written).
+        """
+        with self._use("save_baseline", durable=durable) as conn:
+            try:
+                baselines.save(conn, rec)
+            except ValueError as exc:
+                raise StoreError(f"baseline of stream {rec.stream}: {exc}", op="save_baseline",
+                                 path=self.path) from exc
+
+    def baseline(self, stream: str) -> StoredBaseline | None:
+        """The stored adapted baseline of ``stream``, or None.
+
+        Raises:
+            StoreError: The read failed, or the row does not parse.
+        """
+        with self._use("load_baseline") as conn:
+            try:
+                return baselines.load(conn, stream)
+            except ValueError as exc:
+                raise StoreError(f"stored baseline of stream {stream}: {exc}",
+                                 op="load_baseline", path=self.path) from exc
+
+    def forget_baseline(self, stream: str) -> None:
+        """Delete the stored adapted baseline of ``stream``.
+
+        Raises:
+            StoreError: The write failed.
+        """
+        with self._use("forget_baseline") as conn:
+            baselines.forget(conn, stream)
 
     # -- watched camera folders ----------------------------------------------------------------
 
