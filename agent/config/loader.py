@@ -3,7 +3,8 @@
 Loading is four steps, and every problem of every step is collected before anything is raised,
 so one run of ``edge-agent check-config`` shows all of them:
 
-1. read the file as UTF-8 and parse it with :mod:`tomllib` (syntax errors name line and column);
+1. read the file as UTF-8 and parse it with :mod:`tomllib` (syntax errors name line and column;
+   values nested past the interpreter's recursion limit are one problem, not a crash);
 2. substitute the environment in every string value: ``${VAR}`` (a missing ``VAR`` is a problem
    at that key), ``${VAR:-default}`` (``default`` when ``VAR`` is unset or empty) and ``$${``
    for a literal ``${``. Only strings are substituted: a number or boolean cannot come from the
@@ -103,9 +104,13 @@ def parse_config(
     """
     try:
         data = tomllib.loads(text)
+        data, problems = substitute_env(data, os.environ if env is None else env)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("invalid configuration", [_toml_problem(exc, text)], path=source) from exc
-    data, problems = substitute_env(data, os.environ if env is None else env)
+    except RecursionError as exc:  # tomllib and the substitution recurse into nested values
+        raise ConfigError("invalid configuration", [
+            "TOML nested too deeply (arrays or inline tables within each other)"],
+            path=source) from exc
     bad_keys = {p.split(": ", 1)[0] for p in problems}
     try:
         config = AgentConfig.model_validate(data)

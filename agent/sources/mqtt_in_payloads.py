@@ -49,7 +49,10 @@ def number(value: Any, what: str) -> float:
         return 1.0 if value else 0.0
     if not isinstance(value, int | float):
         raise RecordError(f"{what} is {type(value).__name__}, not a number", reason="wrong_type")
-    out = float(value)
+    try:
+        out = float(value)
+    except OverflowError:  # an int beyond the float range (JSON integers have no bound)
+        out = math.inf
     if not math.isfinite(out):
         raise RecordError(f"{what} is {out}", reason="non_finite")
     return out

@@ -12,6 +12,7 @@ import pytest
 from pydantic import BaseModel
 
 from agent import __version__
+from agent.app import check_reload
 from agent.cli import EX_CONFIG, main
 from agent.config.loader import dump_config, dump_default_config, load_config, parse_config
 from agent.config.schema import (
@@ -235,6 +236,19 @@ def test_bad_toml_names_line_and_column(tmp_path: Path) -> None:
         load_config(path, env={})
     (problem,) = info.value.problems
     assert problem.startswith("TOML syntax error at line 3, column 13:")
+
+
+@pytest.mark.parametrize("value", ["[" * 500 + "]" * 500, "{a=" * 500 + "1" + "}" * 500],
+                         ids=["arrays", "inline-tables"])
+def test_deeply_nested_toml_is_a_config_problem(tmp_path: Path, value: str) -> None:
+    # tomllib recursed past the interpreter's limit: a RecursionError traceback (exit 1, which
+    # systemd restarts in a loop), and on SIGHUP it ended the running agent
+    path = write(tmp_path, f"{MINIMAL}\nx = {value}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env={})
+    (problem,) = info.value.problems
+    assert problem == "TOML nested too deeply (arrays or inline tables within each other)"
+    assert check_reload(path) is None
 
 
 def test_unreadable_file(tmp_path: Path) -> None:
