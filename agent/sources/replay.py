@@ -9,8 +9,10 @@ Two layouts are read with the stdlib :mod:`csv` module:
 
 Rows are parsed a chunk at a time into one ``float64`` array (fast path) and only a chunk that
 fails is re-parsed row by row, so each bad row is still rejected on its own, in file order, with
-``reason`` one of ``field_count``, ``bad_timestamp``, ``non_numeric``, ``non_finite`` or
-``malformed`` (a row the csv module cannot split). Blank lines are skipped silently.
+``reason`` one of ``field_count``, ``bad_timestamp``, ``non_numeric``, ``non_finite``,
+``malformed`` (a row the csv module cannot split) or ``too_long`` (over :data:`MAX_ROW_CHARS`
+characters: never read whole, so a hostile line of hundreds of megabytes costs no more memory
+than a normal row). Blank lines are skipped silently.
 
 Pacing: row ``i`` is due at ``start_mono + (ts_i - ts_0) / speed`` on the monotonic clock, so a
 slow ``emit`` or a late wake-up never accumulates drift; rows already due go out at once.
@@ -18,6 +20,7 @@ slow ``emit`` or a late wake-up never accumulates drift; rows already due go out
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import datetime as _dt
 import math
@@ -36,6 +39,7 @@ from agent.config.base import StrictModel
 from agent.errors import RecordError, SourceError, SourceExhausted, SourceFailed
 from agent.records import FloatArray, Reading
 from agent.sources.base import Emit, Reject, SourcePlugin, WaitListener, paced_wait
+from agent.sources.bounded_lines import BoundedLines
 from cloud_sync.isotime import fromisoformat
 
 KIND = "replay"
@@ -156,6 +160,11 @@ def parse_timestamp(text: str, time_format: str = "auto") -> float:
 #: Longest header line read (characters): a header is a few hundred; a longer first line is
 #: not a CSV header (a binary file, a JSON dump) and is refused without reading all of it.
 MAX_HEADER_CHARS = 65536
+
+#: Longest data row read (characters): a row is a few hundred, a very wide recording a few
+#: hundred thousand; a longer line is rejected (``too_long``) after reading at most this much of
+#: it, the rest skipped in bounded chunks (:class:`agent.sources.bounded_lines.BoundedLines`).
+MAX_ROW_CHARS = 1 << 20
 
 
 class ReplaySource:
@@ -340,25 +349,34 @@ class ReplaySource:
             pass_offset += span + step
 
     def _rows(self) -> Iterator[Row]:
-        """Yield every data row of one pass, in file order, parsed or as a RecordError."""
+        """Yield every data row of one pass, in file order, parsed or as a RecordError.
+
+        Lines come through :class:`BoundedLines`: a row over :data:`MAX_ROW_CHARS` is skipped
+        in bounded chunks and rejected (``too_long``), never read whole.
+        """
         with self._open() as f:
-            reader = csv.reader(f, delimiter=self._delimiter)
+            lines = BoundedLines(f, MAX_ROW_CHARS)
+            reader = csv.reader(lines, delimiter=self._delimiter)
             try:
-                next(reader, None)  # header
+                with contextlib.suppress(RecordError, csv.Error):
+                    next(reader, None)  # header (checked by the constructor)
                 chunk: list[tuple[int, list[str]]] = []
                 while True:
+                    lines.start_record()
                     try:
                         row = next(reader)
                     except StopIteration:
                         break
-                    except csv.Error as exc:
-                        yield RecordError(
-                            f"malformed row: {exc}", reason="malformed", line=reader.line_num
+                    except (RecordError, csv.Error) as exc:
+                        yield from self._parse_chunk(chunk)  # the rows before it come first
+                        chunk = []
+                        yield exc if isinstance(exc, RecordError) else RecordError(
+                            f"malformed row: {exc}", reason="malformed", line=lines.line_num
                         )
                         continue
                     if not row or (len(row) == 1 and not row[0].strip()):
                         continue  # blank line
-                    chunk.append((reader.line_num, row))
+                    chunk.append((lines.line_num, row))
                     if len(chunk) >= _CHUNK_ROWS:
                         yield from self._parse_chunk(chunk)
                         chunk = []

@@ -28,12 +28,14 @@ class StoreAggregates(StoreBudget):
     def add_aggregate(self, agg: Aggregate, policy: parts.RepeatPolicy = "same_readings") -> bool:
         """Store an aggregate under ``aggregate_id``, or as the next part of its interval.
 
-        When the interval is already stored (the agent restarted within it), ``policy`` (by the
-        stream's kind of source, :data:`agent.store.parts.RepeatPolicy`) decides: a live
-        source's aggregate is the next part, ``<aggregate_id>:<k>``, logged once; a recorded
-        input's is a duplicate when a stored part has the same readings (a replay of the same
-        file stays idempotent), else the next part; a fast simulator's is a duplicate. Nothing
-        is written for a duplicate. Non-finite numbers become NULL.
+        When the interval is already stored (the agent restarted within it, or the stream's
+        timestamps went back to it: a clock step back), ``policy`` (by the stream's kind of
+        source, :data:`agent.store.parts.RepeatPolicy`) decides: a live source's aggregate is
+        the next part, ``<aggregate_id>:<k>``, logged once with its cause (a part stored by
+        this process: the timestamps went back; else: a restart); a recorded input's is a
+        duplicate when a stored part has the same readings (a replay of the same file stays
+        idempotent), else the next part; a fast simulator's is a duplicate. Nothing is written
+        for a duplicate. Non-finite numbers become NULL.
 
         Returns:
             True when stored (as any part), False when it duplicates a stored part.
@@ -57,7 +59,7 @@ class StoreAggregates(StoreBudget):
             separators=(",", ":"),
         )
         try:
-            stored_as = self._insert_aggregate(agg, channels, policy)
+            stored_as, went_back = self._insert_aggregate(agg, channels, policy)
         except StoreError as exc:
             if mt.is_disk_full(exc):
                 self._make_room()  # for the next ones; this one is the caller's to count
@@ -65,9 +67,12 @@ class StoreAggregates(StoreBudget):
             raise
         if stored_as is not None and stored_as != agg.aggregate_id:
             log.info(
-                "stream %s: interval starting %s was already stored (the agent restarted within "
-                "it); these readings are stored as part %s",
-                agg.stream, iso_utc(agg.interval_start), stored_as,
+                "stream %s: interval starting %s was already stored %s; these readings are "
+                "stored as part %s",
+                agg.stream, iso_utc(agg.interval_start),
+                "by this process (the stream's timestamps went back to it: a clock step back)"
+                if went_back else "(the agent restarted within it)",
+                stored_as,
             )
         if stored_as is not None and self._metrics is not None:
             self._metrics.aggregates_total.labels(stream=agg.stream).inc()
@@ -76,8 +81,10 @@ class StoreAggregates(StoreBudget):
 
     def _insert_aggregate(
         self, agg: Aggregate, channels: str, policy: parts.RepeatPolicy
-    ) -> str | None:
-        """The id the aggregate was stored under, or None for a duplicate."""
+    ) -> tuple[str | None, bool]:
+        """The id the aggregate was stored under (None for a duplicate), and whether the
+        interval's stored parts include one this process wrote (rows above the store's
+        :attr:`_aggregates_base`: the timestamps went back, no restart)."""
         sql = (
             "INSERT {} INTO aggregates (aggregate_id, device_id, stream, interval_start,"
             " interval_s, count, channels, max_score, windows, alert_count) "
@@ -88,7 +95,7 @@ class StoreAggregates(StoreBudget):
                channels, max_score, agg.windows, agg.alert_count)
         with self._use("add_aggregate") as conn:
             if conn.execute(sql.format("OR IGNORE"), (agg.aggregate_id, *row)).rowcount == 1:
-                return agg.aggregate_id
+                return agg.aggregate_id, False
             try:
                 part_id = parts.next_part_id(
                     conn, agg.aggregate_id, agg.interval_s, agg.count, channels, max_score,
@@ -96,9 +103,11 @@ class StoreAggregates(StoreBudget):
                 )
             except ValueError as exc:
                 raise StoreError(str(exc), op="add_aggregate", path=self.path) from None
-            if part_id is not None:
-                conn.execute(sql.format(""), (part_id, *row))
-            return part_id
+            if part_id is None:
+                return None, False
+            went_back = parts.newest_row(conn, agg.aggregate_id) > self._aggregates_base
+            conn.execute(sql.format(""), (part_id, *row))
+            return part_id, went_back
 
     def aggregates(
         self, stream: str | None = None, since: float | None = None

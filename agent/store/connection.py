@@ -103,6 +103,9 @@ class StoreConnection:
         self._reserve_bytes = mt.reserve_bytes(self.wal_limit_bytes)
         self.quarantined: str | None = None
         self._seq_base = 0  # alert numbers continue above it (set by _open; see _ALERT_SEQ_BASE)
+        #: Largest aggregates row id when the store was opened: rows above it are this
+        #: process's (ids only grow), so an interval stored again is no restart within it.
+        self._aggregates_base = 0
         #: Alert numbers issued, kept outside the database too (:mod:`agent.store.ids`).
         self.ids = IdLedger(None if self.path == ":memory:" else self.path + ".ids")
         self._busy_timeout_s = busy_timeout_s
@@ -225,6 +228,8 @@ class StoreConnection:
                 "SELECT value FROM counters WHERE name = ?", (_ALERT_SEQ_BASE,)
             ).fetchone()
             self._seq_base = 0 if row is None else int(row[0])
+            (top,) = conn.execute("SELECT MAX(id) FROM aggregates").fetchone()
+            self._aggregates_base = int(top or 0)
             if self.quarantined is None:
                 self._check_tail(conn)
         except sqlite3.Error as exc:

@@ -68,6 +68,7 @@ _CANDIDATES = (
     " AND (channels <> '[]' OR (max_score IS ?4 AND windows = ?5 AND alert_count = ?6))"
 )
 _IDS = f"SELECT aggregate_id FROM aggregates WHERE {_PARTS}"  # noqa: S608 - fixed text
+_NEWEST = f"SELECT MAX(id) FROM aggregates WHERE {_PARTS}"  # noqa: S608 - fixed text
 
 #: Unit of the tolerance of :func:`same_channel_stats`: ``2 * u`` (float64 unit roundoff
 #: ``u = 2**-53``), the factor in the bounds there, times a margin of 4.
@@ -182,3 +183,15 @@ def next_part_id(
     if last >= MAX_AGGREGATE_PART:
         raise ValueError(f"aggregate {aggregate_id} already has {MAX_AGGREGATE_PART} parts")
     return aggregate_part_id(aggregate_id, last + 1)
+
+
+def newest_row(conn: sqlite3.Connection, aggregate_id: str) -> int:
+    """Row id of the most recently stored part of the interval whose part-0 id is
+    ``aggregate_id`` (0 when none is stored). Row ids only grow (``AUTOINCREMENT``), so it tells
+    whether this process wrote one.
+
+    Raises:
+        sqlite3.Error: The read failed.
+    """
+    (newest,) = conn.execute(_NEWEST, (aggregate_id,)).fetchone()
+    return int(newest or 0)

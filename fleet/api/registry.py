@@ -14,7 +14,8 @@
   RFC 9110 §14.1.2) → 206 with ``Content-Range: bytes a-b/size``; an unparsable, multi-part or
   unsatisfiable range → 416 with ``Content-Range: bytes */size``. ``If-Range`` other than the
   ETag → the whole archive (200). ``If-None-Match`` equal to the ETag → 304. The archive is
-  hashed first: one that no longer matches its recorded sha256 → 500 ``corrupt_archive``
+  checked first (hashed, or compared with the same package's bytes already verified): one that
+  no longer matches its recorded sha256 → 500 ``corrupt_archive``
   (:mod:`fleet.registry.integrity`: marked corrupt, counted in
   ``fleet_model_archive_corrupt_total``).
 """
