@@ -57,25 +57,29 @@ def acceptance_test(
     runs: int = 200,
     factor: float = 1.0,
     clock: Callable[[], float] = time.perf_counter,
+    attempts: int = 3,
 ) -> tuple[Backend, dict[str, float]]:
     """Open the INT8 backend (golden check included) and measure its p99 latency per window.
 
-    A p99 over the budget is measured once more before the model is refused: one scheduling
-    stall on a busy gateway (a single 8 ms call among 20 of 0.1 ms) is the p99 of a short run,
-    and a good model must not be rejected for it. Refused only when both measurements exceed.
+    A p99 over the budget is measured again, up to ``attempts`` measurements in all, before the
+    model is refused: one scheduling stall on a busy gateway (a single 8 ms call among 20 of
+    0.1 ms) is the p99 of a short run, and a good model must not be rejected for the machine's
+    other work. Refused only when every measurement exceeds the budget.
 
     Args:
         package: A verified package.
         runs: Timed single-window inferences per measurement (after one warm-up call).
         factor: The p99 must be ≤ ``latency_budget_ms_p99 × factor``.
         clock: Seconds, for the timing.
+        attempts: Measurements at most (≥ 1).
 
     Returns:
         The opened backend and details (``p99_ms``: the accepted measurement, ``budget_ms``,
-        ``measurements``: 1 or 2).
+        ``measurements``: how many were taken, 1 to ``attempts``).
 
     Raises:
-        ModelError: no artefact, it does not load, golden outputs differ, or too slow twice.
+        ModelError: no artefact, it does not load, golden outputs differ, or too slow in every
+            measurement.
     """
     backend = open_backend(package, "int8")
     window = np.asarray(package.manifest.golden.inputs[:1], dtype=np.float32)
@@ -90,17 +94,16 @@ def acceptance_test(
             times[i] = clock() - t0
         return float(np.quantile(times, 0.99) * 1e3)
 
-    first = p99_ms = p99()
-    measurements = 1
+    seen = [p99()]
+    while seen[-1] > budget_ms and len(seen) < max(1, attempts):
+        seen.append(p99())
+    p99_ms, measurements = seen[-1], len(seen)
     if p99_ms > budget_ms:
-        p99_ms = p99()
-        measurements = 2
-        if p99_ms > budget_ms:
-            raise ModelError(
-                f"p99 latency {first:.4g} ms, then {p99_ms:.4g} ms, over {runs} runs each "
-                f"exceeds the budget {budget_ms:.4g} ms",
-                model=package.label,
-            )
+        figures = ", then ".join(f"{x:.4g} ms" for x in seen)
+        raise ModelError(
+            f"p99 latency {figures}, over {runs} runs each, exceeds the budget "
+            f"{budget_ms:.4g} ms", model=package.label,
+        )
     return backend, {"p99_ms": p99_ms, "budget_ms": budget_ms,
                      "measurements": float(measurements)}
 

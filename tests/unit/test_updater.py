@@ -177,8 +177,12 @@ def test_acceptance_one_stall_is_measured_again_not_refused() -> None:
     stall = [budget_s / 10] * 19 + [budget_s * 2]  # one call in 20 stalls: its p99 is over
     _, details = acceptance_test(pkg, runs=20, clock=_clock(stall + [budget_s / 10] * 20))
     assert details["measurements"] == 2 and details["p99_ms"] < details["budget_ms"]
-    with pytest.raises(ModelError, match="then"):  # slow twice: refused, both figures said
-        acceptance_test(pkg, runs=20, clock=_clock(stall + stall))
+    # slow twice, then within: a busy spell longer than one measurement is not a refusal
+    _, details = acceptance_test(pkg, runs=20,
+                                 clock=_clock(stall + stall + [budget_s / 10] * 20))
+    assert details["measurements"] == 3 and details["p99_ms"] < details["budget_ms"]
+    with pytest.raises(ModelError, match=r"then .* then"):  # slow every time: refused, all said
+        acceptance_test(pkg, runs=20, clock=_clock(stall + stall + stall))
 
 
 # -- the handoff: swap between blocks, run-time fallback ------------------------------------------
