@@ -48,6 +48,7 @@ Two ``wstat`` variants aimed at normal operation that drifts past what the first
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,6 +58,9 @@ from agent.pipeline.drift import LevelAdaptation, adapted_scores
 from cloud_sync.calibration import sliding_windows, window_features
 
 FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+#: A fitted detector: values ``(T, C)`` -> the score of every window ``(T − W + 1,)``.
+Scorer = Callable[[FloatArray], FloatArray]
 
 DETECTORS = ("wstat", "pca", "mset")
 
@@ -121,17 +125,7 @@ def wstat_scores(values: FloatArray, rows: int, window: int, top_k: int, floor: 
     Returns:
         ``(T − W + 1,)``: score of the window ending at row j + W − 1.
     """
-    key = (values.__array_interface__["data"][0], values.shape, rows, window, robust,
-           floor.tobytes(), feature_floor.tobytes())
-    hit = cache.get(key) if cache is not None else None
-    if hit is None:
-        z = _scale(values, rows, floor, robust).astype(np.float32)
-        feats = window_features(sliding_windows(z, window)).astype(np.float64)
-        center, spread = center_spread(feats[: rows - window + 1], robust)
-        std = np.maximum(spread, feature_floor) + 1e-9
-        hit = (feats, (feats - center) / std, std)
-        if cache is not None:
-            cache[key] = hit
+    hit = wstat_parts(values, rows, window, floor, feature_floor, robust, cache)
     feats, a, std = hit
     k_cal = rows - window + 1
     scores = _top_k_mean(np.abs(a), top_k)
@@ -143,34 +137,131 @@ def wstat_scores(values: FloatArray, rows: int, window: int, top_k: int, floor: 
     return scores
 
 
+def wstat_parts(values: FloatArray, rows: int, window: int, floor: FloatArray,
+                feature_floor: FloatArray, robust: bool = False,
+                cache: FeatureCache | None = None) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """The window statistics of :func:`wstat_scores` before the top-k: (features ``(K, 3·C)``,
+    their signed deviations from the calibration ``(K, 3·C)``, the feature std ``(3·C,)``),
+    K = T − W + 1, fitted on ``values[:rows]``; ``cache`` as there."""
+    key = (values.__array_interface__["data"][0], values.shape, rows, window, robust,
+           floor.tobytes(), feature_floor.tobytes())
+    hit = cache.get(key) if cache is not None else None
+    if hit is None:
+        z = _scale(values, rows, floor, robust).astype(np.float32)
+        feats = window_features(sliding_windows(z, window)).astype(np.float64)
+        center, spread = center_spread(feats[: rows - window + 1], robust)
+        std = np.maximum(spread, feature_floor) + 1e-9
+        hit = (feats, (feats - center) / std, std)
+        if cache is not None:
+            cache[key] = hit
+    return hit
+
+
+def adapted_scores_many(z: FloatArray, means: FloatArray, inv_std: FloatArray,
+                        series: IntArray, top_k: IntArray, rate: FloatArray,
+                        bound: FloatArray, level: FloatArray) -> FloatArray:
+    """:func:`agent.pipeline.drift.adapted_scores` for B runs at once, each from offset 0: run b
+    scores series ``series[b]`` with its own top-k, α, B and adaptation level. The windows are
+    still taken one at a time, in order (one NumPy step per window for all runs); the scores
+    equal the agent's up to the order of the top-k's summation (float64 rounding).
+
+    Args:
+        z: ``(S, K, F)`` signed standardised feature deviations of S series, the C mean
+            features first (pad shorter series with zeros; their padded scores mean nothing).
+        means: ``(S, K, C)`` the windows' mean features.
+        inv_std: ``(S, C)`` 1 / the mean features' calibration std.
+        series: ``(B,)`` the series of each run; top_k ``(B,)`` ≥ 1; rate, bound, level ``(B,)``.
+
+    Returns:
+        ``(B, K)`` float64 scores.
+    """
+    c = means.shape[2]
+    kmax = int(top_k.max())
+    # per window, every series: the adapted features' inputs and the level-free top kmax
+    zc = np.ascontiguousarray(z[:, :, :c].transpose(1, 0, 2))
+    mc = np.ascontiguousarray(means.transpose(1, 0, 2))
+    rest = np.ascontiguousarray(
+        (-np.sort(-np.abs(z[:, :, c:]), axis=2))[:, :, :kmax].transpose(1, 0, 2))
+    inv = inv_std[series]
+    runs = np.arange(series.shape[0])
+    kth = top_k - 1
+    low, high = -bound[:, None], bound[:, None]
+    rate2 = rate[:, None]
+    d = np.zeros((series.shape[0], c))
+    out = np.empty((series.shape[0], z.shape[1]))
+    row = np.empty((series.shape[0], c + kmax))
+    for j in range(z.shape[1]):
+        np.abs(zc[j][series] - d * inv, out=row[:, :c])
+        row[:, c:] = rest[j][series]
+        top = np.cumsum(-np.sort(-row, axis=1), axis=1)[runs, kth] / top_k
+        out[:, j] = top
+        move = top <= level
+        if move.any():
+            step = np.minimum(np.maximum(d + rate2 * (mc[j][series] - d), low), high)
+            d = np.where(move[:, None], step, d)
+    return out
+
+
 def pca_scores(values: FloatArray, rows: int, window: int, var: float,
                floor: FloatArray) -> FloatArray:
     """Lagged-window PCA score max(T²/T²₉₉, Q/Q₉₉), fitted on ``values[:rows]``; shape as
     :func:`wstat_scores`."""
-    z = _scale(values, rows, floor)
-    x = sliding_windows(z, window).reshape(-1, window * z.shape[1])
-    cal = x[: rows - window + 1]
-    mu = cal.mean(0)
-    _, s, vt = np.linalg.svd(cal - mu, full_matrices=False)
-    ev = s**2 / (cal.shape[0] - 1) + 1e-12
+    return pca_fit(values, rows, window, var, floor)(values)
+
+
+def pca_fit(values: FloatArray, rows: int, window: int, var: float,
+            floor: FloatArray) -> Scorer:
+    """:func:`pca_scores`' fit on ``values[:rows]``, as a function scoring any ``(T, C)`` array
+    with it (the rows after the fit may differ from ``values``')."""
+    center, spread = center_spread(values[:rows], False)
+    scale = np.maximum(spread, floor)
+
+    def lags(v: FloatArray) -> FloatArray:
+        z = (v - center) / scale
+        out: FloatArray = sliding_windows(z, window).reshape(-1, window * z.shape[1])
+        return out
+
+    x = lags(values[:rows])
+    mu = x.mean(0)
+    _, s, vt = np.linalg.svd(x - mu, full_matrices=False)
+    ev = s**2 / (x.shape[0] - 1) + 1e-12
     r = int(np.searchsorted(np.cumsum(ev) / ev.sum(), var) + 1)
-    a = x - mu
-    t = a @ vt[:r].T
-    t2 = (t**2 / ev[:r]).sum(1)
-    q = ((a - t @ vt[:r]) ** 2).sum(1)
-    k = cal.shape[0]
-    out: FloatArray = np.maximum(t2 / np.quantile(t2[:k], 0.99),
-                                 q / (np.quantile(q[:k], 0.99) + 1e-12))
-    return out
+
+    def parts(v: FloatArray) -> tuple[FloatArray, FloatArray]:
+        a = lags(v) - mu
+        t = a @ vt[:r].T
+        return (t**2 / ev[:r]).sum(1), ((a - t @ vt[:r]) ** 2).sum(1)
+
+    t2c, qc = parts(values[:rows])
+    t2_99, q99 = np.quantile(t2c, 0.99), np.quantile(qc, 0.99) + 1e-12
+
+    def score(v: FloatArray) -> FloatArray:
+        t2, q = parts(v)
+        out: FloatArray = np.maximum(t2 / t2_99, q / q99)
+        return out
+
+    return score
 
 
 def mset_scores(values: FloatArray, rows: int, window: int, memory: int,
                 floor: FloatArray) -> FloatArray:
     """MSET-style residual norm on window means, memory fitted on ``values[:rows]``; shape as
     :func:`wstat_scores`."""
-    z = _scale(values, rows, floor)
-    x = sliding_windows(z, window).mean(1)
-    cal = x[: rows - window + 1]
+    return mset_fit(values, rows, window, memory, floor)(values)
+
+
+def mset_fit(values: FloatArray, rows: int, window: int, memory: int,
+             floor: FloatArray) -> Scorer:
+    """:func:`mset_scores`' fit on ``values[:rows]``, as a function scoring any ``(T, C)``
+    array with it."""
+    center, spread = center_spread(values[:rows], False)
+    scale = np.maximum(spread, floor)
+
+    def means(v: FloatArray) -> FloatArray:
+        out: FloatArray = sliding_windows((v - center) / scale, window).mean(1)
+        return out
+
+    cal = means(values[:rows])
     idx = [int(np.argmax(np.linalg.norm(cal, axis=1)))]
     dist = np.linalg.norm(cal - cal[idx[0]], axis=1)
     for _ in range(min(memory, cal.shape[0]) - 1):
@@ -186,10 +277,15 @@ def mset_scores(values: FloatArray, rows: int, window: int, memory: int,
         return out
 
     g = np.linalg.pinv(sim(mem, mem) + 1e-6 * np.eye(mem.shape[0]))
-    w = sim(x, mem) @ g
-    w = w / np.maximum(w.sum(1, keepdims=True), 1e-9)
-    out: FloatArray = np.linalg.norm(x - w @ mem, axis=1)
-    return out
+
+    def score(v: FloatArray) -> FloatArray:
+        x = means(v)
+        w = sim(x, mem) @ g
+        w = w / np.maximum(w.sum(1, keepdims=True), 1e-9)
+        out: FloatArray = np.linalg.norm(x - w @ mem, axis=1)
+        return out
+
+    return score
 
 
 def file_scores(detector: str, values: FloatArray, n: int, window: int, param: float,

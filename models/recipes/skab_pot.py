@@ -116,18 +116,32 @@ def pot_threshold(scores: FloatArray, init: float, q: float) -> float:
     Raises:
         ValueError: too few scores, or q or init out of range.
     """
+    return pot_thresholds(scores, init, (q,))[0]
+
+
+def pot_thresholds(scores: FloatArray, init: float, qs: tuple[float, ...]) -> tuple[float, ...]:
+    """:func:`pot_threshold` for several ``qs`` from one GPD fit (the fit depends on ``init``
+    only).
+
+    Raises:
+        ValueError: as :func:`pot_threshold`.
+    """
     s = np.sort(np.asarray(scores, dtype=np.float64))
     n = s.size
-    if n <= MIN_PEAKS or not 0 < init < 1 or not 0 < q < 1:
-        raise ValueError(f"bad POT fit: n={n} init={init} q={q}")
+    if n <= MIN_PEAKS or not 0 < init < 1 or not all(0 < q < 1 for q in qs):
+        raise ValueError(f"bad POT fit: n={n} init={init} q={qs}")
     k = max(MIN_PEAKS, math.ceil((1 - init) * n))
     t = float(s[n - k - 1])
     y = s[n - k:] - t
     y = y[y > TIE_RTOL * max(abs(t), 1.0)]
     if y.size == 0:
-        return t
+        return tuple(t for _ in qs)
     fit = fit_gpd(y)
-    r = q * n / y.size
-    if abs(fit.gamma) < 1e-12:
-        return t + fit.sigma * math.log(1 / r)
-    return t + fit.sigma / fit.gamma * (float(r ** (-fit.gamma)) - 1)
+    out = []
+    for q in qs:
+        r = q * n / y.size
+        if abs(fit.gamma) < 1e-12:
+            out.append(t + fit.sigma * math.log(1 / r))
+        else:
+            out.append(t + fit.sigma / fit.gamma * (float(r ** (-fit.gamma)) - 1))
+    return tuple(out)

@@ -54,11 +54,15 @@ def report(study: Study, families: Sequence[str], log: Callable[[str], None] = p
             # the spread around the point chosen on the other group, on this group's files: a
             # spread around a point picked on the files it is read on would flatter the point
             log(f"{label:<11} held-out group {g:<7} {spread_text(study, c, group_names(names, g))}")
+            log(f"{label:<11} held-out group {g:<7} requirements: "
+                f"{requirement_text(study, c, [n for n in names if n.split('/')[0] != g])}; "
+                f"on this group {study.checks(c, group_names(names, g)).text()}")
         for g, f in study.leave_files_out(family=fam, rule=rule).items():
             log(f"{label:<11} leave files out {g:<6} {f.text()}")
         pooled_c = study.choose(names, fam, rule)
         log(f"{label:<11} pooled, chosen on all {study.evaluate(pooled_c, names).text()}   "
             f"{describe(pooled_c)}")
+        log(f"{label:<11} pooled, requirements: {requirement_text(study, pooled_c, names)}")
     overall = study.choose(names)
     log(f"chosen among all families: {describe(overall)}")
     ship = [f for f in families if f in sel.SHIPPABLE]
@@ -69,9 +73,10 @@ def report(study: Study, families: Sequence[str], log: Callable[[str], None] = p
     else:
         pairs = [(f, k) for f in ship for k in sel.SHIPPABLE_KINDS if k in kinds_of(f)]
         choice = max((study.choose(names, f, k) for f, k in pairs),
-                     key=lambda c: study.rating(c, study.group_files(names)))
+                     key=lambda c: study.rank(c, study.group_files(names)))
     log(f"chosen among shippable candidates ({', '.join(sel.SHIPPABLE)}; "
         f"{', '.join(sel.SHIPPABLE_KINDS)}): {describe(choice)}")
+    log(f"its requirements: {requirement_text(study, choice, names)}")
     log(f"pooled (chosen on the same files) {spread_text(study, choice, names)}")
     return choice
 
@@ -104,6 +109,15 @@ def report_rows(families: Sequence[str]) -> list[Row]:
     if len(families) > 1:
         rows.append(("any family", None, None))
     return rows
+
+
+def requirement_text(study: Study, c: Candidate, fit: Sequence[str]) -> str:
+    """Whether ``c`` meets each requirement on every group of its fit files ``fit`` (as the
+    choice ranks it), with the checks pooled over them."""
+    ramp, outlier = study.met(c, study.group_files(fit))
+    verdict = ", ".join(f"{name} {'met' if ok else 'FAILED'}"
+                        for name, ok in zip(sel.REQUIREMENTS, (ramp, outlier), strict=True))
+    return f"{verdict} on the fit files ({study.checks(c, fit).text()})"
 
 
 def group_names(names: Iterable[str], group: str) -> list[str]:

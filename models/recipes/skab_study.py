@@ -1,7 +1,8 @@
 """The grouped SKAB selection's mechanics (:mod:`skab_select` declares the grid and the rules):
-the scores of every grid point on every file, and the choice, rating, neighbourhood, leave one
-group out and leave files out over them. Grid and constants are read from :mod:`skab_select`
-when used (tests shrink its ``GRID``).
+the scores of every grid point on every file (:mod:`skab_scoring`), the requirement checks on
+them (:mod:`skab_checks`), and the choice, rating, neighbourhood, leave one group out and leave
+files out over them. Grid and constants are read from :mod:`skab_select` when used (tests
+shrink its ``GRID``).
 """
 
 from __future__ import annotations
@@ -18,8 +19,19 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import skab_select as sel
-from skab_detectors import FeatureCache, FileScores, file_scores
-from skab_pot import pot_threshold
+from skab_checks import (
+    RULES,
+    Checks,
+    alert_counts,
+    first_alerts,
+    normal_rows,
+    outlier_series,
+    ramp_deadline,
+    ramp_series,
+)
+from skab_detectors import FileScores
+from skab_pot import pot_thresholds
+from skab_scoring import Ramps, Series, score_fit
 from skab_select import Candidate, Figures, Floors, Pick, figures
 
 
@@ -56,22 +68,29 @@ class Study:
         self.labels = {k: v[1][sel.N:] == 1 for k, v in files.items()}
         self.groups = sorted({k.split("/")[0] for k in files})
         self.candidates: list[Candidate] = []
+        #: Every scored series: the files, then their copies without one calibration row
+        #: (:func:`outlier_name`).
+        self.series = {name: Series(v, sel.N) for name, (v, _) in files.items()}
+        self.series |= {outlier_name(name, r): Series(outlier_series(v, r), sel.N - 1)
+                        for name, (v, _) in files.items() for r in sel.OUTLIER_ROWS}
+        self._index = {name: i for i, name in enumerate(self.series)}
+        self.ramps, self.deadlines = ramp_inputs(files, floor)
         self._scores: dict[tuple[str, int, float, float, float, str, tuple[float, float, float]],
                            FileScores] = {}
+        self._ramps: dict[tuple[str, int, float, float, float, str,
+                                tuple[float, float, float]], np.ndarray] = {}
         by_frac = floors if floors is not None else {sel.FLOOR_FRAC: (floor, feature_floors)}
         for fam in families:
             g = sel.GRID[fam]
-            # scored per (W, base, floor), every top-k and variant of it sharing the features
-            for w, h, fl in itertools.product(g["window"], g["holdout"],
-                                              sel.axis_values(fam, "floor")):
+            # one fit per (W, floor): every base, top-k, variant and series of it together
+            for w, fl in itertools.product(g["window"], sel.axis_values(fam, "floor")):
                 inp, feat = by_frac[fl]
-                caches: dict[str, FeatureCache] = {name: {} for name in files}
-                for p, var in itertools.product(g["param"], sel.variants(fam)):
-                    for name, (values, _) in files.items():
-                        self._scores[(fam, int(w), p, h, fl, name, var)] = file_scores(
-                            sel.detector_of(fam), values, sel.N, int(w), p, h, inp,
-                            feat.get(int(w), inp), robust=bool(var[0]), adapt_rate=var[1],
-                            drift_bound=var[2], cache=caches[name])
+                scores, ramps = score_fit(fam, int(w), inp, feat.get(int(w), inp),
+                                          self.series, self.ramps)
+                for (p, h, name, var), fs in scores.items():
+                    self._scores[(fam, int(w), p, h, fl, name, var)] = fs
+                for (p, h, name, var), rs in ramps.items():
+                    self._ramps[(fam, int(w), p, h, fl, name, var)] = rs
             # the candidates in grid order (ties go to the earlier grid point)
             grid = itertools.product(g["window"], g["param"], g["holdout"],
                                      sel.axis_values(fam, "floor"), sel.variants(fam))
@@ -82,19 +101,23 @@ class Study:
                     self.candidates += [Candidate(fam, int(w), p, h, 1.0, fl, "pot", q, i)
                                         for q, i in itertools.product(g["q"], g["init"])]
         self._counts: dict[tuple[Candidate, str], np.ndarray] = {}
-        self._pot: dict[tuple[object, ...], float] = {}
+        self._pot: dict[tuple[object, ...], tuple[float, ...]] = {}
+        self._alerts: dict[Candidate, np.ndarray] = {}
+        self._checks: dict[tuple[Candidate, str], Checks] = {}
+        self._met: dict[tuple[Candidate, tuple[str, ...]], tuple[bool, bool]] = {}
 
     def threshold(self, c: Candidate, name: str) -> float:
-        """The threshold of candidate ``c`` on one file, from its base scores only."""
+        """The threshold of candidate ``c`` on one series, from its base scores only."""
         key = (c.detector, c.window, c.param, c.holdout, c.floor, name, c.variant)
         base = self._scores[key].base
         if c.rule == "max":
             return float(base.max()) * c.factor
         if c.rule == "pot":
-            pk = (*key, c.init, c.q)
+            qs = tuple(sel.GRID[c.detector]["q"])
+            pk = (*key, c.init)
             if pk not in self._pot:
-                self._pot[pk] = pot_threshold(base, c.init, c.q)
-            return self._pot[pk]
+                self._pot[pk] = pot_thresholds(base, c.init, qs)
+            return self._pot[pk][qs.index(c.q)]
         raise ValueError(f"unknown threshold rule {c.rule!r}")
 
     def counts(self, c: Candidate, name: str) -> np.ndarray:
@@ -143,7 +166,8 @@ class Study:
 
     def choose(self, names: Iterable[str], family: Pick = None, rule: Pick = None
                ) -> Candidate:
-        """The best-rated candidate on ``names`` (ties: the earlier grid point), among
+        """The best-ranked candidate on ``names`` (:meth:`rank`: the requirements it meets,
+        then its rating; ties: the earlier grid point), among
         ``family``'s candidates whose :attr:`Candidate.kind` is ``rule`` (each a name, a tuple
         of names or None: any; ``max`` is the unchanged window statistics with max × factor).
 
@@ -155,7 +179,87 @@ class Study:
                 and _matches(c.kind, rule)]
         if not pool:
             raise ValueError(f"no candidate of family {family} and kind {rule}")
-        return max(pool, key=lambda c: self.rating(c, groups))
+        return max(pool, key=lambda c: self.rank(c, groups))
+
+    def rank(self, c: Candidate, groups: dict[str, list[str]]) -> tuple[int, float]:
+        """What a choice maximises (:data:`skab_select.REQUIREMENTS`): the number of
+        requirements ``c`` meets on every group, then its :meth:`rating`."""
+        return sum(self.met(c, groups)), self.rating(c, groups)
+
+    def met(self, c: Candidate, groups: dict[str, list[str]]) -> tuple[bool, bool]:
+        """(slow ramp, outlier in calibration): whether ``c`` meets each requirement
+        (:data:`skab_select.REQUIREMENTS`) on every group of ``groups``' files."""
+        out = (True, True)
+        for names in groups.values():
+            key = (c, tuple(names))
+            if key not in self._met:
+                self._met[key] = self.checks(c, names).met(sel.RAMP_HIT_RATE,
+                                                           sel.OUTLIER_KEEP_RATE)
+            out = (out[0] and self._met[key][0], out[1] and self._met[key][1])
+        return out
+
+    def checks(self, c: Candidate, names: Iterable[str]) -> Checks:
+        """The requirement checks of ``c`` summed over the files ``names``."""
+        total = Checks()
+        for name in names:
+            if (c, name) not in self._checks:
+                self._checks[(c, name)] = self._ramp_check(c, name) + self._outlier_check(c, name)
+            total = total + self._checks[(c, name)]
+        return total
+
+    def _ramp_check(self, c: Candidate, name: str) -> Checks:
+        """Ramps on ``name`` hit by ``c`` (:data:`skab_select.RAMP_SLOPES`): the first alert
+        no later than the reading at which the ramp reaches its reach, and before the file's
+        own first alert."""
+        if name not in self.ramps:
+            return Checks()
+        key = (c.detector, c.window, c.param, c.holdout, c.floor, name, c.variant)
+        thr = self.threshold(c, name)
+        ramped = self._ramps[key]
+        clean = first_alerts(self._scores[key].test[None, : ramped.shape[1]] > thr)[0]
+        first = first_alerts(ramped > thr)
+        deadline = self.deadlines[name]
+        judged = deadline <= ramped.shape[1]
+        hit = judged & (first < deadline) & (first < clean)
+        return Checks(ramp_hits=int(hit.sum()), ramp_judged=int(judged.sum()))
+
+    def _outlier_check(self, c: Candidate, name: str) -> Checks:
+        """Calibrations of ``name`` without one row (:data:`skab_select.OUTLIER_ROWS`) after
+        which ``c`` raises as many alerts as with the untouched one."""
+        counts = self.alerts(c)
+        own = counts[self._index[name]]
+        kept = sum(int(counts[self._index[outlier_name(name, r)]] == own)
+                   for r in sel.OUTLIER_ROWS)
+        return Checks(outlier_kept=kept, outlier_judged=len(sel.OUTLIER_ROWS))
+
+    def alerts(self, c: Candidate) -> np.ndarray:
+        """Alerts ``c`` raises on every series (``(len(series),)``, in :attr:`series` order),
+        under the agent's default rules, one row per second (:func:`skab_checks.alert_counts`).
+        Computed for every candidate of ``c``'s fit and base at once."""
+        if c not in self._alerts:
+            fit = (c.detector, c.window, c.floor, c.holdout)
+            same = [x for x in self.candidates
+                    if (x.detector, x.window, x.floor, x.holdout) == fit]
+            names = list(self.series)
+            k = max(self._scores[(*fit[:2], c.param, c.holdout, c.floor, n, c.variant)]
+                    .test.shape[0] for n in names)
+            above = np.zeros((len(same) * len(names), k), dtype=bool)
+            low = np.zeros_like(above)
+            length = np.empty(above.shape[0], dtype=np.int64)
+            for j, n in enumerate(names):
+                rows = np.arange(j, above.shape[0], len(names))
+                thr = np.array([self.threshold(x, n) for x in same])
+                for x, i, t in zip(same, rows, thr, strict=True):
+                    s = self._scores[(x.detector, x.window, x.param, x.holdout, x.floor, n,
+                                      x.variant)].test
+                    above[i, : s.shape[0]] = s > t
+                    low[i, : s.shape[0]] = s < RULES.clear_ratio * t
+                    length[i] = s.shape[0]
+            counts = alert_counts(above, low, np.arange(sel.N, sel.N + k, dtype=np.float64),
+                                  length)
+            for i, x in enumerate(same):
+                self._alerts[x] = counts[i * len(names): (i + 1) * len(names)]
+        return self._alerts[c]
 
     def spread(self, c: Candidate, names: Sequence[str]) -> tuple[Figures, Figures]:
         """(worst, best) of each figure over the neighbourhood of ``c`` on ``names``."""
@@ -217,3 +321,30 @@ class Study:
                 g = n.split("/")[0]
                 total[g] = total.get(g, np.zeros(4)) + self.counts(c, n)
         return {g: figures(total[g]) for g in self.groups if g in total}
+
+
+def outlier_name(name: str, row: int) -> str:
+    """The series name of file ``name`` calibrated without its row ``row``."""
+    return f"{name}@{row}"
+
+
+def ramp_inputs(files: dict[str, tuple[np.ndarray, np.ndarray]], floor: np.ndarray
+                ) -> tuple[dict[str, Ramps], dict[str, np.ndarray]]:
+    """The slow-ramp requirement's series (:data:`skab_select.RAMP_SLOPES`): per file with
+    normal rows after its calibration, its ramped copies (up to the longest deadline those rows
+    hold) and each copy's deadline in readings ``(V,)``. σ_cal per channel: the std of the
+    file's first N rows, floored at ``floor`` (the input floor at
+    :data:`skab_select.FLOOR_FRAC`), the same for every candidate."""
+    ramps: dict[str, Ramps] = {}
+    deadlines: dict[str, np.ndarray] = {}
+    due = {s: ramp_deadline(s, sel.RAMP_REACH) for s in sel.RAMP_SLOPES}
+    for name, (values, labels) in files.items():
+        rows = normal_rows(labels, sel.N)
+        reach = max((d for d in due.values() if d <= rows), default=0)
+        if not reach:
+            continue
+        unit = np.maximum(values[:sel.N].std(0), floor)
+        copies, variants = ramp_series(values, sel.N, sel.N + reach, unit, sel.RAMP_SLOPES)
+        ramps[name] = Ramps(copies, sel.N)
+        deadlines[name] = np.array([due[s] for _, s in variants], dtype=np.int64)
+    return ramps, deadlines
