@@ -3,8 +3,10 @@
 Threads: one per source (its supervisor), paho's network loop and the MQTT outbox drain, and
 with ``[mqtt.sparkplug]`` a second paho loop and the Sparkplug B worker; the pipeline runs in
 the thread that calls :meth:`Agent.run` (the main thread under the CLI, where signals arrive).
-Sources hand readings over a bounded queue; a full queue blocks the source
-(backpressure) rather than dropping a reading.
+Sources hand readings over a bounded queue (:class:`agent.reading_queue.ReadingQueue`); a full
+queue blocks the source (backpressure) rather than dropping a reading, except that the MQTT
+input, whose thread also keeps its broker connection alive, is never blocked: it keeps what the
+queue has no room for and acknowledges it only once queued (:mod:`agent.sources.mqtt_in_hold`).
 
 Start-up order (what READY=1 means): the config is valid (checked before the Agent is built),
 the store is open and every model package is loaded and passed its golden vectors (the
@@ -73,7 +75,8 @@ from agent.publish.keeper import AlertKeeper
 from agent.publish.mqtt import MqttPublisher
 from agent.publish.state import StatePublisher
 from agent.publish.stream_state import StateBoard
-from agent.records import Aggregate, Reading
+from agent.reading_queue import ReadingQueue
+from agent.records import Aggregate
 from agent.reload import check_reload, run_with_reload
 from agent.run_loop import QUEUE_SIZE, START_STEP_S, AgentLoop
 from agent.sensor_streams import SensorStream, build_sensor_stream, save_calibration
@@ -168,7 +171,7 @@ class Agent(AgentLoop):
         self._reload = reload
         #: Set when :meth:`run` ended for a reload: the config to build the next agent from.
         self.next_config: AgentConfig | None = None
-        self.queue: queue.Queue[Reading] = queue.Queue(maxsize=QUEUE_SIZE)
+        self.queue: ReadingQueue = ReadingQueue(QUEUE_SIZE, self.stop_event)
         state_dir = Path(config.agent.state_dir)
         store_path = Path(config.store.path)
         if not store_path.is_absolute():
@@ -314,7 +317,8 @@ class Agent(AgentLoop):
     def _build_stream(self, sc: StreamConfig, source: Source | None = None) -> SensorStream:
         return build_sensor_stream(
             sc, source, config=self.config, metrics=self.metrics, store=self.store,
-            clock=self.clock, updates=self._updates, enqueue=self._enqueue,
+            clock=self.clock, updates=self._updates, enqueue=self.queue.put_until_stopped,
+            offer=self.queue.offer,
             stop_event=self.stop_event, on_model_changed=self._model_changed,
             progress=self._loading(sc.name))
 
@@ -341,15 +345,6 @@ class Agent(AgentLoop):
         self.metrics.threshold.labels(stream=name).set(s.pipeline.threshold)
         if name in self.collectors:
             self.collectors[name].set_model(package.manifest.name, package.manifest.version)
-
-    def _enqueue(self, reading: Reading) -> None:
-        # Backpressure: block the source while the pipeline is behind; never drop.
-        while not self.stop_event.is_set():
-            try:
-                self.queue.put(reading, timeout=0.5)
-                return
-            except queue.Full:
-                continue
 
     # -- running: agent.run_loop.AgentLoop ----------------------------------------------------
 

@@ -53,7 +53,7 @@ from agent.services.model_slot import ModelSlot
 from agent.services.model_store import ModelStore
 from agent.services.stream_rules import stream_rule_params
 from agent.services.supervisor import SourceSupervisor
-from agent.sources.base import Source
+from agent.sources.base import Offer, Source
 from agent.sources.camera import CameraConfig
 from agent.sources.registry import build_source
 from agent.sources.valid_range import ValidRange
@@ -106,6 +106,7 @@ def build_sensor_stream(
     sc: StreamConfig, source: Source | None, *, config: AgentConfig, metrics: Metrics,
     store: Store, clock: Clock, updates: tuple[ModelStore, TrustedKeys] | None,
     enqueue: Callable[[Reading], None], stop_event: threading.Event,
+    offer: Offer | None = None,
     on_model_changed: Callable[[str, ModelPackage], None],
     progress: Callable[[], None] | None = None,
 ) -> SensorStream:
@@ -122,6 +123,8 @@ def build_sensor_stream(
         updates: The updater's model store and pinned keys (``[updater]`` enabled), else None.
         enqueue: Where the source supervisor hands its readings (blocks when full).
         stop_event: Stops the source supervisor.
+        offer: Where sources that must not block offer their readings
+            (:class:`agent.sources.base.TakesOffer`); None = ``enqueue``.
         on_model_changed: Called ``(stream, package)`` on the pipeline thread when a model
             update swapped the model in force.
         progress: Called every few seconds while a child process ranks the runtimes
@@ -225,7 +228,7 @@ def build_sensor_stream(
         msg = f"streams.{sc.name}.valid_range: {exc}"
         raise ConfigError(msg, problems=[msg]) from None
     supervisor = SourceSupervisor(source, enqueue, metrics, stop_event,
-                                  valid_range=valid)
+                                  valid_range=valid, offer=offer)
     metrics.model_info.labels(stream=sc.name).info(
         {"name": package.manifest.name, "version": str(package.manifest.version),
          "backend": backend.name, "precision": backend.precision}

@@ -121,15 +121,18 @@ log = logging.getLogger("bench")
 
 
 class Broker:
-    """A private mosquitto on 127.0.0.1:<free port>; config and log in ``workdir``."""
+    """A private mosquitto on 127.0.0.1:<free port>; config and log in ``workdir``; ``extra``:
+    more lines of mosquitto.conf (e.g. ``max_queued_messages 0``)."""
 
-    def __init__(self, binary: str, workdir: Path, port: int | None = None) -> None:
+    def __init__(self, binary: str, workdir: Path, port: int | None = None,
+                 extra: tuple[str, ...] = ()) -> None:
         self.host = "127.0.0.1"
         self.port = pick_port(port)
         self.log_path = workdir / "mosquitto.log"
         config = workdir / "mosquitto.conf"
         lines = [f"listener {self.port} {self.host}", "allow_anonymous true",
-                 "persistence false", "log_dest stdout", "log_type error", "log_type warning"]
+                 "persistence false", "log_dest stdout", "log_type error", "log_type warning",
+                 *extra]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             lines.append("user root")  # otherwise it drops to 'mosquitto' and cannot write here
         config.write_text("\n".join(lines) + "\n")

@@ -21,7 +21,10 @@ Sources stay simple (:mod:`agent.sources.base`); this wraps any of them:
 * a reading outside the stream's valid range (:class:`agent.sources.valid_range.ValidRange`) is
   rejected like any bad record (``reason = "out_of_range"``);
 * every accepted reading counts ``readings_total``, refreshes :attr:`last_progress_mono` (for a
-  watchdog) and is handed to ``emit``.
+  watchdog) and is handed to ``emit``; a source that must not block on a full queue
+  (:class:`agent.sources.base.TakesOffer`) hands its readings over with ``offer`` instead, which
+  waits at most the time the source gives and says whether the reading was taken (a reading
+  counts as accepted only once taken).
 
 A source that reconnects by itself (:class:`agent.sources.base.ReportsStatus`, e.g. the serial
 port) reports its failed attempts and its recovery; they are counted and logged the same way.
@@ -37,13 +40,22 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from agent.errors import AgentError, RecordError, SourceError, SourceExhausted
 from agent.logs import ALWAYS, RateLimiter, with_fields
 from agent.metrics import Metrics
 from agent.records import MAX_EPOCH_S, MIN_EPOCH_S, Reading
 from agent.sources.backoff import Backoff
-from agent.sources.base import Emit, ReportsStatus, ReportsWaits, Source, UsesMetrics
+from agent.sources.base import (
+    Emit,
+    Offer,
+    ReportsStatus,
+    ReportsWaits,
+    Source,
+    TakesOffer,
+    UsesMetrics,
+)
 from agent.sources.valid_range import ValidRange
 
 
@@ -66,6 +78,8 @@ class SourceSupervisor:
         monotonic: Monotonic clock in seconds.
         rng: Random source for the jitter.
         valid_range: Bounds a reading must respect; default: finite float32 values only.
+        offer: ``offer(reading, wait_s) -> taken`` downstream, for sources that must not block
+            (:class:`agent.sources.base.TakesOffer`); default: ``emit``, which always takes.
 
     Attributes:
         stream: The source's stream name.
@@ -93,11 +107,13 @@ class SourceSupervisor:
         monotonic: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
         valid_range: ValidRange | None = None,
+        offer: Offer | None = None,
     ) -> None:
         self.source = source
         self._valid = valid_range if valid_range is not None else ValidRange(source.channels)
         self.stream = source.stream
         self._emit_downstream = emit
+        self._offer_downstream = offer if offer is not None else _always_takes(emit)
         self._metrics = metrics
         self._stop = stop
         # every record names its stream as a structured field (JSON logs: agent.logs)
@@ -114,6 +130,7 @@ class SourceSupervisor:
         self._up = metrics.source_up.labels(stream=self.stream)
         self._outages = metrics.source_outages_total.labels(stream=self.stream)
         self._outage_seconds = metrics.source_outage_seconds_total.labels(stream=self.stream)
+        self._rejected: dict[str, Any] = {}  # reason -> records_rejected_total child
         self._thread: threading.Thread | None = None
         self._done = False
         self._in_outage = False
@@ -141,6 +158,8 @@ class SourceSupervisor:
             self.source.set_metrics(self._metrics)
         if isinstance(self.source, ReportsWaits):
             self.source.set_wait_listener(self._on_wait)
+        if isinstance(self.source, TakesOffer):
+            self.source.set_offer(self._offer)
         self.started_mono = self._monotonic()
         self._thread = threading.Thread(
             target=self._run, name=f"source-{self.stream}", daemon=True
@@ -217,22 +236,43 @@ class SourceSupervisor:
     # -- callbacks (all called in the supervisor's thread) -----------------------------------
 
     def _emit(self, reading: Reading) -> None:
+        if self._valid_reading(reading):
+            self._accepted()
+            self._emit_downstream(reading)
+
+    def _offer(self, reading: Reading, wait_s: float) -> bool:
+        if not self._valid_reading(reading):
+            return True  # rejected and counted: taken
+        if not self._offer_downstream(reading, wait_s):
+            return False
+        self._accepted()
+        return True
+
+    def _valid_reading(self, reading: Reading) -> bool:
+        """False (and the reading rejected) when its time is no date or a value is out of range."""
         if not MIN_EPOCH_S <= reading.ts <= MAX_EPOCH_S:  # also NaN: no later stage can use it
             self._reject(RecordError(f"reading time {reading.ts!r} is not a date (years "
                                      "1 .. 9999)", reason="bad_timestamp"))
-            return
+            return False
         invalid = self._valid.check(reading.values)
         if invalid is not None:
             self._reject(invalid)
-            return
+            return False
+        return True
+
+    def _accepted(self) -> None:
         self._readings.inc()
         self.last_progress_mono = self._monotonic()
         if self._in_outage:
             self._on_recovery()
-        self._emit_downstream(reading)
 
     def _reject(self, error: RecordError) -> None:
-        self._metrics.records_rejected_total.labels(stream=self.stream, reason=error.reason).inc()
+        child = self._rejected.get(error.reason)
+        if child is None:
+            child = self._metrics.records_rejected_total.labels(stream=self.stream,
+                                                                reason=error.reason)
+            self._rejected[error.reason] = child
+        child.inc()
         suppressed = self._limiter.hit(error.reason)
         if suppressed is None:
             return
@@ -293,3 +333,13 @@ class SourceSupervisor:
             self._outage_failures,
             extra=ALWAYS,
         )
+
+
+def _always_takes(emit: Emit) -> Offer:
+    """An offer that hands the reading to ``emit`` (which may block) and always takes it."""
+
+    def offer(reading: Reading, _wait_s: float) -> bool:
+        emit(reading)
+        return True
+
+    return offer

@@ -11,6 +11,11 @@ implements :class:`ReportsStatus`, so the supervisor can still count, log and ex
 it calls the listener with a :class:`agent.errors.SourceError` for every failed attempt and with
 ``None`` once the input works again.
 
+A source whose thread must never wait on a full pipeline (it also runs a network protocol's
+keepalive, as paho's loop does for MQTT) implements :class:`TakesOffer`: it hands readings over
+with ``offer(reading, wait_s)``, which waits at most ``wait_s`` seconds and says whether the
+reading was taken, and keeps what was not taken to offer it again.
+
 A source that waits by design (pacing a recording or a simulation in real time, a gap in a
 recording, a slow poll interval) implements :class:`ReportsWaits`: it says until when it waits,
 so the watchdog does not take the silence for a stuck reader (:mod:`agent.health`).
@@ -33,6 +38,9 @@ if TYPE_CHECKING:
 Emit = Callable[[Reading], None]
 Reject = Callable[[RecordError], None]
 StatusListener = Callable[[SourceError | None], None]
+#: ``offer(reading, wait_s)``: hand a reading over, waiting at most ``wait_s`` seconds for room;
+#: True once it is taken (queued, or rejected and counted), False when there was no room in time.
+Offer = Callable[[Reading, float], bool]
 #: Called with the monotonic time (seconds) the next reading is due before a wait by design,
 #: and with None when the wait is over.
 WaitListener = Callable[[float | None], None]
@@ -69,6 +77,15 @@ class ReportsWaits(Protocol):
 
     def set_wait_listener(self, listener: WaitListener | None) -> None:
         """Call ``listener(due_mono)`` before each wait by design and ``listener(None)`` after."""
+        ...
+
+
+@runtime_checkable
+class TakesOffer(Protocol):
+    """Optional: a source that must not block on a full queue (module docstring)."""
+
+    def set_offer(self, offer: Offer | None) -> None:
+        """Hand readings over with ``offer`` instead of the (blocking) ``emit``."""
         ...
 
 

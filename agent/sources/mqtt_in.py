@@ -3,7 +3,7 @@
 The source runs paho's network loop in the supervisor's source thread. A message becomes a
 reading by sample and hold: it updates the channels it carries, and a reading with every
 channel's latest value is emitted once each channel has had one (formats and payload errors:
-:mod:`agent.sources.mqtt_in_payloads`, Sparkplug B: :mod:`agent.sources.sparkplug`).
+:mod:`agent.sources.mqtt_in_payloads`, Sparkplug B: :mod:`agent.sources.mqtt_in_sparkplug`).
 
 * **Session.** QoS 1 with ``clean_session = false`` and a stable client id (MQTT 3.1.1 §3.1.2.4):
   the broker keeps the subscriptions and queues QoS 1 messages while the agent is away, so
@@ -12,19 +12,20 @@ channel's latest value is emitted once each channel has had one (formats and pay
   CONNACK within ``keepalive_s``, is reported once per outage
   (:class:`agent.sources.base.ReportsStatus`) and retried with
   :class:`agent.sources.backoff.Backoff`.
-* **Sparkplug B.** NBIRTH/DBIRTH map aliases to names; NDATA/DDATA update the mapped metrics;
-  a ``seq`` gap, a changed ``bdSeq``, an alias or a device nobody announced, and data before any
-  birth are counted (``edge_agent_sparkplug_events_total{event}``); the last three also reject
-  the metric (``unknown_alias``). With ``request_rebirth`` the source then publishes an NCMD
-  rebirth request, at most once per :data:`REBIRTH_EVERY_S`. The NDEATH, or the DDEATH of the
-  stream's own device, clears the held values. The stream subscribes to all of the node's
-  messages, other devices' included: ``seq`` runs over every message of the node (§6.4.21).
+* **Back-pressure.** paho's callback never waits for the pipeline: under a supervisor the
+  readings are handed over with a non-blocking offer (:class:`agent.sources.base.TakesOffer`),
+  QoS 1 messages are acknowledged only once their reading is queued, and readings the queue has
+  no room for wait in :class:`agent.sources.mqtt_in_hold.HeldMessages` (at most
+  :data:`HOLD_LIMIT`; that module tells what happens beyond it and on a reconnect) while paho's
+  loop, keepalive included, keeps running. The broker holds back the rest (its inflight window)
+  and queues it for the session.
+* **Per message** the work is one JSON decode and a few dict lookups: field paths are split,
+  range bounds and metric children looked up once per stream, not per message.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import random
 import re
 import socket
@@ -40,16 +41,21 @@ from agent.records import Reading
 from agent.secret_files import read_secret, warn_clear_password
 from agent.sources import mqtt_in_payloads as payloads
 from agent.sources.backoff import Backoff
-from agent.sources.base import DeviceHooks, Emit, Reject, StatusListener
+from agent.sources.base import DeviceHooks, Emit, Offer, Reject, StatusListener
 from agent.sources.mqtt_in_config import MqttInConfig
+from agent.sources.mqtt_in_hold import Held, HeldMessages
 
 if TYPE_CHECKING:
     from agent.metrics import Metrics
+    from agent.sources.mqtt_in_sparkplug import SparkplugInput
 
-#: Fewest seconds between two rebirth requests to one node.
-REBIRTH_EVERY_S = 5.0
-#: Longest wait in one pass of paho's loop, seconds.
+#: Longest wait in one pass of paho's loop, seconds; while readings wait for room in the agent's
+#: queue, also the longest wait for that room before paho's loop runs again.
 LOOP_S = 0.1
+#: Most messages waiting for room in the agent's queue (:mod:`agent.sources.mqtt_in_hold`).
+HOLD_LIMIT = 1000
+#: Most messages read in one burst before their readings are handed over.
+BURST = 64
 
 
 class MqttInSource(DeviceHooks):
@@ -61,12 +67,14 @@ class MqttInSource(DeviceHooks):
         client_factory: Builds a paho client ``(client_id, clean_session) -> Client``.
         clock, monotonic: Wall clock (receive-time stamps), monotonic clock.
         rng: Random source for the reconnect jitter.
+        hold_limit: Most messages waiting for room in the agent's queue.
 
     Attributes:
         stream, channels: As every source.
         connects: Sessions established. events: Sparkplug B events by name.
         missed: Readings counted missed from gaps in the payload timestamps
             (``expected_interval_s``).
+        held: Messages waiting for room in the agent's queue.
     """
 
     def __init__(
@@ -78,6 +86,7 @@ class MqttInSource(DeviceHooks):
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        hold_limit: int = HOLD_LIMIT,
     ) -> None:
         self.config = config
         self.stream = stream
@@ -91,15 +100,24 @@ class MqttInSource(DeviceHooks):
         self._listener: StatusListener | None = None
         self._metrics: Metrics | None = None
         self._values = np.full(len(self.channels), np.nan)
-        self._index = {name: i for i, name in enumerate(self.channels)}
-        self._lo = np.array([config.min.get(c, -np.inf) for c in self.channels])
-        self._hi = np.array([config.max.get(c, np.inf) for c in self.channels])
+        self._have = [False] * len(self.channels)
+        self._missing = len(self.channels)
+        self._bounds = {i: (config.min.get(c, -np.inf), config.max.get(c, np.inf))
+                        for i, c in enumerate(self.channels) if c in config.min or c in config.max}
         self._topics = {t: i for i, t in enumerate(config.channel_topics.values())}
+        self._paths = [payloads.field_path(f) for f in config.fields.values()]
+        self._ts_path = (None if config.timestamp_field is None
+                         else payloads.field_path(config.timestamp_field))
         self._connected = threading.Event()
         self._lost_why: str | None = None
-        self._node: Any = None
-        self._last_rebirth = -np.inf
+        self._spb: SparkplugInput | None = None
         self._last_ts: float | None = None
+        self._children: dict[tuple[str, str], Any] = {}
+        self._offer: Offer | None = None
+        self._manual_ack = False
+        self.held = HeldMessages(hold_limit)
+        self._received = 0
+        self._burst = min(BURST, hold_limit)
         self.connects = 0
         self.missed = 0
         self.events: dict[str, int] = {}
@@ -119,12 +137,18 @@ class MqttInSource(DeviceHooks):
                                 "set source.ca_file (TLS, port 8883)")
         return password
 
+    def set_offer(self, offer: Offer | None) -> None:
+        """Hand readings over with ``offer`` (never blocking paho's loop; module docstring)."""
+        self._offer = offer
+
     # -- the loop -------------------------------------------------------------------------------
 
     def run(self, emit: Emit, reject: Reject, stop: threading.Event) -> None:
         """Read until ``stop`` is set; never raises for a broker that is down."""
         cfg = self.config
         client = self._factory(self.client_id, cfg.clean_session)
+        client.manual_ack_set(True)  # acknowledged once queued (module docstring)
+        self._manual_ack = True
         if cfg.username is not None and self._password is not None:
             client.username_pw_set(cfg.username, self._password)
         if cfg.ca_file is not None:
@@ -137,6 +161,7 @@ class MqttInSource(DeviceHooks):
                 if not self._session(client, stop):
                     stop.wait(self._backoff.next_delay())
         finally:
+            self._stopped(reject)
             with contextlib.suppress(Exception):
                 client.disconnect()
                 client.loop(0.05)
@@ -155,7 +180,9 @@ class MqttInSource(DeviceHooks):
             return False
         deadline = self._monotonic() + cfg.keepalive_s
         while not stop.is_set():
-            rc = client.loop(LOOP_S)
+            seen = self._received
+            # waiting readings: the release below waits for room instead of paho's select
+            rc = client.loop(0.0 if self.held and self._connected.is_set() else LOOP_S)
             if self._lost_why is not None or rc != 0:
                 why = self._lost_why or f"network loop error {rc}"
                 text = (f"MQTT connection lost: {why}" if self._connected.is_set() else
@@ -171,9 +198,23 @@ class MqttInSource(DeviceHooks):
                 with contextlib.suppress(Exception):
                     client.disconnect()
                 return False
+            if self._received != seen and len(self.held) < self._burst:
+                continue  # more may be in the socket: read on, hand over the burst at once
+            if self.held and self._offer is not None and self._connected.is_set():
+                self.held.release(self._offer, client.ack, self.connects, LOOP_S)
         return True
 
-    def _on_connect(self, client: Any, _userdata: Any, _flags: Any, reason: Any,
+    def _stopped(self, reject: Reject) -> None:
+        """At stop: the waiting messages the broker delivers again at the next start (QoS 1,
+        persistent session: never acknowledged) are left to it; any other waiting reading is
+        counted rejected (``stopped``)."""
+        persistent = not self.config.clean_session
+        self.held.connection_lost(lambda h: persistent and h.qos > 0)
+        for _ in self.held.clear():
+            reject(RecordError("reading still waiting for room in the agent's queue when the "
+                               "stream stopped", reason="stopped"))
+
+    def _on_connect(self, client: Any, _userdata: Any, flags: Any, reason: Any,
                     _props: Any = None) -> None:
         if getattr(reason, "is_failure", False) or (isinstance(reason, int) and reason):
             self._lost_why = f"broker refused the connection: {reason}"
@@ -181,6 +222,9 @@ class MqttInSource(DeviceHooks):
         for topic in self._subscriptions():
             client.subscribe(topic, qos=self.config.qos)
         self.connects += 1
+        if self.held and _session_present(flags):
+            # the broker delivers its unacknowledged QoS 1 messages again (MQTT 3.1.1 §4.4)
+            self.held.connection_lost(lambda h: h.qos > 0)
         self._connected.set()
         self._backoff.reset()
         self._report(None)
@@ -205,33 +249,65 @@ class MqttInSource(DeviceHooks):
     # -- messages -------------------------------------------------------------------------------
 
     def _on_message(self, client: Any, msg: Any, emit: Emit, reject: Reject) -> None:
+        self._received += 1
+        reading = self._read(client, msg, reject)
+        qos = getattr(msg, "qos", 0)
+        if self._offer is None:  # no supervisor's offer: hand over directly
+            if reading is not None:
+                emit(reading)
+            self._ack(client, msg, qos)
+        elif reading is not None or qos > 0:  # handed over (or acknowledged) after the burst
+            item = Held(reading, msg.mid, qos, self.connects)
+            if self.held.hold(item, client.ack, self.connects) is not None:
+                reject(RecordError(f"{len(self.held)} messages already wait for room in the "
+                                   "agent's queue; the oldest reading was dropped",
+                                   reason="queue_full"))
+
+    def _ack(self, client: Any, msg: Any, qos: int) -> None:
+        if self._manual_ack and qos > 0:
+            client.ack(msg.mid, qos)
+
+    def _read(self, client: Any, msg: Any, reject: Reject) -> Reading | None:
+        """The reading ``msg`` completes, or None (rejected, or channels still missing)."""
         received_mono = self._monotonic()
         try:
-            payloads.check_size(msg.payload, self.config.max_payload_bytes, msg.topic)
+            if len(msg.payload) > self.config.max_payload_bytes:
+                payloads.check_size(msg.payload, self.config.max_payload_bytes, msg.topic)
             fmt = self.config.format
             if fmt == "json":
-                updates, ts = payloads.decode_json(msg.payload, list(self.config.fields.values()),
-                                                   self.config.timestamp_field, msg.topic)
+                updates, ts = payloads.decode_json(msg.payload, self._paths, self._ts_path,
+                                                   msg.topic)
             elif fmt == "number":
                 i = self._topics.get(msg.topic)
                 if i is None:
-                    return
+                    return None
                 updates, ts = {i: payloads.decode_number(msg.payload, msg.topic)}, None
             else:
-                updates, ts = self._sparkplug(client, msg, reject)
-            self._observe_cadence(ts)
-            self._check_range(updates)
+                updates, ts, clear = self._sparkplug().read(client, msg, reject)
+                if clear:
+                    self._clear_values()
+            if self.config.expected_interval_s is not None:
+                self._observe_cadence(ts)
+            if self._bounds:
+                self._check_range(updates)
         except RecordError as exc:
             reject(exc)
-            return
-        if not updates:
-            return
+            return None
+        values, have = self._values, self._have
         for i, v in updates.items():
-            self._values[i] = v
-        if np.isnan(self._values).any():
-            return
-        emit(Reading(self.stream, ts if ts is not None else self._clock(), self._values.copy(),
-                     received_mono=received_mono))
+            values[i] = v
+            if not have[i]:
+                have[i] = True
+                self._missing -= 1
+        if not updates or self._missing:
+            return None
+        return Reading(self.stream, ts if ts is not None else self._clock(), values.copy(),
+                       received_mono=received_mono)
+
+    def _clear_values(self) -> None:
+        self._values[:] = np.nan
+        self._have = [False] * len(self.channels)
+        self._missing = len(self.channels)
 
     def _observe_cadence(self, ts: float | None) -> None:
         """With ``expected_interval_s``: count the readings a jump in the payload timestamps
@@ -246,101 +322,46 @@ class MqttInSource(DeviceHooks):
             return
         missed = round((ts - last) / cadence) - 1
         self.missed += missed
-        if self._metrics is not None:
-            self._metrics.polls_missed_total.labels(stream=self.stream, reason="gap").inc(missed)
+        self._count("polls_missed_total", "gap", missed)
 
     def _check_range(self, updates: dict[int, float]) -> None:
         for i, v in updates.items():
-            if not self._lo[i] <= v <= self._hi[i]:
+            bounds = self._bounds.get(i)
+            if bounds is not None and not bounds[0] <= v <= bounds[1]:
                 raise RecordError(f"{self.channels[i]}: {v} outside "
-                                  f"[{self._lo[i]}, {self._hi[i]}]", reason="out_of_range")
+                                  f"[{bounds[0]}, {bounds[1]}]", reason="out_of_range")
 
-    def _sparkplug(self, client: Any, msg: Any, reject: Reject
-                   ) -> tuple[dict[int, float], float | None]:
-        from agent.sources import sparkplug as sp  # noqa: PLC0415 - protobuf only when used
+    def _sparkplug(self) -> SparkplugInput:
+        if self._spb is None:
+            from agent.sources.mqtt_in_sparkplug import (  # noqa: PLC0415 - protobuf if used
+                SparkplugInput,
+            )
 
-        if self._node is None:
-            self._node = sp.NodeState()
-        try:
-            topic = sp.parse_topic(msg.topic)
-            payload = sp.decode(msg.payload)
-        except sp.SparkplugError as exc:
-            raise RecordError(str(exc), reason=exc.reason) from None
-        node, kind, device = self._node, topic.kind, topic.device
-        if kind == "NDEATH":
-            node.last_seq = None
-            self._values[:] = np.nan
-            return {}, None
-        if payload.HasField("seq") and kind != "NBIRTH":
-            gap = node.observe_seq(int(payload.seq))
-            if gap:
-                self._event("seq_gap", gap)
-                self._rebirth(client)
-        if kind == "DDEATH":  # carries a seq; clears only this stream's device
-            if (device or None) == self.config.device_id:
-                self._values[:] = np.nan
-            return {}, None
-        if kind == "NBIRTH":
-            node.last_seq = int(payload.seq) % 256 if payload.HasField("seq") else None
-            if node.birth(None, payload) is not None:
-                self._event("bdseq_change")
-        elif kind == "DBIRTH":
-            node.birth(topic.device, payload)
-        if (device or None) != self.config.device_id:
-            return {}, None
-        if kind in ("NDATA", "DDATA") and device not in node.aliases:
-            self._event("data_before_birth")
-            self._rebirth(client)
-        updates: dict[int, float] = {}
-        newest: float | None = None
-        for m in payload.metrics:
-            name = node.name_of(device, m)
-            if name is None:
-                self._event("unknown_alias")
-                reject(RecordError(f"metric alias {int(m.alias)} of {msg.topic[:200]!r} was "
-                                   "never born", reason="unknown_alias"))
-                self._rebirth(client)
-                continue
-            i = self._index.get(self._metric_channel(name))
-            value = sp.metric_value(m)
-            if i is None:
-                continue
-            if value is None:
-                if not m.is_null:  # a null metric is "no value now", not a wrong one
-                    reject(RecordError(f"metric {name!r} of {msg.topic[:200]!r} is not a number",
-                                       reason="wrong_type"))
-                continue
-            updates[i] = payloads.number(value, f"metric {name!r}")
-            if m.HasField("timestamp"):
-                t = payloads.check_epoch(int(m.timestamp) / 1000.0, int(m.timestamp))
-                newest = t if newest is None else max(newest, t)
-        if newest is None and payload.HasField("timestamp"):
-            newest = payloads.check_epoch(int(payload.timestamp) / 1000.0,
-                                          int(payload.timestamp))
-        return updates, newest
+            self._spb = SparkplugInput(self.config, self._event, self._clock, self._monotonic)
+        return self._spb
 
-    def _metric_channel(self, metric: str) -> str:
-        for channel, name in self.config.metrics.items():
-            if name == metric:
-                return channel
-        return ""
-
-    def _rebirth(self, client: Any) -> None:
-        from agent.sources import sparkplug as sp  # noqa: PLC0415
-
-        now = self._monotonic()
-        if not self.config.request_rebirth or now - self._last_rebirth < REBIRTH_EVERY_S:
-            return
-        self._last_rebirth = now
-        cfg = self.config
-        client.publish(f"spBv1.0/{cfg.group_id}/NCMD/{cfg.edge_node_id}",
-                       sp.rebirth_payload(int(self._clock() * 1000)), qos=0)
-        self._event("rebirth_requested")
-
-    def _event(self, name: str, count: int = 1) -> None:
+    def _event(self, name: str, count: int) -> None:
         self.events[name] = self.events.get(name, 0) + count
-        if self._metrics is not None:
-            self._metrics.sparkplug_events_total.labels(stream=self.stream, event=name).inc(count)
+        self._count("sparkplug_events_total", name, count)
+
+    def _count(self, metric: str, label: str, n: int) -> None:
+        """Add ``n`` to this stream's ``metric`` child ``label`` (looked up once, then kept)."""
+        if self._metrics is None:
+            return
+        child = self._children.get((metric, label))
+        if child is None:
+            family = getattr(self._metrics, metric)
+            second = "reason" if metric == "polls_missed_total" else "event"
+            child = family.labels(**{"stream": self.stream, second: label})
+            self._children[(metric, label)] = child
+        child.inc(n)
+
+
+def _session_present(flags: Any) -> bool:
+    """CONNACK's session-present flag (paho's ConnectFlags, or a dict of the old API)."""
+    if isinstance(flags, dict):
+        return bool(flags.get("session present"))
+    return bool(getattr(flags, "session_present", False))
 
 
 def _default_client_id(stream: str) -> str:
@@ -354,6 +375,4 @@ def _paho_client(client_id: str, clean_session: bool) -> Any:
 
     client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
                          clean_session=clean_session, protocol=mqtt.MQTTv311)
-    client.enable_logger(logging.getLogger("agent.sources.mqtt_in.paho"))
-    logging.getLogger("agent.sources.mqtt_in.paho").setLevel(logging.CRITICAL)
     return client

@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from agent.errors import RecordError
@@ -45,6 +45,10 @@ def number(value: Any, what: str) -> float:
     Raises:
         RecordError: ``wrong_type`` or ``non_finite``.
     """
+    if type(value) is float:  # the common case, first: JSON numbers with a point
+        if math.isfinite(value):
+            return value
+        raise RecordError(f"{what} is {value}", reason="non_finite")
     if isinstance(value, bool):
         return 1.0 if value else 0.0
     if not isinstance(value, int | float):
@@ -76,6 +80,8 @@ def parse_time(value: Any) -> float:
     Raises:
         RecordError: ``bad_timestamp``.
     """
+    if type(value) is float and 0.0 <= value <= MS_THRESHOLD:  # epoch seconds, the usual case
+        return value
     try:
         if isinstance(value, bool):
             raise TypeError("a boolean")
@@ -94,46 +100,72 @@ def parse_time(value: Any) -> float:
                           reason="bad_timestamp") from exc
 
 
-def _walk(obj: Any, path: str) -> tuple[bool, Any]:
-    parts = path.split(".")
+#: A dotted field path split at its dots (:func:`field_path`).
+FieldPath = tuple[str, ...]
+#: What :func:`_walk` returns for a path the object does not have.
+_MISSING = object()
+_decode = json.JSONDecoder().decode
+
+
+def field_path(path: str) -> FieldPath:
+    """``path`` split at its dots, once per stream rather than once per message.
+
+    >>> field_path("flow.value")
+    ('flow', 'value')
+    """
+    return tuple(path.split("."))
+
+
+def _walk(obj: Any, parts: FieldPath) -> Any:
+    # json.loads makes plain dicts only, so the exact type check is enough
     if len(parts) > MAX_PATH_DEPTH:
-        return False, None
+        return _MISSING
     for part in parts:
-        if not isinstance(obj, Mapping) or part not in obj:
-            return False, None
-        obj = obj[part]
-    return True, obj
+        if type(obj) is not dict:
+            return _MISSING
+        obj = obj.get(part, _MISSING)
+        if obj is _MISSING:
+            return _MISSING
+    return obj
 
 
-def decode_json(payload: bytes, fields: Sequence[str], timestamp_field: str | None,
-                topic: str) -> tuple[dict[int, float], float | None]:
-    """Decode a JSON object; ``fields[i]`` is channel i's dotted field path.
+def decode_json(payload: bytes, paths: Sequence[FieldPath],
+                timestamp_path: FieldPath | None, topic: str
+                ) -> tuple[dict[int, float], float | None]:
+    """Decode a JSON object; ``paths[i]`` is channel i's field path, ``timestamp_path`` the
+    timestamp field's (both from :func:`field_path`; ``timestamp_path`` None = no timestamp
+    field, the reading takes the receive time).
 
     Raises:
         RecordError: see the module docstring.
     """
     try:
-        obj = json.loads(payload.decode("utf-8"))
+        obj = _decode(payload.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise RecordError(f"payload on {topic[:200]!r} is not JSON: {exc}",
                           reason="bad_payload") from exc
-    if not isinstance(obj, dict):
+    if type(obj) is not dict:
         raise RecordError(f"payload on {topic[:200]!r} is a JSON {type(obj).__name__}, "
                           "not an object", reason="bad_payload")
     updates: dict[int, float] = {}
-    for i, path in enumerate(fields):
-        found, value = _walk(obj, path)
-        if found:
-            updates[i] = number(value, f"field {path!r}")
+    for i, parts in enumerate(paths):
+        value = obj.get(parts[0], _MISSING) if len(parts) == 1 else _walk(obj, parts)
+        if value is _MISSING:
+            continue
+        if type(value) is float and math.isfinite(value):
+            updates[i] = value  # the common case without a call (the message text is not made)
+        else:
+            updates[i] = number(value, f"field {'.'.join(parts)!r}")
     if not updates:
-        raise RecordError(f"payload on {topic[:200]!r} has none of the fields "
-                          f"{list(fields)[:8]}", reason="no_fields")
+        names = [".".join(p) for p in paths[:8]]
+        raise RecordError(f"payload on {topic[:200]!r} has none of the fields {names}",
+                          reason="no_fields")
     ts = None
-    if timestamp_field is not None:
-        found, value = _walk(obj, timestamp_field)
-        if not found:
-            raise RecordError(f"payload on {topic[:200]!r} has no {timestamp_field!r}",
-                              reason="bad_timestamp")
+    if timestamp_path is not None:
+        value = _walk(obj, timestamp_path)
+        if value is _MISSING:
+            raise RecordError(f"payload on {topic[:200]!r} has no "
+                              f"{'.'.join(timestamp_path)!r}", reason="bad_timestamp")
         ts = parse_time(value)
     return updates, ts
 

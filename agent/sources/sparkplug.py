@@ -7,12 +7,16 @@ the Sparkplug B output of :mod:`agent.publish.sparkplug_edge`; its names are re-
 message may carry only the alias), ``seq`` runs 0..255 per node and wraps (§6.4.21; a jump is a
 gap: messages were lost), ``bdSeq`` (the birth/death sequence number, §6.4.15) changes with
 every new session of the node.
+
+Only the alias table of the stream's own device (or of the node, for a stream of the node's
+own metrics) is kept: a stream maps no other device's metrics, and births of device ids it
+does not map, however many a publisher makes up, cost no memory.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from agent.sparkplug_b import (
@@ -40,12 +44,14 @@ class NodeState:
     """What the agent knows of one edge node's session (see the module docstring).
 
     Attributes:
-        aliases: alias -> metric name, per device (``None`` = the node itself), from births.
+        device: The device whose aliases are kept (``None`` = the node itself).
+        aliases: alias -> metric name of ``device``, from its last birth; None before one.
         last_seq: seq of the last message, None before the first (or after a death).
         bd_seq: bdSeq of the node's current birth.
     """
 
-    aliases: dict[str | None, dict[int, str]] = field(default_factory=dict)
+    device: str | None = None
+    aliases: dict[int, str] | None = None
     last_seq: int | None = None
     bd_seq: int | None = None
 
@@ -57,14 +63,17 @@ class NodeState:
         return (seq - previous - 1) % 256
 
     def birth(self, device: str | None, payload: Any) -> int | None:
-        """Learn a birth's aliases; returns the previous bdSeq when an NBIRTH changed it."""
-        table = self.aliases.setdefault(device, {})
-        table.clear()
+        """Learn a birth (NBIRTH: ``device`` None; DBIRTH: its device id): the aliases when it
+        is :attr:`device`'s, the bdSeq when it is the node's. Returns the previous bdSeq when an
+        NBIRTH changed it."""
+        if device == self.device:
+            self.aliases = {int(m.alias): m.name for m in payload.metrics
+                            if m.HasField("alias") and m.name}
+        if device is not None:
+            return None
         changed = None
         for m in payload.metrics:
-            if m.HasField("alias") and m.name:
-                table[int(m.alias)] = m.name
-            if device is None and m.name == BDSEQ_METRIC:
+            if m.name == BDSEQ_METRIC:
                 value = metric_value(m)
                 new = None if value is None or not math.isfinite(value) else int(value)
                 if self.bd_seq is not None and new != self.bd_seq:
@@ -72,10 +81,16 @@ class NodeState:
                 self.bd_seq = new
         return changed
 
-    def name_of(self, device: str | None, metric: Any) -> str | None:
-        """The metric's name: its own, or the one its alias was born with (None = unknown)."""
+    @property
+    def born(self) -> bool:
+        """True once :attr:`device` has had a birth."""
+        return self.aliases is not None
+
+    def name_of(self, metric: Any) -> str | None:
+        """A metric of :attr:`device`: its own name, or the one its alias was born with
+        (None = unknown)."""
         if metric.name:
             return str(metric.name)
-        if metric.HasField("alias"):
-            return self.aliases.get(device, {}).get(int(metric.alias))
+        if metric.HasField("alias") and self.aliases is not None:
+            return self.aliases.get(int(metric.alias))
         return None

@@ -22,6 +22,9 @@ from agent.records import FloatArray
 
 #: Largest magnitude a float32 model input holds (about 3.4e38).
 MODEL_INPUT_LIMIT = float(np.finfo(np.float32).max)
+#: Up to this many channels a reading is checked in Python: a few float comparisons cost less
+#: than the numpy calls (about 1 us against 5 us for 8 channels), and every reading passes here.
+PY_CHECK_MAX = 32
 
 
 class ValidRangeConfig(StrictModel):
@@ -71,10 +74,18 @@ class ValidRange:
                 raise ValueError(f"valid_range of {name!r}: low {low} above high {high}")
             i = self.channels.index(name)
             self.low[i], self.high[i] = max(low, -MODEL_INPUT_LIMIT), min(high, MODEL_INPUT_LIMIT)
+        self._bounds = (list(zip(self.low.tolist(), self.high.tolist(), strict=True))
+                        if len(self.channels) <= PY_CHECK_MAX else None)
 
     def check(self, values: FloatArray) -> RecordError | None:
         """None when every value of ``values`` (``(C,)``) is inside its range, else the error
-        naming the first channel outside."""
+        naming the first channel outside (NaN is no value outside a range: it passes)."""
+        if self._bounds is not None and len(values) == len(self._bounds):
+            for x, (low, high) in zip(values.tolist(), self._bounds, strict=True):
+                if x < low or x > high:
+                    break
+            else:
+                return None
         outside = (values < self.low) | (values > self.high)
         if not outside.any():
             return None
