@@ -138,7 +138,7 @@ class AlertRules:
         if not spike and (self._above < p.k or self._scored_above < min(p.k, 2)):
             # a rule that needs two windows or more never alerts on one scored window, whatever
             # it stands for (at stride 2 a k = 2 rule would otherwise alert on a single noisy
-            # window, which stride 1 ignores: a tester measured 12-45 % more false alarms on
+            # window, which stride 1 ignores: measured, 12-45 % more false alarms on
             # pure noise for k <= 4 rules; the default 7 of 10 was unaffected)
             return False
         self.active = p.clear_windows > 0  # 0: no episode, the next window may alert again

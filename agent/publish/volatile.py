@@ -16,8 +16,8 @@ numbers on from the stored counter, which lies below the volatile alerts' number
 issues more alerts than milliseconds passed since the episode began, or the clock was set back
 by more than that), so no delivered id is issued again. Before this, the volatile alerts
 continued the stored counter itself, and a crash during a disk-full episode reissued their ids
-(a tester saw 68 new alerts take delivered ids; a consumer deduplicating by ``alert_id`` would
-drop them).
+(68 new alerts took delivered ids in one such crash; a consumer deduplicating by ``alert_id``
+would drop them).
 
 The same queue carries the alerts published while their commit runs (``early``,
 :mod:`agent.publish.early`): they are stored too, once the store writer's commit is in, and are

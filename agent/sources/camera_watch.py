@@ -29,8 +29,8 @@ store (tests, benchmarks) the checkpoint lives in memory only.
 The remembered set is bounded by the folder: every :data:`PRUNE_EVERY_POLLS` polls, entries of
 files missing from the folder at every pruning for :data:`FORGET_AFTER_S` (a day) are forgotten
 (never when a poll lists no image at all). The grace period is what keeps an unmounted share
-from being scored all over again: a tester mounted an empty file system over a watched folder
-of 3,210 scored files, put one image in it, and after 60 polls the entries were forgotten and
+from being scored all over again: with an empty file system mounted over a watched folder
+of 3,210 scored files and one image put in it, after 60 polls the entries were forgotten and
 3,082 files were scored again once the share was back. An entry is forgotten only after a day
 of absence counted by this process (a restart counts afresh), so the table holds at most about a
 day's worth of deleted files beyond the folder's own.
@@ -252,7 +252,7 @@ class WatchFolderCapture:
         """List the folder once; queue the files that are stable and not done."""
         self.polls += 1
         try:
-            # os.scandir and plain names, not pathlib: a tester measured 55 ms per poll of
+            # os.scandir and plain names, not pathlib: measured, 55 ms per poll of
             # 2,609 files through pathlib (about 5 % of a core idle at poll_s = 1); 2,600 files
             # here (CI load): 64-69 ms pathlib, 21 ms scandir, the same names, keys and order
             names = self._names

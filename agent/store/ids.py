@@ -3,7 +3,7 @@
 Why: damaged WAL frames make SQLite drop its last commits at the next open without reporting
 corruption (the WAL is read up to the first frame whose checksum fails; ``quick_check`` passes).
 The stored counters then lie below numbers already delivered, and the restarted agent issued
-those alert ids again for different alerts (a tester saw 13), which consumers and the fleet
+those alert ids again for different alerts (13 in one such case), which consumers and the fleet
 discard as duplicates. The ledger is a second, independent record of the same counters: a small
 JSON file next to the database (``<db>.ids``, ``{"stream": last seq}``) rewritten atomically
 (temporary file, fsync, rename, fsync of the folder) after every new alert number the store

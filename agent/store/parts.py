@@ -44,7 +44,7 @@ from agent.records import MAX_AGGREGATE_PART, aggregate_part_id
 #: * ``"part"``: a live source in real time (serial port, live camera, simulator at
 #:   ``speed = 1``): readings after a restart are always new, so it is always the next part,
 #:   even when its statistics happen to equal a stored part's (a constant sensor, a seeded
-#:   simulator; a tester lost such a piece as a "duplicate").
+#:   simulator; such a piece was lost as a "duplicate").
 #: * ``"same_readings"``: a recorded input (replay file, video file, image folder) that a
 #:   restart reads again from its start: a duplicate when a stored part has the same readings
 #:   (module docstring), else the next part.
